@@ -1,0 +1,100 @@
+"""Every exception loomrt raises on purpose.
+
+The tree::
+
+    LoomError                      base of everything below
+    ├── SpecError                  a mistake in an agent definition or a call (file, line, key path)
+    ├── RunError                   a run failed (carries the run id and the last event seq)
+    │   ├── ProviderError          the model provider failed permanently, or retries ran out
+    │   ├── ScriptExhaustedError   a scripted model was asked for more turns than its script has
+    │   └── StateError             stateful mode: Σ could not be patched into a valid state
+    ├── StoreError                 the record could not be read or written
+    └── NotFoundError              a run id or agent name that does not exist
+
+    ModelRetry                     control flow, not an error: the loop shows its message to the
+                                   model and asks again (invalid patches, unknown tools)
+
+Every message says what was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "LoomError",
+    "SpecError",
+    "RunError",
+    "ProviderError",
+    "ScriptExhaustedError",
+    "StateError",
+    "StoreError",
+    "NotFoundError",
+    "ModelRetry",
+]
+
+
+class LoomError(Exception):
+    """Base class of every loomrt error."""
+
+
+class SpecError(LoomError):
+    """A mistake in an agent definition or in how loomrt was called.
+
+    ``where`` is ``file:line:col`` when known, ``path`` the dotted key path.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None, path: str | None = None):
+        self.where = where
+        self.path = path
+        self.detail = message
+        prefix = ""
+        if where:
+            prefix += f"{where}: "
+        if path:
+            prefix += f"{path}: "
+        super().__init__(prefix + message)
+
+
+class RunError(LoomError):
+    """A run failed. ``run_id`` and ``last_seq`` say which and where."""
+
+    def __init__(self, message: str, *, run_id: str | None = None, last_seq: int | None = None):
+        self.run_id = run_id
+        self.last_seq = last_seq
+        self.detail = message
+        where = f"run {run_id}" if run_id else ""
+        if run_id and last_seq is not None:
+            where += f" (after event #{last_seq})"
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class ProviderError(RunError):
+    """The model provider failed permanently (or its retries ran out)."""
+
+    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False, **kw):
+        self.status = status
+        self.retryable = retryable
+        super().__init__(message, **kw)
+
+
+class ScriptExhaustedError(RunError):
+    """A scripted model ran out of replies."""
+
+
+class StateError(RunError):
+    """Stateful mode could not produce a valid Σ."""
+
+
+class StoreError(LoomError):
+    """The record could not be read or written."""
+
+
+class NotFoundError(LoomError):
+    """A run id, agent name or file that does not exist."""
+
+
+class ModelRetry(Exception):
+    """Raised inside the loop to show ``message`` to the model and ask again."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)

@@ -1,0 +1,79 @@
+"""Events: the rows of the record.
+
+An event is a value, not a log line: the record stores it, the CLI renders it, and
+(in a later issue) MCP streams it. Each event has a ``kind`` from :data:`EVENT_KINDS`
+and a JSON ``data`` payload whose keys are listed beside the kind.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["EventKind", "EVENT_KINDS", "Event", "RunInfo", "run_status"]
+
+EventKind = Literal[
+    "run_started",  # agent, def_hash, definition, requested_mode, mode, model, interactive, tools
+    "user_input",  # content
+    "model_call",  # purpose (turn|recap|summary|state), model, usage{input_tokens,output_tokens,cached_tokens}, seconds
+    "assistant_message",  # message
+    "tool_call",  # id, name, arguments
+    "tool_result",  # tool_call_id, name, content, is_error
+    "state_update",  # state, patch, reasoning, action
+    "patch_rejected",  # patch, error, attempt
+    "schema_proposed",  # schema (recorded, never applied)
+    "distillation",  # mode, span_seqs, tokens_before, tokens_after, summary | state, context
+    "distillation_declined",  # mode, tokens_before, tokens_after, reason
+    "retry",  # attempt, error, status, delay_s
+    "callback_error",  # callback, error, distillation_seq
+    "notice",  # message, source (e.g. recall degraded to lexical-only)
+    "parked",  # waiting for the next user input
+    "resumed",  # from_seq
+    "error",  # message, type
+    "final",  # output, state
+]
+EVENT_KINDS: tuple[str, ...] = EventKind.__args__  # type: ignore[attr-defined]
+
+
+class Event(BaseModel):
+    """One row of the record."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str
+    """The run this event belongs to."""
+    seq: int
+    """Monotonically increasing per run, starting at 1."""
+    kind: EventKind
+    """What happened."""
+    ts: float = Field(default_factory=time.time)
+    """Unix time when it was recorded."""
+    data: dict[str, Any] = Field(default_factory=dict)
+    """The payload; its keys depend on ``kind``."""
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+class RunInfo(BaseModel):
+    """What the record knows about a run as a whole (written once, when it starts)."""
+
+    run_id: str
+    agent: str
+    def_hash: str
+    mode: str
+    model: str
+    interactive: bool = False
+    agents_file: str | None = None
+    parent_run_id: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    status: str = "active"
+    """Derived from the last event: active, parked, done, failed."""
+    last_seq: int = 0
+
+
+def run_status(last_kind: str | None) -> str:
+    """A run's status, derived from the kind of its last event (the record is never updated)."""
+    return {"final": "done", "error": "failed", "parked": "parked"}.get(last_kind or "", "active")

@@ -1,0 +1,125 @@
+"""Messages of the working context, and evicted spans.
+
+A :class:`Message` is immutable. Each one that comes from the record carries the
+``seq`` of its event, so a working context can always be traced back to the record
+(a synthetic message, such as a recap block, has ``seq=None`` and ``synthetic`` set).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+__all__ = ["Role", "ToolCall", "Message", "EvictedSpan"]
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call the model asked for."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_litellm(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ToolCall:
+        return cls(id=d["id"], name=d["name"], arguments=dict(d.get("arguments") or {}))
+
+
+@dataclass(frozen=True)
+class Message:
+    """One message of the working context.
+
+    ``synthetic`` names what made a message that is not in the record verbatim:
+    ``"recap"``, ``"summary"``, ``"state"``, ``"recall-hint"``.
+    """
+
+    role: Role
+    content: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    seq: int | None = None
+    ts: float | None = None
+    synthetic: str | None = None
+    pinned: bool = False
+
+    def to_litellm(self) -> dict[str, Any]:
+        """The message as litellm / OpenAI chat format."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [tc.to_litellm() for tc in self.tool_calls]
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id or ""
+            if self.name:
+                out["name"] = self.name
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            d["tool_calls"] = [tc.to_dict() for tc in self.tool_calls]
+        for key in ("tool_call_id", "name", "seq", "ts", "synthetic"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = value
+        if self.pinned:
+            d["pinned"] = True
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Message:
+        return cls(
+            role=d["role"],
+            content=d.get("content") or "",
+            tool_calls=tuple(ToolCall.from_dict(tc) for tc in d.get("tool_calls") or ()),
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+            seq=d.get("seq"),
+            ts=d.get("ts"),
+            synthetic=d.get("synthetic"),
+            pinned=bool(d.get("pinned", False)),
+        )
+
+    def with_(self, **changes: Any) -> Message:
+        return replace(self, **changes)
+
+    def text_for_search(self) -> str:
+        """Everything searchable in this message: text, tool names and their arguments."""
+        parts = [self.content] if self.content else []
+        for tc in self.tool_calls:
+            parts.append(f"{tc.name}({json.dumps(tc.arguments, ensure_ascii=False)})")
+        return "\n".join(parts)
+
+
+@dataclass(frozen=True)
+class EvictedSpan:
+    """The messages one distillation removed from the working context.
+
+    They stay in the record; the evicted-span callbacks (recall index, harvest bank)
+    receive this value at the last moment the messages exist in the working context.
+    """
+
+    run_id: str
+    agent: str
+    mode: str
+    distillation_seq: int
+    messages: tuple[Message, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seqs(self) -> list[int]:
+        return [m.seq for m in self.messages if m.seq is not None]

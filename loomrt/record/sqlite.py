@@ -1,0 +1,135 @@
+"""The SQLite store: one WAL-mode file under ``$LOOMRT_HOME`` (default ``~/.loomrt``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from loomrt.errors import NotFoundError, StoreError
+from loomrt.events import Event, RunInfo, run_status
+from loomrt.record.migrations import migrate
+
+__all__ = ["SQLiteStore", "loomrt_home", "default_store"]
+
+
+def loomrt_home() -> Path:
+    """``$LOOMRT_HOME``, else ``~/.loomrt`` (created on first use)."""
+    home = Path(os.environ.get("LOOMRT_HOME") or Path.home() / ".loomrt").expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def default_store() -> SQLiteStore:
+    """The store at ``$LOOMRT_HOME/record.sqlite``."""
+    return SQLiteStore(loomrt_home() / "record.sqlite")
+
+
+class SQLiteStore:
+    """Append-only record in one SQLite file. Safe to share between threads of one process."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            migrate(self._conn)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"cannot open the record at {self.path}: {exc}. "
+                "Check the path and its permissions, or set LOOMRT_HOME to another folder."
+            ) from exc
+        self._lock = threading.Lock()
+
+    def create_run(self, info: RunInfo) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    info.run_id,
+                    info.agent,
+                    info.def_hash,
+                    info.mode,
+                    info.model,
+                    int(info.interactive),
+                    info.agents_file,
+                    info.parent_run_id,
+                    info.created_at,
+                ),
+            )
+
+    def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+        payload = json.dumps(data, ensure_ascii=False, default=str)
+        ts = time.time()
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                row = self._conn.execute(
+                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
+                ).fetchone()
+                seq = row[0] + 1
+                self._conn.execute(
+                    "INSERT INTO events VALUES (?, ?, ?, ?, ?)", (run_id, seq, kind, ts, payload)
+                )
+                self._conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                self._conn.execute("ROLLBACK")
+                raise StoreError(f"cannot append to the record of run {run_id}: {exc}") from exc
+        return Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload))  # type: ignore[arg-type]
+
+    def events(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+    ) -> list[Event]:
+        sql = "SELECT seq, kind, ts, data FROM events WHERE run_id = ? AND seq > ?"
+        args: list[Any] = [run_id, after]
+        kinds = list(kinds or [])
+        if kinds:
+            sql += f" AND kind IN ({','.join('?' * len(kinds))})"
+            args += kinds
+        with self._lock:
+            rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
+        return [
+            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d))  # type: ignore[arg-type]
+            for s, k, t, d in rows
+        ]
+
+    def get_run(self, run_id: str) -> RunInfo:
+        runs = self._runs("WHERE r.run_id = ?", [run_id], 1)
+        if not runs:
+            raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
+        return runs[0]
+
+    def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
+        if agent:
+            return self._runs("WHERE r.agent = ?", [agent], limit)
+        return self._runs("", [], limit)
+
+    def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
+        sql = f"""
+            SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
+                   r.parent_run_id, r.created_at,
+                   (SELECT kind FROM events e WHERE e.run_id = r.run_id ORDER BY seq DESC LIMIT 1),
+                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id)
+            FROM runs r {where} ORDER BY r.created_at DESC LIMIT ?"""
+        with self._lock:
+            rows = self._conn.execute(sql, [*args, limit]).fetchall()
+        return [
+            RunInfo(
+                run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
+                interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
+                status=run_status(r[9]), last_seq=r[10],
+            )
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

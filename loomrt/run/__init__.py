@@ -1,0 +1,1 @@
+"""The run loop, the run state, and one reducer module per retention mode."""

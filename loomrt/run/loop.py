@@ -1,0 +1,82 @@
+"""The run loop: one async core that plays one turn.
+
+build the working context → call the model → execute tool calls → append to the record
+→ check the budget → distil if needed → repeat, until a final answer, max_iterations,
+or an error. Mode-specific behaviour lives in the mode object (:mod:`.reducers`).
+"""
+
+from __future__ import annotations
+
+from loomrt.errors import LoomError, RunError
+from loomrt.messages import Message, ToolCall
+from loomrt.run.distil import maybe_distil
+from loomrt.run.model_calls import call_model
+from loomrt.run.state import RunState
+from loomrt.run.steps import AskAgain, FinalOutput, RunTools
+
+__all__ = ["play_turn", "add_user_input"]
+
+
+def add_user_input(run: RunState, content: str) -> None:
+    """Record a user input and append it to the working context (the first one is pinned)."""
+    event = run.record("user_input", {"content": content})
+    first = not any(m.role == "user" and m.synthetic is None for m in run.context)
+    pinned = first and run.spec.context.keep_first
+    run.context.append(Message(role="user", content=content, seq=event.seq, ts=event.ts, pinned=pinned))
+
+
+async def play_turn(run: RunState) -> str:
+    """Play the model until it answers. Records ``final`` (one-shot) or ``parked`` (interactive).
+
+    Raises :class:`RunError` after recording an ``error`` event.
+    """
+    try:
+        for _ in range(run.spec.max_iterations):
+            await maybe_distil(run)
+            response = await call_model(
+                run, run.context,
+                tools=run.mode.offered_tools(run),
+                response_schema=run.mode.response_schema(run),
+                tool_choice=run.mode.tool_choice(run),
+            )
+            step = await run.mode.interpret(run, response)
+            match step:
+                case FinalOutput(output=output):
+                    run.output = output
+                    if run.interactive:
+                        run.record("parked", {"output": output})
+                    else:
+                        run.record("final", {"output": output, "state": run.state})
+                    return output
+                case RunTools(calls=calls):
+                    for call in calls:
+                        await execute_tool(run, call)
+                case AskAgain():
+                    pass
+        raise RunError(
+            f"reached max_iterations ({run.spec.max_iterations}) without a final answer. "
+            "Raise max_iterations in the agent definition, or give a narrower task.",
+            run_id=run.run_id,
+        )
+    except LoomError as exc:
+        run.record("error", {"message": str(exc), "type": type(exc).__name__})
+        if isinstance(exc, RunError):
+            exc.run_id = exc.run_id or run.run_id
+            exc.last_seq = run.last_seq
+        raise
+
+
+async def execute_tool(run: RunState, call: ToolCall) -> None:
+    """Run one tool call and append its result. A failing or unknown tool is a result, not a crash."""
+    run.record("tool_call", call.to_dict())
+    tool = run.toolset.tools.get(call.name)
+    if tool is None:
+        content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
+        is_error = True
+    else:
+        try:
+            content, is_error = await tool.call(call.arguments), False
+        except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
+            content, is_error = f"Error: {type(exc).__name__}: {exc}", True
+    event = run.record("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
+    run.context.append(Message(role="tool", content=content, tool_call_id=call.id, name=call.name, seq=event.seq, ts=event.ts))

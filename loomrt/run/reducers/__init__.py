@@ -1,0 +1,1 @@
+"""Retention modes: one module each (append, recap, stateful, compaction), all one shape."""

@@ -1,0 +1,41 @@
+"""compaction: an LLM summary of the span before the cut.
+
+After a boundary the working context is: system, the pinned task, the summary, and the
+last ``keep_last_n`` messages. Tool-call / tool-result pairs are never split. The
+previous summary folds into the next. This reducer is also append mode's backstop.
+"""
+
+from __future__ import annotations
+
+from loomrt.run.reducers.base import Reduction, RetentionMode
+from loomrt.run.reducers.summarize import distil_with_prose
+from loomrt.run.state import RunState
+
+__all__ = ["CompactionMode", "compact", "SUMMARY_INSTRUCTIONS"]
+
+SUMMARY_INSTRUCTIONS = (
+    "Summarise the conversation below so that the assistant can continue the task from the "
+    "summary alone. Keep every decision, open question, name, number, path and value exactly "
+    "as written, each with its [#seq] pointer. Be concise; no preamble."
+)
+
+
+async def compact(run: RunState) -> Reduction | None:
+    return await distil_with_prose(
+        run,
+        purpose="summary",
+        synthetic="summary",
+        instructions=SUMMARY_INSTRUCTIONS,
+        label="Summary of the earlier conversation (a map, not the details: Recall has the exact words):",
+        max_chars=None,
+    )
+
+
+class CompactionMode(RetentionMode):
+    name = "compaction"
+
+    def threshold_pct(self, run: RunState) -> int | None:
+        return run.spec.context.autocompact_at_pct
+
+    async def reduce(self, run: RunState) -> Reduction | None:
+        return await compact(run)

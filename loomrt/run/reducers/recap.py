@@ -1,0 +1,38 @@
+"""recap: the model rewrites its reasoning so far as prose; the raw log is evicted.
+
+After a boundary the working context is: system, the pinned task, the recap block, and
+the last ``keep_last_n`` messages. The previous recap folds into the next.
+"""
+
+from __future__ import annotations
+
+from loomrt.run.reducers.base import Reduction, RetentionMode
+from loomrt.run.reducers.summarize import distil_with_prose
+from loomrt.run.state import RunState
+
+__all__ = ["RecapMode", "RECAP_INSTRUCTIONS"]
+
+RECAP_INSTRUCTIONS = (
+    "You are writing a recap of your own work so far, for yourself to continue from. "
+    "Write plain prose in the first person: what the task is, what you found, what you "
+    "decided and why, what is still open, and the next step. Keep names, numbers, paths "
+    "and values exactly as written, with their [#seq] pointers. At most {max_chars} characters."
+)
+
+
+class RecapMode(RetentionMode):
+    name = "recap"
+
+    def threshold_pct(self, run: RunState) -> int | None:
+        return run.spec.context.autorecap_at_pct
+
+    async def reduce(self, run: RunState) -> Reduction | None:
+        limit = run.spec.context.recap_max_chars
+        return await distil_with_prose(
+            run,
+            purpose="recap",
+            synthetic="recap",
+            instructions=RECAP_INSTRUCTIONS.format(max_chars=limit),
+            label="Recap of my work so far (a map, not the details: Recall has the exact words):",
+            max_chars=limit,
+        )

@@ -1,0 +1,193 @@
+"""stateful: a JSON-Schema-validated state Σ plus the last observation O is all that survives.
+
+The model's only way to act is the ``emit_state`` tool::
+
+    {reasoning, patch, action?: {tool, arguments}, done?, final?, propose_schema?}
+
+``patch`` is an RFC 7386 JSON merge-patch on Σ; the result is validated against
+``context.state_schema`` (the full schema, ``required`` included). An invalid patch is
+shown back to the model with the validation error and retried up to
+``max_patch_retries``; ``on_invalid_patch: fail`` fails at once. ``propose_schema`` is
+recorded, never applied. Each boundary keeps only system, the pinned task, Σ and O.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import jsonschema
+
+from loomrt.errors import StateError
+from loomrt.messages import Message, ToolCall
+from loomrt.providers.base import ModelResponse, ToolSchema
+from loomrt.run.reducers.base import Reduction, RetentionMode
+from loomrt.run.splice import splice
+from loomrt.run.state import RunState
+from loomrt.run.steps import AskAgain, FinalOutput, NextStep, RunTools
+
+__all__ = ["StatefulMode", "merge_patch", "validate_state", "initial_state", "emit_state_schema", "STATEFUL_PROMPT"]
+
+EMIT_STATE = "emit_state"
+
+STATEFUL_PROMPT = (
+    "You act only by calling the emit_state tool. Each call gives your reasoning, a JSON "
+    "merge-patch (RFC 7386) on your state, optionally an action {{tool, arguments}} to run one "
+    "tool, and done: true with final (your answer) when the task is finished. After each step "
+    "you see only your state and the last observation, so keep in the state everything you "
+    "need later. The state must validate against this JSON Schema:\n{schema}\n"
+    "The state starts as: {initial}"
+)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """Apply an RFC 7386 JSON merge-patch (``null`` deletes a key); ``target`` is untouched."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def validate_state(state: Any, schema: dict[str, Any]) -> str | None:
+    """None if ``state`` is valid, else one readable line per problem."""
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = sorted(validator.iter_errors(state), key=lambda e: list(e.absolute_path))
+    if not errors:
+        return None
+    lines = []
+    for e in errors[:5]:
+        where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        lines.append(f"at {where}: {e.message}")
+    return "; ".join(lines)
+
+
+def initial_state(schema: dict[str, Any]) -> dict[str, Any]:
+    """Σ before the first patch: the schema's property defaults."""
+    props = schema.get("properties") or {}
+    return {k: copy.deepcopy(v["default"]) for k, v in props.items() if isinstance(v, dict) and "default" in v}
+
+
+def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str]) -> dict[str, Any]:
+    """The parameters of emit_state; ``patch`` follows Σ's properties (all optional)."""
+    patch: dict[str, Any] = {"type": "object", "description": "JSON merge-patch on the state"}
+    if state_schema.get("properties"):
+        patch["properties"] = copy.deepcopy(state_schema["properties"])
+    params: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string"},
+            "patch": patch,
+            "done": {"type": "boolean"},
+            "final": {"type": "string"},
+            "propose_schema": {"type": "object"},
+        },
+        "required": ["reasoning", "patch"],
+    }
+    if tool_names:
+        params["properties"]["action"] = {
+            "type": "object",
+            "properties": {"tool": {"type": "string", "enum": tool_names}, "arguments": {"type": "object"}},
+            "required": ["tool"],
+        }
+    return params
+
+
+class StatefulMode(RetentionMode):
+    name = "stateful"
+
+    def system_lines(self, spec: Any) -> list[str]:
+        schema = spec.context.state_schema or {"type": "object"}
+        return [STATEFUL_PROMPT.format(schema=json.dumps(schema), initial=json.dumps(initial_state(schema)))]
+
+    def offered_tools(self, run: RunState) -> tuple[ToolSchema, ...]:
+        schema = emit_state_schema(run.spec.context.state_schema or {}, sorted(run.toolset.tools))
+        return (ToolSchema(EMIT_STATE, "Update your state and optionally act or finish.", schema),)
+
+    def tool_choice(self, run: RunState) -> str:
+        return "required"
+
+    def response_schema(self, run: RunState) -> dict[str, Any] | None:
+        return self.offered_tools(run)[0].parameters
+
+    def should_distil(self, run: RunState) -> bool:
+        # every completed step is a boundary: Σ and O are all that survive
+        return bool(run.context) and run.context[-1].role == "tool" and len(run.context) != run.declined_at
+
+    async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
+        emit = next((c for c in response.tool_calls if c.name == EMIT_STATE), None)
+        message = Message(role="assistant", content=response.text, tool_calls=(emit,) if emit else ())
+        event = run.record("assistant_message", {"message": message.to_dict()})
+        run.context.append(message.with_(seq=event.seq, ts=event.ts))
+        if emit is None:
+            return self._reject(run, None, "you must act by calling emit_state (reasoning, patch, ...)")
+        args = emit.arguments
+        patch = args.get("patch", {})
+        if not isinstance(patch, dict):
+            return self._reject(run, emit, f"patch must be a JSON object, got {type(patch).__name__}")
+        schema = run.spec.context.state_schema or {"type": "object"}
+        new_state = merge_patch(run.state if run.state is not None else initial_state(schema), patch)
+        problem = validate_state(new_state, schema)
+        if problem:
+            return self._reject(run, emit, f"the patched state is invalid: {problem}", patch=patch)
+        run.patch_failures = 0
+        run.state = new_state
+        action = args.get("action") if isinstance(args.get("action"), dict) else None
+        run.record("state_update", {
+            "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
+            "action": action, "done": bool(args.get("done")),
+        })
+        if isinstance(args.get("propose_schema"), dict):
+            run.record("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
+        if args.get("done"):
+            self._observe(run, emit, "State accepted. Done.")
+            final = args.get("final")
+            return FinalOutput(str(final) if final is not None else json.dumps(new_state, ensure_ascii=False))
+        if action and action.get("tool"):
+            return RunTools((ToolCall(id=emit.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})),))
+        self._observe(run, emit, "State accepted.")
+        return AskAgain()
+
+    def _observe(self, run: RunState, emit: ToolCall, content: str) -> None:
+        event = run.record("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": False})
+        run.context.append(Message(role="tool", content=content, tool_call_id=emit.id, name=EMIT_STATE, seq=event.seq, ts=event.ts))
+
+    def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
+        run.patch_failures += 1
+        spec = run.spec.context
+        run.record("patch_rejected", {"patch": patch, "error": error, "attempt": run.patch_failures})
+        if spec.on_invalid_patch == "fail" or run.patch_failures > spec.max_patch_retries:
+            raise StateError(
+                f"stateful mode: {error} (after {run.patch_failures} attempt(s); on_invalid_patch="
+                f"{spec.on_invalid_patch}, max_patch_retries={spec.max_patch_retries}). "
+                "Fix the state_schema or the prompt, or raise max_patch_retries.",
+                run_id=run.run_id,
+            )
+        feedback = f"Rejected: {error}. Call emit_state again with a corrected patch."
+        if emit is not None:
+            event = run.record("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": feedback, "is_error": True})
+            run.context.append(Message(role="tool", content=feedback, tool_call_id=emit.id, name=EMIT_STATE, seq=event.seq, ts=event.ts))
+        else:
+            run.context.append(Message(role="user", content=feedback, synthetic="feedback"))
+        return AskAgain()
+
+    async def reduce(self, run: RunState) -> Reduction | None:
+        cut = splice(run.context, keep_last_n=0)
+        last = run.context[-1]
+        span = [m for m in cut.middle if m.synthetic is None]
+        if not span:
+            return None
+        state_json = json.dumps(run.state if run.state is not None else {}, ensure_ascii=False)
+        sigma = Message(role="user", content=f"Your state Σ:\n{state_json}", synthetic="state")
+        observation = Message(
+            role="user",
+            content=f"Last observation ({last.name or 'tool'}):\n{last.content}",
+            synthetic="observation",
+            seq=last.seq,
+        )
+        return Reduction(context=[*cut.head, sigma, observation], evicted=span, state=run.state)

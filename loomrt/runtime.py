@@ -1,0 +1,231 @@
+"""The runtime: start, play, resume and continue runs.
+
+One async core (:meth:`Runtime.run`, :meth:`Runtime.send`); :meth:`Runtime.run_sync` and
+:meth:`Runtime.stream` are thin wrappers over it. Every run works on a deep clone of its
+agent definition, resolves its retention mode once, and resolves its toolset in
+:func:`loomrt.toolset.resolve_toolset`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from pydantic import ValidationError
+
+from loomrt.errors import LoomError, NotFoundError, SpecError
+from loomrt.events import Event, RunInfo, run_status
+from loomrt.messages import Message
+from loomrt.providers import resolve_provider
+from loomrt.providers.base import ModelProvider
+from loomrt.record.sqlite import default_store
+from loomrt.record.store import Store
+from loomrt.run.loop import add_user_input, play_turn
+from loomrt.run.modes import mode_for, resolve_mode
+from loomrt.run.projection import project
+from loomrt.run.state import EvictedSpanCallback, RunResult, RunState
+from loomrt.spec import AgentSpec, AgentsFile, definition_hash
+from loomrt.tools import Tool
+from loomrt.toolset import resolve_toolset
+
+__all__ = ["Runtime"]
+
+ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
+
+
+class Runtime:
+    """Runs agents against a store.
+
+    ``providers`` maps an agent definition and model string to a provider (default:
+    :func:`loomrt.providers.resolve_provider`); ``tools`` adds tools to the built-ins;
+    ``callbacks`` receive every evicted span of every run; ``embedder`` and ``memory``
+    are handed to Recall.
+    """
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        providers: ProviderFactory | None = None,
+        tools: dict[str, Tool] | list[Tool] | None = None,
+        callbacks: list[EvictedSpanCallback] | None = None,
+        embedder: Any = None,
+        memory: Any = None,
+    ):
+        self.store = store or default_store()
+        self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
+        self.tools = {t.name: t for t in tools} if isinstance(tools, list) else dict(tools or {})
+        self.callbacks = list(callbacks or [])
+        self.embedder = embedder
+        self.memory = memory
+
+    # ------------------------------------------------------------------ starting
+
+    def start(
+        self,
+        agent: AgentSpec | str,
+        *,
+        agents: AgentsFile | None = None,
+        mode: str | None = None,
+        overrides: dict[str, Any] | None = None,
+        interactive: bool = False,
+        agents_file: str | None = None,
+        name: str | None = None,
+    ) -> RunState:
+        """Create a run: clone the definition, resolve mode and toolset, record ``run_started``."""
+        name, spec = self._definition(agent, agents, name)
+        changes = dict(overrides or {})
+        if mode:
+            changes["context"] = {**changes.get("context", {}), "mode": mode}
+        try:
+            spec = spec.clone(**changes)  # the shared definition is never mutated
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise SpecError(err["msg"].removeprefix("Value error, "), path=".".join(map(str, err["loc"]))) from None
+        run_id = uuid.uuid4().hex[:12]
+        return self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None)
+
+    def _definition(self, agent: AgentSpec | str, agents: AgentsFile | None, name: str | None) -> tuple[str, AgentSpec]:
+        if isinstance(agent, AgentSpec):
+            return name or "agent", agent
+        if agents is None or agent not in agents.agents:
+            known = ", ".join(sorted(agents.agents)) if agents else "none loaded"
+            raise NotFoundError(f"no agent named {agent!r}. Known agents: {known}")
+        return agent, agents.agents[agent]
+
+    def _assemble(
+        self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
+        history: list[Event] | None,
+    ) -> RunState:
+        provider = self.providers(spec, spec.model)
+        summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
+        requested = spec.context.mode
+        if history:
+            resolved = history[0].data["mode"]
+        else:
+            resolved = resolve_mode(requested, provider.capabilities, interactive=interactive,
+                                    has_schema=spec.context.state_schema is not None)
+        mode = mode_for(resolved)
+        holder: dict[str, RunState] = {}
+        toolset = resolve_toolset(
+            spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
+            history=history, emit=lambda kind, data: holder["run"].record(kind, data),
+        )
+        run = RunState(
+            run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
+            provider=provider, summarizer=summarizer, toolset=toolset,
+            callbacks=[*toolset.callbacks, *self.callbacks],
+        )
+        holder["run"] = run
+        if history is None:
+            system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *toolset.prompt_lines] if x)
+            self.store.create_run(RunInfo(
+                run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
+                interactive=interactive, agents_file=agents_file,
+            ))
+            run.record("run_started", {
+                "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
+                "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
+                "tools": sorted(toolset.tools), "system": system, "local": provider.capabilities.local,
+            })
+            if system:
+                run.context.append(_system_message(system, run.last_seq))
+        return run
+
+    # ------------------------------------------------------------------ playing
+
+    async def send(self, run: RunState, text: str) -> RunResult:
+        """Add one user input to ``run`` and play until it answers (or parks)."""
+        add_user_input(run, text)
+        return await self._play(run)
+
+    async def _play(self, run: RunState) -> RunResult:
+        try:
+            await play_turn(run)
+        except LoomError as exc:
+            return self.result(run, error=str(exc))
+        return self.result(run)
+
+    async def run(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
+        """A one-shot run: start, send ``prompt``, return the result (status done or failed)."""
+        return await self.send(self.start(agent, **kw), prompt)
+
+    def run_sync(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
+        """:meth:`run` for code that is not async."""
+        return asyncio.run(self.run(agent, prompt, **kw))
+
+    async def stream(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> AsyncIterator[Event]:
+        """A one-shot run that yields each event as it is recorded."""
+        run = self.start(agent, **kw)
+        queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        for e in self.store.events(run.run_id):
+            queue.put_nowait(e)
+        run.listeners.append(queue.put_nowait)
+
+        async def play() -> None:
+            try:
+                await self.send(run, prompt)
+            finally:
+                queue.put_nowait(None)
+
+        task = asyncio.create_task(play())
+        while (event := await queue.get()) is not None:
+            yield event
+        await task
+
+    def finish(self, run: RunState) -> RunResult:
+        """End an interactive run: record ``final`` with its last answer."""
+        run.record("final", {"output": run.output, "state": run.state})
+        return self.result(run)
+
+    # ------------------------------------------------------------------ from the record
+
+    def open(self, run_id: str) -> RunState:
+        """Rebuild a run from its record alone (definition, mode, context, Σ, recall index)."""
+        info = self.store.get_run(run_id)
+        events = self.store.events(run_id)
+        if not events or events[0].kind != "run_started":
+            raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
+        spec = AgentSpec.model_validate(events[0].data["definition"])
+        run = self._assemble(run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events)
+        p = project(events, keep_first=spec.context.keep_first)
+        run.context, run.state, run.usage = p.context, p.state, p.usage
+        run.model_calls, run.distillations, run.output = p.model_calls, p.distillations, p.output
+        run.reported_prompt_tokens, run.last_seq = p.reported_prompt_tokens, p.last_seq
+        for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
+            advance = getattr(provider, "advance", None)
+            if callable(advance):  # a scripted model picks up where the record left off
+                advance(p.turn_calls, p.summary_calls)
+        return run
+
+    async def resume(self, run_id: str) -> RunResult:
+        """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
+        run = self.open(run_id)
+        status = run_status(self.store.events(run_id)[-1].kind)
+        if status in ("done", "parked"):
+            return self.result(run)
+        run.record("resumed", {"from_seq": run.last_seq})
+        return await self._play(run)
+
+    async def continue_run(self, run_id: str, prompt: str, *, interactive: bool | None = None) -> RunResult:
+        """Add a new user input to an existing run (done, parked or failed) and play it."""
+        run = self.open(run_id)
+        if interactive is not None:
+            run.interactive = interactive
+        run.record("resumed", {"from_seq": run.last_seq, "input": "continue"})
+        return await self.send(run, prompt)
+
+    def result(self, run: RunState, *, error: str | None = None) -> RunResult:
+        last = self.store.events(run.run_id, after=max(0, run.last_seq - 1))
+        status = run_status(last[-1].kind if last else None)
+        return RunResult(
+            run_id=run.run_id, agent=run.agent, mode=run.mode.name, status=status, output=run.output,
+            state=run.state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
+            error=error,
+        )
+
+
+def _system_message(text: str, seq: int) -> Message:
+    return Message(role="system", content=text, seq=seq)

@@ -1,0 +1,373 @@
+"""Agent definitions: the pydantic models, YAML loading with precise errors, and the JSON Schema.
+
+A definitions file looks like::
+
+    agents:
+      assistant:
+        model: local/qwen2.5-coder-1.5b
+        system_prompt: You are a helpful assistant.
+        context: {mode: recap, budget_tokens: 4096}
+
+An optional ``defaults:`` block applies to every agent unless the agent overrides a key.
+Relative paths (``system_prompt_file``, ``scripted/PATH``) resolve against the file's folder.
+Loading errors name the file, line, column and key path (see :class:`loomrt.errors.SpecError`).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import jsonschema
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from loomrt.errors import SpecError
+
+__all__ = [
+    "Mode",
+    "MODES",
+    "ContextSpec",
+    "Capabilities",
+    "AgentSpec",
+    "AgentsFile",
+    "load_agents",
+    "load_agents_text",
+    "agents_json_schema",
+    "definition_hash",
+    "SCHEMA_URL",
+]
+
+Mode = Literal["append", "recap", "stateful", "compaction", "auto"]
+MODES: tuple[str, ...] = Mode.__args__  # type: ignore[attr-defined]
+SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ContextSpec(_Strict):
+    """How a run keeps its working context under budget."""
+
+    mode: Mode = "append"
+    """Retention mode: append (keep everything), recap, stateful, compaction, or auto
+    (recap on local models and interactive runs, stateful on frontier APIs)."""
+    budget_tokens: int = Field(8192, ge=256)
+    """The working-context budget in tokens (capped by the model's context window)."""
+    keep_last_n: int = Field(6, ge=0)
+    """The most recent messages, never evicted by a distillation."""
+    keep_first: bool = True
+    """Pin the task (the first user input) so it survives every distillation verbatim."""
+    recap_max_chars: int = Field(2000, ge=100)
+    """recap mode: the longest recap the model may write."""
+    autorecap_at_pct: int = Field(80, ge=50, le=95)
+    """recap mode: distil when pressure reaches this percentage of the budget."""
+    autocompact_at_pct: int = Field(80, ge=50, le=95)
+    """compaction mode (and the append backstop): distil at this percentage of the budget."""
+    backstop: bool = False
+    """append mode: compact anyway when pressure reaches autocompact_at_pct (off by default)."""
+    summarizer_model: str | None = None
+    """An optional cheaper model for recaps and summaries; defaults to the agent's model."""
+    state_schema: dict[str, Any] | None = None
+    """stateful mode: the JSON Schema of the state Σ (its root must be an object)."""
+    on_invalid_patch: Literal["retry", "fail"] = "retry"
+    """stateful mode: retry an invalid patch (showing the model the error) or fail at once."""
+    max_patch_retries: int = Field(2, ge=0, le=10)
+    """stateful mode: how many times an invalid patch is retried before the run fails."""
+    recall: bool = False
+    """Index every evicted span and grant the Recall tool to search it."""
+    recall_max_entries: int = Field(4096, ge=16)
+    """recall: the FIFO cap of the run's recall index, in entries."""
+    recall_max_tokens: int = Field(1200, ge=64)
+    """recall: the most tokens one Recall result may return."""
+    harvest_to_memory: bool = False
+    """Bank evicted spans for consolidation into durable memory (wired by the harvest issue)."""
+
+    @field_validator("state_schema")
+    @classmethod
+    def _schema_is_valid(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return value
+        try:
+            jsonschema.validators.validator_for(value).check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        if value.get("type") != "object":
+            raise ValueError("the root of state_schema must be {type: object}")
+        return value
+
+    @model_validator(mode="after")
+    def _stateful_needs_schema(self) -> ContextSpec:
+        if self.mode == "stateful" and self.state_schema is None:
+            raise ValueError("mode stateful needs a state_schema (a JSON Schema whose root is an object)")
+        return self
+
+
+class Capabilities(_Strict):
+    """Facts about a model that the registry cannot know (your own endpoints)."""
+
+    local: bool | None = None
+    """The model runs on your own hardware (auto then resolves to recap)."""
+    context_window: int | None = Field(None, ge=256)
+    """The model's context window in tokens."""
+    tool_calling: bool | None = None
+    """The model calls tools natively (else loomrt uses constrained JSON decisions)."""
+    structured_output: bool | None = None
+    """The model honours a JSON Schema response_format."""
+
+
+class AgentSpec(_Strict):
+    """One agent definition. Immutable once loaded: a run works on a deep clone."""
+
+    model: str
+    """A litellm model string: openai/gpt-4o, ollama/llama3, local/qwen2.5-coder-1.5b, scripted/PATH."""
+    description: str = ""
+    """What the agent is for (shown by `loomrt agents list`)."""
+    system_prompt: str | None = None
+    """The system prompt (or use system_prompt_file)."""
+    system_prompt_file: str | None = None
+    """A file holding the system prompt, relative to the definitions file."""
+    tools: list[str] = Field(default_factory=list)
+    """Allowlist of tool names; empty means no tools (default-deny)."""
+    max_iterations: int = Field(20, ge=1)
+    """The most model calls in one turn before the run stops."""
+    max_tokens: int = Field(1024, ge=16)
+    """The most tokens the model may write in one reply."""
+    temperature: float | None = Field(None, ge=0, le=2)
+    """Sampling temperature (provider default if unset)."""
+    api_base: str | None = None
+    """The provider endpoint, for self-hosted or proxied models."""
+    api_key_env: str | None = None
+    """The environment variable holding the API key (never put a key in this file)."""
+    timeout_s: float = Field(120, gt=0)
+    """Seconds before one model call times out."""
+    retries: int = Field(3, ge=0, le=10)
+    """Retries on 429, 5xx and timeouts, with exponential backoff and jitter."""
+    capabilities: Capabilities = Field(default_factory=Capabilities)
+    """Declared facts about the model (override the registry)."""
+    context: ContextSpec = Field(default_factory=ContextSpec)
+    """Retention: how the working context stays under budget."""
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> AgentSpec:
+        if self.system_prompt is not None and self.system_prompt_file is not None:
+            raise ValueError("give system_prompt or system_prompt_file, not both")
+        return self
+
+    def system_text(self) -> str:
+        """The system prompt, read from system_prompt_file if that is how it was given."""
+        if self.system_prompt_file is not None:
+            return Path(self.system_prompt_file).read_text(encoding="utf-8")
+        return self.system_prompt or ""
+
+    def clone(self, **overrides: Any) -> AgentSpec:
+        """A deep clone with top-level or ``context`` overrides applied; self is untouched."""
+        data = copy.deepcopy(self.model_dump())
+        ctx = overrides.pop("context", None) or {}
+        data.update(overrides)
+        data["context"].update(ctx)
+        return AgentSpec.model_validate(data)
+
+
+class AgentsFile(_Strict):
+    """A definitions file: ``agents:`` (name → definition) and optional ``defaults:``."""
+
+    defaults: dict[str, Any] = Field(default_factory=dict)
+    """Keys applied to every agent unless the agent sets them (context keys merge one by one)."""
+    agents: dict[str, AgentSpec]
+    """The agents, by name."""
+
+
+def definition_hash(spec: AgentSpec) -> str:
+    """The content hash of a definition (the system prompt file's text included)."""
+    data = spec.model_dump(mode="json")
+    data["system_prompt"] = spec.system_text() if spec.system_prompt_file else spec.system_prompt
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- loading
+
+_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Located:
+    """Line/column of every key path in a YAML document."""
+
+    def __init__(self, filename: str, node: yaml.Node | None):
+        self.filename = filename
+        self.marks: dict[tuple[Any, ...], tuple[int, int]] = {}
+        self.key_marks: dict[tuple[Any, ...], tuple[int, int]] = {}
+        if node is not None:
+            self._walk(node, ())
+
+    def _walk(self, node: yaml.Node, path: tuple[Any, ...]) -> None:
+        self.marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = (*path, key.value)
+                self.key_marks[sub] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                self._walk(value, sub)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, (*path, i))
+
+    def where(self, path: tuple[Any, ...], *, key: bool = False) -> str:
+        for p in (path[:n] for n in range(len(path), -1, -1)):
+            mark = (self.key_marks.get(p) if key else None) or self.marks.get(p)
+            if mark:
+                return f"{self.filename}:{mark[0]}:{mark[1]}"
+        return self.filename
+
+
+def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
+    """Load and validate a definitions file; raise :class:`SpecError` naming file:line:col and key."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(
+            "no such agents file. Pass --agents FILE, set LOOMRT_AGENTS, or create ./agents.yaml",
+            where=str(p),
+        ) from None
+    except OSError as exc:
+        raise SpecError(f"cannot read the agents file: {exc.strerror}", where=str(p)) from None
+    return load_agents_text(text, filename=str(p), base_dir=p.resolve().parent)
+
+
+def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | None = None) -> AgentsFile:
+    """Load definitions from YAML text (relative paths resolve against ``base_dir``)."""
+    base_dir = base_dir or Path.cwd()
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        raise SpecError(f"not valid YAML: {exc.problem}", where=where) from None
+    loc = _Located(filename, node)
+    if not isinstance(raw, dict) or "agents" not in raw:
+        raise SpecError("the top level must be a mapping with an 'agents:' key", where=loc.where(()))
+    raw = _interpolate(raw, (), loc)
+    defaults = raw.get("defaults") or {}
+    agents = raw.get("agents")
+    if not isinstance(agents, dict) or not agents:
+        raise SpecError("'agents:' must map agent names to definitions", where=loc.where(("agents",)), path="agents")
+    merged = {}
+    for name, body in agents.items():
+        if not isinstance(body, dict):
+            raise SpecError("an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}")
+        merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
+    try:
+        return AgentsFile.model_validate({**{k: v for k, v in raw.items() if k != "agents"}, "agents": merged})
+    except ValidationError as exc:
+        raise _spec_error(exc, loc) from None
+
+
+def _apply_defaults(defaults: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(defaults)
+    for key, value in body.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = {**out[key], **value}
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _resolve_paths(body: dict[str, Any], base: Path, loc: _Located, name: str) -> dict[str, Any]:
+    prompt_file = body.get("system_prompt_file")
+    if isinstance(prompt_file, str):
+        resolved = (base / prompt_file).resolve()
+        if not resolved.is_file():
+            raise SpecError(
+                f"system prompt file {prompt_file!r} does not exist (looked in {resolved.parent})",
+                where=loc.where(("agents", name, "system_prompt_file")),
+                path=f"agents.{name}.system_prompt_file",
+            )
+        body["system_prompt_file"] = str(resolved)
+    model = body.get("model")
+    if isinstance(model, str) and model.startswith("scripted/"):
+        script = Path(model.removeprefix("scripted/"))
+        if not script.is_absolute():
+            body["model"] = "scripted/" + str((base / script).resolve())
+    return body
+
+
+def _interpolate(value: Any, path: tuple[Any, ...], loc: _Located) -> Any:
+    if isinstance(value, dict):
+        return {k: _interpolate(v, (*path, k), loc) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, (*path, i), loc) for i, v in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+
+        def sub(m: re.Match[str]) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise SpecError(
+                f"environment variable {name} is not set. Set it, or write ${{{name}:-default}}",
+                where=loc.where(path),
+                path=_dotted(path),
+            )
+
+        return _ENV.sub(sub, value)
+    return value
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(f"[{p}]" if isinstance(p, int) else str(p) for p in path).replace(".[", "[")
+
+
+def _fields_at(path: tuple[Any, ...]) -> list[str]:
+    """The known keys of the model that owns ``path``'s last key."""
+    model: type[BaseModel] = AgentsFile
+    for part in path[:-1]:
+        if model is AgentsFile and part == "agents":
+            model = AgentSpec
+            continue
+        if model is AgentSpec and isinstance(part, str) and part not in AgentSpec.model_fields:
+            continue  # the agent's name
+        field = model.model_fields.get(str(part))
+        ann = getattr(field, "annotation", None)
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            model = ann
+    return list(model.model_fields)
+
+
+def _spec_error(exc: ValidationError, loc: _Located) -> SpecError:
+    err = exc.errors()[0]
+    path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    kind, value = err["type"], err.get("input")
+    if kind == "extra_forbidden":
+        known = _fields_at(path)
+        close = difflib.get_close_matches(str(path[-1]), known, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else f" Known keys: {', '.join(known)}."
+        msg = f"unknown key '{path[-1]}'.{hint}"
+        return SpecError(msg, where=loc.where(path, key=True), path=_dotted(path))
+    if kind == "literal_error":
+        allowed = err.get("ctx", {}).get("expected", "")
+        allowed = ", ".join(a.strip().strip("'") for a in allowed.replace(" or ", ", ").split(","))
+        return SpecError(f"{value!r} is not one of {allowed}", where=loc.where(path), path=_dotted(path))
+    if kind == "missing":
+        return SpecError("this key is required", where=loc.where(path[:-1]), path=_dotted(path))
+    msg = err["msg"].removeprefix("Value error, ")
+    if value is not None and not isinstance(value, (dict, list)):
+        msg += f" (got {value!r})"
+    return SpecError(msg, where=loc.where(path), path=_dotted(path))
+
+
+def agents_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a definitions file (for editors and the configuration reference)."""
+    schema = AgentsFile.model_json_schema()
+    schema["$id"] = SCHEMA_URL
+    schema["title"] = "loomrt agents file"
+    return schema

@@ -1,0 +1,76 @@
+"""The one place where a run's toolset is resolved.
+
+Every site that starts or restarts a run (one-shot, interactive, continue, resume, and
+later sub-agent spawn and MCP spawn) calls :func:`resolve_toolset`. It turns the agent's
+``tools:`` allowlist into tools (default-deny), and grants what the ``context:`` block
+implies: ``recall: true`` adds the Recall tool, the recall index callback and one line of
+system prompt. Granting Recall widens the allowlist, never the trust boundary: it reads
+only this run's evicted spans and the agent's permitted memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrt.errors import SpecError
+from loomrt.events import Event
+from loomrt.run.state import EvictedSpanCallback
+from loomrt.spec import AgentSpec
+from loomrt.tools import BUILTIN_TOOLS, Tool
+
+__all__ = ["Toolset", "resolve_toolset"]
+
+
+@dataclass
+class Toolset:
+    """The tools a run may call, the callbacks it registers, and its system prompt lines."""
+
+    tools: dict[str, Tool] = field(default_factory=dict)
+    callbacks: list[EvictedSpanCallback] = field(default_factory=list)
+    prompt_lines: list[str] = field(default_factory=list)
+    recall: Any = None
+    """The run's recall index (a :class:`loomrt.recall.RunRecall`), when recall is on."""
+
+
+def resolve_toolset(
+    spec: AgentSpec,
+    *,
+    run_id: str,
+    emit: Callable[[str, dict[str, Any]], Any],
+    registry: dict[str, Tool] | None = None,
+    memory: Any = None,
+    embedder: Any = None,
+    history: list[Event] | None = None,
+    agent: str = "",
+) -> Toolset:
+    """Resolve the toolset of run ``run_id``.
+
+    ``registry`` maps tool names to tools (built-ins plus the runtime's own);
+    ``memory`` is an optional durable-memory source for Recall's fallback;
+    ``history`` is the run's record so far, from which a resumed run rebuilds its recall index;
+    ``emit(kind, data)`` records an event on the run.
+    """
+    registry = {**BUILTIN_TOOLS, **(registry or {})}
+    toolset = Toolset()
+    for i, name in enumerate(spec.tools):
+        if name == "Recall":
+            continue  # granted below when context.recall is on
+        if name not in registry:
+            raise SpecError(
+                f"unknown tool {name!r}. Known tools: {', '.join(sorted(registry))}",
+                path=f"agents.{agent}.tools[{i}]" if agent else f"tools[{i}]",
+            )
+        toolset.tools[name] = registry[name]
+    if spec.context.recall:
+        from loomrt.recall import RECALL_PROMPT, RunRecall
+
+        recall = RunRecall(run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory)
+        if history:
+            recall.rebuild(history)
+        toolset.recall = recall
+        toolset.tools[recall.tool.name] = recall.tool
+        toolset.callbacks.append(recall.on_evicted)
+        toolset.prompt_lines.append(RECALL_PROMPT)
+    return toolset

@@ -1,0 +1,175 @@
+"""The scripted provider: deterministic replies for tests, benchmarks and demos.
+
+From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the agents file)::
+
+    local: true            # optional; scripted runs count as local unless this says false
+    context_window: 8192   # optional
+    turns:                 # ordinary model calls take these in order
+      - text: "plain assistant reply"
+      - tool_call: {name: Recall, arguments: {query: "staging db port"}}
+      - emit_state: {patch: {step: 2}, done: false}
+        usage: {input_tokens: 7000}      # optional: simulate reported prompt tokens
+    summaries:             # recap / compaction calls take these in order; the last one repeats
+      - "Recap: ..."
+
+From Python, ``ScriptedProvider(turns=[...], summaries=[...])`` takes the same items.
+A run that asks for more turns than the script has fails with
+:class:`~loomrt.errors.ScriptExhaustedError` naming the script.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loomrt.errors import ScriptExhaustedError, SpecError
+from loomrt.messages import ToolCall
+from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
+
+__all__ = ["ScriptedProvider", "FunctionProvider", "load_script"]
+
+_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage"}
+
+
+class ScriptedProvider:
+    """Replies from a script. ``calls`` holds every request it answered."""
+
+    def __init__(
+        self,
+        turns: list[dict[str, Any] | str] | None = None,
+        summaries: list[str | dict[str, Any]] | None = None,
+        *,
+        local: bool = True,
+        context_window: int = 32768,
+        name: str = "scripted/inline",
+        count_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
+    ):
+        self.model = name
+        self.turns = [t if isinstance(t, dict) else {"text": t} for t in (turns or [])]
+        self.summaries = [s if isinstance(s, dict) else {"text": s} for s in (summaries or [])]
+        for i, turn in enumerate(self.turns):
+            unknown = set(turn) - _TURN_KEYS
+            if unknown or not (set(turn) - {"usage"}):
+                raise SpecError(
+                    f"turn {i + 1} must have one of text, tool_call, tool_calls, emit_state "
+                    f"(got {sorted(turn)})",
+                    where=name,
+                )
+        self.capabilities = Capabilities(
+            local=local, context_window=context_window, tool_calling=True, structured_output=True
+        )
+        self.calls: list[ModelRequest] = []
+        self._turn = 0
+        self._summary = 0
+        if count_tokens is None:
+            from loomrt.tokens import count_dicts as count_tokens
+        self._count = count_tokens
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls.append(request)
+        if request.purpose == "turn":
+            if self._turn >= len(self.turns):
+                raise ScriptExhaustedError(
+                    f"the script {self.model} has {len(self.turns)} turns and the run asked for "
+                    f"turn {self._turn + 1}. Add turns to the script, or lower max_iterations."
+                )
+            item = self.turns[self._turn]
+            self._turn += 1
+            return self._reply(item, request, call_no=self._turn)
+        if not self.summaries:
+            raise ScriptExhaustedError(
+                f"the script {self.model} has no summaries, and a {request.purpose} was asked for. "
+                "Add a 'summaries:' list to the script."
+            )
+        item = self.summaries[min(self._summary, len(self.summaries) - 1)]
+        self._summary += 1
+        return self._reply(item, request, call_no=self._summary)
+
+    def _reply(self, item: dict[str, Any], request: ModelRequest, call_no: int) -> ModelResponse:
+        calls: list[ToolCall] = []
+        raw_calls = item.get("tool_calls") or ([item["tool_call"]] if "tool_call" in item else [])
+        for j, tc in enumerate(raw_calls):
+            calls.append(ToolCall(id=f"call_{call_no}_{j}", name=tc["name"], arguments=dict(tc.get("arguments") or {})))
+        if "emit_state" in item:
+            calls.append(ToolCall(id=f"call_{call_no}_state", name="emit_state", arguments=dict(item["emit_state"])))
+        text = str(item.get("text") or "")
+        usage = dict(item.get("usage") or {})
+        prompt = usage.get("input_tokens")
+        if prompt is None:
+            prompt = self._count(request.messages) if self._count else 0
+        output = usage.get("output_tokens", max(1, len(text) // 4))
+        return ModelResponse(
+            text=text,
+            tool_calls=tuple(calls),
+            usage=Usage(int(prompt), int(output), int(usage.get("cached_tokens", 0))),
+            model=self.model,
+            finish_reason="tool_calls" if calls else "stop",
+        )
+
+    def advance(self, turns: int, summaries: int) -> None:
+        """Skip replies already used (a resumed run picks up where its record left off)."""
+        self._turn = min(turns, len(self.turns))
+        self._summary = summaries
+
+    def assert_complete(self) -> None:
+        """Fail unless every scripted turn was used."""
+        if self._turn != len(self.turns):
+            raise AssertionError(f"{self.model}: {len(self.turns) - self._turn} scripted turns were never used")
+
+
+class FunctionProvider:
+    """A provider whose replies come from a function of the request (sync or async).
+
+    The function returns a :class:`ModelResponse` or a plain string.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[[ModelRequest], ModelResponse | str | Awaitable[ModelResponse | str]],
+        *,
+        local: bool = True,
+        context_window: int = 32768,
+        name: str = "function/inline",
+    ):
+        self.model = name
+        self.fn = fn
+        self.capabilities = Capabilities(local=local, context_window=context_window, structured_output=True)
+        self.calls: list[ModelRequest] = []
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls.append(request)
+        out = self.fn(request)
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, str):
+            return ModelResponse(text=out, model=self.model)
+        return out  # type: ignore[return-value]
+
+
+def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]]], int] | None = None) -> ScriptedProvider:
+    """Read a script file into a :class:`ScriptedProvider`."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise SpecError(f"the scripted model's script does not exist: {p}", where=str(p)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"the script is not valid YAML: {exc}", where=str(p)) from None
+    if not isinstance(data, dict):
+        raise SpecError("a script must be a mapping with 'turns:' and optionally 'summaries:'", where=str(p))
+    unknown = set(data) - {"turns", "summaries", "local", "context_window"}
+    if unknown:
+        raise SpecError(f"unknown script keys {sorted(unknown)}; known: turns, summaries, local, context_window", where=str(p))
+    return ScriptedProvider(
+        turns=data.get("turns") or [],
+        summaries=data.get("summaries") or [],
+        local=bool(data.get("local", True)),
+        context_window=int(data.get("context_window", 32768)),
+        name=f"scripted/{p}",
+        count_tokens=count_tokens,
+    )
+
