@@ -1,0 +1,135 @@
+"""``loomrt agents``: list, validate, schema, fork, promote."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+import yaml
+from rich.table import Table
+
+from loomrt.cli.common import friendly, load, out, print_json
+from loomrt.errors import SpecError
+
+__all__ = ["agents_app"]
+
+agents_app = typer.Typer(help="Agent definitions: list, validate, schema, fork, promote.", no_args_is_help=True)
+
+AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
+
+
+@agents_app.command("list")
+@friendly
+def list_cmd(agents: Path | None = AgentsOpt, json_output: bool = typer.Option(False, "--json")) -> None:
+    """The agents in the file, with model, mode and content hash."""
+    from loomrt.spec import definition_hash
+
+    path, defs = load(agents)
+    rows = [
+        {"name": n, "model": a.model, "mode": a.context.mode, "tools": a.tools, "recall": a.context.recall,
+         "hash": definition_hash(a), "description": a.description}
+        for n, a in defs.agents.items()
+    ]
+    if json_output:
+        print_json(rows)
+        return
+    table = Table("agent", "model", "mode", "tools", "hash", "description", title=str(path))
+    for r in rows:
+        table.add_row(r["name"], r["model"], r["mode"] + (" +recall" if r["recall"] else ""),
+                      ", ".join(r["tools"]) or "-", r["hash"], r["description"])
+    out.print(table)
+
+
+@agents_app.command("validate")
+@friendly
+def validate_cmd(
+    file: Path | None = typer.Argument(None, help="The file to check (default: the agents file)."),
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check a definitions file; print file:line:col: key: problem on error."""
+    path, defs = load(file)
+    if json_output:
+        print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents)})
+    else:
+        out.print(f"{path}: ok, {len(defs.agents)} agents ({', '.join(defs.agents)})", highlight=False)
+
+
+@agents_app.command("schema")
+@friendly
+def schema_cmd(output: Path | None = typer.Option(None, "--out", help="Write the schema to this file.")) -> None:
+    """The JSON Schema of a definitions file (for editors: yaml-language-server)."""
+    from loomrt.spec import agents_json_schema
+
+    text = json.dumps(agents_json_schema(), indent=2) + "\n"
+    if output:
+        output.write_text(text, encoding="utf-8")
+        out.print(f"wrote {output}")
+    else:
+        typer.echo(text, nl=False)
+
+
+@agents_app.command("fork")
+@friendly
+def fork_cmd(
+    name: str = typer.Argument(..., help="The agent to fork."),
+    state_schema: Path | None = typer.Option(None, "--state-schema", help="A JSON or YAML file with the new state_schema."),
+    from_run: str | None = typer.Option(None, "--from-run", help="Adopt the last schema a run's model proposed."),
+    new_name: str | None = typer.Option(None, "--as", help="The fork's name (default NAME@N)."),
+    agents: Path | None = AgentsOpt,
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Write a new version of NAME with a new state_schema (an operator's decision)."""
+    from loomrt.versions import fork_agent
+
+    if (state_schema is None) == (from_run is None):
+        raise SpecError("give exactly one of --state-schema FILE or --from-run RUN_ID")
+    schema = _schema_from_file(state_schema) if state_schema else _schema_from_run(from_run or "")
+    path, _ = load(agents)
+    fork, digest = fork_agent(path, name, schema, new_name=new_name)
+    if json_output:
+        print_json({"agent": fork, "hash": digest, "file": str(path), "forked_from": name})
+    else:
+        out.print(f"wrote {fork} ({digest}) to {path}. Try it with `loomrt run {fork} ...`; "
+                  f"adopt it with `loomrt agents promote {fork}`.", highlight=False)
+
+
+@agents_app.command("promote")
+@friendly
+def promote_cmd(
+    fork: str = typer.Argument(..., help="The fork to promote, NAME@N."),
+    agents: Path | None = AgentsOpt,
+    json_output: bool = typer.Option(False, "--json"),
+) -> None:
+    """Make the fork NAME@N the definition of NAME."""
+    from loomrt.versions import promote_agent
+
+    path, _ = load(agents)
+    name, digest = promote_agent(path, fork)
+    if json_output:
+        print_json({"agent": name, "hash": digest, "file": str(path), "promoted_from": fork})
+    else:
+        out.print(f"{name} is now {fork}'s definition ({digest}).", highlight=False)
+
+
+def _schema_from_file(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SpecError("no such file", where=str(path)) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid JSON or YAML: {exc}", where=str(path)) from None
+    if not isinstance(data, dict):
+        raise SpecError("a state_schema must be a JSON object", where=str(path))
+    return data
+
+
+def _schema_from_run(run_id: str) -> dict:
+    from loomrt.record import default_store
+
+    store = default_store()
+    store.get_run(run_id)
+    proposals = store.events(run_id, kinds=["schema_proposed"])
+    if not proposals:
+        raise SpecError(f"run {run_id} proposed no schema (no schema_proposed event)")
+    return proposals[-1].data["schema"]

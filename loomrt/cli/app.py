@@ -1,0 +1,155 @@
+"""``loomrt``: run agents, chat with them, and inspect what happened.
+
+Commands: run, chat, agents (list, validate, schema, fork, promote), runs (list, show,
+events, resume, continue), recall, bench, doctor. Every inspection command takes --json.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from loomrt.cli.agents_cmd import agents_app
+from loomrt.cli.common import err, friendly, load, out, print_json, runtime
+from loomrt.cli.render import EventPrinter
+from loomrt.cli.runs_cmd import runs_app
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="loomrt",
+    help="An agent runtime whose agents outlast their context window without forgetting.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(agents_app, name="agents")
+app.add_typer(runs_app, name="runs")
+
+AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
+ModeOpt = typer.Option(None, "--mode", help="Override context.mode: append, recap, stateful, compaction, auto.")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of rendering events.")
+QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the answer.")
+
+
+@app.command("run")
+@friendly
+def run_cmd(
+    agent: str = typer.Argument(..., help="The agent's name in the agents file."),
+    prompt: str = typer.Argument(..., help="The task."),
+    agents: Path | None = AgentsOpt,
+    mode: str | None = ModeOpt,
+    json_output: bool = JsonOpt,
+    quiet: bool = QuietOpt,
+) -> None:
+    """Run an agent once on PROMPT and print its answer."""
+    path, defs = load(agents)
+    rt = runtime()
+    run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
+    if not json_output and not quiet:
+        for e in rt.store.events(run.run_id):
+            EventPrinter(err)(e)
+        run.listeners.append(EventPrinter(err))
+    result = asyncio.run(rt.send(run, prompt))
+    if json_output:
+        print_json(result.to_json())
+    elif result.output is not None and result.status != "failed":
+        out.print(result.output, markup=False, highlight=False)
+    if result.status == "failed":
+        if not json_output:
+            err.print(f"[red]error:[/red] {result.error}", highlight=False)
+            err.print(f"The record keeps everything: `loomrt runs resume {result.run_id}` retries from there.")
+        raise typer.Exit(1)
+
+
+@app.command("chat")
+@friendly
+def chat_cmd(
+    agent: str = typer.Argument(..., help="The agent's name in the agents file."),
+    agents: Path | None = AgentsOpt,
+    mode: str | None = ModeOpt,
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object per turn."),
+) -> None:
+    """Talk with an agent. Without a TTY, each line of stdin is one user turn."""
+    path, defs = load(agents)
+    rt = runtime()
+    run = rt.start(agent, agents=defs, mode=mode, interactive=True, agents_file=str(path.resolve()))
+    tty = sys.stdin.isatty()
+    if tty and not json_output:
+        err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]")
+    failed = False
+    while True:
+        line = _read_turn(tty and not json_output)
+        if line is None:
+            break
+        if not line.strip():
+            continue
+        result = asyncio.run(rt.send(run, line))
+        if json_output:
+            print_json(result.to_json())
+        elif result.status == "failed":
+            err.print(f"[red]error:[/red] {result.error}", highlight=False)
+        else:
+            out.print(result.output or "", markup=False, highlight=False)
+        if result.status == "failed":
+            failed = True
+            break
+    if not failed:
+        rt.finish(run)
+    if tty and not json_output:
+        err.print(f"[dim]run {run.run_id} saved · `loomrt runs show {run.run_id}`[/dim]")
+    if failed:
+        raise typer.Exit(1)
+
+
+def _read_turn(prompt: bool) -> str | None:
+    try:
+        if prompt:
+            return input("you> ")
+        line = sys.stdin.readline()
+        return line.rstrip("\n") if line else None
+    except EOFError:
+        return None
+
+
+# Commands whose modules import heavy libraries (torch, litellm) only when they run.
+_OPTIONAL: list[tuple[str, str, str]] = [
+    ("loomrt.cli.recall_cmd", "recall", "recall"),
+    ("loomrt.cli.doctor", "doctor", "doctor"),
+]
+
+
+def _register_optional() -> None:
+    for module_name, attr, command in _OPTIONAL:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        app.command(command)(friendly(getattr(module, attr)))
+    try:
+        from loomrt.cli.bench_cmd import bench_app
+    except ModuleNotFoundError as exc:
+        if exc.name != "loomrt.cli.bench_cmd":
+            raise
+        return
+    app.add_typer(bench_app, name="bench")
+
+
+_register_optional()
+
+
+def main(argv: Any = None) -> None:
+    """The console script."""
+    from loomrt.log import configure_logging
+    from loomrt.providers.offline import configure_offline
+
+    configure_offline()
+    configure_logging()
+    app(args=argv)

@@ -1,0 +1,77 @@
+"""What every CLI command shares: finding the agents file, opening the runtime, and
+turning user mistakes into one clear line and a non-zero exit (never a traceback)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from loomrt.errors import LoomError, NotFoundError, RunError, SpecError, StoreError
+
+__all__ = ["out", "err", "agents_path", "load", "runtime", "friendly", "print_json"]
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def agents_path(explicit: Path | None) -> Path:
+    """--agents FILE, else ./agents.yaml, else $LOOMRT_AGENTS."""
+    if explicit is not None:
+        return explicit
+    local = Path("agents.yaml")
+    if local.is_file():
+        return local
+    env = os.environ.get("LOOMRT_AGENTS")
+    if env:
+        return Path(env)
+    raise SpecError("no agents file: pass --agents FILE, create ./agents.yaml, or set LOOMRT_AGENTS")
+
+
+def load(explicit: Path | None) -> tuple[Path, Any]:
+    from loomrt.spec import load_agents
+
+    path = agents_path(explicit)
+    return path, load_agents(path)
+
+
+def runtime() -> Any:
+    from loomrt.runtime import Runtime
+
+    return Runtime()
+
+
+def print_json(obj: Any) -> None:
+    """One JSON document on stdout (plain print: rich would wrap long lines)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def friendly(fn: F) -> F:
+    """Run a command; a loomrt error becomes ``error: ...`` on stderr and exit 2 (a user
+    mistake) or 1 (a failed run)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (SpecError, NotFoundError) as exc:
+            err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+            raise typer.Exit(2) from None
+        except (RunError, StoreError, LoomError) as exc:
+            err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print("interrupted: the record keeps everything so far (`loomrt runs resume RUN_ID`)")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,83 @@
+"""Rendering events for people: one short line per event, as the run records them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from loomrt.events import Event
+
+__all__ = ["describe", "EventPrinter", "events_table"]
+
+
+def _short(value: Any, width: int = 100) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def describe(e: Event) -> str:
+    """A one-line, plain-text description of an event."""
+    d = e.data
+    match e.kind:
+        case "run_started":
+            return f"run {e.run_id} · agent {d.get('agent')} · mode {d.get('mode')} (asked {d.get('requested_mode')}) · {d.get('model')}"
+        case "user_input":
+            return f"user: {_short(d.get('content'))}"
+        case "model_call":
+            u = d.get("usage") or {}
+            return f"model call ({d.get('purpose')}): {u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out · {d.get('seconds')}s"
+        case "assistant_message":
+            m = d.get("message") or {}
+            calls = ", ".join(c["name"] for c in m.get("tool_calls") or [])
+            return f"assistant: {_short(m.get('content') or '')}" + (f" → {calls}" if calls else "")
+        case "tool_call":
+            return f"tool call {d.get('name')}({_short(d.get('arguments'), 80)})"
+        case "tool_result":
+            flag = "error" if d.get("is_error") else "result"
+            return f"tool {flag} {d.get('name')}: {_short(d.get('content'))}"
+        case "state_update":
+            return f"Σ ← {_short(d.get('patch'), 80)}" + (" · done" if d.get("done") else "")
+        case "patch_rejected":
+            return f"patch rejected (attempt {d.get('attempt')}): {_short(d.get('error'))}"
+        case "distillation":
+            return (f"distillation ({d.get('mode')}): {d.get('tokens_before')} → {d.get('tokens_after')} tokens, "
+                    f"{len(d.get('span_seqs') or [])} messages evicted")
+        case "distillation_declined":
+            return f"distillation declined ({d.get('mode')}): {d.get('reason')} ({d.get('tokens_before')} → {d.get('tokens_after')})"
+        case "retry":
+            return f"retry {d.get('attempt')} in {d.get('delay_s')}s: {_short(d.get('error'))}"
+        case "callback_error":
+            return f"callback failed ({d.get('callback')}): {_short(d.get('error'))}"
+        case "error":
+            return f"error: {d.get('message')}"
+        case "final" | "parked":
+            return f"{e.kind}: {_short(d.get('output') or '')}"
+        case _:
+            return f"{e.kind}: {_short(d)}"
+
+
+_STYLE = {"error": "red", "callback_error": "red", "patch_rejected": "yellow", "retry": "yellow",
+          "distillation": "cyan", "distillation_declined": "cyan", "final": "green", "parked": "green"}
+
+
+class EventPrinter:
+    """A run listener that prints each event as it is recorded (to stderr)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+
+    def __call__(self, e: Event) -> None:
+        style = _STYLE.get(e.kind, "dim")
+        self.console.print(f"[{style}]#{e.seq:<4} {escape(describe(e))}[/{style}]", highlight=False)
+
+
+def events_table(events: list[Event]) -> Table:
+    table = Table("seq", "kind", "what", box=None, pad_edge=False)
+    for e in events:
+        table.add_row(str(e.seq), e.kind, describe(e))
+    return table

