@@ -18,7 +18,6 @@ and on its window) are fused by weighted reciprocal rank fusion and returned bes
 from __future__ import annotations
 
 import re
-import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +25,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-
 from loomrt.recall.embedders import Embedder
 
 __all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text"]
@@ -322,8 +320,3 @@ class RecallIndex:
                     scores[i] = scores.get(i, 0.0) + weight / (self.fusion.k + 1 + rank)
         best = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))[:k]
         return [Hit(self.entries[i], round(s / total, 6) if total else 0.0) for i, s in best]
-
-
-def now() -> float:
-    """The current Unix time (one place to patch in tests)."""
-    return time.time()

@@ -1,0 +1,228 @@
+"""RunRecall: one run's recall index, its evicted-span callback, and its Recall tool.
+
+Created by :func:`loomrt.toolset.resolve_toolset` when ``context.recall`` is true. It
+lives with the run and is discarded with it; a resumed run (and the CLI) rebuilds it from
+the record's distillation events with :meth:`RunRecall.rebuild`.
+
+Optional parts never fail a run: an embedder that cannot load or raises turns recall
+lexical-only (one ``notice`` event says so); any other indexing error is recorded as a
+``callback_error`` event and the run goes on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from loomrt.recall.embedders import resolve_embedder
+from loomrt.recall.index import Entry, Fusion, RecallIndex, chunk_text
+from loomrt.recall.memory import MemoryHit, MemorySource
+from loomrt.recall.tool import RecallHit, make_recall_tool
+
+from loomrt.events import Event
+from loomrt.messages import EvictedSpan, Message
+
+__all__ = ["RunRecall", "messages_from_record"]
+
+_BEFORE_WORDS = 60
+"""How much of the previous message an entry's window carries (words, from its end)."""
+
+
+def messages_from_record(events: Sequence[Event]) -> dict[int, Message]:
+    """The record's messages by seq, as the working context held them (user inputs,
+    assistant messages, tool results)."""
+    out: dict[int, Message] = {}
+    for e in events:
+        d = e.data
+        if e.kind == "user_input":
+            out[e.seq] = Message(role="user", content=d.get("content") or "", seq=e.seq, ts=e.ts)
+        elif e.kind == "assistant_message":
+            out[e.seq] = Message.from_dict({**d["message"], "seq": e.seq, "ts": e.ts})
+        elif e.kind == "tool_result":
+            out[e.seq] = Message(role="tool", content=d.get("content") or "", tool_call_id=d.get("tool_call_id"),
+                                 name=d.get("name"), seq=e.seq, ts=e.ts)
+    return out
+
+
+def _tail_words(text: str, n: int) -> str:
+    words = text.split()
+    return " ".join(words[-n:]) if len(words) > n else text
+
+
+class RunRecall:
+    """The recall index of run ``run_id``.
+
+    ``context`` is the run's :class:`~loomrt.spec.ContextSpec` (``recall_max_entries``,
+    ``recall_max_tokens``); ``emit(kind, data)`` records an event on the run; ``embedder``
+    is ``None`` (the default MiniLM), ``False`` (lexical-only) or an
+    :class:`~loomrt.recall.embedders.Embedder`; ``memory`` is an optional
+    :class:`~loomrt.recall.memory.MemorySource` read with ``scopes``.
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        context: Any = None,
+        emit: Callable[[str, dict[str, Any]], Any] | None = None,
+        embedder: Any = None,
+        memory: MemorySource | None = None,
+        scopes: Sequence[str] | None = None,
+        fusion: Fusion | None = None,
+    ):
+        self.run_id = run_id
+        self.max_tokens = int(getattr(context, "recall_max_tokens", 1200))
+        self.memory = memory
+        self.scopes = scopes if scopes is not None else getattr(context, "memory_scopes", None)
+        self._emit = emit
+        self._pending: list[tuple[str, dict[str, Any]]] = []
+        self._said: set[str] = set()
+        self._before = ""
+        try:
+            resolved = resolve_embedder(embedder)
+        except TypeError as exc:
+            resolved = None
+            self._notice(f"recall is lexical-only: {exc}")
+        else:
+            if resolved is None:
+                self._notice("recall is lexical-only (BM25): no embedder is configured")
+        try:
+            self.index = RecallIndex(resolved, max_entries=int(getattr(context, "recall_max_entries", 4096)),
+                                     fusion=fusion)
+        except ImportError as exc:
+            self._notice(f"recall is lexical-only: faiss is not installed ({exc}); pip install 'loomrt[recall]'")
+            self.index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
+        self.tool = make_recall_tool(self)
+
+    # ------------------------------------------------------------------ events
+
+    def _notice(self, message: str) -> None:
+        """Say ``message`` once per run (deferred until the run can record events)."""
+        if message in self._said:
+            return
+        self._said.add(message)
+        self._pending.append(("notice", {"message": message, "source": "recall"}))
+
+    def _flush(self) -> None:
+        """Record deferred events. Called when the run is live (an eviction or a query),
+        because the index is made before the run records ``run_started``."""
+        if self._emit is None:
+            self._pending.clear()
+            return
+        while self._pending:
+            kind, data = self._pending.pop(0)
+            try:
+                self._emit(kind, data)
+            except Exception:  # noqa: BLE001 - recording a notice must not fail a run either
+                pass
+
+    # ------------------------------------------------------------------ indexing
+
+    def size(self) -> int:
+        """Entries in the index now."""
+        return len(self.index)
+
+    def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
+        drafts: list[Entry] = []
+        for m in messages:
+            if m.synthetic is not None or m.role == "system":
+                continue
+            text = m.content if m.role == "tool" else m.text_for_search()
+            if not text.strip():
+                continue
+            tools = (m.name,) if m.role == "tool" and m.name else tuple(tc.name for tc in m.tool_calls)
+            speaker = m.name if m.role != "tool" else None
+            pieces = chunk_text(text)
+            for i, piece in enumerate(pieces):
+                drafts.append(Entry(
+                    id=-1, run_id=self.run_id, seq=m.seq, distillation_seq=distillation_seq, role=m.role, text=piece,
+                    speaker=speaker, ts=m.ts, tools=tools, chunk=i, chunks=len(pieces),
+                    before=self._before if i == 0 else "",
+                ))
+            self._before = _tail_words(drafts[-1].label, _BEFORE_WORDS)
+        return drafts
+
+    def _add(self, drafts: list[Entry]) -> None:
+        try:
+            self.index.add(drafts)
+        except Exception as exc:  # noqa: BLE001 - the embedder failed: go on lexical-only
+            if not self.index.dense:
+                raise
+            name = getattr(self.index.embedder, "name", type(self.index.embedder).__name__)
+            self.index.disable_dense()
+            self._notice(f"recall degraded to lexical-only: the embedder {name} failed ({type(exc).__name__}: {exc})")
+            self.index.add(drafts)
+
+    def on_evicted(self, span: EvictedSpan) -> None:
+        """The evicted-span callback: index each message of ``span``. Never raises."""
+        try:
+            if span.run_id != self.run_id:
+                return  # another run's span: never indexed here
+            self._add(self._drafts(span.distillation_seq, span.messages))
+        except Exception as exc:  # noqa: BLE001 - indexing never fails a run
+            self._pending.append(("callback_error", {
+                "callback": "recall.on_evicted", "error": f"{type(exc).__name__}: {exc}",
+                "distillation_seq": span.distillation_seq,
+            }))
+        self._flush()
+
+    def rebuild(self, history: Sequence[Event]) -> int:
+        """Index every span the record's distillation events evicted, in order (a resumed
+        run recalls what it evicted before the restart). Returns the entries indexed."""
+        messages = messages_from_record(history)
+        said = {e.data.get("message") for e in history if e.kind == "notice" and e.data.get("source") == "recall"}
+        self._said |= {m for m in said if m}
+        self._pending = [p for p in self._pending if not (p[0] == "notice" and p[1]["message"] in said)]
+        drafts: list[Entry] = []
+        for e in history:
+            if e.kind != "distillation" or e.run_id != self.run_id:
+                continue
+            span = [messages[s] for s in e.data.get("span_seqs") or [] if s in messages]
+            drafts.extend(self._drafts(e.seq, span))
+        try:
+            self._add(drafts)
+        except Exception as exc:  # noqa: BLE001
+            self._pending.append(("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"}))
+        return len(self.index)
+
+    # ------------------------------------------------------------------ searching
+
+    def search(self, query: str, top_k: int = 5) -> list[RecallHit]:
+        """The best ``top_k`` hits for ``query`` from this run's evicted spans and durable
+        memory, merged by score, best first (no token cap: the tool applies it)."""
+        hits: list[RecallHit] = []
+        try:
+            found = self.index.search(query, top_k)
+        except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
+            if not self.index.dense:
+                raise
+            self.index.disable_dense()
+            self._notice(f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})")
+            found = self.index.search(query, top_k)
+        for h in found:
+            e = h.entry
+            hits.append(RecallHit(
+                text=e.text, score=h.score, source="run", seq=e.seq, seqs=tuple(e.seqs), ts=e.ts, role=e.role,
+                speaker=e.speaker, tools=e.tools, distillation_seq=e.distillation_seq,
+                chunk=(e.chunk + 1, e.chunks) if e.chunks > 1 else None,
+            ))
+        hits.extend(self._memory_hits(query, top_k))
+        hits.sort(key=lambda h: -h.score)
+        self._flush()
+        return hits[:top_k]
+
+    def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:
+        if self.memory is None:
+            return []
+        try:
+            raw = self.memory.search(query, top_k, self.scopes)
+        except Exception as exc:  # noqa: BLE001 - durable memory is optional
+            self._notice(f"recall could not read durable memory ({type(exc).__name__}: {exc})")
+            return []
+        out = []
+        for item in raw:
+            h = item if isinstance(item, MemoryHit) else MemoryHit(**{k: v for k, v in dict(item).items()
+                                                                     if k in MemoryHit.__dataclass_fields__})
+            extra = {k: v for k, v in (("scope", h.scope), ("id", h.id)) if v is not None}
+            out.append(RecallHit(text=h.text, score=float(h.score), source="memory", ts=h.ts, extra=extra))
+        return out
