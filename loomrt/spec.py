@@ -257,6 +257,10 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
         raise SpecError("the top level must be a mapping with an 'agents:' key", where=loc.where(()))
     raw = _interpolate(raw, (), loc)
     defaults = raw.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise SpecError(
+            "'defaults:' must be a mapping of keys every agent gets", where=loc.where(("defaults",)), path="defaults"
+        )
     agents = raw.get("agents")
     if not isinstance(agents, dict) or not agents:
         raise SpecError("'agents:' must map agent names to definitions", where=loc.where(("agents",)), path="agents")
@@ -292,12 +296,21 @@ def _resolve_paths(body: dict[str, Any], base: Path, loc: _Located, name: str) -
                 path=f"agents.{name}.system_prompt_file",
             )
         body["system_prompt_file"] = str(resolved)
-    model = body.get("model")
+    if "model" in body:
+        body["model"] = _resolve_script(body["model"], base)
+    context = body.get("context")
+    if isinstance(context, dict) and "summarizer_model" in context:
+        body["context"] = {**context, "summarizer_model": _resolve_script(context["summarizer_model"], base)}
+    return body
+
+
+def _resolve_script(model: Any, base: Path) -> Any:
+    """``scripted/PATH`` with a relative PATH, made absolute against ``base``."""
     if isinstance(model, str) and model.startswith("scripted/"):
         script = Path(model.removeprefix("scripted/"))
         if not script.is_absolute():
-            body["model"] = "scripted/" + str((base / script).resolve())
-    return body
+            return "scripted/" + str((base / script).resolve())
+    return model
 
 
 def _interpolate(value: Any, path: tuple[Any, ...], loc: _Located) -> Any:
@@ -330,11 +343,11 @@ def _dotted(path: tuple[Any, ...]) -> str:
 def _fields_at(path: tuple[Any, ...]) -> list[str]:
     """The known keys of the model that owns ``path``'s last key."""
     model: type[BaseModel] = AgentsFile
-    for part in path[:-1]:
+    for i, part in enumerate(path[:-1]):
         if model is AgentsFile and part == "agents":
             model = AgentSpec
             continue
-        if model is AgentSpec and isinstance(part, str) and part not in AgentSpec.model_fields:
+        if i == 1 and path[0] == "agents":
             continue  # the agent's name
         field = model.model_fields.get(str(part))
         ann = getattr(field, "annotation", None)
@@ -346,6 +359,17 @@ def _fields_at(path: tuple[Any, ...]) -> list[str]:
 def _spec_error(exc: ValidationError, loc: _Located) -> SpecError:
     err = exc.errors()[0]
     path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+    error = _describe(err, path, loc)
+    if len(path) > 2 and path[0] == "agents" and path not in loc.marks and ("defaults", *path[2:]) in loc.marks:
+        # the key came from defaults: point there, where it is written
+        where = loc.where(("defaults", *path[2:]), key=err["type"] == "extra_forbidden")
+        return SpecError(
+            f"{error.detail} (applies to agent '{path[1]}')", where=where, path=_dotted(("defaults", *path[2:]))
+        )
+    return error
+
+
+def _describe(err: Any, path: tuple[Any, ...], loc: _Located) -> SpecError:
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
         known = _fields_at(path)
