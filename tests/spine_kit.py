@@ -8,8 +8,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from loomrt import Event, Runtime, SQLiteStore, load_agents
 from loomrt.providers.base import ModelProvider
+
+from loomrt import Event, Runtime, SQLiteStore, load_agents
 from loomrt.run.state import RunResult, RunState
 
 

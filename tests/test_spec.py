@@ -28,10 +28,13 @@ def load_error(tmp_path, monkeypatch, text: str) -> str:
 
 
 def test_a_minimal_agent_gets_every_default(tmp_path):
-    agents = agents_from(tmp_path, """
+    agents = agents_from(
+        tmp_path,
+        """
         agents:
           plain: {model: openai/gpt-4o, system_prompt: Be brief.}
-    """)
+    """,
+    )
     spec = agents.agents["plain"]
     assert spec.context.mode == "append"
     assert spec.context.keep_first is True
@@ -42,7 +45,9 @@ def test_a_minimal_agent_gets_every_default(tmp_path):
 
 
 def test_defaults_apply_to_every_agent_and_context_keys_merge_one_by_one(tmp_path):
-    agents = agents_from(tmp_path, """
+    agents = agents_from(
+        tmp_path,
+        """
         defaults:
           model: openai/gpt-4o-mini
           max_iterations: 7
@@ -52,18 +57,25 @@ def test_defaults_apply_to_every_agent_and_context_keys_merge_one_by_one(tmp_pat
           overrides:
             model: ollama/llama3
             context: {budget_tokens: 2000}
-    """)
+    """,
+    )
     inherits, overrides = agents.agents["inherits"], agents.agents["overrides"]
     assert inherits.model == "openai/gpt-4o-mini"
     assert inherits.max_iterations == 7
     assert (inherits.context.mode, inherits.context.budget_tokens, inherits.context.keep_last_n) == ("recap", 1000, 3)
     assert overrides.model == "ollama/llama3"
-    assert (overrides.context.mode, overrides.context.budget_tokens, overrides.context.keep_last_n) == ("recap", 2000, 3)
+    assert (overrides.context.mode, overrides.context.budget_tokens, overrides.context.keep_last_n) == (
+        "recap",
+        2000,
+        3,
+    )
     assert overrides.max_iterations == 7
 
 
 def test_an_agents_state_schema_replaces_the_default_one_whole(tmp_path):
-    agents = agents_from(tmp_path, """
+    agents = agents_from(
+        tmp_path,
+        """
         defaults:
           context:
             state_schema: {type: object, properties: {a: {type: integer}}, required: [a]}
@@ -73,7 +85,8 @@ def test_an_agents_state_schema_replaces_the_default_one_whole(tmp_path):
             context:
               mode: stateful
               state_schema: {type: object, properties: {b: {type: string}}}
-    """)
+    """,
+    )
     assert agents.agents["x"].context.state_schema == {"type": "object", "properties": {"b": {"type": "string"}}}
 
 
@@ -82,13 +95,17 @@ def test_relative_paths_resolve_against_the_files_folder_not_the_cwd(tmp_path, m
     write(project, "prompts/sys.md", "You triage bugs.")
     write(project, "scripts/main.yaml", "turns: [{text: from the main script}]\nsummaries: [main summary]\n")
     write(project, "scripts/cheap.yaml", "turns: []\nsummaries: [cheap summary]\n")
-    write(project, "agents.yaml", """
+    write(
+        project,
+        "agents.yaml",
+        """
         agents:
           a:
             model: scripted/scripts/main.yaml
             system_prompt_file: prompts/sys.md
             context: {summarizer_model: scripted/scripts/cheap.yaml}
-    """)
+    """,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -105,13 +122,16 @@ def test_env_interpolation_with_and_without_default(tmp_path, monkeypatch):
     monkeypatch.setenv("LOOMRT_TEST_MODEL", "ollama/qwen")
     monkeypatch.setenv("LOOMRT_TEST_BUDGET", "3000")
     monkeypatch.delenv("LOOMRT_TEST_UNSET", raising=False)
-    agents = agents_from(tmp_path, """
+    agents = agents_from(
+        tmp_path,
+        """
         agents:
           a:
             model: ${LOOMRT_TEST_MODEL}
             system_prompt: "key in ${LOOMRT_TEST_UNSET:-nowhere}, empty [${LOOMRT_TEST_UNSET:-}]"
             context: {budget_tokens: "${LOOMRT_TEST_BUDGET}"}
-    """)
+    """,
+    )
     spec = agents.agents["a"]
     assert spec.model == "ollama/qwen"
     assert spec.system_prompt == "key in nowhere, empty []"
@@ -167,34 +187,51 @@ def test_every_field_of_the_definition_is_documented():
 
 
 def test_yaml_syntax_error_names_file_line_and_column(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         agents:
           a:
             model: m
             tools: [calculate
-    """)
+    """,
+    )
     assert msg.startswith("agents.yaml:5:1: not valid YAML"), msg
 
 
 def test_unknown_key_names_its_position_and_suggests_the_closest(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         agents:
           helper:
             model: m
             system_promt: hi
-    """)
-    assert msg == "agents.yaml:4:5: agents.helper.system_promt: unknown key 'system_promt'. Did you mean 'system_prompt'?"
+    """,
+    )
+    assert (
+        msg == "agents.yaml:4:5: agents.helper.system_promt: unknown key 'system_promt'. Did you mean 'system_prompt'?"
+    )
 
 
 def test_unknown_context_key_suggests_a_context_key(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         agents:
           helper:
             model: m
             context:
               budget_tokenz: 4000
-    """)
-    assert msg == "agents.yaml:5:7: agents.helper.context.budget_tokenz: unknown key 'budget_tokenz'. Did you mean 'budget_tokens'?"
+    """,
+    )
+    assert (
+        msg
+        == "agents.yaml:5:7: agents.helper.context.budget_tokenz: unknown key 'budget_tokenz'. Did you mean 'budget_tokens'?"
+    )
 
 
 def test_unknown_key_without_a_close_match_lists_the_known_keys(tmp_path, monkeypatch):
@@ -204,12 +241,16 @@ def test_unknown_key_without_a_close_match_lists_the_known_keys(tmp_path, monkey
 
 def test_unknown_key_of_an_agent_whose_name_is_also_a_field_name(tmp_path, monkeypatch):
     # the agent's name sits where a field name could: suggestions still come from the agent's keys
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         agents:
           context:
             model: m
             modle: x
-    """)
+    """,
+    )
     assert msg == "agents.yaml:4:5: agents.context.modle: unknown key 'modle'. Did you mean 'model'?"
 
 
@@ -219,7 +260,10 @@ def test_unknown_top_level_key_suggests_defaults(tmp_path, monkeypatch):
 
 
 def test_wrong_enum_has_the_exact_documented_format(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         # yaml-language-server: $schema=https://loomrt.dev/schema/agents.schema.json
         # line 2
         agents:
@@ -234,7 +278,8 @@ def test_wrong_enum_has_the_exact_documented_format(tmp_path, monkeypatch):
             tools: [read_file]
             context:
               mode: stateful2
-    """)
+    """,
+    )
     assert msg == (
         "agents.yaml:14:13: agents.triage.context.mode: "
         "'stateful2' is not one of append, recap, stateful, compaction, auto"
@@ -278,15 +323,18 @@ def test_pct_must_be_between_50_and_95(tmp_path, monkeypatch, key, value, ok):
     ],
 )
 def test_invalid_state_schema(tmp_path, monkeypatch, schema, expected):
-    msg = load_error(tmp_path, monkeypatch, f"agents:\n  a:\n    model: m\n    context:\n      mode: stateful\n      state_schema: {schema}\n")
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        f"agents:\n  a:\n    model: m\n    context:\n      mode: stateful\n      state_schema: {schema}\n",
+    )
     assert msg.startswith("agents.yaml:6:21: agents.a.context.state_schema: " + expected), msg
 
 
 def test_stateful_without_a_schema(tmp_path, monkeypatch):
     msg = load_error(tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    context:\n      mode: stateful\n")
     assert msg == (
-        "agents.yaml:5:7: agents.a.context: mode stateful needs a state_schema "
-        "(a JSON Schema whose root is an object)"
+        "agents.yaml:5:7: agents.a.context: mode stateful needs a state_schema (a JSON Schema whose root is an object)"
     )
 
 
@@ -301,13 +349,17 @@ def test_unset_env_var_names_the_variable_and_where_it_is_used(tmp_path, monkeyp
 
 def test_missing_system_prompt_file(tmp_path, monkeypatch):
     msg = load_error(tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    system_prompt_file: prompts/nope.md\n")
-    assert msg.startswith("agents.yaml:4:25: agents.a.system_prompt_file: system prompt file 'prompts/nope.md' does not exist")
+    assert msg.startswith(
+        "agents.yaml:4:25: agents.a.system_prompt_file: system prompt file 'prompts/nope.md' does not exist"
+    )
     assert str(tmp_path / "prompts") in msg
 
 
 def test_system_prompt_and_system_prompt_file_together(tmp_path, monkeypatch):
     write(tmp_path, "p.md", "x")
-    msg = load_error(tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    system_prompt: hi\n    system_prompt_file: p.md\n")
+    msg = load_error(
+        tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    system_prompt: hi\n    system_prompt_file: p.md\n"
+    )
     assert msg == "agents.yaml:3:5: agents.a: give system_prompt or system_prompt_file, not both"
 
 
@@ -340,24 +392,37 @@ def test_defaults_that_are_not_a_mapping(tmp_path, monkeypatch):
 
 
 def test_a_bad_key_in_defaults_is_reported_where_it_is_written(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         defaults:
           context: {mdoe: recap}
         agents:
           a: {model: m}
-    """)
-    assert msg == "agents.yaml:2:13: defaults.context.mdoe: unknown key 'mdoe'. Did you mean 'mode'? (applies to agent 'a')"
+    """,
+    )
+    assert (
+        msg
+        == "agents.yaml:2:13: defaults.context.mdoe: unknown key 'mdoe'. Did you mean 'mode'? (applies to agent 'a')"
+    )
 
 
 def test_a_bad_value_in_defaults_is_reported_where_it_is_written(tmp_path, monkeypatch):
-    msg = load_error(tmp_path, monkeypatch, """
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
         defaults:
           context:
             autocompact_at_pct: 20
         agents:
           a: {model: m}
-    """)
-    assert msg.startswith("agents.yaml:3:25: defaults.context.autocompact_at_pct: Input should be greater than or equal to 50")
+    """,
+    )
+    assert msg.startswith(
+        "agents.yaml:3:25: defaults.context.autocompact_at_pct: Input should be greater than or equal to 50"
+    )
 
 
 def test_unknown_tool_in_the_allowlist_fails_the_start_before_any_run_is_recorded(tmp_path):
@@ -389,7 +454,9 @@ def test_a_missing_script_is_a_clear_error(tmp_path):
 def test_a_bad_script_turn_is_a_clear_error(tmp_path):
     write(tmp_path, "s.yaml", "turns: [{txet: hi}]\n")
     agents = agents_from(tmp_path, "agents:\n  a: {model: scripted/s.yaml}\n")
-    with pytest.raises(SpecError, match=r"turn 1 must have one of text, tool_call, tool_calls, emit_state \(got \['txet'\]\)"):
+    with pytest.raises(
+        SpecError, match=r"turn 1 must have one of text, tool_call, tool_calls, emit_state \(got \['txet'\]\)"
+    ):
         runtime(tmp_path).start("a", agents=agents)
 
 
