@@ -44,9 +44,14 @@ def _blocks(text: str, filename: str) -> list[Block]:
     if not isinstance(agents, yaml.MappingNode):
         raise SpecError("no 'agents:' mapping", where=filename)
     raw = yaml.safe_load(text)["agents"]
+    lines = text.splitlines()
     out = []
     for key, value in agents.value:
-        end = value.end_mark.line + (0 if value.end_mark.column == 0 else 1)
+        mark = value.end_mark
+        before = lines[mark.line][: mark.column] if mark.line < len(lines) else ""
+        end = mark.line if not before.strip() else mark.line + 1  # a block ends where the next key starts
+        while end - 1 > key.start_mark.line and (not lines[end - 1].strip() or lines[end - 1].lstrip().startswith("#")):
+            end -= 1  # comments above the next key belong to it
         out.append(Block(key.value, key.start_mark.line, end, key.start_mark.column, raw[key.value]))
     return out
 

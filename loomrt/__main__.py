@@ -1,0 +1,5 @@
+"""``python -m loomrt`` is the ``loomrt`` command."""
+
+from loomrt.cli import main
+
+main()
