@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from loomrt.errors import LoomError, NotFoundError, SpecError
 from loomrt.events import Event, RunInfo, run_status
+from loomrt.log import get_logger
 from loomrt.messages import Message
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
@@ -142,10 +143,13 @@ class Runtime:
         return await self._play(run)
 
     async def _play(self, run: RunState) -> RunResult:
+        log = get_logger(run_id=run.run_id, agent=run.agent, mode=run.mode.name)
         try:
             await play_turn(run)
         except LoomError as exc:
+            log.warning("run failed", error=str(exc), last_seq=run.last_seq)
             return self.result(run, error=str(exc))
+        log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
 
     async def run(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:

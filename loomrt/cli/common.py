@@ -70,6 +70,10 @@ def friendly(fn: F) -> F:
         except (RunError, StoreError, LoomError) as exc:
             err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
             raise typer.Exit(1) from None
+        except ImportError as exc:
+            err.print(f"[red]error:[/red] a part of loomrt is not installed: {exc}. "
+                      "Install everything with: pip install 'loomrt[all]'", highlight=False)
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted: the record keeps everything so far (`loomrt runs resume RUN_ID`)")
             raise typer.Exit(130) from None
