@@ -47,24 +47,40 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN SELECT RAISE(ABORT, 'the record is append-only: events are never deleted'); END;
         """,
     ),
+    (
+        "0003_runs_append_only",
+        """
+        CREATE TRIGGER runs_no_update BEFORE UPDATE ON runs
+        BEGIN SELECT RAISE(ABORT, 'the record is append-only: runs are never updated'); END;
+        CREATE TRIGGER runs_no_delete BEFORE DELETE ON runs
+        BEGIN SELECT RAISE(ABORT, 'the record is append-only: runs are never deleted'); END;
+        """,
+    ),
 ]
 
 
 def migrate(conn: sqlite3.Connection) -> list[str]:
-    """Apply every migration not yet applied; return the names applied now."""
+    """Apply every migration not yet applied; return the names applied now.
+
+    Each migration runs in its own write transaction, so it applies whole or not at all,
+    and two processes opening a fresh file at once apply it once.
+    """
     conn.execute(
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
     )
-    done = {row[0] for row in conn.execute("SELECT name FROM _migrations")}
     applied = []
     for name, sql in MIGRATIONS:
-        if name in done:
-            continue
-        with conn:
-            for statement in _statements(sql):
-                conn.execute(statement)
-            conn.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
-        applied.append(name)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone() is None:
+                for statement in _statements(sql):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO _migrations VALUES (?, ?)", (name, time.time()))
+                applied.append(name)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
     return applied
 
 

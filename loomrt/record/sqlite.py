@@ -38,9 +38,9 @@ class SQLiteStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA busy_timeout=5000")
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA busy_timeout=5000")
             migrate(self._conn)
         except sqlite3.Error as exc:
             raise StoreError(
@@ -50,21 +50,24 @@ class SQLiteStore:
         self._lock = threading.Lock()
 
     def create_run(self, info: RunInfo) -> None:
+        row = (
+            info.run_id,
+            info.agent,
+            info.def_hash,
+            info.mode,
+            info.model,
+            int(info.interactive),
+            info.agents_file,
+            info.parent_run_id,
+            info.created_at,
+        )
         with self._lock:
-            self._conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    info.run_id,
-                    info.agent,
-                    info.def_hash,
-                    info.mode,
-                    info.model,
-                    int(info.interactive),
-                    info.agents_file,
-                    info.parent_run_id,
-                    info.created_at,
-                ),
-            )
+            try:
+                self._conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            except sqlite3.IntegrityError:
+                raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot record run {info.run_id} in {self.path}: {exc}") from exc
 
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         payload = json.dumps(data, ensure_ascii=False, default=str)
@@ -81,7 +84,8 @@ class SQLiteStore:
                 )
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                self._conn.execute("ROLLBACK")
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
                 raise StoreError(f"cannot append to the record of run {run_id}: {exc}") from exc
         return Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload))  # type: ignore[arg-type]
 

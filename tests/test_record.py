@@ -1,0 +1,267 @@
+"""The record: a real SQLite file, append-only, seqs monotonic per run, migrations named,
+ordered, recorded and idempotent."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+import pytest
+from spine_kit import agents_from, kinds, runtime, tool_call, write
+
+from loomrt import NotFoundError, RunInfo, SQLiteStore, StoreError
+from loomrt.record import default_store
+from loomrt.record import migrations as migrations_module
+from loomrt.record.migrations import MIGRATIONS, migrate
+from loomrt.testing import ScriptedProvider
+
+
+def new_run(store: SQLiteStore, run_id: str, agent: str = "a", created_at: float | None = None) -> None:
+    info = RunInfo(run_id=run_id, agent=agent, def_hash="h", mode="append", model="m")
+    if created_at is not None:
+        info = info.model_copy(update={"created_at": created_at})
+    store.create_run(info)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = SQLiteStore(tmp_path / "record.sqlite")
+    yield s
+    s.close()
+
+
+def test_events_can_never_be_updated_or_deleted(tmp_path, store):
+    new_run(store, "r1")
+    store.append("r1", "user_input", {"content": "hello"})
+    raw = sqlite3.connect(tmp_path / "record.sqlite")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only: events are never updated"):
+        raw.execute("UPDATE events SET data = '{}' WHERE run_id = 'r1'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only: events are never deleted"):
+        raw.execute("DELETE FROM events")
+    raw.close()
+    assert [e.data for e in store.events("r1")] == [{"content": "hello"}]
+
+
+def test_runs_can_never_be_updated_or_deleted(tmp_path, store):
+    new_run(store, "r1")
+    raw = sqlite3.connect(tmp_path / "record.sqlite")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only: runs are never updated"):
+        raw.execute("UPDATE runs SET mode = 'recap'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only: runs are never deleted"):
+        raw.execute("DELETE FROM runs")
+    raw.close()
+    assert store.get_run("r1").mode == "append"
+
+
+def test_the_store_has_no_way_to_change_or_delete():
+    public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
+    assert public == {"append", "close", "create_run", "events", "get_run", "list_runs"}
+
+
+def test_seqs_are_monotonic_per_run_and_independent_across_runs(store):
+    new_run(store, "a")
+    new_run(store, "b")
+    seqs = [store.append(run, "notice", {"i": i}).seq for i, run in enumerate("aabab")]
+    assert seqs == [1, 2, 1, 3, 2]
+    assert [e.seq for e in store.events("a")] == [1, 2, 3]
+    assert [e.data["i"] for e in store.events("a")] == [0, 1, 3]
+    assert [e.seq for e in store.events("a", after=1)] == [2, 3]
+
+
+def test_concurrent_writers_on_two_connections_never_share_a_seq(tmp_path, store):
+    new_run(store, "r")
+    other = SQLiteStore(tmp_path / "record.sqlite")  # a second connection to the same file
+
+    def writer(s: SQLiteStore, tag: str) -> None:
+        for i in range(40):
+            s.append("r", "notice", {"tag": tag, "i": i})
+
+    threads = [threading.Thread(target=writer, args=(s, t)) for s, t in ((store, "x"), (other, "y"), (store, "z"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seqs = [e.seq for e in store.events("r")]
+    assert seqs == list(range(1, 121))
+    for tag in "xyz":  # each writer's events are in its own order
+        assert [e.data["i"] for e in store.events("r") if e.data["tag"] == tag] == list(range(40))
+    other.close()
+
+
+def test_event_data_round_trips_exactly(store):
+    new_run(store, "r")
+    data = {"text": "Σ — naïve ✓", "nested": {"list": [1, 2.5, None, True]}, "empty": {}}
+    written = store.append("r", "state_update", data)
+    (read,) = store.events("r")
+    assert read.data == written.data == data
+    assert read.ts == written.ts and read.kind == "state_update"
+
+
+def test_events_filter_by_kind(store):
+    new_run(store, "r")
+    for kind in ("user_input", "model_call", "assistant_message", "model_call"):
+        store.append("r", kind, {})
+    assert [e.seq for e in store.events("r", kinds=["model_call"])] == [2, 4]
+
+
+def test_run_status_is_derived_from_the_last_event(store):
+    new_run(store, "r")
+    assert store.get_run("r").status == "active"
+    for kind, status in [("parked", "parked"), ("user_input", "active"), ("error", "failed"), ("final", "done")]:
+        store.append("r", kind, {})
+        info = store.get_run("r")
+        assert (info.status, info.last_seq) == (status, len(store.events("r")))
+
+
+def test_list_runs_is_newest_first_and_filters_by_agent(store):
+    new_run(store, "old", agent="x", created_at=1.0)
+    new_run(store, "new", agent="y", created_at=3.0)
+    new_run(store, "mid", agent="x", created_at=2.0)
+    assert [r.run_id for r in store.list_runs()] == ["new", "mid", "old"]
+    assert [r.run_id for r in store.list_runs(agent="x")] == ["mid", "old"]
+    assert [r.run_id for r in store.list_runs(limit=1)] == ["new"]
+
+
+def test_an_unknown_run_id_is_not_found(store):
+    with pytest.raises(NotFoundError, match=r"no run 'nope' in .*record.sqlite. `loomrt runs list` shows the runs"):
+        store.get_run("nope")
+
+
+def test_a_duplicate_run_id_is_a_store_error(store):
+    new_run(store, "r")
+    with pytest.raises(StoreError, match="run r already exists"):
+        new_run(store, "r")
+
+
+def test_the_file_is_in_wal_mode(tmp_path, store):
+    raw = sqlite3.connect(tmp_path / "record.sqlite")
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    raw.close()
+
+
+def test_an_unopenable_path_is_a_store_error(tmp_path):
+    folder = tmp_path / "a-folder"
+    folder.mkdir()
+    with pytest.raises(StoreError, match="cannot open the record at .*a-folder.*set LOOMRT_HOME"):
+        SQLiteStore(folder)
+
+
+def test_the_default_store_lives_under_loomrt_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / "home"))
+    s = default_store()
+    assert s.path == tmp_path / "home" / "record.sqlite"
+    assert s.path.is_file()
+    s.close()
+
+
+# ---------------------------------------------------------------- migrations
+
+
+def test_migrations_are_recorded_by_name_in_order(tmp_path, store):
+    raw = sqlite3.connect(tmp_path / "record.sqlite")
+    names = [r[0] for r in raw.execute("SELECT name FROM _migrations ORDER BY rowid")]
+    assert names == [name for name, _ in MIGRATIONS]
+    assert names == sorted(names)
+    raw.close()
+
+
+def test_migrations_are_idempotent(tmp_path, store):
+    path = tmp_path / "record.sqlite"
+    new_run(store, "r")
+    store.append("r", "notice", {})
+    raw = sqlite3.connect(path)
+    before = raw.execute("SELECT name, applied_at FROM _migrations ORDER BY name").fetchall()
+    assert migrate(raw) == []
+    SQLiteStore(path).close()  # opening again applies nothing
+    assert raw.execute("SELECT name, applied_at FROM _migrations ORDER BY name").fetchall() == before
+    assert [e.seq for e in SQLiteStore(path).events("r")] == [1]
+    raw.close()
+
+
+def test_a_new_migration_applies_once_to_an_existing_record(tmp_path, store, monkeypatch):
+    path = tmp_path / "record.sqlite"
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", [*MIGRATIONS, ("9999_notes", "CREATE TABLE notes (x TEXT);")])
+    raw = sqlite3.connect(path)
+    assert migrate(raw) == ["9999_notes"]
+    assert migrate(raw) == []
+    assert raw.execute("SELECT count(*) FROM _migrations WHERE name = '9999_notes'").fetchone() == (1,)
+    raw.close()
+
+
+def test_a_failing_migration_leaves_nothing_behind(tmp_path, store, monkeypatch):
+    path = tmp_path / "record.sqlite"
+    broken = "CREATE TABLE half_done (x TEXT);\nCREATE TABLE half_done (x TEXT);"
+    monkeypatch.setattr(migrations_module, "MIGRATIONS", [*MIGRATIONS, ("9999_broken", broken)])
+    raw = sqlite3.connect(path, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="already exists"):
+        migrate(raw)
+    tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "half_done" not in tables
+    assert raw.execute("SELECT count(*) FROM _migrations WHERE name = '9999_broken'").fetchone() == (0,)
+    raw.close()
+
+
+def test_two_stores_opening_a_fresh_file_at_once_both_succeed(tmp_path):
+    path = tmp_path / "fresh.sqlite"
+    errors: list[BaseException] = []
+    stores: list[SQLiteStore] = []
+
+    def open_store() -> None:
+        try:
+            stores.append(SQLiteStore(path))
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_store) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT count(*) FROM _migrations").fetchone() == (len(MIGRATIONS),)
+    raw.close()
+    for s in stores:
+        s.close()
+
+
+# ---------------------------------------------------------------- a run's record
+
+
+def test_a_run_records_every_step_in_order(tmp_path):
+    provider = ScriptedProvider(
+        turns=[
+            {**tool_call("calculate", expression="6*7"), "usage": {"input_tokens": 120, "output_tokens": 9}},
+            {"text": "42", "usage": {"input_tokens": 150, "output_tokens": 2}},
+        ]
+    )
+    write(tmp_path, "s.yaml", "turns: []\n")
+    agents = agents_from(
+        tmp_path, "agents:\n  calc: {model: scripted/s.yaml, system_prompt: Compute., tools: [calculate]}\n"
+    )
+    rt = runtime(tmp_path, provider)
+    result = rt.run_sync("calc", "what is 6*7?", agents=agents)
+    assert (result.status, result.output) == ("done", "42")
+    assert kinds(rt, result.run_id) == [
+        "run_started",
+        "user_input",
+        "model_call",
+        "assistant_message",
+        "tool_call",
+        "tool_result",
+        "model_call",
+        "assistant_message",
+        "final",
+    ]
+    ev = rt.store.events(result.run_id)
+    assert ev[0].data["agent"] == "calc" and ev[0].data["definition"]["tools"] == ["calculate"]
+    assert ev[0].data["def_hash"] == rt.store.get_run(result.run_id).def_hash
+    assert ev[1].data == {"content": "what is 6*7?"}
+    assert ev[2].data["usage"] == {"input_tokens": 120, "output_tokens": 9, "cached_tokens": 0}
+    assert ev[4].data == {"id": "call_1_0", "name": "calculate", "arguments": {"expression": "6*7"}}
+    assert ev[5].data == {"tool_call_id": "call_1_0", "name": "calculate", "content": "42", "is_error": False}
+    assert ev[8].data == {"output": "42", "state": None}
+    # totals add up from the record
+    assert (result.usage.input_tokens, result.usage.output_tokens, result.model_calls) == (270, 11, 2)
+    info = rt.store.get_run(result.run_id)
+    assert (info.status, info.agent, info.mode, info.last_seq) == ("done", "calc", "append", 9)
