@@ -147,7 +147,7 @@ class Runtime:
         try:
             await play_turn(run)
         except LoomError as exc:
-            log.warning("run failed", error=str(exc), last_seq=run.last_seq)
+            log.info("run failed", error=str(exc), last_seq=run.last_seq)
             return self.result(run, error=str(exc))
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
