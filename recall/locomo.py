@@ -1,0 +1,252 @@
+"""The LoCoMo evidence benchmark: does Recall find the turns a question is about?
+
+Each conversation of a LoCoMo-format file is replayed turn by turn through a real run:
+a recall-enabled, interactive compaction run on a tiny budget, answered by a
+:class:`~loomrt.testing.FunctionProvider`, so that nearly every turn is evicted and
+reaches the index through the evicted-span callback, as in any run. Each turn is one
+user input, ``[session date] Speaker: text`` (a shared photo adds its caption). Then
+every question of categories 1-4 (5 is adversarial: no answer exists) is put to the
+run's Recall tool, and a question counts as found at k when any of its evidence
+``dia_id`` is among the top k results.
+
+The file is read from the path given; nothing of it is copied anywhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loomrt.errors import SpecError
+
+__all__ = ["Turn", "load_locomo", "turns_of", "render_turn", "evidence_ids", "replay", "evaluate_locomo",
+           "evaluate_locomo_async", "ANSWERABLE"]
+
+ANSWERABLE = (1, 2, 3, 4)
+"""Question categories with an answer in the conversation (1 multi-hop, 2 temporal,
+3 open-domain, 4 single-hop); 5 is adversarial."""
+
+CATEGORY_NAMES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, what)``: units are replayed turns plus asked questions."""
+
+_DIA = re.compile(r"D\d+:\d+")
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of a LoCoMo conversation."""
+
+    dia_id: str
+    speaker: str
+    text: str
+    date: str
+    session: int
+    caption: str | None = None
+
+
+def load_locomo(path: str | Path) -> list[dict[str, Any]]:
+    """Read and check a LoCoMo-format file; :class:`SpecError` with the path when it is
+    missing or not in the format."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"no LoCoMo file at {p}", where=str(p))
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"not valid JSON: {exc}", where=str(p)) from None
+    if not isinstance(data, list) or not data:
+        raise SpecError("a LoCoMo file is a non-empty JSON array of samples", where=str(p))
+    for i, sample in enumerate(data):
+        if not isinstance(sample, dict) or not isinstance(sample.get("conversation"), dict) or not isinstance(
+            sample.get("qa"), list
+        ):
+            raise SpecError(f"sample {i} needs 'conversation' (an object) and 'qa' (a list)", where=str(p))
+    return data
+
+
+def sample_id(sample: dict[str, Any], i: int) -> str:
+    return str(sample.get("sample_id") or f"sample-{i}")
+
+
+def turns_of(sample: dict[str, Any]) -> list[Turn]:
+    """The conversation's turns in order (sessions by number; dated sessions without
+    turns are skipped)."""
+    conv = sample["conversation"]
+    numbers = sorted(int(m.group(1)) for k in conv if (m := re.fullmatch(r"session_(\d+)", k)))
+    out: list[Turn] = []
+    for n in numbers:
+        date = str(conv.get(f"session_{n}_date_time") or "")
+        for t in conv.get(f"session_{n}") or []:
+            out.append(Turn(dia_id=str(t.get("dia_id", "")), speaker=str(t.get("speaker", "")),
+                            text=str(t.get("text", "")), date=date, session=n, caption=t.get("blip_caption")))
+    return out
+
+
+def render_turn(turn: Turn) -> str:
+    """The user input a turn becomes: ``[date] Speaker: text [shares a photo: caption]``."""
+    text = f"[{turn.date}] {turn.speaker}: {turn.text}" if turn.date else f"{turn.speaker}: {turn.text}"
+    if turn.caption:
+        text += f" [shares a photo: {turn.caption}]"
+    return text
+
+
+def evidence_ids(evidence: Any) -> set[str]:
+    """Every ``D<session>:<turn>`` in a question's evidence, parsed leniently
+    (``["D8:6; D9:17"]``, ``"D1:3"``, nested lists)."""
+    if isinstance(evidence, str):
+        return set(_DIA.findall(evidence))
+    if isinstance(evidence, Iterable):
+        out: set[str] = set()
+        for item in evidence:
+            out |= evidence_ids(item)
+        return out
+    return set()
+
+
+_SUMMARY = "Summary: the conversation goes on; the exact turns are in Recall."
+
+
+async def replay(sample: dict[str, Any], *, embedder: Any = None, on_turn: Callable[[], None] | None = None,
+                 budget_tokens: int = 512) -> tuple[Any, Any, dict[int, str]]:
+    """Replay one conversation through a recall-enabled run.
+
+    Returns ``(runtime, run, seq_to_dia)``: the run's record seq of each turn's user
+    input, mapped to its ``dia_id``.
+    """
+    from loomrt.providers.base import ModelRequest, ModelResponse, Usage
+
+    from loomrt.spec import AgentSpec
+    from loomrt.testing import FunctionProvider, scripted_runtime
+    from loomrt.tokens import count_dicts
+
+    turns = turns_of(sample)
+    force = {"next": False}
+
+    def reply(request: ModelRequest) -> ModelResponse:
+        if request.purpose != "turn":
+            return ModelResponse(text=_SUMMARY, usage=Usage(count_dicts(request.messages), 16))
+        # The prompt tokens as reported; the last turn reports a full window, so the
+        # closing input makes one more boundary and the last turns are evicted too.
+        reported = budget_tokens if force["next"] else count_dicts(request.messages)
+        return ModelResponse(text="", usage=Usage(reported, 1))
+
+    rt = scripted_runtime(FunctionProvider(reply, name="function/locomo-replay"), embedder=embedder)
+    spec = AgentSpec(
+        model="function/locomo-replay",
+        system_prompt="You are listening to a long conversation between two people.",
+        max_iterations=2,
+        context={"mode": "compaction", "budget_tokens": budget_tokens, "keep_last_n": 2, "keep_first": False,
+                 "recall": True, "recall_max_entries": max(4096, 2 * len(turns) + 16)},
+    )
+    run = rt.start(spec, interactive=True, name=sample_id(sample, 0))
+    for i, turn in enumerate(turns):
+        force["next"] = i == len(turns) - 1
+        result = await rt.send(run, render_turn(turn))
+        if result.status == "failed":
+            raise RuntimeError(f"the replay run failed at {turn.dia_id}: {result.error}")
+        if on_turn:
+            on_turn()
+    force["next"] = False
+    await rt.send(run, "[the conversation ends here]")
+    inputs = [e.seq for e in rt.store.events(run.run_id, kinds=["user_input"])]
+    return rt, run, {seq: t.dia_id for seq, t in zip(inputs, turns, strict=False)}
+
+
+def _rate(hits: dict[int, int], n: int) -> dict[str, float]:
+    return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
+
+
+async def evaluate_locomo_async(
+    path: str | Path,
+    *,
+    conversations: Sequence[str] | None = None,
+    ks: Sequence[int] = (1, 3, 5, 10),
+    embedder: Any = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """:func:`evaluate_locomo` for code that is already async."""
+    started = time.perf_counter()
+    samples = load_locomo(path)
+    ids = [sample_id(s, i) for i, s in enumerate(samples)]
+    if conversations:
+        unknown = [c for c in conversations if c not in ids]
+        if unknown:
+            raise SpecError(f"no conversation {', '.join(unknown)} in the file; it has {', '.join(ids)}", where=str(path))
+        chosen = [(i, s) for i, s in zip(ids, samples, strict=True) if i in set(conversations)]
+    else:
+        chosen = list(zip(ids, samples, strict=True))
+    ks = sorted({int(k) for k in ks})
+    questions = {cid: [q for q in s["qa"] if q.get("category") in ANSWERABLE and evidence_ids(q.get("evidence"))]
+                 for cid, s in chosen}
+    total = sum(len(turns_of(s)) + len(questions[cid]) for cid, s in chosen)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done, total, what)
+
+    hits = {k: 0 for k in ks}
+    by_cat: dict[int, dict[str, Any]] = {}
+    per_conv: dict[str, dict[str, Any]] = {}
+    n = 0
+    for cid, sample in chosen:
+        _, run, seq_to_dia = await replay(sample, embedder=embedder, on_turn=lambda cid=cid: tick(f"{cid}: replay"))
+        tool = run.toolset.tools["Recall"]
+        conv_hits = {k: 0 for k in ks}
+        for q in questions[cid]:
+            answer = tool.fn(query=str(q["question"]), top_k=max(ks))
+            found = [seq_to_dia.get(r.get("seq")) for r in answer["results"] if r.get("source") == "run"]
+            gold = evidence_ids(q["evidence"])
+            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks}})
+            cat["questions"] += 1
+            for k in ks:
+                if gold & set(found[:k]):
+                    hits[k] += 1
+                    conv_hits[k] += 1
+                    cat["hits"][k] += 1
+            n += 1
+            tick(f"{cid}: questions")
+        per_conv[cid] = {"questions": len(questions[cid]), "turns": len(seq_to_dia),
+                         "entries": run.toolset.recall.size(), "distillations": run.distillations,
+                         "recall_at": _rate(conv_hits, len(questions[cid]))}
+    return {
+        "questions": n,
+        "recall_at": _rate(hits, n),
+        "by_category": {
+            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["questions"],
+                     "recall_at": _rate(v["hits"], v["questions"])}
+            for c, v in sorted(by_cat.items())
+        },
+        "conversations": per_conv,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def evaluate_locomo(
+    path: str | Path,
+    *,
+    conversations: Sequence[str] | None = None,
+    ks: Sequence[int] = (1, 3, 5, 10),
+    embedder: Any = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Replay each conversation of the LoCoMo file at ``path`` through a recall-enabled
+    run, ask Recall every answerable question, and measure evidence recall@k.
+
+    ``conversations`` picks sample ids (default all); ``embedder`` as for
+    :class:`~loomrt.recall.RunRecall` (None: MiniLM; False: lexical-only). Returns
+    ``{"questions", "recall_at": {"1": x, ...}, "by_category": {"1": {...}, ...},
+    "conversations": {...}, "seconds"}``.
+    """
+    return asyncio.run(evaluate_locomo_async(path, conversations=conversations, ks=ks, embedder=embedder,
+                                             progress=progress))

@@ -1,0 +1,277 @@
+"""Recall wired into runs: the auto-grant at every site, rebuild on resume, degradation,
+failure isolation, scope isolation, durable-memory merge (deterministic HashEmbedder)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+from loomrt.recall import RECALL_PROMPT, HashEmbedder, MemoryHit, RunRecall
+
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+from loomrt.testing import ScriptedProvider, scripted_runtime
+
+NEEDLE = "The staging database listens on db-stage.internal:6543 (user svc_loom)"
+FILLER = "Unrelated chatter about lunch, the weather and the weekend plans, nothing to remember. " * 3
+
+
+def spec(**context: Any) -> AgentSpec:
+    ctx = {"mode": "compaction", "budget_tokens": 300, "keep_last_n": 2, "recall": True, **context}
+    return AgentSpec(model="scripted/test", context=ctx, max_iterations=5)
+
+
+def recall_call(query: str) -> dict[str, Any]:
+    return {"tool_call": {"name": "Recall", "arguments": {"query": query}}}
+
+
+def recall_results(rt: Runtime, run_id: str) -> list[list[dict[str, Any]]]:
+    """The results of every Recall tool call the run made, in order."""
+    return [json.loads(e.data["content"])["results"] for e in rt.store.events(run_id, kinds=["tool_result"])
+            if e.data["name"] == "Recall"]
+
+
+def kinds(rt: Runtime, run_id: str, kind: str) -> list[dict[str, Any]]:
+    return [e.data for e in rt.store.events(run_id, kinds=[kind])]
+
+
+async def chat(rt: Runtime, run: Any, n: int = 12) -> None:
+    """A task, the needle, then filler turns until the needle is evicted."""
+    await rt.send(run, "Help me set up the deployment.")
+    await rt.send(run, NEEDLE)
+    for i in range(n):
+        await rt.send(run, f"turn {i}: {FILLER}")
+
+
+def test_interactive_send_grants_recall_and_finds_an_evicted_needle() -> None:
+    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database port"), "6543"],
+                                summaries=["Summary: setting up a deployment."])
+    rt = scripted_runtime(provider, embedder=HashEmbedder())
+    run = rt.start(spec(), interactive=True)
+
+    async def go() -> None:
+        await chat(rt, run)
+        await rt.send(run, "What is the staging database port?")
+
+    asyncio.run(go())
+    started = kinds(rt, run.run_id, "run_started")[0]
+    assert "Recall" in started["tools"]
+    assert RECALL_PROMPT in started["system"]
+    assert "Recall" in {t.name for t in provider.calls[-1].tools}
+    assert all(m.content != NEEDLE for m in run.context), "the needle must have been evicted"
+    results = recall_results(rt, run.run_id)[0]
+    assert results[0]["text"] == NEEDLE
+    assert results[0]["source"] == "run" and results[0]["seq"] > 0 and results[0]["ts"].endswith("Z")
+
+
+def test_one_shot_run_grants_recall_even_with_an_empty_allowlist() -> None:
+    provider = ScriptedProvider(turns=[recall_call("anything"), "done"])
+    rt = scripted_runtime(provider, embedder=HashEmbedder())
+    result = rt.run_sync(spec(), "task")
+    assert result.status == "done"
+    assert kinds(rt, result.run_id, "run_started")[0]["tools"] == ["Recall"]
+    answer = json.loads(kinds(rt, result.run_id, "tool_result")[0]["content"])
+    assert answer["results"] == [] and "nothing has been evicted" in answer["note"]
+
+
+def test_without_recall_there_is_no_recall_tool() -> None:
+    provider = ScriptedProvider(turns=[recall_call("x"), "done"])
+    rt = scripted_runtime(provider, embedder=HashEmbedder())
+    result = rt.run_sync(spec(recall=False), "task")
+    assert kinds(rt, result.run_id, "run_started")[0]["tools"] == []
+    assert kinds(rt, result.run_id, "tool_result")[0]["is_error"]
+
+
+def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
+    store = tmp_path / "record.sqlite"
+    rt = scripted_runtime(ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."]), store_path=store,
+                          embedder=HashEmbedder())
+    run = rt.start(spec(), interactive=True)
+    asyncio.run(chat(rt, run))
+    assert run.distillations >= 1
+    # a new process: a fresh runtime over the same record
+    rt2 = scripted_runtime(ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"],
+                                            summaries=["Summary."]), store_path=store, embedder=HashEmbedder())
+    result = asyncio.run(rt2.continue_run(run.run_id, "What was the staging database address?"))
+    assert result.status == "parked"
+    assert recall_results(rt2, run.run_id)[-1][0]["text"] == NEEDLE
+
+
+def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> None:
+    store = tmp_path / "record.sqlite"
+    short = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."])
+    rt = scripted_runtime(short, store_path=store, embedder=HashEmbedder())
+    run = rt.start(spec(), interactive=True)
+
+    async def first() -> Any:
+        await chat(rt, run)
+        return await rt.send(run, "What was the staging database address?")  # the script runs out: fails
+
+    assert asyncio.run(first()).status == "failed"
+    full = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"],
+                            summaries=["Summary."])
+    rt2 = scripted_runtime(full, store_path=store, embedder=HashEmbedder())
+    reopened = rt2.open(run.run_id)
+    assert reopened.toolset.recall.size() >= 1  # rebuilt from the distillation events
+    result = asyncio.run(rt2.resume(run.run_id))
+    assert result.output == "db-stage.internal:6543"
+    assert recall_results(rt2, run.run_id)[-1][0]["text"] == NEEDLE
+
+
+def test_no_embedder_is_lexical_only_and_says_so_once() -> None:
+    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "ok",
+                                                     recall_call("db-stage.internal:6543"), "ok"],
+                                summaries=["Summary."])
+    rt = scripted_runtime(provider, embedder=False)
+    run = rt.start(spec(), interactive=True)
+
+    async def go() -> None:
+        await chat(rt, run)
+        await rt.send(run, "q1")
+        await rt.send(run, "q2")
+
+    asyncio.run(go())
+    assert not run.toolset.recall.index.dense
+    notices = [n for n in kinds(rt, run.run_id, "notice") if n["source"] == "recall"]
+    assert len(notices) == 1 and "lexical-only" in notices[0]["message"]
+    first, second = recall_results(rt, run.run_id)
+    assert first[0]["text"] == NEEDLE and second[0]["text"] == NEEDLE
+
+
+class BrokenEmbedder:
+    name = "broken"
+    dim = 8
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        raise RuntimeError("model weights are corrupt")
+
+
+def test_an_embedder_that_raises_never_fails_the_run() -> None:
+    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"],
+                                summaries=["Summary."])
+    rt = scripted_runtime(provider, embedder=BrokenEmbedder())
+    run = rt.start(spec(), interactive=True)
+
+    async def go() -> Any:
+        await chat(rt, run)
+        return await rt.send(run, "What was it?")
+
+    result = asyncio.run(go())
+    assert result.status == "parked" and result.output == "fine"
+    notices = [n["message"] for n in kinds(rt, run.run_id, "notice")]
+    assert sum("degraded to lexical-only" in m and "corrupt" in m for m in notices) == 1
+    assert recall_results(rt, run.run_id)[0][0]["text"] == NEEDLE  # lexical recall still works
+
+
+def test_an_indexing_error_is_recorded_not_raised() -> None:
+    events: list[tuple[str, dict[str, Any]]] = []
+    recall = RunRecall(run_id="r1", emit=lambda k, d: events.append((k, d)), embedder=HashEmbedder())
+
+    class Span:  # not an EvictedSpan: its messages are not messages
+        run_id = "r1"
+        distillation_seq = 9
+        messages = (object(),)
+
+    recall.on_evicted(Span())  # type: ignore[arg-type]
+    assert [k for k, _ in events] == ["callback_error"]
+    assert events[0][1]["distillation_seq"] == 9
+
+
+def test_a_run_never_sees_another_runs_spans() -> None:
+    other_needle = "The production vault token path is /secret/prod/tokens/alpha"
+
+    def provider_for(query: str) -> ScriptedProvider:
+        return ScriptedProvider(turns=["ok"] * 14 + [recall_call(query), "done"], summaries=["Summary."])
+
+    rt_a = scripted_runtime(provider_for("vault token path"), embedder=HashEmbedder())
+    run_a = rt_a.start(spec(), interactive=True)
+    provider_b = provider_for("vault token path")
+    rt_b = Runtime(rt_a.store, providers=lambda s, m: provider_b, embedder=HashEmbedder())
+    run_b = rt_b.start(spec(), interactive=True)
+
+    async def go() -> None:
+        await rt_a.send(run_a, "task A")
+        await rt_a.send(run_a, other_needle)
+        for i in range(12):
+            await rt_a.send(run_a, f"a{i}: {FILLER}")
+        await chat(rt_b, run_b)
+        await rt_a.send(run_a, "?")
+        await rt_b.send(run_b, "?")
+
+    asyncio.run(go())
+    assert recall_results(rt_a, run_a.run_id)[0][0]["text"] == other_needle
+    texts_b = [r["text"] for r in recall_results(rt_b, run_b.run_id)[0]]
+    assert texts_b and other_needle not in texts_b
+    assert all(e.run_id == run_b.run_id for e in run_b.toolset.recall.index.entries.values())
+    # a span addressed to another run is ignored by the callback
+    from loomrt.messages import EvictedSpan, Message
+
+    before = run_b.toolset.recall.size()
+    run_b.toolset.recall.on_evicted(EvictedSpan(run_a.run_id, "agent", "compaction", 1,
+                                                (Message(role="user", content=other_needle, seq=1),)))
+    assert run_b.toolset.recall.size() == before
+
+
+def test_the_fifo_cap_drops_the_oldest_entries_through_a_run() -> None:
+    provider = ScriptedProvider(turns=["ok"] * 60, summaries=["Summary."])
+    rt = scripted_runtime(provider, embedder=HashEmbedder())
+    run = rt.start(spec(recall_max_entries=16), interactive=True)
+
+    async def go() -> None:
+        for i in range(60):
+            await rt.send(run, f"fact {i}: the code for item {i} is K{i:04d}. {FILLER}")
+
+    asyncio.run(go())
+    index = run.toolset.recall.index
+    assert len(index) == 16 and index.dense_size() == 16 and index.evicted_total > 0
+    assert [e.id for e in index.entries.values()] == sorted(e.id for e in index.entries.values())
+    assert all("K0001" not in h.text for h in run.toolset.recall.search("K0001", top_k=20))  # the oldest are gone
+    newest = max(index.entries.values(), key=lambda e: e.id)
+    code = newest.text.split(" is ")[1].split(".")[0]
+    assert code in run.toolset.recall.search(code)[0].text
+
+
+class Memory:
+    """A durable-memory source (the protocol harvest will implement)."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int, Any]] = []
+
+    def search(self, query: str, top_k: int, scopes: Any = None) -> list[Any]:
+        self.asked.append((query, top_k, scopes))
+        return [MemoryHit(text="The user prefers port 7000 for local dev", score=0.99, ts=0.0, scope="user"),
+                {"text": "low score fact", "score": 0.0001}]
+
+
+def test_memory_hits_merge_by_score() -> None:
+    memory = Memory()
+    recall = RunRecall(run_id="r1", embedder=HashEmbedder(), memory=memory, scopes=["user"])
+    from loomrt.messages import EvictedSpan, Message
+
+    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 5, (Message(role="user", content=NEEDLE, seq=3, ts=1.0),)))
+    hits = recall.search("staging database port", top_k=3)
+    assert {h.source for h in hits} == {"run", "memory"}
+    assert hits == sorted(hits, key=lambda h: -h.score)
+    assert memory.asked == [("staging database port", 3, ["user"])]
+    out = recall.tool.fn(query="port", top_k=5)
+    assert any(r["source"] == "memory" and r["scope"] == "user" for r in out["results"])
+
+
+def test_the_token_cap_bounds_every_answer() -> None:
+    from loomrt.messages import EvictedSpan, Message
+    from loomrt.tokens import count_text
+
+    recall = RunRecall(run_id="r1", embedder=HashEmbedder(), context=spec(recall_max_tokens=200).context)
+    big = " ".join(f"line {i}: error E{i} in /var/log/app-{i}.log" for i in range(400))
+    msgs = tuple(Message(role="tool", name="read_file", content=f"{big} part {j}", seq=10 + j) for j in range(3))
+    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 20, msgs))
+    out = recall.tool.fn(query="error E17 /var/log/app-17.log", top_k=10)
+    assert count_text(json.dumps(out)) <= 200 + 120  # the cap plus the JSON keys around the texts
+    assert out["results"][0]["text"] and len(out["results"]) >= 1
+    assert out["results"][0].get("chunk")  # long tool results are chunked
+    small = RunRecall(run_id="r2", embedder=HashEmbedder(), context=spec(recall_max_tokens=64).context)
+    small.on_evicted(EvictedSpan("r2", "a", "compaction", 2, (Message(role="user", content=big[:3000], seq=1),)))
+    first = small.tool.fn(query="error E3", top_k=5)["results"][0]
+    assert first["truncated"] and "record seq 1" in first["text"]
