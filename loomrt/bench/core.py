@@ -1,0 +1,215 @@
+"""The harness: a registry of workloads and measures, and what one benchmark run produces.
+
+A **workload** plays the same scenario once per retention mode and returns a
+:class:`WorkloadResult` (one :class:`ModeRun` per mode). A **mode measure** turns a
+:class:`ModeRun` (and the append run beside it) into figures; a **standalone measure**
+(runtime overhead, Recall latency) needs no workload. New modes appear by themselves
+(every mode in :data:`loomrt.run.modes.MODE_CLASSES`, plus ``auto``); later issues add
+workloads and measures with the decorators::
+
+    @workload("forks", "a run forked at every boundary")
+    def forks(config: BenchConfig, progress: Progress) -> WorkloadResult: ...
+
+    @mode_measure("fork_cost")
+    def fork_cost(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict: ...
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+__all__ = [
+    "BenchConfig",
+    "Progress",
+    "NullProgress",
+    "Probe",
+    "ModeRun",
+    "WorkloadResult",
+    "Workload",
+    "Measure",
+    "WORKLOADS",
+    "MEASURES",
+    "workload",
+    "mode_measure",
+    "standalone_measure",
+    "all_modes",
+    "REFERENCE_RATIOS",
+]
+
+REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "stateful": 0.20}
+"""Input-token ratios to append at 200 turns, from the design this project follows."""
+
+
+def all_modes() -> list[str]:
+    """Every retention mode the runtime knows, append first, then ``auto``."""
+    from loomrt.run.modes import MODE_CLASSES
+
+    return ["append", *[m for m in MODE_CLASSES if m != "append"], "auto"]
+
+
+@dataclass
+class BenchConfig:
+    """What to run and how. Every workload reads the fields it needs."""
+
+    modes: list[str] = field(default_factory=all_modes)
+    """The modes each workload is played in (append is always added: ratios need it)."""
+    quick: bool = False
+    """A small, fast configuration (fewer turns and steps): the CI smoke test."""
+    seed: int = 7
+    """The seed every generated workload derives from."""
+    budget_tokens: int = 8192
+    keep_last_n: int = 6
+    recall: bool = True
+    """context.recall for every mode (fidelity counts what Recall returns)."""
+    cache_discount: float = 0.10
+    """The price of a cached input token as a fraction of an uncached one."""
+    model: str | None = None
+    """A real model (litellm string, or local/...) instead of the scripted one."""
+    data: Path | None = None
+    """A LoCoMo-format JSON file (the locomo workload needs it)."""
+    conversations: list[str] | None = None
+    """LoCoMo sample ids to replay (default: the first one with --quick, else all)."""
+    embedder: str = "default"
+    """Recall's embedder: ``default`` (recall's own), ``hash`` (deterministic, fast) or ``none``."""
+    overhead_sizes: list[int] = field(default_factory=lambda: [100, 1000, 10000])
+    """History lengths (messages) at which the runtime overhead is measured."""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["data"] = str(self.data) if self.data else None
+        return out
+
+    def make_embedder(self) -> Any:
+        """The embedder to hand to the runtime: None lets recall choose its default (MiniLM)."""
+        return None if self.embedder == "default" else self.embedder
+
+
+class Progress(Protocol):
+    """Where the harness reports progress (the CLI draws a rich bar; tests pass NullProgress)."""
+
+    def start(self, label: str, total: int) -> None: ...
+    def advance(self, n: int = 1) -> None: ...
+    def note(self, text: str) -> None: ...
+
+
+class NullProgress:
+    """Progress that goes nowhere; ``notes`` keeps what was said."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def start(self, label: str, total: int) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A planted value to look for at the end of a run: in the working context, or via Recall."""
+
+    query: str
+    needles: tuple[str, ...]
+    """Any of these found verbatim counts as a hit."""
+    label: str = ""
+
+
+@dataclass
+class ModeRun:
+    """One workload played in one mode: the figures the measures read, taken from the run."""
+
+    mode: str
+    resolved: str = ""
+    status: str = ""
+    error: str | None = None
+    seconds: float = 0.0
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    """Per model call, in order: purpose, input_tokens, output_tokens, messages (the prompt)."""
+    series: list[int] = field(default_factory=list)
+    """Cumulative input tokens after each unit of the workload (a turn, or an iteration)."""
+    distillations: int = 0
+    declined: int = 0
+    found: list[str] = field(default_factory=list)
+    """Per probe: ``context``, ``recall`` or ``lost``."""
+    answered: list[bool] = field(default_factory=list)
+    """Per question asked during the run: whether the model had the value when it needed it."""
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class WorkloadResult:
+    """What a workload produced: one :class:`ModeRun` per mode, and workload-level figures."""
+
+    name: str
+    unit: str
+    """What one point of a series is: ``turn`` or ``iteration``."""
+    runs: dict[str, ModeRun] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
+    """How the workload was generated (turns, facts, sizes): printed with the figures."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    description: str
+    play: Callable[[BenchConfig, Progress], WorkloadResult]
+    needs: str | None = None
+    """A config field the workload cannot run without (e.g. ``data``)."""
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    description: str
+    kind: str
+    """``mode`` (figures per ModeRun) or ``standalone`` (its own run)."""
+    fn: Callable[..., dict[str, Any]]
+
+
+WORKLOADS: dict[str, Workload] = {}
+MEASURES: dict[str, Measure] = {}
+
+
+def workload(name: str, description: str, *, needs: str | None = None) -> Callable[[Callable[..., WorkloadResult]], Callable[..., WorkloadResult]]:
+    """Register a workload: ``fn(config, progress) -> WorkloadResult``."""
+
+    def wrap(fn: Callable[..., WorkloadResult]) -> Callable[..., WorkloadResult]:
+        WORKLOADS[name] = Workload(name, description, fn, needs)
+        return fn
+
+    return wrap
+
+
+def mode_measure(name: str, description: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Register a per-mode measure: ``fn(run, append_run_or_None, config) -> figures``."""
+
+    def wrap(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        MEASURES[name] = Measure(name, description, "mode", fn)
+        return fn
+
+    return wrap
+
+
+def standalone_measure(name: str, description: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+    """Register a measure with its own run: ``fn(config, progress) -> figures`` (or ``{"skipped": why}``)."""
+
+    def wrap(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+        MEASURES[name] = Measure(name, description, "standalone", fn)
+        return fn
+
+    return wrap
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - started

@@ -1,0 +1,180 @@
+"""Playing one workload in one mode: a real runtime, a recorded provider, probes at the end.
+
+:func:`play_mode` builds the agent definition every mode shares (``budget_tokens``,
+``keep_last_n``, ``recall``), starts a run on a fresh in-memory record, lets the workload
+drive it, and reads the figures back from the record and the provider's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from loomrt.bench.core import BenchConfig, ModeRun, Probe
+from loomrt.bench.model import BenchModel, prompt_text
+from loomrt.errors import LoomError
+from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.run.state import RunState
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+from loomrt.testing import FunctionProvider
+from loomrt.tokens import count_dicts
+from loomrt.tools import Tool
+
+__all__ = ["Recorder", "recall_available", "bench_spec", "play_mode", "probe_run", "STATE_SCHEMA"]
+
+STATE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "notes": {
+            "type": "object",
+            "additionalProperties": {"type": "string"},
+            "default": {},
+            "description": "Exact values worth keeping (paths, codes, numbers, names), by what they are.",
+        },
+    },
+    "required": ["notes"],
+}
+"""Σ for the stateful mode in every workload: the exact values the agent keeps."""
+
+Drive = Callable[[Runtime, RunState, BenchModel | None, ModeRun], Awaitable[None]]
+
+
+class Recorder:
+    """Wraps a provider and keeps, per call, its purpose, usage and the cached prefix.
+
+    The cached prefix of a call is the run of leading messages identical to the previous
+    call's prompt (any purpose: a distillation call in between breaks the cache, as it does
+    on a provider), in estimated tokens.
+    """
+
+    def __init__(self, inner: ModelProvider):
+        self.inner = inner
+        self.model = inner.model
+        self.capabilities = inner.capabilities
+        self.calls: list[dict[str, Any]] = []
+        self._previous: list[dict[str, Any]] = []
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        response = await self.inner.complete(request)
+        messages = request.messages
+        k = 0
+        while k < min(len(messages), len(self._previous)) and messages[k] == self._previous[k]:
+            k += 1
+        cached = count_dicts(messages[:k]) - 3 if k else 0
+        self._previous = messages
+        self.calls.append({
+            "purpose": request.purpose,
+            "input_tokens": response.usage.input_tokens,
+            "output_tokens": response.usage.output_tokens,
+            "cached_prefix_tokens": min(cached, response.usage.input_tokens),
+            "messages": len(messages),
+        })
+        return response
+
+
+def recall_available() -> bool:
+    """Whether ``loomrt.recall`` can index evicted spans (the recall issue has landed)."""
+    try:
+        from loomrt.recall import RunRecall  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def bench_spec(config: BenchConfig, mode: str, *, system: str, tools: list[str] | None = None,
+               max_iterations: int = 20, max_tokens: int = 1024) -> AgentSpec:
+    """The definition every mode of a workload shares; only ``context.mode`` differs."""
+    return AgentSpec(
+        model=config.model or "bench/scripted",
+        system_prompt=system,
+        tools=list(tools or []),
+        max_iterations=max_iterations,
+        max_tokens=max_tokens,
+        context={
+            "mode": mode,
+            "budget_tokens": config.budget_tokens,
+            "keep_last_n": config.keep_last_n,
+            "recall": config.recall and recall_available(),
+            "state_schema": STATE_SCHEMA,
+        },
+    )
+
+
+def _provider(config: BenchConfig, spec: AgentSpec, model: BenchModel | None, *, local: bool) -> ModelProvider:
+    if model is not None:
+        return FunctionProvider(model, local=local, context_window=10**7, name="bench/scripted")
+    from loomrt.providers import resolve_provider
+
+    return resolve_provider(spec, config.model)
+
+
+async def probe_run(run: RunState, probes: list[Probe]) -> list[str]:
+    """For each probe: ``context`` if a needle is in the final working context verbatim,
+    ``recall`` if Recall (top 5) returns it verbatim, else ``lost``."""
+    context = prompt_text([m.to_litellm() for m in run.context])
+    tool = run.toolset.tools.get("Recall")
+    found: list[str] = []
+    for p in probes:
+        if any(n in context for n in p.needles):
+            found.append("context")
+            continue
+        if tool is not None:
+            out = await tool.call({"query": p.query, "top_k": 5})
+            if any(n in out for n in p.needles):
+                found.append("recall")
+                continue
+        found.append("lost")
+    return found
+
+
+def _series(events: list[Any], unit: str) -> list[int]:
+    total, series = 0, []
+    for e in events:
+        if e.kind == "model_call":
+            total += int((e.data.get("usage") or {}).get("input_tokens", 0))
+            if unit == "iteration" and e.data.get("purpose") == "turn":
+                series.append(total)
+        elif unit == "turn" and e.kind in ("parked", "final", "error"):
+            series.append(total)
+    return series
+
+
+def play_mode(
+    config: BenchConfig, mode: str, *, spec: AgentSpec, drive: Drive, probes: list[Probe],
+    make_model: Callable[[], BenchModel], unit: str, interactive: bool, local: bool,
+    tools: list[Tool] | None = None, name: str = "bench",
+) -> ModeRun:
+    """Play one workload in ``mode`` on a fresh runtime and read its figures back."""
+    model = None if config.model else make_model()
+    recorder = Recorder(_provider(config, spec, model, local=local))
+    runtime = Runtime(
+        SQLiteStore(":memory:"), providers=lambda s, m: recorder, tools=tools or [],
+        embedder=config.make_embedder(),
+    )
+    out = ModeRun(mode=mode)
+    started = time.perf_counter()
+
+    async def go() -> None:
+        run = runtime.start(spec, name=name, interactive=interactive)
+        out.resolved = run.mode.name
+        try:
+            await drive(runtime, run, model, out)
+        except LoomError as exc:
+            out.error = str(exc)
+        out.found = await probe_run(run, probes)
+        events = runtime.store.events(run.run_id)
+        out.series = _series(events, unit)
+        out.distillations = sum(e.kind == "distillation" for e in events)
+        out.declined = sum(e.kind == "distillation_declined" for e in events)
+        errors = [e.data.get("message") for e in events if e.kind == "error"]
+        out.error = out.error or (errors[-1] if errors else None)
+        out.status = "failed" if out.error else "done"
+
+    asyncio.run(go())
+    out.seconds = time.perf_counter() - started
+    out.calls = recorder.calls
+    return out

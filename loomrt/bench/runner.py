@@ -1,0 +1,107 @@
+"""Run the selected workloads and measures and gather every figure into one JSON object."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import time
+from typing import Any
+
+from loomrt.bench.core import MEASURES, REFERENCE_RATIOS, WORKLOADS, BenchConfig, NullProgress, Progress, WorkloadResult
+
+__all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figures"]
+
+DEFAULT_TARGETS = ["chat200", "agentic", "locomo", "overhead", "recall_latency"]
+"""What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
+
+
+def _load() -> None:
+    # registration happens on import
+    import loomrt.bench.locomo  # noqa: F401
+    import loomrt.bench.measures  # noqa: F401
+    import loomrt.bench.workloads  # noqa: F401
+
+
+def available_targets() -> dict[str, str]:
+    """Every workload and standalone measure by name, with its description."""
+    _load()
+    out = {name: w.description for name, w in WORKLOADS.items()}
+    out.update({name: m.description for name, m in MEASURES.items() if m.kind == "standalone"})
+    return out
+
+
+def workload_figures(result: WorkloadResult, config: BenchConfig) -> dict[str, Any]:
+    """Apply every mode measure to every run of ``result``."""
+    base = result.runs.get("append")
+    modes: dict[str, Any] = {}
+    for mode, run in result.runs.items():
+        figures: dict[str, Any] = {
+            "resolved": run.resolved, "status": run.status, "seconds": round(run.seconds, 2),
+        }
+        if run.error:
+            figures["error"] = run.error
+        for m in MEASURES.values():
+            if m.kind == "mode":
+                figures.update(m.fn(run, base, config))
+        run.figures = figures
+        modes[mode] = figures
+    return {
+        "unit": result.unit,
+        "params": result.params,
+        "modes": modes,
+        "series": {mode: run.series for mode, run in result.runs.items()},
+        **result.extra,
+    }
+
+
+def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:
+    """Run ``targets`` (workload and standalone-measure names; default :data:`DEFAULT_TARGETS`).
+
+    A workload whose input is missing (locomo without ``--data``) or a measure whose
+    dependency is not installed is reported under ``skipped`` with the reason.
+    """
+    _load()
+    progress = progress or NullProgress()
+    explicit = bool(targets)
+    targets = list(targets or DEFAULT_TARGETS)
+    unknown = [t for t in targets if t not in WORKLOADS and not (t in MEASURES and MEASURES[t].kind == "standalone")]
+    if unknown:
+        known = ", ".join(available_targets())
+        raise ValueError(f"unknown workload or measure {', '.join(unknown)}. Known: {known}")
+    started = time.perf_counter()
+    out: dict[str, Any] = {
+        "loomrt_bench": 1,
+        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpus()},
+        "config": config.to_json(),
+        "reference_ratios": REFERENCE_RATIOS,
+        "workloads": {},
+        "measures": {},
+        "skipped": {},
+    }
+    for name in targets:
+        if name in WORKLOADS:
+            w = WORKLOADS[name]
+            if w.needs and not getattr(config, w.needs):
+                why = f"needs --{w.needs}"
+                if explicit:
+                    raise ValueError(f"the {name} workload {why} (e.g. --data path/to/locomo.json)")
+                out["skipped"][name] = why
+                continue
+            progress.note(f"workload {name}")
+            out["workloads"][name] = workload_figures(w.play(config, progress), config)
+        else:
+            progress.note(f"measure {name}")
+            figures = MEASURES[name].fn(config, progress)
+            if "skipped" in figures:
+                out["skipped"][name] = figures["skipped"]
+            else:
+                out["measures"][name] = figures
+    out["seconds"] = round(time.perf_counter() - started, 1)
+    return out
+
+
+def _cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

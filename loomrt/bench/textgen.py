@@ -1,0 +1,125 @@
+"""Deterministic text for the benchmark workloads: prose of a given token size, planted facts.
+
+Everything here is a pure function of a :class:`random.Random` seeded by the caller, so a
+workload generated twice from the same seed is the same to the token.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from loomrt.tokens import count_text
+
+__all__ = ["Fact", "prose", "make_facts", "system_prompt"]
+
+_SUBJECTS = [
+    "the garden", "our team", "the new kitchen", "my morning routine", "the weekend trip", "the budget",
+    "the school play", "the quarterly review", "the bike repair", "the book club", "the rental car",
+    "the neighbours", "the hiking route", "the birthday dinner", "the tax forms", "the piano lessons",
+    "the move to the coast", "the community fair", "the old laptop", "the vegetable patch",
+]
+_VERBS = [
+    "took longer than planned", "went better than expected", "needs another look", "is finally settled",
+    "keeps coming up", "turned into a long discussion", "was postponed twice", "surprised everyone",
+    "is mostly done", "still has a few loose ends", "made me rethink the plan", "cost a bit more than hoped",
+]
+_TAILS = [
+    "so I want to keep track of what we decided.", "and I am not sure what the next step should be.",
+    "which is why I keep writing things down.", "and the details matter more than they seem.",
+    "but it should be easier once the weather turns.", "and I promised to report back by Friday.",
+    "so let us think it through calmly.", "and everyone had an opinion about it.",
+    "which reminded me of last spring.", "so a short checklist would help.",
+]
+_ADVICE = [
+    "One option is to split the work into smaller steps and check each one before moving on.",
+    "It usually helps to write down the constraints first, then look at the choices that remain.",
+    "A simple schedule with two fixed checkpoints tends to keep this kind of plan on track.",
+    "If the cost is the worry, compare the two cheapest options side by side before deciding.",
+    "Asking the people involved what they need most often settles the question quickly.",
+    "Keeping a short log of what changed and why makes the next review much easier.",
+    "When in doubt, pick the reversible choice and revisit it after a week.",
+    "A quick call is often faster than a long thread of messages for a decision like this.",
+]
+
+_OWNERS = [
+    "my sister Ana", "my landlord", "the Halden project", "my dentist", "my neighbour Tomas", "the book club",
+    "my manager Priya", "the rental agency", "my cousin Leo", "the football team",
+]
+_THINGS: list[tuple[str, str]] = [
+    ("booking reference", "ref"), ("door code", "code"), ("account number", "num"), ("meeting room", "room"),
+    ("backup folder", "path"), ("contact person", "name"),
+]
+_FIRST = ["Ingrid", "Mateo", "Yusuf", "Keiko", "Bartosz", "Olena", "Rafael", "Sunniva", "Dmitri", "Amara"]
+_LAST = ["Halvorsen", "Quintero", "Okafor", "Lindqvist", "Marchetti", "Nakamura", "Brennan", "Vasquez"]
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One planted fact: stated once early, asked about later, found again by its ``value``."""
+
+    key: str
+    """What the fact is about, e.g. ``"my landlord's door code"``."""
+    value: str
+    """The exact value, unique in the workload (the needle)."""
+
+    @property
+    def statement(self) -> str:
+        return f"Please note that {self.key} is {self.value}."
+
+    @property
+    def question(self) -> str:
+        return f"Remind me: what is {self.key}?"
+
+
+def _value(kind: str, rng: random.Random) -> str:
+    if kind == "ref":
+        return f"{rng.choice('BCDFGHJKLMNPQRSTVWXZ')}{rng.choice('BCDFGHJKLMNPQRSTVWXZ')}-{rng.randint(10000, 99999)}"
+    if kind == "code":
+        return f"{rng.randint(1000, 9999)}#{rng.randint(10, 99)}"
+    if kind == "num":
+        return f"{rng.randint(100, 999)}-{rng.randint(1000, 9999)}-{rng.randint(10, 99)}"
+    if kind == "room":
+        return f"room {rng.choice(['K', 'L', 'M', 'N'])}{rng.randint(100, 499)}"
+    if kind == "path":
+        return f"/srv/backups/{rng.choice(['orchid', 'falcon', 'juniper', 'cobalt'])}-{rng.randint(100, 999)}/snapshot.tar"
+    return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}-{rng.randint(2, 9)}"
+
+
+def make_facts(n: int, rng: random.Random) -> list[Fact]:
+    """``n`` facts with distinct keys and distinct values (at most 60)."""
+    pairs = [(o, t) for o in _OWNERS for t in _THINGS]
+    rng.shuffle(pairs)
+    facts: list[Fact] = []
+    seen: set[str] = set()
+    for owner, (thing, kind) in pairs[:n]:
+        value = _value(kind, rng)
+        while value in seen:
+            value = _value(kind, rng)
+        seen.add(value)
+        facts.append(Fact(key=f"{owner}'s {thing}", value=value))
+    return facts
+
+
+def prose(tokens: int, rng: random.Random, *, advice: bool = False) -> str:
+    """Chat-like prose of about ``tokens`` tokens (cl100k), never shorter."""
+    out: list[str] = []
+    size = 0
+    while size < tokens:
+        if advice:
+            sentence = rng.choice(_ADVICE)
+        else:
+            sentence = f"{rng.choice(_SUBJECTS).capitalize()} {rng.choice(_VERBS)}, {rng.choice(_TAILS)}"
+        out.append(sentence)
+        size += count_text(sentence) + 1
+    return " ".join(out)
+
+
+def system_prompt(tokens: int, rng: random.Random, *, role: str) -> str:
+    """A system prompt of about ``tokens`` tokens: a role line, then numbered house rules."""
+    lines = [f"You are {role}. Be accurate, brief and kind. Follow the house rules below."]
+    i = 1
+    while count_text("\n".join(lines)) < tokens:
+        lines.append(f"{i}. {rng.choice(_ADVICE)} {rng.choice(_TAILS).capitalize()}")
+        i += 1
+    return "\n".join(lines)

@@ -1,0 +1,285 @@
+"""The generated workloads: ``chat200`` (a long chat with planted facts) and ``agentic``
+(a long tool-using run with needles in tool results of varied size).
+
+Both are generated from the config's seed, so every mode sees exactly the same inputs, and
+played by :func:`loomrt.bench.play.play_mode`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from loomrt.bench.core import BenchConfig, ModeRun, Probe, Progress, WorkloadResult, workload
+from loomrt.bench.model import BenchModel, Needle
+from loomrt.bench.play import bench_spec, play_mode
+from loomrt.bench.textgen import make_facts, prose, system_prompt
+from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.run.state import RunState
+from loomrt.runtime import Runtime
+from loomrt.tokens import count_text
+from loomrt.tools import Tool
+
+__all__ = ["chat_script", "agentic_script", "ChatTurn", "Step"]
+
+
+def with_append(modes: list[str]) -> list[str]:
+    return ["append", *[m for m in modes if m != "append"]]
+
+
+# ---------------------------------------------------------------------- chat200
+
+
+@dataclass(frozen=True)
+class ChatTurn:
+    text: str
+    reply: str
+    asks: Needle | None = None
+
+
+def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, list[ChatTurn], list[Needle]]:
+    """The chat: a ~500-token system prompt and ``turns`` turns of ~300 tokens (user ~120,
+    reply ~180). Fact *i* is stated in the first 30% of the turns and asked in the last 40%."""
+    rng = random.Random(seed)
+    planted = make_facts(facts, rng)
+    needles = [Needle(f.key, f.value, f.question) for f in planted]
+    system = system_prompt(500, rng, role="a personal assistant who keeps track of what the user says")
+    stated = {1 + (i * max(1, int(turns * 0.3) - 1)) // facts: i for i in range(facts)}
+    first_q = int(turns * 0.6)
+    asked = {first_q + (i * (turns - first_q - 1)) // facts: i for i in range(facts)}
+    script: list[ChatTurn] = []
+    for t in range(turns):
+        reply = prose(170, rng, advice=True)
+        if t == 0:
+            text = "Hi! Over the next weeks I will tell you about my plans and errands; keep track of them for me. "
+            script.append(ChatTurn(text + prose(95, rng), reply))
+        elif t in asked:
+            f = planted[asked[t]]
+            script.append(ChatTurn(f"{f.question} {prose(105, rng)}", reply, needles[asked[t]]))
+        elif t in stated:
+            f = planted[stated[t]]
+            script.append(ChatTurn(f"{prose(60, rng)} {f.statement} {prose(45, rng)}", reply))
+        else:
+            script.append(ChatTurn(prose(120, rng), reply))
+    return system, script, needles
+
+
+@dataclass
+class ChatModel(BenchModel):
+    """Answers the turn the workload set in ``current``: its fixed reply, headed by the
+    asked value when the model has it (in its prompt, or via Recall)."""
+
+    current: ChatTurn | None = None
+
+    def turn(self, request: ModelRequest) -> ModelResponse:
+        t = self.current
+        assert t is not None
+        head = "Noted."
+        if t.asks is not None:
+            have, recall = self.need(request, t.asks)
+            if recall is not None:
+                return recall
+            head = f"{t.asks.key} is {t.asks.value}." if have else "I am not sure: I no longer have that detail."
+        return self.act(request, text=f"{head} {t.reply}")
+
+
+@workload("chat200", "a 200-turn chat: ~300-token turns, 40 facts stated early and asked late")
+def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
+    """Every mode plays the same chat as an interactive run; facts are probed at the end."""
+    turns, facts = (60, 12) if config.quick else (200, 40)
+    system, script, needles = chat_script(config.seed, turns=turns, facts=facts)
+    result = WorkloadResult("chat200", "turn", params={
+        "turns": turns, "facts": facts, "system_tokens": count_text(system),
+        "turn_tokens": round(sum(count_text(t.text) + count_text(t.reply) for t in script) / len(script)),
+    })
+    probes = [Probe(n.search, (n.value,), n.key) for n in needles]
+
+    async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
+        for t in script:
+            if isinstance(model, ChatModel):
+                model.current = t
+            res = await runtime.send(run, t.text)
+            progress.advance()
+            if res.status == "failed":
+                raise_failed(res.error)
+            if t.asks is not None:
+                out.answered.append(t.asks.value in (res.output or ""))
+
+    for mode in with_append(config.modes):
+        progress.start(f"chat200 · {mode}", len(script))
+        result.runs[mode] = play_mode(
+            config, mode, spec=bench_spec(config, mode, system=system), drive=drive, probes=probes,
+            make_model=lambda: ChatModel(needles=needles, seed=config.seed), unit="turn",
+            interactive=True, local=True, name="chat200",
+        )
+    return result
+
+
+def raise_failed(error: str | None) -> None:
+    from loomrt.errors import RunError
+
+    raise RunError(error or "the run failed")
+
+
+# ---------------------------------------------------------------------- agentic
+
+_SERVICES = ["orchard", "ledger", "beacon", "quarry", "tundra", "mosaic"]
+_WORDS = ["add_index", "split_orders", "drop_legacy", "backfill_users", "rename_sku", "tighten_fk"]
+
+
+def _needle(i: int, rng: random.Random) -> Needle:
+    svc = _SERVICES[i % len(_SERVICES)]
+    kind = i % 6
+    if kind == 0:
+        v = f"/var/lib/{svc}/migrations/{rng.randint(10, 9999):04d}_{rng.choice(_WORDS)}.sql"
+        return Needle(f"the failing migration file of {svc}", v, f"{svc} failing migration file path")
+    if kind == 1:
+        v = f"E{rng.randint(1000, 9999)}"
+        return Needle(f"the error code of the {svc} worker crash", v, f"{svc} worker crash error code")
+    if kind == 2:
+        v = f"max_connections={rng.randint(101, 999)}"
+        return Needle(f"the max_connections setting of {svc}-db", v, f"{svc}-db max_connections setting")
+    if kind == 3:
+        v = f"db-{rng.choice(['west', 'east', 'north'])}-{rng.randint(2, 40)}.{svc}.internal"
+        return Needle(f"the replica of {svc} that lagged", v, f"{svc} lagging replica host")
+    if kind == 4:
+        v = f"v{rng.randint(1, 9)}.{rng.randint(0, 30)}.{rng.randint(0, 30)}-rc{rng.randint(1, 9)}"
+        return Needle(f"the {svc} release that introduced the regression", v, f"{svc} release tag regression")
+    v = f"OPS-{rng.randint(10000, 99999)}"
+    return Needle(f"the ticket tracking the {svc} outage", v, f"{svc} outage ticket")
+
+
+@dataclass(frozen=True)
+class Step:
+    tool: str
+    arguments: dict[str, Any]
+    output: str
+    needs: Needle | None = None
+
+
+def _log(tokens: int, rng: random.Random, svc: str) -> list[str]:
+    lines, size = [], 0
+    while size < tokens:
+        ln = (f"2026-03-{rng.randint(10, 28)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}:{rng.randint(10, 59)}Z "
+              f"{rng.choice(['INFO', 'INFO', 'WARN', 'DEBUG'])} {svc}[{rng.randint(100, 999)}]: {prose(14, rng)}")
+        lines.append(ln)
+        size += count_text(ln) + 1
+    return lines
+
+
+def agentic_script(seed: int, *, steps: int = 150, needles: int = 18, huge: int = 3) -> tuple[str, str, list[Step], list[Needle]]:
+    """A tool-using investigation: ``steps`` tool calls whose results range from ~80 to
+    ~1,500 tokens, ``huge`` of ~5,000; needle *i* appears in a result in the first 40% of the
+    steps and is needed (as a tool argument) in the last 30%."""
+    rng = random.Random(seed + 1)
+    planted = [_needle(i, rng) for i in range(needles)]
+    system = system_prompt(400, rng, role="a site-reliability agent that investigates incidents with tools")
+    task = ("The nightly deploy fails across several services. Investigate with the tools, fix what you can, "
+            "and report the root cause with the exact paths, error codes and values you relied on.")
+    early = int(steps * 0.4)
+    stated = {2 + (i * (early - 3)) // needles: i for i in range(needles)}
+    late = int(steps * 0.7)
+    needed = {late + (i * (steps - late - 1)) // needles: i for i in range(needles)}
+    huge_at = {int(steps * f) for f in (0.15, 0.5, 0.85)[:huge]}
+    script: list[Step] = []
+    for s in range(steps):
+        svc = _SERVICES[s % len(_SERVICES)]
+        if s in needed:
+            n = planted[needed[s]]
+            script.append(Step("run_command", {"cmd": f"grep -rn '{n.value}' /etc /var/log | head"}, "\n".join(_log(120, rng, svc)), n))
+            continue
+        size = 5000 if s in huge_at else (rng.randint(400, 1500) if rng.random() < 0.25 else rng.randint(80, 400))
+        lines = _log(size, rng, svc)
+        if s in stated:
+            n = planted[stated[s]]
+            lines.insert(rng.randint(0, len(lines)), f"2026-03-14T02:11:07Z ERROR {svc}: {n.key}: {n.value}")
+        tool = ["run_command", "open_file", "search_logs"][s % 3]
+        arg = {"run_command": {"cmd": f"journalctl -u {svc} --since -{s + 1}h | tail -n {size // 10}"},
+               "open_file": {"path": f"/var/log/{svc}/deploy-{s}.log"},
+               "search_logs": {"query": f"{svc} deploy step {s}"}}[tool]
+        script.append(Step(tool, arg, "\n".join(lines)))
+    return system, task, script, planted
+
+
+def agentic_tools(script: list[Step]) -> list[Tool]:
+    """The workload's tools: each answers its planned call with the planned output."""
+    table = {(s.tool, json.dumps(s.arguments, sort_keys=True)): s.output for s in script}
+
+    def make(name: str, param: str) -> Tool:
+        def fn(**kw: Any) -> str:
+            return table.get((name, json.dumps(kw, sort_keys=True)), f"no results for {kw}")
+
+        schema = {"type": "object", "properties": {param: {"type": "string"}}, "required": [param]}
+        return Tool(name, f"{name.replace('_', ' ')} on the incident hosts", schema, fn)
+
+    return [make("run_command", "cmd"), make("open_file", "path"), make("search_logs", "query")]
+
+
+@dataclass
+class AgenticModel(BenchModel):
+    """Follows the plan; at a step that needs a needle it uses the value if it has it,
+    calls Recall first if not, and otherwise goes on with a placeholder (a miss)."""
+
+    plan: list[Step] | None = None
+    step: int = 0
+    hits: list[bool] | None = None
+
+    def turn(self, request: ModelRequest) -> ModelResponse:
+        plan = self.plan or []
+        if self.step >= len(plan):
+            have = "; ".join(f"{n.key}: {n.value}" for n in self.visible(request))
+            return self.act(request, text=f"Root cause found. Values I relied on: {have or 'none at hand'}.")
+        s = plan[self.step]
+        args = dict(s.arguments)
+        if s.needs is not None:
+            have, recall = self.need(request, s.needs)
+            if recall is not None:
+                return recall
+            if self.hits is not None:
+                self.hits.append(have)
+            if not have:
+                args = {k: v.replace(s.needs.value, "UNKNOWN") for k, v in args.items()}
+        self.step += 1
+        return self.act(request, tool=s.tool, arguments=args)
+
+
+@workload("agentic", "a long tool-using run: results of varied size (a few very large), needles needed late")
+def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
+    """One one-shot run per mode on a frontier-like provider (so ``auto`` resolves to stateful)."""
+    steps, n_needles, huge = (40, 6, 1) if config.quick else (150, 18, 3)
+    system, task, script, needles = agentic_script(config.seed, steps=steps, needles=n_needles, huge=huge)
+    sizes = [count_text(s.output) for s in script]
+    result = WorkloadResult("agentic", "iteration", params={
+        "steps": steps, "needles": n_needles, "huge_results": huge, "result_tokens_max": max(sizes),
+        "result_tokens_mean": round(sum(sizes) / len(sizes)), "system_tokens": count_text(system),
+    })
+    probes = [Probe(n.search, (n.value,), n.key) for n in needles]
+    tools = agentic_tools(script)
+
+    async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
+        if isinstance(model, AgenticModel):
+            model.hits = out.answered
+        count = {"n": 0}
+
+        def tick(event: Any) -> None:
+            if event.kind == "tool_result" and count["n"] < steps:
+                count["n"] += 1
+                progress.advance()
+
+        run.listeners.append(tick)
+        res = await runtime.send(run, task)
+        if res.status == "failed":
+            raise_failed(res.error)
+
+    for mode in with_append(config.modes):
+        progress.start(f"agentic · {mode}", steps)
+        result.runs[mode] = play_mode(
+            config, mode,
+            spec=bench_spec(config, mode, system=system, tools=[t.name for t in tools], max_iterations=3 * steps + 10),
+            drive=drive, probes=probes, unit="iteration", interactive=False, local=False, tools=tools,
+            make_model=lambda: AgenticModel(needles=needles, seed=config.seed, plan=script), name="agentic",
+        )
+    return result
+
