@@ -1,0 +1,151 @@
+"""Tool use without native tool calling: a grammar-constrained JSON decision.
+
+Small local models call tools unreliably (llama-cpp-python's ``chatml-function-calling``
+with ``tool_choice="auto"`` never returns tool calls; Qwen writes the call as plain
+text). For models whose capabilities say ``tool_calling: false``, the gateway instead asks
+for exactly one JSON object that follows a schema (llama.cpp turns the schema into a
+grammar, so the model cannot write anything else)::
+
+    {"action": "<tool name>", "arguments": {...}}    call a tool (arguments follow its schema)
+    {"action": "answer", "text": "..."}              answer in plain text
+
+and translates it back into ordinary tool calls or text, so the run loop never knows.
+``tool_choice="required"`` leaves out the ``answer`` branch. Stateful mode's ``emit_state``
+goes through the same path: its arguments follow the emit_state parameters schema, so a
+local stateful run cannot emit malformed JSON.
+
+The history is rewritten for such models: an assistant's earlier tool calls become the
+JSON decision it wrote, and tool results become user messages ("Result of calculate: 391"),
+since small models' chat templates rarely know the ``tool`` role.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from loomrt.errors import ProviderError
+from loomrt.messages import ToolCall
+from loomrt.providers.base import ModelRequest, ToolSchema
+
+__all__ = ["ANSWER", "decision_schema", "decision_instructions", "plain_history", "parse_decision", "parse_json_reply"]
+
+ANSWER = "answer"
+
+
+def decision_schema(tools: tuple[ToolSchema, ...], *, required: bool) -> dict[str, Any]:
+    """The JSON Schema of one decision: a tool call per tool, plus ``answer`` unless ``required``."""
+    branches: list[dict[str, Any]] = [
+        {
+            "type": "object",
+            "properties": {"action": {"const": t.name}, "arguments": _object_schema(t.parameters)},
+            "required": ["action", "arguments"],
+        }
+        for t in tools
+    ]
+    if not required or not tools:
+        branches.append({
+            "type": "object",
+            "properties": {"action": {"const": ANSWER}, "text": {"type": "string"}},
+            "required": ["action", "text"],
+        })
+    return branches[0] if len(branches) == 1 else {"oneOf": branches}
+
+
+def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
+    schema = dict(parameters or {})
+    schema.setdefault("type", "object")
+    return schema
+
+
+def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool) -> str:
+    """The system-prompt text that tells the model about its tools and the decision format."""
+    lines = ["You can use these tools:"]
+    for t in tools:
+        lines.append(f"- {t.name}: {t.description} Arguments (JSON Schema): {json.dumps(t.parameters)}")
+    lines.append("Reply with exactly one JSON object and nothing else.")
+    lines.append('To call a tool: {"action": "<tool name>", "arguments": {...}}')
+    if required:
+        lines.append("You must call a tool.")
+    else:
+        lines.append('To answer the user: {"action": "answer", "text": "<your answer>"}')
+        lines.append("Call a tool when you need its result; answer when you have what you need.")
+    return "\n".join(lines)
+
+
+def plain_history(messages: list[dict[str, Any]], instructions: str | None = None) -> list[dict[str, Any]]:
+    """``messages`` without the ``tool`` role or ``tool_calls``, for models that lack them.
+
+    ``instructions`` are appended to the system message (one is added if there is none).
+    Consecutive messages of the same role are merged (some chat templates insist on
+    alternating roles).
+    """
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role, content = m.get("role"), m.get("content") or ""
+        if role == "tool":
+            role, content = "user", f"Result of {m.get('name') or 'the tool'}:\n{content}"
+        elif role == "assistant" and m.get("tool_calls"):
+            decisions = [_decision_text(tc) for tc in m["tool_calls"]]
+            content = "\n".join([content, *decisions]) if content else "\n".join(decisions)
+        if out and out[-1]["role"] == role and role != "system":
+            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n\n{content}"}
+        else:
+            out.append({"role": role, "content": content})
+    if instructions:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{instructions}".strip()}
+        else:
+            out.insert(0, {"role": "system", "content": instructions})
+    return out
+
+
+def _decision_text(tool_call: dict[str, Any]) -> str:
+    fn = tool_call.get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except ValueError:
+        args = fn.get("arguments")
+    return json.dumps({"action": fn.get("name"), "arguments": args}, ensure_ascii=False)
+
+
+def parse_json_reply(text: str, *, model: str, finish_reason: str | None, max_tokens: int) -> Any:
+    """The JSON value a constrained reply holds; a clear :class:`ProviderError` if it has none.
+
+    A reply cut off by ``max_tokens`` is not retryable (the same limit cuts it off again:
+    raise ``max_tokens``). Any other invalid JSON is retryable (a fresh sample usually
+    fixes it, and without a grammar a model can stray).
+    """
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        if finish_reason == "length":
+            raise ProviderError(
+                f"{model}: the JSON reply was cut off at max_tokens={max_tokens} and is incomplete. "
+                "Raise max_tokens in the agent definition (a JSON reply needs room to close).",
+                retryable=False,
+            ) from None
+        raise ProviderError(f"{model}: the reply is not valid JSON ({exc}): {text[:200]!r}", retryable=True) from None
+
+
+def parse_decision(
+    text: str, request: ModelRequest, *, model: str, finish_reason: str | None
+) -> tuple[str, tuple[ToolCall, ...]]:
+    """Translate a decision reply into (text, tool calls) for the run loop."""
+    value = parse_json_reply(text, model=model, finish_reason=finish_reason, max_tokens=request.max_tokens)
+    names = {t.name for t in request.tools}
+    action = value.get("action") if isinstance(value, dict) else None
+    if action == ANSWER and request.tool_choice != "required":
+        return str(value.get("text") or ""), ()
+    if action in names:
+        args = value.get("arguments")
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            raise ProviderError(f"{model}: the arguments for {action} are not a JSON object: {args!r}", retryable=True)
+        return "", (ToolCall(id=f"call_{secrets.token_hex(6)}", name=action, arguments=args),)
+    allowed = sorted(names) + ([] if request.tool_choice == "required" else [ANSWER])
+    raise ProviderError(
+        f"{model}: the decision names action {action!r}, expected one of {allowed}: {text[:200]!r}", retryable=True
+    )

@@ -1,0 +1,291 @@
+"""The litellm gateway: every model call, hosted or embedded, goes through ``litellm.acompletion``.
+
+A :class:`LiteLLMProvider` serves one model string. From YAML::
+
+    model: openai/gpt-4o-mini       # any litellm model string
+    api_key_env: OPENAI_API_KEY     # the variable holding the key (never the key itself)
+    api_base: http://10.0.0.5:8000  # optional: a self-hosted or proxied endpoint
+    timeout_s: 60                   # one call's limit
+    retries: 3                      # on 429, 5xx, timeouts and connection errors
+
+What it does on each call:
+
+- **tools**: a model with native tool calling gets them as OpenAI-style tools; a model
+  without (every ``local`` model, unless declared otherwise) gets the grammar-constrained
+  JSON decision of :mod:`loomrt.providers.decisions`, translated back into tool calls.
+- **errors** become :class:`~loomrt.errors.ProviderError`: rate limits (429), 5xx, timeouts
+  and connection errors are retryable; everything else (a bad key, an unknown model, a
+  context overflow) is permanent, with the provider's message and what to do.
+- **malformed tool calls** (arguments that are not a JSON object) are retryable: a
+  fresh sample almost always fixes them, and each retry is an event on the record.
+- **usage**: prompt, completion and cached prompt tokens (``prompt_tokens_details.cached_tokens``
+  where the provider reports them).
+- **the request guard**: with ``LOOMRT_ALLOW_MODEL_REQUESTS=0`` (the test suite sets it), a
+  model that does not run locally is refused before any request is made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loomrt.errors import ProviderError, SpecError
+from loomrt.messages import ToolCall
+from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
+from loomrt.providers.decisions import (
+    decision_instructions,
+    decision_schema,
+    parse_decision,
+    parse_json_reply,
+    plain_history,
+)
+from loomrt.providers.offline import import_litellm
+from loomrt.providers.registry import capabilities_for, runs_locally
+
+if TYPE_CHECKING:
+    from loomrt.spec import AgentSpec
+
+__all__ = ["LiteLLMProvider", "map_litellm_error", "requests_allowed"]
+
+_MIN_DECISION_TOKENS = 512
+"""A JSON decision cut off by max_tokens is invalid even under a grammar: give it room."""
+
+
+def requests_allowed() -> bool:
+    """False when ``LOOMRT_ALLOW_MODEL_REQUESTS`` is 0/false/no (non-local models are refused)."""
+    return os.environ.get("LOOMRT_ALLOW_MODEL_REQUESTS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class LiteLLMProvider:
+    """A :class:`~loomrt.providers.base.ModelProvider` for any model litellm can reach.
+
+    ``litellm_params`` are passed to every ``litellm.acompletion`` call as they are (for
+    example ``extra_headers``, or litellm's ``mock_response`` in tests).
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        api_base: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 120,
+        capabilities: Capabilities | None = None,
+        litellm_params: Mapping[str, Any] | None = None,
+    ):
+        self.model = model
+        self.api_base = api_base
+        self.api_key_env = api_key_env
+        self.timeout_s = timeout_s
+        self.capabilities = capabilities or capabilities_for(model, api_base=api_base)
+        self.litellm_params = dict(litellm_params or {})
+        self.embedded = model.startswith("local/")
+        self._prepared = False
+        if self.embedded:
+            from loomrt.providers.models import get_model
+
+            try:
+                get_model(model)
+            except ProviderError as exc:
+                raise SpecError(exc.detail, path="model") from None
+
+    @classmethod
+    def from_spec(cls, spec: AgentSpec, *, model: str | None = None) -> LiteLLMProvider:
+        """The provider for ``model`` (default: the agent's) with the agent's endpoint settings.
+
+        A summarizer model that differs from the agent's own gets the registry's
+        capabilities only (the declared ones describe the agent's model).
+        """
+        model = model or spec.model
+        declared = spec.capabilities if model == spec.model else None
+        return cls(
+            model,
+            api_base=spec.api_base,
+            api_key_env=spec.api_key_env,
+            timeout_s=spec.timeout_s,
+            capabilities=capabilities_for(model, api_base=spec.api_base, declared=declared),
+        )
+
+    # ------------------------------------------------------------------ the call
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """One call through ``litellm.acompletion``; see the module docstring for what it does."""
+        if self.embedded and not self._prepared:
+            from loomrt.providers import local
+
+            # assembling and hashing the GGUF takes seconds the first time: off the event loop
+            await asyncio.to_thread(local.prepare, self.model)
+            self._prepared = True
+        shape = self._shape(request)
+        kwargs = self._kwargs(request, shape)
+        litellm = import_litellm()
+        try:
+            raw = await litellm.acompletion(**kwargs)
+        except ProviderError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - every litellm failure becomes a ProviderError
+            raise map_litellm_error(exc, self.model) from exc
+        return self._response(raw, request, shape)
+
+    def _shape(self, request: ModelRequest) -> str:
+        """How this call asks: ``decision`` (constrained JSON for tools), ``tools`` (native),
+        ``json`` (a reply that follows ``response_schema``) or ``text``."""
+        if request.purpose != "turn":
+            return "text"  # recaps and summaries are prose
+        if request.tools:
+            return "tools" if self.capabilities.tool_calling else "decision"
+        if request.response_schema is not None and self.capabilities.structured_output:
+            return "json"
+        return "text"
+
+    def _kwargs(self, request: ModelRequest, shape: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": request.messages,
+            "max_tokens": request.max_tokens,
+            "timeout": self.timeout_s,
+            "num_retries": 0,  # retries are loomrt's, so each one is an event on the record
+            **self._endpoint(),
+        }
+        if request.temperature is not None:
+            kwargs["temperature"] = request.temperature
+        if not self.capabilities.tool_calling:  # such chat templates rarely know the tool role
+            kwargs["messages"] = plain_history(request.messages)
+        if shape == "decision":
+            required = request.tool_choice == "required"
+            instructions = decision_instructions(request.tools, required=required)
+            kwargs["messages"] = plain_history(request.messages, instructions)
+            kwargs["response_format"] = _json_format(decision_schema(request.tools, required=required), self.embedded)
+            kwargs["max_tokens"] = max(request.max_tokens, _MIN_DECISION_TOKENS)
+        elif shape == "tools":
+            kwargs["tools"] = [t.to_litellm() for t in request.tools]
+            kwargs["tool_choice"] = request.tool_choice
+        elif shape == "json":
+            kwargs["response_format"] = _json_format(request.response_schema or {}, self.embedded)
+            kwargs["max_tokens"] = max(request.max_tokens, _MIN_DECISION_TOKENS)
+        kwargs.update(self.litellm_params)
+        return kwargs
+
+    def _endpoint(self) -> dict[str, Any]:
+        if self.embedded:
+            from loomrt.providers import local
+
+            local.prepare(self.model)  # a clear, permanent error for missing packages or a bad sha256
+            local.register()
+            return {"n_ctx": self.capabilities.context_window}
+        mocked = "mock_response" in self.litellm_params or "mock_tool_calls" in self.litellm_params
+        if not mocked and not requests_allowed() and not runs_locally(self.model, self.api_base):
+            raise ProviderError(
+                f"{self.model}: model requests are disabled (LOOMRT_ALLOW_MODEL_REQUESTS=0) and this "
+                "model does not run locally. Use a local/ or scripted/ model, or unset the variable.",
+                retryable=False,
+            )
+        out: dict[str, Any] = {}
+        if self.api_base:
+            out["api_base"] = self.api_base
+        if self.api_key_env:
+            key = os.environ.get(self.api_key_env)
+            if not key:
+                raise ProviderError(
+                    f"{self.model}: the environment variable {self.api_key_env} (api_key_env) is not set. "
+                    f"Export it with your API key: export {self.api_key_env}=...",
+                    retryable=False,
+                )
+            out["api_key"] = key
+        return out
+
+    # ------------------------------------------------------------------ the reply
+
+    def _response(self, raw: Any, request: ModelRequest, shape: str) -> ModelResponse:
+        choice = raw.choices[0]
+        text, finish = choice.message.content or "", choice.finish_reason
+        calls: tuple[ToolCall, ...] = ()
+        if shape == "decision":
+            text, calls = parse_decision(text, request, model=self.model, finish_reason=finish)
+        elif shape == "json":
+            parse_json_reply(text, model=self.model, finish_reason=finish, max_tokens=request.max_tokens)
+        else:
+            calls = tuple(_tool_call(tc, self.model) for tc in (choice.message.tool_calls or ()))
+        return ModelResponse(
+            text=text,
+            tool_calls=calls,
+            usage=_usage(getattr(raw, "usage", None)),
+            model=getattr(raw, "model", None) or self.model,
+            finish_reason="tool_calls" if calls else finish,
+        )
+
+
+def _json_format(schema: dict[str, Any], embedded: bool) -> dict[str, Any]:
+    if embedded:  # llama-cpp-python's form: the schema becomes a grammar
+        return {"type": "json_object", "schema": schema}
+    return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}
+
+
+def _tool_call(tc: Any, model: str) -> ToolCall:
+    fn = tc.function
+    raw = fn.arguments
+    try:
+        args = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
+    except ValueError as exc:
+        raise ProviderError(
+            f"{model}: the model sent malformed JSON arguments for tool {fn.name!r} ({exc}): {str(raw)[:200]!r}",
+            retryable=True,
+        ) from None
+    if not isinstance(args, dict):
+        raise ProviderError(
+            f"{model}: the arguments for tool {fn.name!r} are not a JSON object: {str(raw)[:200]!r}", retryable=True
+        )
+    return ToolCall(id=tc.id or f"call_{fn.name}", name=fn.name, arguments=args)
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None) if details is not None else None
+    if cached is None:  # Anthropic's name for prompt-cache reads
+        cached = getattr(usage, "cache_read_input_tokens", None)
+    return Usage(
+        input_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+        output_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+        cached_tokens=int(cached or 0),
+    )
+
+
+_PREFIX = re.compile(r"^litellm\.\w+:\s*(\w+Exception - )?")
+
+
+def map_litellm_error(exc: BaseException, model: str) -> ProviderError:
+    """The :class:`ProviderError` for an exception litellm raised.
+
+    Retryable: rate limits (429), timeouts, connection errors, 5xx. Permanent: the rest,
+    each with a hint where one helps.
+    """
+    litellm = import_litellm()
+    status = getattr(exc, "status_code", None)
+    detail = _PREFIX.sub("", str(getattr(exc, "message", None) or exc)).strip() or type(exc).__name__
+    if isinstance(exc, litellm.RateLimitError):
+        return ProviderError(f"{model}: rate limited (429): {detail}", status=429, retryable=True)
+    if isinstance(exc, litellm.Timeout):
+        return ProviderError(f"{model}: the call timed out: {detail}", status=408, retryable=True)
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return ProviderError(
+            f"{model}: the prompt does not fit the model's context window: {detail}. "
+            "Lower context.budget_tokens, or declare capabilities.context_window.",
+            status=400,
+        )
+    if isinstance(exc, litellm.AuthenticationError):
+        return ProviderError(f"{model}: authentication failed (401): {detail}. Check the API key (api_key_env).", status=401)
+    if isinstance(exc, litellm.NotFoundError):
+        return ProviderError(f"{model}: not found (404): {detail}. Check the model name and api_base.", status=404)
+    if isinstance(exc, litellm.APIConnectionError):
+        return ProviderError(f"{model}: could not reach the provider: {detail}", status=status, retryable=True)
+    if isinstance(status, int) and status >= 500:
+        return ProviderError(f"{model}: provider error ({status}): {detail}", status=status, retryable=True)
+    if isinstance(status, int):
+        return ProviderError(f"{model}: the provider refused the request ({status}): {detail}", status=status)
+    return ProviderError(f"{model}: {type(exc).__name__}: {detail}")

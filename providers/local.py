@@ -1,0 +1,294 @@
+"""The embedded model: llama-cpp-python in this process, behind litellm as provider ``local``.
+
+:func:`register` adds :class:`LocalLLM` (a litellm ``CustomLLM``) to
+``litellm.custom_provider_map``, so ``litellm.acompletion(model="local/smollm2-135m", ...)``
+runs the model in-process, with no server to start; the gateway sends every call there
+like any other provider.
+
+- One ``Llama`` per model file per process, created on first use and guarded by a lock
+  (llama.cpp is not thread-safe). Async calls run in a worker thread.
+- ``n_ctx`` comes from the call (the gateway passes the model's context window, which an
+  agent may declare); a later call that needs more reloads the model, larger.
+- ``response_format`` ``{"type": "json_object", "schema": ...}`` (or OpenAI's
+  ``json_schema`` form) becomes a llama.cpp grammar: the reply cannot be anything else.
+- The call's timeout is enforced between tokens, and a cancelled call stops generating.
+- Usage reports prompt, completion and cached prompt tokens (the prefix llama.cpp
+  reused from the previous call's KV cache).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from loomrt.errors import ProviderError
+from loomrt.providers.models import INSTALL_HINT, get_model, model_path
+from loomrt.providers.offline import import_litellm
+
+__all__ = ["register", "prepare", "generate", "load", "Generation", "LOCAL_PROVIDER"]
+
+LOCAL_PROVIDER = "local"
+# llama-cpp-python's chat-completion defaults, so a reply matches what Llama.create_chat_completion gives
+_SAMPLING = {"top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
+_DEFAULT_TEMPERATURE = 0.2
+
+
+@dataclass
+class _Loaded:
+    path: str
+    llama: Any
+    n_ctx: int
+    lock: threading.Lock
+    formatter: Any
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion of the embedded model."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+
+class LocalError(Exception):
+    """A failure of the embedded model, with the HTTP-like status litellm maps it by."""
+
+    def __init__(self, status: int, message: str):
+        self.status = status
+        super().__init__(message)
+
+
+_INSTANCES: dict[str, _Loaded] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError:
+        raise ProviderError(
+            f"the embedded model needs llama-cpp-python, which is not installed. Install it with: {INSTALL_HINT}"
+        ) from None
+    return llama_cpp
+
+
+def prepare(model: str) -> Path:
+    """Check that ``model`` can run here: llama-cpp-python present, the GGUF assembled and verified.
+
+    Raises :class:`~loomrt.errors.ProviderError` (not retryable) with the install hint or
+    the sha256 mismatch. Cheap after the first call (the verification is stamped).
+    """
+    if importlib.util.find_spec("llama_cpp") is None:
+        _llama_cpp()
+    return model_path(model)
+
+
+def load(model: str, n_ctx: int | None = None) -> _Loaded:
+    """The process's ``Llama`` for ``model`` with at least ``n_ctx`` tokens of context."""
+    entry = get_model(model)
+    n_ctx = min(n_ctx or entry.context_window, entry.trained_context)
+    path = str(prepare(model))
+    with _LOAD_LOCK:
+        current = _INSTANCES.get(path)
+        if current is not None and current.n_ctx >= n_ctx:
+            return current
+        llama_cpp = _llama_cpp()
+        if current is not None:
+            with current.lock:  # never pull a model from under a running call
+                current.llama.close()
+        try:
+            llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=os.cpu_count(), verbose=False)
+        except Exception as exc:  # noqa: BLE001 - llama.cpp reports load failures as ValueError/RuntimeError
+            raise ProviderError(f"llama.cpp could not load {model} from {path}: {exc}") from exc
+        loaded = _Loaded(path, llama, n_ctx, threading.Lock(), _formatter(llama_cpp, llama))
+        _INSTANCES[path] = loaded
+        return loaded
+
+
+def _formatter(llama_cpp: Any, llama: Any) -> Any:
+    template = llama.metadata.get("tokenizer.chat_template")
+    if not template:
+        raise ProviderError("the GGUF file has no chat template (tokenizer.chat_template)")
+    eos_id, bos_id = llama.token_eos(), llama.token_bos()
+    return llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+        template=template,
+        eos_token=llama._model.token_get_text(eos_id) if eos_id != -1 else "",
+        bos_token=llama._model.token_get_text(bos_id) if bos_id != -1 else "",
+        stop_token_ids=[eos_id],
+    )
+
+
+@lru_cache(maxsize=64)
+def _grammar(schema_json: str | None) -> Any:
+    from llama_cpp.llama_grammar import JSON_GBNF, LlamaGrammar
+
+    if schema_json is None:
+        return LlamaGrammar.from_string(JSON_GBNF, verbose=False)
+    return LlamaGrammar.from_json_schema(schema_json, verbose=False)
+
+
+def grammar_for(response_format: dict[str, Any] | None) -> Any:
+    """The llama.cpp grammar for an OpenAI-style ``response_format`` (None: free text)."""
+    if not response_format or response_format.get("type") == "text":
+        return None
+    kind = response_format.get("type")
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+    elif kind == "json_object":
+        schema = response_format.get("schema")
+    else:
+        raise LocalError(400, f"unsupported response_format type {kind!r}; use json_object or json_schema")
+    try:
+        return _grammar(json.dumps(schema, sort_keys=True) if schema is not None else None)
+    except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
+        raise LocalError(400, f"cannot turn the JSON Schema into a grammar: {exc}") from exc
+
+
+def generate(
+    loaded: _Loaded,
+    messages: list[dict[str, Any]],
+    *,
+    max_tokens: int,
+    temperature: float | None = None,
+    grammar: Any = None,
+    deadline: float | None = None,
+    cancel: threading.Event | None = None,
+) -> Generation:
+    """One chat completion on ``loaded`` (blocking; call it from a worker thread).
+
+    Stops early, raising :class:`LocalError` 408, when ``deadline`` (``time.monotonic``)
+    passes or ``cancel`` is set.
+    """
+    llama_cpp = _llama_cpp()
+    remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not loaded.lock.acquire(timeout=-1 if remaining is None else remaining):
+        raise LocalError(408, "timed out waiting for the embedded model (another call holds it)")
+    try:
+        llama = loaded.llama
+        try:
+            formatted = loaded.formatter(messages=messages)
+        except Exception as exc:  # noqa: BLE001 - jinja raises for messages the template rejects
+            raise LocalError(400, f"the chat template rejected the messages: {exc}") from exc
+        tokens = llama.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
+        if len(tokens) >= loaded.n_ctx:
+            raise LocalError(400, (
+                f"the prompt is {len(tokens)} tokens and the context window (n_ctx) is {loaded.n_ctx}. "
+                "Lower context.budget_tokens, or declare a larger capabilities.context_window."
+            ))
+        cached = llama_cpp.Llama.longest_token_prefix(llama._input_ids.tolist(), tokens[:-1])
+        aborted: list[str] = []
+
+        def should_stop(input_ids: Any, logits: Any) -> bool:
+            if cancel is not None and cancel.is_set():
+                aborted.append("cancelled")
+            elif deadline is not None and time.monotonic() > deadline:
+                aborted.append("timed out")
+            return bool(aborted)
+
+        criteria = llama_cpp.StoppingCriteriaList([should_stop, *(formatted.stopping_criteria or [])])
+        out = llama.create_completion(
+            prompt=tokens, max_tokens=max_tokens, stop=formatted.stop, stopping_criteria=criteria,
+            temperature=_DEFAULT_TEMPERATURE if temperature is None else temperature, grammar=grammar, **_SAMPLING,
+        )
+    finally:
+        loaded.lock.release()
+    if aborted:
+        raise LocalError(408, f"the embedded model {aborted[0]} while generating")
+    choice, usage = out["choices"][0], out["usage"]
+    return Generation(
+        text=choice["text"], finish_reason=choice.get("finish_reason") or "stop",
+        prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"], cached_tokens=cached,
+    )
+
+
+def _handler_class() -> type:
+    litellm = import_litellm()
+    from litellm.llms.custom_llm import CustomLLM, CustomLLMError
+
+    class LocalLLM(CustomLLM):
+        """litellm's ``local`` provider: the embedded llama.cpp model."""
+
+        def completion(self, model: str, messages: list, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+            call = self._prepare(model, messages, kw)
+            return self._respond(kw["model_response"], model, self._run(call, None))
+
+        async def acompletion(self, model: str, messages: list, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+            call = self._prepare(model, messages, kw)
+            cancel = threading.Event()
+            try:
+                generation = await asyncio.to_thread(self._run, call, cancel)
+            except asyncio.CancelledError:
+                cancel.set()  # the worker stops at its next token
+                raise
+            return self._respond(kw["model_response"], model, generation)
+
+        def _prepare(self, model: str, messages: list, kw: dict[str, Any]) -> dict[str, Any]:
+            params = dict(kw.get("optional_params") or {})
+            name = f"{LOCAL_PROVIDER}/{model}"
+            if params.get("tools"):
+                raise CustomLLMError(400, (
+                    f"{name} has no native tool calling; call it through loomrt's gateway "
+                    "(LiteLLMProvider), which turns tools into a constrained JSON decision"
+                ))
+            timeout = kw.get("timeout")
+            seconds = getattr(timeout, "read", timeout)
+            try:
+                grammar = grammar_for(params.get("response_format"))
+            except LocalError as exc:
+                raise CustomLLMError(exc.status, str(exc)) from None
+            return {
+                "name": name, "messages": messages, "n_ctx": params.get("n_ctx"),
+                "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 512),
+                "temperature": params.get("temperature"), "grammar": grammar,
+                "deadline": time.monotonic() + float(seconds) if seconds else None,
+            }
+
+        def _run(self, call: dict[str, Any], cancel: threading.Event | None) -> Generation:
+            try:
+                loaded = load(call["name"], call["n_ctx"])
+                return generate(
+                    loaded, call["messages"], max_tokens=call["max_tokens"], temperature=call["temperature"],
+                    grammar=call["grammar"], deadline=call["deadline"], cancel=cancel,
+                )
+            except LocalError as exc:
+                raise CustomLLMError(exc.status, str(exc)) from None
+            except ProviderError as exc:
+                raise CustomLLMError(400, exc.detail) from None
+
+        def _respond(self, response: Any, model: str, g: Generation) -> Any:
+            response.choices[0].message.content = g.text
+            response.choices[0].finish_reason = g.finish_reason
+            response.model = f"{LOCAL_PROVIDER}/{model}"
+            response.usage = litellm.Usage(
+                prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
+                total_tokens=g.prompt_tokens + g.completion_tokens,
+                prompt_tokens_details={"cached_tokens": g.cached_tokens},
+            )
+            return response
+
+    return LocalLLM
+
+
+_REGISTER_LOCK = threading.Lock()
+
+
+def register() -> None:
+    """Register the embedded model in litellm as provider ``local`` (idempotent)."""
+    litellm = import_litellm()
+    with _REGISTER_LOCK:
+        if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):
+            return
+        litellm.custom_provider_map = [
+            *litellm.custom_provider_map, {"provider": LOCAL_PROVIDER, "custom_handler": _handler_class()()}
+        ]
