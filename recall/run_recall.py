@@ -125,8 +125,8 @@ class RunRecall:
     def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
         drafts: list[Entry] = []
         for m in messages:
-            if m.synthetic is not None or m.role == "system":
-                continue
+            if m.synthetic is not None or m.role == "system" or (m.role == "tool" and m.name == "Recall"):
+                continue  # a Recall result is a copy of what is indexed already
             text = m.content if m.role == "tool" else m.text_for_search()
             if not text.strip():
                 continue

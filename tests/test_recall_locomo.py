@@ -1,0 +1,134 @@
+"""The LoCoMo evidence benchmark on a small made-up file, and the recall CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loomrt.recall import HashEmbedder
+from loomrt.recall.locomo import evaluate_locomo, evidence_ids, render_turn, replay, turns_of
+from typer.testing import CliRunner
+
+from loomrt.errors import SpecError
+
+MINI = Path(__file__).parent / "data" / "locomo-mini.json"
+
+
+def test_evidence_is_parsed_leniently() -> None:
+    assert evidence_ids(["D8:6; D9:17"]) == {"D8:6", "D9:17"}
+    assert evidence_ids("D1:3") == {"D1:3"}
+    assert evidence_ids([["D2:1"], "D3:4 "]) == {"D2:1", "D3:4"}
+    assert evidence_ids(None) == set() and evidence_ids(["nothing"]) == set()
+
+
+def test_turns_carry_date_speaker_and_photo_captions() -> None:
+    sample = json.loads(MINI.read_text())[0]
+    turns = turns_of(sample)
+    assert [t.dia_id for t in turns][:2] == ["D1:1", "D1:2"] and len(turns) == 12  # session 3 has no turns
+    assert render_turn(turns[0]).startswith("[9:00 am on 3 March, 2024] Ana: Hi Bo!")
+    assert render_turn(turns[10]).endswith("[shares a photo: a photo of a broken clay bowl on a wooden floor]")
+
+
+def test_replay_goes_through_the_spine_and_evicts_every_turn() -> None:
+    sample = json.loads(MINI.read_text())[0]
+    rt, run, seq_to_dia = asyncio.run(replay(sample, embedder=HashEmbedder(), budget_tokens=256))
+    assert sorted(seq_to_dia.values()) == sorted(t.dia_id for t in turns_of(sample))
+    distilled = [e for e in rt.store.events(run.run_id, kinds=["distillation"])]
+    assert len(distilled) >= 2
+    evicted = {s for e in distilled for s in e.data["span_seqs"]}
+    assert set(seq_to_dia) <= evicted  # every turn reached the index through an evicted span
+    entries = run.toolset.recall.index.entries.values()
+    assert {e.seq for e in entries} == set(seq_to_dia)
+    assert all(e.distillation_seq in {d.seq for d in distilled} for e in entries)
+
+
+def test_evaluate_locomo_on_a_small_file() -> None:
+    seen: list[tuple[int, int]] = []
+    result = evaluate_locomo(MINI, embedder=False, progress=lambda done, total, what: seen.append((done, total)))
+    assert result["questions"] == 9  # the category-5 question is not asked
+    assert set(result["recall_at"]) == {"1", "3", "5", "10"}
+    r = result["recall_at"]
+    assert 0 < r["1"] <= r["3"] <= r["5"] <= r["10"] <= 1
+    assert r["10"] == 1.0  # twelve turns and six: every evidence turn is within the top 10
+    assert r["1"] >= 0.5  # exact lexical questions: most are first
+    assert set(result["by_category"]) == {"1", "2", "3", "4"}
+    assert result["by_category"]["4"]["questions"] == 6
+    assert seen[-1][0] == seen[-1][1] == 12 + 6 + 6 + 3
+
+
+def test_evaluate_locomo_picks_conversations_and_rejects_unknown_ones(tmp_path: Path) -> None:
+    result = evaluate_locomo(MINI, conversations=["mini-2"], embedder=HashEmbedder(), ks=(1, 2))
+    assert result["questions"] == 3 and list(result["recall_at"]) == ["1", "2"]
+    assert list(result["conversations"]) == ["mini-2"]
+    with pytest.raises(SpecError, match="no conversation nope"):
+        evaluate_locomo(MINI, conversations=["nope"], embedder=False)
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a list"}')
+    with pytest.raises(SpecError, match="non-empty JSON array"):
+        evaluate_locomo(bad, embedder=False)
+    with pytest.raises(SpecError, match="no LoCoMo file"):
+        evaluate_locomo(tmp_path / "missing.json", embedder=False)
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _app() -> Any:
+    from loomrt.cli.app import app
+
+    return app
+
+
+def test_cli_bench_recall_json_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["bench", "recall", "--data", str(MINI), "--conversations", "mini-1", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["questions"] == 6 and set(out["recall_at"]) == {"1", "3", "5", "10"} and out["seconds"] >= 0
+    res = runner.invoke(_app(), ["bench", "recall", "--data", str(MINI)])
+    assert res.exit_code == 0 and "R@5" in res.stdout and "single-hop" in res.stdout
+
+
+def test_cli_bench_recall_errors_are_one_line(tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["bench", "recall", "--data", str(tmp_path / "none.json")])
+    assert res.exit_code == 1 and "no LoCoMo file" in res.output and "Traceback" not in res.output
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1, 2")
+    res = runner.invoke(_app(), ["bench", "recall", "--data", str(bad)])
+    assert res.exit_code == 1 and "not valid JSON" in res.output
+
+
+def test_cli_recall_rebuilds_a_run_from_the_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomrt.record.sqlite import default_store
+    from loomrt.runtime import Runtime
+    from loomrt.spec import AgentSpec
+    from loomrt.testing import ScriptedProvider
+
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
+    provider = ScriptedProvider(turns=["ok"] * 20, summaries=["Summary."])
+    rt = Runtime(default_store(), providers=lambda s, m: provider)
+    spec = AgentSpec(model="scripted/x", context={"mode": "recap", "budget_tokens": 300, "keep_last_n": 2, "recall": True})
+    run = rt.start(spec, interactive=True)
+
+    async def go() -> None:
+        await rt.send(run, "task")
+        await rt.send(run, "The release tarball lives at /srv/releases/loom-2.4.1.tar.gz")
+        for i in range(10):
+            await rt.send(run, f"filler {i}: " + "talk about nothing in particular " * 8)
+
+    asyncio.run(go())
+    runner = CliRunner()
+    res = runner.invoke(_app(), ["recall", run.run_id, "release tarball", "--k", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    hits = json.loads(res.stdout)
+    assert len(hits) == 3 and set(hits[0]) == {"text", "score", "source", "seq", "ts"}
+    assert hits[0]["text"] == "The release tarball lives at /srv/releases/loom-2.4.1.tar.gz" and hits[0]["source"] == "run"
+    res = runner.invoke(_app(), ["recall", run.run_id, "/srv/releases/loom-2.4.1.tar.gz"])
+    assert res.exit_code == 0 and "loom-2.4.1.tar.gz" in res.stdout and f"#{hits[0]['seq']}" in res.stdout
+    res = runner.invoke(_app(), ["recall", "no-such-run", "x"])
+    assert res.exit_code == 1 and "no run 'no-such-run'" in res.output
