@@ -77,10 +77,6 @@ def fidelity(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[st
 # ---------------------------------------------------------------------- overhead
 
 
-def _instant(request: ModelRequest) -> ModelResponse:
-    return ModelResponse(text="ok", model="bench/instant")
-
-
 async def _history(runtime: Runtime, spec: AgentSpec, size: int) -> Any:
     """An append-mode run whose working context and record hold ``size`` messages."""
     run = runtime.start(spec, name="overhead", interactive=True)
@@ -96,6 +92,39 @@ async def _history(runtime: Runtime, spec: AgentSpec, size: int) -> Any:
     return run
 
 
+async def _turn_times(db: Path, size: int, repeats: int, progress: Progress) -> list[float]:
+    """Milliseconds the runtime itself spends on each of ``repeats`` turns at ``size`` messages."""
+    spent = {"model": 0.0}
+
+    def instant(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text="ok", model="bench/instant")
+
+    provider = FunctionProvider(instant, context_window=10**9, name="bench/instant")
+    inner = provider.complete
+
+    async def timed_complete(request: ModelRequest) -> ModelResponse:
+        t = time.perf_counter()
+        out = await inner(request)
+        spent["model"] += time.perf_counter() - t
+        return out
+
+    provider.complete = timed_complete  # type: ignore[method-assign]
+    runtime = Runtime(SQLiteStore(db), providers=lambda s, m: provider)
+    spec = AgentSpec(model="bench/instant", system_prompt="You answer briefly.",
+                     context={"mode": "append", "budget_tokens": 10**9})
+    run = await _history(runtime, spec, size)
+    await runtime.send(run, "warm-up")  # counts every message once (cached from then on)
+    times = []
+    for i in range(repeats):
+        spent["model"] = 0.0
+        t = time.perf_counter()
+        await runtime.send(run, f"turn {i}: what next?")
+        times.append((time.perf_counter() - t - spent["model"]) * 1000)
+        progress.advance()
+    runtime.store.close()
+    return times
+
+
 @standalone_measure("overhead", "the runtime's own time per turn (no model, no embedding) against history length")
 def overhead(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     """Median and p95 milliseconds per turn, spent by the runtime itself (context building,
@@ -107,35 +136,7 @@ def overhead(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     points = []
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
-            provider = FunctionProvider(_instant, context_window=10**9, name="bench/instant")
-            spent = {"model": 0.0}
-            inner = provider.complete
-
-            async def timed_complete(request: ModelRequest, _inner: Any = inner) -> ModelResponse:
-                t = time.perf_counter()
-                out = await _inner(request)
-                spent["model"] += time.perf_counter() - t
-                return out
-
-            provider.complete = timed_complete  # type: ignore[method-assign]
-            runtime = Runtime(SQLiteStore(Path(tmp) / f"overhead-{size}.db"), providers=lambda s, m: provider)
-            spec = AgentSpec(model="bench/instant", system_prompt="You answer briefly.",
-                             context={"mode": "append", "budget_tokens": 10**9})
-
-            async def measure() -> list[float]:
-                run = await _history(runtime, spec, size)
-                await runtime.send(run, "warm-up")  # counts every message once (cached from then on)
-                times = []
-                for i in range(repeats):
-                    spent["model"] = 0.0
-                    t = time.perf_counter()
-                    await runtime.send(run, f"turn {i}: what next?")
-                    times.append((time.perf_counter() - t - spent["model"]) * 1000)
-                    progress.advance()
-                return times
-
-            times = asyncio.run(measure())
-            times.sort()
+            times = sorted(asyncio.run(_turn_times(Path(tmp) / f"overhead-{size}.db", size, repeats, progress)))
             points.append({
                 "messages": size,
                 "p50_ms": round(statistics.median(times), 3),

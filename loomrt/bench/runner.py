@@ -71,7 +71,7 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
     started = time.perf_counter()
     out: dict[str, Any] = {
         "loomrt_bench": 1,
-        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpus()},
         "config": config.to_json(),
         "reference_ratios": REFERENCE_RATIOS,
