@@ -179,7 +179,9 @@ WORKLOADS: dict[str, Workload] = {}
 MEASURES: dict[str, Measure] = {}
 
 
-def workload(name: str, description: str, *, needs: str | None = None) -> Callable[[Callable[..., WorkloadResult]], Callable[..., WorkloadResult]]:
+def workload(
+    name: str, description: str, *, needs: str | None = None
+) -> Callable[[Callable[..., WorkloadResult]], Callable[..., WorkloadResult]]:
     """Register a workload: ``fn(config, progress) -> WorkloadResult``."""
 
     def wrap(fn: Callable[..., WorkloadResult]) -> Callable[..., WorkloadResult]:
@@ -189,7 +191,9 @@ def workload(name: str, description: str, *, needs: str | None = None) -> Callab
     return wrap
 
 
-def mode_measure(name: str, description: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+def mode_measure(
+    name: str, description: str
+) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a per-mode measure: ``fn(run, append_run_or_None, config) -> figures``."""
 
     def wrap(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
@@ -199,7 +203,9 @@ def mode_measure(name: str, description: str) -> Callable[[Callable[..., dict[st
     return wrap
 
 
-def standalone_measure(name: str, description: str) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
+def standalone_measure(
+    name: str, description: str
+) -> Callable[[Callable[..., dict[str, Any]]], Callable[..., dict[str, Any]]]:
     """Register a measure with its own run: ``fn(config, progress) -> figures`` (or ``{"skipped": why}``)."""
 
     def wrap(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:

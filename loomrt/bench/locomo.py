@@ -24,8 +24,10 @@ from loomrt.runtime import Runtime
 
 __all__ = ["locomo"]
 
-SYSTEM = ("You are listening to a long conversation between two friends, turn by turn. Acknowledge each turn "
-          "in a few words; later you will be asked about what they said.")
+SYSTEM = (
+    "You are listening to a long conversation between two friends, turn by turn. Acknowledge each turn "
+    "in a few words; later you will be asked about what they said."
+)
 
 
 @dataclass
@@ -65,10 +67,17 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
         if q.get("category") in ANSWERABLE and ids and ids <= set(text_of):
             probes.append(Probe(str(q["question"]), tuple(text_of[i] for i in sorted(ids)), str(q.get("category"))))
     inputs = [render_turn(t) for t in turns]
-    result = WorkloadResult("locomo", "turn", params={
-        "file": str(config.data), "replayed": cid, "turns": len(turns), "probes": len(probes),
-        "conversations": [c for c, _ in chosen],
-    })
+    result = WorkloadResult(
+        "locomo",
+        "turn",
+        params={
+            "file": str(config.data),
+            "replayed": cid,
+            "turns": len(turns),
+            "probes": len(probes),
+            "conversations": [c for c, _ in chosen],
+        },
+    )
 
     async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
         for text in inputs:
@@ -80,8 +89,15 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
     for mode in with_append(config.modes):
         progress.start(f"locomo {cid} · {mode}", len(inputs))
         result.runs[mode] = play_mode(
-            config, mode, spec=bench_spec(config, mode, system=SYSTEM), drive=drive, probes=probes,
-            make_model=lambda: ListenerModel(seed=config.seed), unit="turn", interactive=True, local=True,
+            config,
+            mode,
+            spec=bench_spec(config, mode, system=SYSTEM),
+            drive=drive,
+            probes=probes,
+            make_model=lambda: ListenerModel(seed=config.seed),
+            unit="turn",
+            interactive=True,
+            local=True,
             name="locomo",
         )
 
@@ -94,6 +110,9 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
         last["done"] = done
 
     result.extra["evidence_recall"] = evaluate_locomo(
-        config.data, conversations=[c for c, _ in chosen], embedder=config.make_embedder(), progress=tick,  # type: ignore[arg-type]
+        config.data,
+        conversations=[c for c, _ in chosen],
+        embedder=config.make_embedder(),
+        progress=tick,  # type: ignore[arg-type]
     )
     return result

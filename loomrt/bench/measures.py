@@ -66,7 +66,10 @@ def fidelity(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[st
     n = len(run.found)
     ctx, rec = run.found.count("context"), run.found.count("recall")
     out: dict[str, Any] = {
-        "probes": n, "in_context": ctx, "via_recall": rec, "lost": n - ctx - rec,
+        "probes": n,
+        "in_context": ctx,
+        "via_recall": rec,
+        "lost": n - ctx - rec,
         "fidelity": _ratio(ctx + rec, n) if n else None,
     }
     if run.answered:
@@ -110,8 +113,9 @@ async def _turn_times(db: Path, size: int, repeats: int, progress: Progress) -> 
 
     provider.complete = timed_complete  # type: ignore[method-assign]
     runtime = Runtime(SQLiteStore(db), providers=lambda s, m: provider)
-    spec = AgentSpec(model="bench/instant", system_prompt="You answer briefly.",
-                     context={"mode": "append", "budget_tokens": 10**9})
+    spec = AgentSpec(
+        model="bench/instant", system_prompt="You answer briefly.", context={"mode": "append", "budget_tokens": 10**9}
+    )
     run = await _history(runtime, spec, size)
     await runtime.send(run, "warm-up")  # counts every message once (cached from then on)
     times = []
@@ -137,11 +141,13 @@ def overhead(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
             times = sorted(asyncio.run(_turn_times(Path(tmp) / f"overhead-{size}.db", size, repeats, progress)))
-            points.append({
-                "messages": size,
-                "p50_ms": round(statistics.median(times), 3),
-                "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3),
-            })
+            points.append(
+                {
+                    "messages": size,
+                    "p50_ms": round(statistics.median(times), 3),
+                    "p95_ms": round(times[min(len(times) - 1, int(0.95 * len(times)))], 3),
+                }
+            )
     return {"points": points, "repeats": repeats}
 
 

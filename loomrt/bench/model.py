@@ -85,7 +85,9 @@ class BenchModel:
         """A reply whose usage is the exact estimated size of prompt and reply."""
         out = count_text(text) + sum(count_text(json.dumps(c.arguments)) for c in calls)
         return ModelResponse(
-            text=text, tool_calls=calls, model="bench/scripted",
+            text=text,
+            tool_calls=calls,
+            model="bench/scripted",
             usage=Usage(count_dicts(request.messages), max(1, out), 0),
             finish_reason="tool_calls" if calls else "stop",
         )
@@ -101,8 +103,15 @@ class BenchModel:
         text = prompt_text(request.messages)
         return [n for n in self.needles if n.value in text]
 
-    def act(self, request: ModelRequest, *, text: str = "", tool: str | None = None,
-            arguments: dict[str, Any] | None = None, final: bool = False) -> ModelResponse:
+    def act(
+        self,
+        request: ModelRequest,
+        *,
+        text: str = "",
+        tool: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        final: bool = False,
+    ) -> ModelResponse:
         """Reply with ``text`` or call ``tool``: directly, or through emit_state in stateful mode."""
         if not self.offers(request, EMIT_STATE):
             if tool:
@@ -110,7 +119,10 @@ class BenchModel:
             return self.respond(request, text)
         new = {n.key: n.value for n in self.visible(request) if n.key not in self.patched}
         self.patched.update(new)
-        emit: dict[str, Any] = {"reasoning": "Noting what I learned and deciding the next step.", "patch": {"notes": new} if new else {}}
+        emit: dict[str, Any] = {
+            "reasoning": "Noting what I learned and deciding the next step.",
+            "patch": {"notes": new} if new else {},
+        }
         if tool:
             emit["action"] = {"tool": tool, "arguments": arguments or {}}
         else:

@@ -66,13 +66,15 @@ class Recorder:
             k += 1
         cached = count_dicts(messages[:k]) - 3 if k else 0
         self._previous = messages
-        self.calls.append({
-            "purpose": request.purpose,
-            "input_tokens": response.usage.input_tokens,
-            "output_tokens": response.usage.output_tokens,
-            "cached_prefix_tokens": min(cached, response.usage.input_tokens),
-            "messages": len(messages),
-        })
+        self.calls.append(
+            {
+                "purpose": request.purpose,
+                "input_tokens": response.usage.input_tokens,
+                "output_tokens": response.usage.output_tokens,
+                "cached_prefix_tokens": min(cached, response.usage.input_tokens),
+                "messages": len(messages),
+            }
+        )
         return response
 
 
@@ -85,8 +87,15 @@ def recall_available() -> bool:
     return True
 
 
-def bench_spec(config: BenchConfig, mode: str, *, system: str, tools: list[str] | None = None,
-               max_iterations: int = 20, max_tokens: int = 1024) -> AgentSpec:
+def bench_spec(
+    config: BenchConfig,
+    mode: str,
+    *,
+    system: str,
+    tools: list[str] | None = None,
+    max_iterations: int = 20,
+    max_tokens: int = 1024,
+) -> AgentSpec:
     """The definition every mode of a workload shares; only ``context.mode`` differs."""
     return AgentSpec(
         model=config.model or "bench/scripted",
@@ -144,15 +153,26 @@ def _series(events: list[Any], unit: str) -> list[int]:
 
 
 def play_mode(
-    config: BenchConfig, mode: str, *, spec: AgentSpec, drive: Drive, probes: list[Probe],
-    make_model: Callable[[], BenchModel], unit: str, interactive: bool, local: bool,
-    tools: list[Tool] | None = None, name: str = "bench",
+    config: BenchConfig,
+    mode: str,
+    *,
+    spec: AgentSpec,
+    drive: Drive,
+    probes: list[Probe],
+    make_model: Callable[[], BenchModel],
+    unit: str,
+    interactive: bool,
+    local: bool,
+    tools: list[Tool] | None = None,
+    name: str = "bench",
 ) -> ModeRun:
     """Play one workload in ``mode`` on a fresh runtime and read its figures back."""
     model = None if config.model else make_model()
     recorder = Recorder(_provider(config, spec, model, local=local))
     runtime = Runtime(
-        SQLiteStore(":memory:"), providers=lambda s, m: recorder, tools=tools or [],
+        SQLiteStore(":memory:"),
+        providers=lambda s, m: recorder,
+        tools=tools or [],
         embedder=config.make_embedder(),
     )
     out = ModeRun(mode=mode)

@@ -36,7 +36,9 @@ def workload_figures(result: WorkloadResult, config: BenchConfig) -> dict[str, A
     modes: dict[str, Any] = {}
     for mode, run in result.runs.items():
         figures: dict[str, Any] = {
-            "resolved": run.resolved, "status": run.status, "seconds": round(run.seconds, 2),
+            "resolved": run.resolved,
+            "status": run.status,
+            "seconds": round(run.seconds, 2),
         }
         if run.error:
             figures["error"] = run.error

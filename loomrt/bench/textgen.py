@@ -14,22 +14,52 @@ from loomrt.tokens import count_text
 __all__ = ["Fact", "prose", "make_facts", "system_prompt"]
 
 _SUBJECTS = [
-    "the garden", "our team", "the new kitchen", "my morning routine", "the weekend trip", "the budget",
-    "the school play", "the quarterly review", "the bike repair", "the book club", "the rental car",
-    "the neighbours", "the hiking route", "the birthday dinner", "the tax forms", "the piano lessons",
-    "the move to the coast", "the community fair", "the old laptop", "the vegetable patch",
+    "the garden",
+    "our team",
+    "the new kitchen",
+    "my morning routine",
+    "the weekend trip",
+    "the budget",
+    "the school play",
+    "the quarterly review",
+    "the bike repair",
+    "the book club",
+    "the rental car",
+    "the neighbours",
+    "the hiking route",
+    "the birthday dinner",
+    "the tax forms",
+    "the piano lessons",
+    "the move to the coast",
+    "the community fair",
+    "the old laptop",
+    "the vegetable patch",
 ]
 _VERBS = [
-    "took longer than planned", "went better than expected", "needs another look", "is finally settled",
-    "keeps coming up", "turned into a long discussion", "was postponed twice", "surprised everyone",
-    "is mostly done", "still has a few loose ends", "made me rethink the plan", "cost a bit more than hoped",
+    "took longer than planned",
+    "went better than expected",
+    "needs another look",
+    "is finally settled",
+    "keeps coming up",
+    "turned into a long discussion",
+    "was postponed twice",
+    "surprised everyone",
+    "is mostly done",
+    "still has a few loose ends",
+    "made me rethink the plan",
+    "cost a bit more than hoped",
 ]
 _TAILS = [
-    "so I want to keep track of what we decided.", "and I am not sure what the next step should be.",
-    "which is why I keep writing things down.", "and the details matter more than they seem.",
-    "but it should be easier once the weather turns.", "and I promised to report back by Friday.",
-    "so let us think it through calmly.", "and everyone had an opinion about it.",
-    "which reminded me of last spring.", "so a short checklist would help.",
+    "so I want to keep track of what we decided.",
+    "and I am not sure what the next step should be.",
+    "which is why I keep writing things down.",
+    "and the details matter more than they seem.",
+    "but it should be easier once the weather turns.",
+    "and I promised to report back by Friday.",
+    "so let us think it through calmly.",
+    "and everyone had an opinion about it.",
+    "which reminded me of last spring.",
+    "so a short checklist would help.",
 ]
 _ADVICE = [
     "One option is to split the work into smaller steps and check each one before moving on.",
@@ -43,12 +73,24 @@ _ADVICE = [
 ]
 
 _OWNERS = [
-    "my sister Ana", "my landlord", "the Halden project", "my dentist", "my neighbour Tomas", "the book club",
-    "my manager Priya", "the rental agency", "my cousin Leo", "the football team",
+    "my sister Ana",
+    "my landlord",
+    "the Halden project",
+    "my dentist",
+    "my neighbour Tomas",
+    "the book club",
+    "my manager Priya",
+    "the rental agency",
+    "my cousin Leo",
+    "the football team",
 ]
 _THINGS: list[tuple[str, str]] = [
-    ("booking reference", "ref"), ("door code", "code"), ("account number", "num"), ("meeting room", "room"),
-    ("backup folder", "path"), ("contact person", "name"),
+    ("booking reference", "ref"),
+    ("door code", "code"),
+    ("account number", "num"),
+    ("meeting room", "room"),
+    ("backup folder", "path"),
+    ("contact person", "name"),
 ]
 _FIRST = ["Ingrid", "Mateo", "Yusuf", "Keiko", "Bartosz", "Olena", "Rafael", "Sunniva", "Dmitri", "Amara"]
 _LAST = ["Halvorsen", "Quintero", "Okafor", "Lindqvist", "Marchetti", "Nakamura", "Brennan", "Vasquez"]
@@ -82,7 +124,9 @@ def _value(kind: str, rng: random.Random) -> str:
     if kind == "room":
         return f"room {rng.choice(['K', 'L', 'M', 'N'])}{rng.randint(100, 499)}"
     if kind == "path":
-        return f"/srv/backups/{rng.choice(['orchid', 'falcon', 'juniper', 'cobalt'])}-{rng.randint(100, 999)}/snapshot.tar"
+        return (
+            f"/srv/backups/{rng.choice(['orchid', 'falcon', 'juniper', 'cobalt'])}-{rng.randint(100, 999)}/snapshot.tar"
+        )
     return f"{rng.choice(_FIRST)} {rng.choice(_LAST)}-{rng.randint(2, 9)}"
 
 

@@ -90,10 +90,16 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
     """Every mode plays the same chat as an interactive run; facts are probed at the end."""
     turns, facts = (60, 12) if config.quick else (200, 40)
     system, script, needles = chat_script(config.seed, turns=turns, facts=facts)
-    result = WorkloadResult("chat200", "turn", params={
-        "turns": turns, "facts": facts, "system_tokens": count_text(system),
-        "turn_tokens": round(sum(count_text(t.text) + count_text(t.reply) for t in script) / len(script)),
-    })
+    result = WorkloadResult(
+        "chat200",
+        "turn",
+        params={
+            "turns": turns,
+            "facts": facts,
+            "system_tokens": count_text(system),
+            "turn_tokens": round(sum(count_text(t.text) + count_text(t.reply) for t in script) / len(script)),
+        },
+    )
     probes = [Probe(n.search, (n.value,), n.key) for n in needles]
 
     async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
@@ -110,9 +116,16 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
     for mode in with_append(config.modes):
         progress.start(f"chat200 · {mode}", len(script))
         result.runs[mode] = play_mode(
-            config, mode, spec=bench_spec(config, mode, system=system), drive=drive, probes=probes,
-            make_model=lambda: ChatModel(needles=needles, seed=config.seed), unit="turn",
-            interactive=True, local=True, name="chat200",
+            config,
+            mode,
+            spec=bench_spec(config, mode, system=system),
+            drive=drive,
+            probes=probes,
+            make_model=lambda: ChatModel(needles=needles, seed=config.seed),
+            unit="turn",
+            interactive=True,
+            local=True,
+            name="chat200",
         )
     return result
 
@@ -162,22 +175,28 @@ class Step:
 def _log(tokens: int, rng: random.Random, svc: str) -> list[str]:
     lines, size = [], 0
     while size < tokens:
-        ln = (f"2026-03-{rng.randint(10, 28)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}:{rng.randint(10, 59)}Z "
-              f"{rng.choice(['INFO', 'INFO', 'WARN', 'DEBUG'])} {svc}[{rng.randint(100, 999)}]: {prose(14, rng)}")
+        ln = (
+            f"2026-03-{rng.randint(10, 28)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}:{rng.randint(10, 59)}Z "
+            f"{rng.choice(['INFO', 'INFO', 'WARN', 'DEBUG'])} {svc}[{rng.randint(100, 999)}]: {prose(14, rng)}"
+        )
         lines.append(ln)
         size += count_text(ln) + 1
     return lines
 
 
-def agentic_script(seed: int, *, steps: int = 150, needles: int = 18, huge: int = 3) -> tuple[str, str, list[Step], list[Needle]]:
+def agentic_script(
+    seed: int, *, steps: int = 150, needles: int = 18, huge: int = 3
+) -> tuple[str, str, list[Step], list[Needle]]:
     """A tool-using investigation: ``steps`` tool calls whose results range from ~80 to
     ~1,500 tokens, ``huge`` of ~5,000; needle *i* appears in a result in the first 40% of the
     steps and is needed (as a tool argument) in the last 30%."""
     rng = random.Random(seed + 1)
     planted = [_needle(i, rng) for i in range(needles)]
     system = system_prompt(400, rng, role="a site-reliability agent that investigates incidents with tools")
-    task = ("The nightly deploy fails across several services. Investigate with the tools, fix what you can, "
-            "and report the root cause with the exact paths, error codes and values you relied on.")
+    task = (
+        "The nightly deploy fails across several services. Investigate with the tools, fix what you can, "
+        "and report the root cause with the exact paths, error codes and values you relied on."
+    )
     early = int(steps * 0.4)
     stated = {2 + (i * (early - 3)) // needles: i for i in range(needles)}
     late = int(steps * 0.7)
@@ -188,7 +207,14 @@ def agentic_script(seed: int, *, steps: int = 150, needles: int = 18, huge: int 
         svc = _SERVICES[s % len(_SERVICES)]
         if s in needed:
             n = planted[needed[s]]
-            script.append(Step("run_command", {"cmd": f"grep -rn '{n.value}' /etc /var/log | head"}, "\n".join(_log(120, rng, svc)), n))
+            script.append(
+                Step(
+                    "run_command",
+                    {"cmd": f"grep -rn '{n.value}' /etc /var/log | head"},
+                    "\n".join(_log(120, rng, svc)),
+                    n,
+                )
+            )
             continue
         size = 5000 if s in huge_at else (rng.randint(400, 1500) if rng.random() < 0.25 else rng.randint(80, 400))
         lines = _log(size, rng, svc)
@@ -196,9 +222,11 @@ def agentic_script(seed: int, *, steps: int = 150, needles: int = 18, huge: int 
             n = planted[stated[s]]
             lines.insert(rng.randint(0, len(lines)), f"2026-03-14T02:11:07Z ERROR {svc}: {n.key}: {n.value}")
         tool = ["run_command", "open_file", "search_logs"][s % 3]
-        arg = {"run_command": {"cmd": f"journalctl -u {svc} --since -{s + 1}h | tail -n {size // 10}"},
-               "open_file": {"path": f"/var/log/{svc}/deploy-{s}.log"},
-               "search_logs": {"query": f"{svc} deploy step {s}"}}[tool]
+        arg = {
+            "run_command": {"cmd": f"journalctl -u {svc} --since -{s + 1}h | tail -n {size // 10}"},
+            "open_file": {"path": f"/var/log/{svc}/deploy-{s}.log"},
+            "search_logs": {"query": f"{svc} deploy step {s}"},
+        }[tool]
         script.append(Step(tool, arg, "\n".join(lines)))
     return system, task, script, planted
 
@@ -251,10 +279,18 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
     steps, n_needles, huge = (40, 6, 1) if config.quick else (150, 18, 3)
     system, task, script, needles = agentic_script(config.seed, steps=steps, needles=n_needles, huge=huge)
     sizes = [count_text(s.output) for s in script]
-    result = WorkloadResult("agentic", "iteration", params={
-        "steps": steps, "needles": n_needles, "huge_results": huge, "result_tokens_max": max(sizes),
-        "result_tokens_mean": round(sum(sizes) / len(sizes)), "system_tokens": count_text(system),
-    })
+    result = WorkloadResult(
+        "agentic",
+        "iteration",
+        params={
+            "steps": steps,
+            "needles": n_needles,
+            "huge_results": huge,
+            "result_tokens_max": max(sizes),
+            "result_tokens_mean": round(sum(sizes) / len(sizes)),
+            "system_tokens": count_text(system),
+        },
+    )
     probes = [Probe(n.search, (n.value,), n.key) for n in needles]
     tools = agentic_tools(script)
 
@@ -276,10 +312,16 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
     for mode in with_append(config.modes):
         progress.start(f"agentic · {mode}", steps)
         result.runs[mode] = play_mode(
-            config, mode,
+            config,
+            mode,
             spec=bench_spec(config, mode, system=system, tools=[t.name for t in tools], max_iterations=3 * steps + 10),
-            drive=drive, probes=probes, unit="iteration", interactive=False, local=False, tools=tools,
-            make_model=lambda: AgenticModel(needles=needles, seed=config.seed, plan=script), name="agentic",
+            drive=drive,
+            probes=probes,
+            unit="iteration",
+            interactive=False,
+            local=False,
+            tools=tools,
+            make_model=lambda: AgenticModel(needles=needles, seed=config.seed, plan=script),
+            name="agentic",
         )
     return result
-

@@ -57,18 +57,52 @@ def _split(values: list[str] | None) -> list[str]:
 
 @bench_app.command("run")
 def run_cmd(
-    targets: Annotated[list[str] | None, typer.Argument(help="Workloads and measures to run (default: all; see `loomrt bench list`).")] = None,
-    modes: Annotated[list[str] | None, typer.Option("--modes", help="Modes to play, comma-separated or repeated (default: every mode and auto).")] = None,
+    targets: Annotated[
+        list[str] | None, typer.Argument(help="Workloads and measures to run (default: all; see `loomrt bench list`).")
+    ] = None,
+    modes: Annotated[
+        list[str] | None,
+        typer.Option("--modes", help="Modes to play, comma-separated or repeated (default: every mode and auto)."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure.")] = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write report.md, results.json and PNG plots into this folder.")] = None,
-    model: Annotated[str | None, typer.Option("--model", help="Play against a real model (e.g. local/qwen2.5-coder-1.5b or any litellm model) instead of the scripted one. Slow.")] = None,
-    data: Annotated[Path | None, typer.Option("--data", help="A LoCoMo-format JSON file (the locomo workload needs it).")] = None,
-    conversations: Annotated[list[str] | None, typer.Option("--conversations", help="LoCoMo sample ids to use (default: all; --quick: the first).")] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write report.md, results.json and PNG plots into this folder.")
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            "--model",
+            help="Play against a real model (e.g. local/qwen2.5-coder-1.5b or any litellm model) instead of the scripted one. Slow.",
+        ),
+    ] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="A LoCoMo-format JSON file (the locomo workload needs it).")
+    ] = None,
+    conversations: Annotated[
+        list[str] | None,
+        typer.Option("--conversations", help="LoCoMo sample ids to use (default: all; --quick: the first)."),
+    ] = None,
     quick: Annotated[bool, typer.Option("--quick", help="A small, fast configuration (the CI smoke test).")] = False,
     seed: Annotated[int, typer.Option("--seed", help="The seed the workloads are generated from.")] = 7,
-    embedder: Annotated[str, typer.Option("--embedder", help="Recall's embedder: default (MiniLM), hash (fast, deterministic) or none (lexical only).")] = "default",
-    cache_discount: Annotated[float, typer.Option("--cache-discount", min=0.0, max=1.0, help="Price of a cached input token, as a fraction of an uncached one.")] = 0.10,
-    docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the figures block of this Markdown page (e.g. docs/benchmarks.md).")] = None,
+    embedder: Annotated[
+        str,
+        typer.Option(
+            "--embedder", help="Recall's embedder: default (MiniLM), hash (fast, deterministic) or none (lexical only)."
+        ),
+    ] = "default",
+    cache_discount: Annotated[
+        float,
+        typer.Option(
+            "--cache-discount",
+            min=0.0,
+            max=1.0,
+            help="Price of a cached input token, as a fraction of an uncached one.",
+        ),
+    ] = 0.10,
+    docs: Annotated[
+        Path | None,
+        typer.Option("--docs", help="Rewrite the figures block of this Markdown page (e.g. docs/benchmarks.md)."),
+    ] = None,
 ) -> None:
     """Play the workloads in every mode and print the figures."""
     from loomrt.bench.core import BenchConfig, all_modes
@@ -80,12 +114,20 @@ def run_cmd(
     chosen = _split(modes) or all_modes()
     unknown = [m for m in chosen if m not in all_modes()]
     if unknown:
-        raise typer.BadParameter(f"unknown mode {', '.join(unknown)}; known: {', '.join(all_modes())}", param_hint="--modes")
+        raise typer.BadParameter(
+            f"unknown mode {', '.join(unknown)}; known: {', '.join(all_modes())}", param_hint="--modes"
+        )
     if model and not _model_allowed(model):
         _err.print(f"[yellow]note:[/yellow] {model} makes real model calls; this is slow.")
     config = BenchConfig(
-        modes=chosen, quick=quick, seed=seed, model=model, data=data, conversations=_split(conversations) or None,
-        embedder=embedder, cache_discount=cache_discount,
+        modes=chosen,
+        quick=quick,
+        seed=seed,
+        model=model,
+        data=data,
+        conversations=_split(conversations) or None,
+        embedder=embedder,
+        cache_discount=cache_discount,
     )
     columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
     try:
@@ -122,14 +164,31 @@ def _relative(folder: Path, base: Path) -> str:
         return str(folder.resolve())
 
 
-def _command(targets: Any, modes: Any, quick: bool, seed: int, embedder: str, discount: float, model: Any,
-             data: Any, conversations: Any, out: Any, docs: Any) -> str:
+def _command(
+    targets: Any,
+    modes: Any,
+    quick: bool,
+    seed: int,
+    embedder: str,
+    discount: float,
+    model: Any,
+    data: Any,
+    conversations: Any,
+    out: Any,
+    docs: Any,
+) -> str:
     parts = ["loomrt", "bench", "run", *_split(targets)]
     if modes:
         parts += ["--modes", ",".join(_split(modes))]
-    for flag, value, default in (("--seed", seed, 7), ("--embedder", embedder, "default"),
-                                 ("--cache-discount", discount, 0.10), ("--model", model, None),
-                                 ("--data", data, None), ("--out", out, None), ("--docs", docs, None)):
+    for flag, value, default in (
+        ("--seed", seed, 7),
+        ("--embedder", embedder, "default"),
+        ("--cache-discount", discount, 0.10),
+        ("--model", model, None),
+        ("--data", data, None),
+        ("--out", out, None),
+        ("--docs", docs, None),
+    ):
         if value != default:
             parts += [flag, str(value)]
     if conversations:
@@ -151,8 +210,10 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
         _out.print(table)
         ev = w.get("evidence_recall")
         if ev:
-            _out.print(f"evidence recall ({ev['questions']} questions): "
-                       + ", ".join(f"R@{k} {v:.3f}" for k, v in ev["recall_at"].items()))
+            _out.print(
+                f"evidence recall ({ev['questions']} questions): "
+                + ", ".join(f"R@{k} {v:.3f}" for k, v in ev["recall_at"].items())
+            )
     m = results["measures"]
     if "overhead" in m:
         table = Table(title="runtime overhead per turn (no model, no embedding)", title_justify="left")
