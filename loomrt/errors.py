@@ -61,10 +61,14 @@ class RunError(LoomError):
         self.run_id = run_id
         self.last_seq = last_seq
         self.detail = message
-        where = f"run {run_id}" if run_id else ""
-        if run_id and last_seq is not None:
-            where += f" (after event #{last_seq})"
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        # computed on demand: the loop fills in run_id and last_seq after the error is raised
+        where = f"run {self.run_id}" if self.run_id else ""
+        if self.run_id and self.last_seq is not None:
+            where += f" (after event #{self.last_seq})"
+        return f"{where}: {self.detail}" if where else self.detail
 
 
 class ProviderError(RunError):

@@ -126,13 +126,13 @@ class Runtime:
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
                 interactive=interactive, agents_file=agents_file,
             ))
-            run.record("run_started", {
+            started = run.record("run_started", {
                 "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
                 "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
                 "tools": sorted(toolset.tools), "system": system, "local": provider.capabilities.local,
             })
             if system:
-                run.context.append(_system_message(system, run.last_seq))
+                run.context.append(Message(role="system", content=system, seq=started.seq, ts=started.ts))
         return run
 
     # ------------------------------------------------------------------ playing
@@ -198,6 +198,7 @@ class Runtime:
         run.context, run.state, run.usage = p.context, p.state, p.usage
         run.model_calls, run.distillations, run.output = p.model_calls, p.distillations, p.output
         run.reported_prompt_tokens, run.last_seq = p.reported_prompt_tokens, p.last_seq
+        run.patch_failures, run.declined_at = p.patch_failures, p.declined_at
         for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
             advance = getattr(provider, "advance", None)
             if callable(advance):  # a scripted model picks up where the record left off
@@ -229,7 +230,3 @@ class Runtime:
             state=run.state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
             error=error,
         )
-
-
-def _system_message(text: str, seq: int) -> Message:
-    return Message(role="system", content=text, seq=seq)

@@ -170,6 +170,7 @@ class AgentSpec(_Strict):
     def clone(self, **overrides: Any) -> AgentSpec:
         """A deep clone with top-level or ``context`` overrides applied; self is untouched."""
         data = copy.deepcopy(self.model_dump())
+        overrides = copy.deepcopy(overrides)  # the caller's dicts are not shared either
         ctx = overrides.pop("context", None) or {}
         data.update(overrides)
         data["context"].update(ctx)

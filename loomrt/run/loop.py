@@ -59,10 +59,13 @@ async def play_turn(run: RunState) -> str:
             run_id=run.run_id,
         )
     except LoomError as exc:
-        run.record("error", {"message": str(exc), "type": type(exc).__name__})
         if isinstance(exc, RunError):
             exc.run_id = exc.run_id or run.run_id
             exc.last_seq = run.last_seq
+        run.record("error", {"message": str(exc), "type": type(exc).__name__})
+        raise
+    except Exception as exc:  # a bug, not a failure of the run: the record says so, then it surfaces
+        run.record("error", {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__})
         raise
 
 

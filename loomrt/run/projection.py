@@ -25,6 +25,8 @@ class Projection:
     last_kind: str | None = None
     last_seq: int = 0
     reported_prompt_tokens: int = 0
+    patch_failures: int = 0
+    declined_at: int = -1
 
 
 def project(events: list[Event], *, keep_first: bool = True) -> Projection:
@@ -59,6 +61,13 @@ def project(events: list[Event], *, keep_first: bool = True) -> Projection:
             p.reported_prompt_tokens = 0
         elif e.kind == "state_update":
             p.state = d["state"]
+            p.patch_failures = 0
+        elif e.kind == "patch_rejected":
+            p.patch_failures = d.get("attempt", p.patch_failures + 1)
+            if d.get("feedback"):
+                p.context.append(Message(role="user", content=d["feedback"], synthetic="feedback"))
+        elif e.kind == "distillation_declined":
+            p.declined_at = len(p.context)
         elif e.kind == "model_call":
             u = d.get("usage") or {}
             p.usage = p.usage + Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0))

@@ -160,15 +160,19 @@ class StatefulMode(RetentionMode):
     def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
         run.patch_failures += 1
         spec = run.spec.context
-        run.record("patch_rejected", {"patch": patch, "error": error, "attempt": run.patch_failures})
-        if spec.on_invalid_patch == "fail" or run.patch_failures > spec.max_patch_retries:
+        fails = spec.on_invalid_patch == "fail" or run.patch_failures > spec.max_patch_retries
+        feedback = f"Rejected: {error}. Call emit_state again with a corrected patch."
+        data: dict[str, Any] = {"patch": patch, "error": error, "attempt": run.patch_failures}
+        if emit is None and not fails:
+            data["feedback"] = feedback  # shown as a user message: there is no call to answer
+        run.record("patch_rejected", data)
+        if fails:
             raise StateError(
                 f"stateful mode: {error} (after {run.patch_failures} attempt(s); on_invalid_patch="
                 f"{spec.on_invalid_patch}, max_patch_retries={spec.max_patch_retries}). "
                 "Fix the state_schema or the prompt, or raise max_patch_retries.",
                 run_id=run.run_id,
             )
-        feedback = f"Rejected: {error}. Call emit_state again with a corrected patch."
         if emit is not None:
             event = run.record("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": feedback, "is_error": True})
             run.context.append(Message(role="tool", content=feedback, tool_call_id=emit.id, name=EMIT_STATE, seq=event.seq, ts=event.ts))
