@@ -23,7 +23,7 @@ from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
-from loomrt.run.loop import add_user_input, play_turn
+from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.projection import project
 from loomrt.run.state import EvictedSpanCallback, RunResult, RunState
@@ -212,6 +212,7 @@ class Runtime:
         if status in ("done", "parked"):
             return self.result(run)
         run.record("resumed", {"from_seq": run.last_seq})
+        close_interrupted_calls(run)
         return await self._play(run)
 
     async def continue_run(self, run_id: str, prompt: str, *, interactive: bool | None = None) -> RunResult:
@@ -220,6 +221,7 @@ class Runtime:
         if interactive is not None:
             run.interactive = interactive
         run.record("resumed", {"from_seq": run.last_seq, "input": "continue"})
+        close_interrupted_calls(run)
         return await self.send(run, prompt)
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:

@@ -440,3 +440,30 @@ def test_a_resumed_run_does_not_retry_a_declined_distillation_at_once(tmp_path):
     rt = runtime(tmp_path, ScriptedProvider([*turns, "done"], [huge]))
     assert asyncio.run(rt.resume(first.run_id)).status == "done"
     assert kinds(rt, first.run_id).count("distillation_declined") == 1
+
+
+@tool("slow", "A long job.", {"type": "object", "properties": {}})
+def _interrupted() -> str:
+    raise KeyboardInterrupt  # the operator pressed Ctrl-C while the tool ran
+
+
+def test_a_run_interrupted_inside_a_tool_resumes_with_well_formed_tool_pairs(tmp_path):
+    write(tmp_path, "s.yaml", "turns: []\n")
+    agents = load_agents(write(tmp_path, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml, tools: [slow]}\n"))
+    provider = ScriptedProvider([tool_call("slow"), "gave up on the slow job"])
+    rt = runtime(tmp_path, provider, tools=[_interrupted])
+    run = rt.start("a", agents=agents)
+    with pytest.raises(KeyboardInterrupt):
+        send(rt, run, "go")
+    assert kinds(rt, run.run_id)[-1] == "tool_call"  # no result was recorded
+
+    later = runtime(tmp_path, provider, tools=[_interrupted])
+    result = asyncio.run(later.resume(run.run_id))
+    assert (result.status, result.output) == ("done", "gave up on the slow job")
+    sent = provider.calls[1].messages
+    assert sent[-2]["tool_calls"][0]["id"] == sent[-1]["tool_call_id"] == "call_1_0"
+    assert sent[-1]["content"].startswith("Error: the run stopped before this tool call returned")
+    pending = [e for e in events(later, run.run_id, "tool_result")]
+    assert len(pending) == 1 and pending[0].data["is_error"] is True
+    rebuilt = later.open(run.run_id)
+    assert [m.tool_call_id for m in rebuilt.context if m.role == "tool"] == ["call_1_0"]

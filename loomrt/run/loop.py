@@ -14,7 +14,12 @@ from loomrt.run.model_calls import call_model
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 
-__all__ = ["play_turn", "add_user_input"]
+__all__ = ["play_turn", "add_user_input", "close_interrupted_calls"]
+
+INTERRUPTED = (
+    "Error: the run stopped before this tool call returned, and it was resumed from the record. "
+    "Whether the call took effect is unknown; check, or call it again if you still need it."
+)
 
 
 def add_user_input(run: RunState, content: str) -> None:
@@ -67,6 +72,26 @@ async def play_turn(run: RunState) -> str:
     except Exception as exc:  # a bug, not a failure of the run: the record says so, then it surfaces
         run.record("error", {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__})
         raise
+
+
+def close_interrupted_calls(run: RunState) -> None:
+    """Give every tool call of the last assistant message that has no result an error result.
+
+    A run stopped inside a tool (a crash, Ctrl-C) leaves a call without a result; a model
+    would be sent a malformed conversation. The call is not run again: it may have acted.
+    """
+    last = next((i for i in range(len(run.context) - 1, -1, -1) if run.context[i].role != "tool"), None)
+    if last is None or run.context[last].role != "assistant":
+        return
+    answered = {m.tool_call_id for m in run.context[last + 1 :]}
+    for call in run.context[last].tool_calls:
+        if call.id not in answered:
+            event = run.record("tool_result", {
+                "tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True,
+            })
+            run.context.append(Message(
+                role="tool", content=INTERRUPTED, tool_call_id=call.id, name=call.name, seq=event.seq, ts=event.ts,
+            ))
 
 
 async def execute_tool(run: RunState, call: ToolCall) -> None:
