@@ -18,7 +18,7 @@ from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
 
-__all__ = ["tokens", "cache", "fidelity", "overhead", "recall_latency_measure", "local_overhead"]
+__all__ = ["tokens", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_needles", "local_overhead"]
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -159,9 +159,21 @@ def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str,
         return {"skipped": f"loomrt.recall.bench is not available ({exc})"}
     entries, queries = (1024, 50) if config.quick else (4096, 200)
     progress.start("recall latency", 1)
-    out = dict(recall_latency(entries=entries, queries=queries))
+    out = dict(recall_latency(entries=entries, queries=queries, embedder=config.make_embedder()))
     progress.advance()
     return {"entries": entries, "queries": queries, **out}
+
+
+@standalone_measure("recall_needles", "exact values stated early in a scripted agentic run, found by Recall in its top 5")
+def recall_needles(config: BenchConfig, progress: Progress) -> dict[str, Any]:
+    try:
+        from loomrt.recall.bench import needles_run
+    except ImportError as exc:
+        return {"skipped": f"loomrt.recall.bench is not available ({exc})"}
+    progress.start("recall needles", 1)
+    out = dict(needles_run(turns=60 if config.quick else 200, embedder=config.make_embedder(), seed=config.seed))
+    progress.advance()
+    return out
 
 
 @standalone_measure("local_overhead", "runtime overhead over bare llama-cpp-python on the embedded local model")

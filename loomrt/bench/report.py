@@ -129,8 +129,12 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             f"included: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms.",
             "",
         ]
+    if "recall_needles" in m:
+        r = m["recall_needles"]
+        lines += ["### Recall needles", "", f"{r.get('found_top5')} of {r.get('needles')} exact values stated early "
+                  f"and evicted were returned verbatim by Recall in its top 5.", ""]
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency"):
+        if name not in ("overhead", "recall_latency", "recall_needles"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]

@@ -11,7 +11,7 @@ from loomrt.bench.core import MEASURES, REFERENCE_RATIOS, WORKLOADS, BenchConfig
 
 __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figures"]
 
-DEFAULT_TARGETS = ["chat200", "agentic", "locomo", "overhead", "recall_latency"]
+DEFAULT_TARGETS = ["chat200", "agentic", "locomo", "overhead", "recall_latency", "recall_needles"]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
 

@@ -201,7 +201,12 @@ def agentic_script(
     stated = {2 + (i * (early - 3)) // needles: i for i in range(needles)}
     late = int(steps * 0.7)
     needed = {late + (i * (steps - late - 1)) // needles: i for i in range(needles)}
-    huge_at = {int(steps * f) for f in (0.15, 0.5, 0.85)[:huge]}
+    huge_at: set[int] = set()
+    for f in (0.15, 0.5, 0.85)[:huge]:
+        at = int(steps * f)
+        while at in needed or at in huge_at:
+            at += 1
+        huge_at.add(at)
     script: list[Step] = []
     for s in range(steps):
         svc = _SERVICES[s % len(_SERVICES)]

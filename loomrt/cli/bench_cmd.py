@@ -225,8 +225,11 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
     if "recall_latency" in m:
         r = m["recall_latency"]
         _out.print(f"Recall latency ({r['entries']:,} entries): p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms")
+    if "recall_needles" in m:
+        r = m["recall_needles"]
+        _out.print(f"Recall needles: {r.get('found_top5')} of {r.get('needles')} found verbatim in the top 5")
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency"):
+        if name not in ("overhead", "recall_latency", "recall_needles"):
             _out.print(f"{name}: {f}")
     for name, why in results["skipped"].items():
         _err.print(f"[yellow]skipped[/yellow] {name}: {why}")
@@ -248,7 +251,9 @@ def _register_recall() -> None:
         from loomrt.cli.recall_cmd import bench_recall
     except ImportError:
         return
-    bench_app.command("recall")(bench_recall)
+    from loomrt.cli.common import friendly
+
+    bench_app.command("recall")(friendly(bench_recall))
 
 
 _register_recall()

@@ -1,0 +1,59 @@
+"""`loomrt bench` through typer's CliRunner: the table, --json, --out files, --docs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from loomrt.bench.report import BEGIN, END
+from loomrt.cli.bench_cmd import bench_app
+
+runner = CliRunner()
+QUICK = ["run", "chat200", "--quick", "--embedder", "hash", "--modes", "recap,compaction"]
+
+
+def test_json_out_and_docs(tmp_path: Path) -> None:
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\nIntro stays.\n\n{BEGIN}\nold figures\n{END}\n\nOutro stays.\n", encoding="utf-8")
+    out = tmp_path / "bench"
+    result = runner.invoke(bench_app, [*QUICK, "--json", "--out", str(out), "--docs", str(doc)])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    modes = figures["workloads"]["chat200"]["modes"]
+    assert list(modes) == ["append", "recap", "compaction"]
+    assert modes["compaction"]["ratio"] < 1
+    for name in ("report.md", "results.json", "tokens.png", "fidelity.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert json.loads((out / "results.json").read_text())["workloads"]["chat200"]["modes"] == modes
+    report = (out / "report.md").read_text()
+    assert "| compaction | compaction |" in report and "loomrt bench run chat200" in report
+    text = doc.read_text()
+    assert "old figures" not in text and "Intro stays." in text and "Outro stays." in text
+    assert "--modes recap,compaction" in text and "bench/tokens.png" in text
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+
+
+def test_table_in_the_terminal() -> None:
+    result = runner.invoke(bench_app, QUICK)
+    assert result.exit_code == 0, result.output
+    assert "chat200" in result.stdout and "compaction" in result.stdout and "×app" in result.stdout
+
+
+def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
+    result = runner.invoke(bench_app, ["run", "nope", "--quick"])
+    assert result.exit_code == 2 and "unknown workload or measure nope" in result.output
+    result = runner.invoke(bench_app, ["run", "chat200", "--modes", "fold9"])
+    assert result.exit_code == 2 and "unknown mode fold9" in result.output
+    doc = tmp_path / "no-markers.md"
+    doc.write_text("# nothing to replace\n")
+    result = runner.invoke(bench_app, [*QUICK, "--docs", str(doc)])
+    assert result.exit_code != 0
+
+
+def test_list_names_every_workload_and_measure() -> None:
+    result = runner.invoke(bench_app, ["list"])
+    assert result.exit_code == 0
+    for name in ("chat200", "agentic", "locomo", "overhead", "recall_latency"):
+        assert name in result.stdout
