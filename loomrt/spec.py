@@ -214,7 +214,14 @@ class _Located:
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 sub = (*path, key.value)
-                self.key_marks[sub] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                mark = (key.start_mark.line + 1, key.start_mark.column + 1)
+                if sub in self.key_marks:  # PyYAML would silently keep the last one
+                    raise SpecError(
+                        f"duplicate key '{key.value}' (first at line {self.key_marks[sub][0]}). Keep one.",
+                        where=f"{self.filename}:{mark[0]}:{mark[1]}",
+                        path=_dotted(sub),
+                    )
+                self.key_marks[sub] = mark
                 self._walk(value, sub)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):

@@ -476,3 +476,22 @@ def test_spec_from_python_checks_the_same_rules():
         AgentSpec(model="m", system_prompt="a", system_prompt_file="b")
     with pytest.raises(pydantic.ValidationError, match="needs a state_schema"):
         AgentSpec.model_validate({"model": "m", "context": {"mode": "stateful"}})
+
+
+def test_a_duplicate_agent_name_is_an_error_not_a_silent_override(tmp_path, monkeypatch):
+    msg = load_error(
+        tmp_path,
+        monkeypatch,
+        """
+        agents:
+          triage: {model: openai/gpt-4o}
+          helper: {model: m}
+          triage: {model: ollama/llama3}
+    """,
+    )
+    assert msg == "agents.yaml:4:3: agents.triage: duplicate key 'triage' (first at line 2). Keep one."
+
+
+def test_a_duplicate_context_key_is_an_error(tmp_path, monkeypatch):
+    msg = load_error(tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    context: {mode: recap, mode: append}\n")
+    assert msg == "agents.yaml:4:28: agents.a.context.mode: duplicate key 'mode' (first at line 4). Keep one."
