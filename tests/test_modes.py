@@ -541,3 +541,40 @@ def test_a_failing_callback_is_recorded_and_never_fails_the_run(tmp_path):
     (span,) = received  # the next callback still ran
     assert span.seqs == dist.data["span_seqs"] and span.distillation_seq == dist.seq
     assert (span.run_id, span.agent, span.mode) == (run.run_id, "a", "recap")
+
+
+def test_a_declared_context_window_caps_the_budget_of_a_yaml_agent(tmp_path):
+    script = "turns:\n" + "".join(
+        f"  - {{tool_call: {{name: calculate, arguments: {{expression: '{i}'}}}}{', usage: {input_tokens: 450}' if i == 2 else ''}}}\n"
+        for i in range(3)
+    )
+    write(tmp_path, "s.yaml", script + "  - {text: done}\nsummaries: [S]\n")
+    body = {
+        "model": "scripted/s.yaml",
+        "tools": ["calculate"],
+        "capabilities": {"context_window": 512},
+        "context": {"mode": "compaction", "budget_tokens": 8192, "keep_last_n": 2},
+    }
+    agents = load_agents(write(tmp_path, "agents.yaml", json.dumps({"agents": {"a": body}})))
+    rt = runtime(tmp_path)
+    result = rt.run_sync("a", "go", agents=agents)
+    (d,) = distillations(rt, result.run_id)
+    assert (d["budget"], d["pressure"]) == (512, 450)
+
+
+def test_the_last_scripted_summary_repeats(tmp_path):
+    turns = [calc(1), calc(2), calc(3, usage=1000), calc(4), calc(5, usage=1000), calc(6), calc(7, usage=1000), "done"]
+    rt, run, provider, result = recap_run(tmp_path, turns, summaries=["R1", "R2"])
+    assert [d["summary"] for d in distillations(rt, run.run_id)] == ["R1", "R2", "R2"]
+
+
+def test_an_async_callback_that_raises_is_recorded_too(tmp_path):
+    async def broken(span):
+        raise ValueError("bank full")
+
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["S"])
+    rt, run = start(tmp_path, spec, provider, callbacks=[broken])
+    assert send(rt, run, "task").status == "done"
+    (err,) = events(rt, run.run_id, "callback_error")
+    assert err.data["error"] == "ValueError: bank full"

@@ -265,3 +265,9 @@ def test_a_run_records_every_step_in_order(tmp_path):
     assert (result.usage.input_tokens, result.usage.output_tokens, result.model_calls) == (270, 11, 2)
     info = rt.store.get_run(result.run_id)
     assert (info.status, info.agent, info.mode, info.last_seq) == ("done", "calc", "append", 9)
+
+
+def test_the_sqlite_store_satisfies_the_store_protocol(store):
+    from loomrt import Store
+
+    assert isinstance(store, Store)
