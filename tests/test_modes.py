@@ -578,3 +578,12 @@ def test_an_async_callback_that_raises_is_recorded_too(tmp_path):
     assert send(rt, run, "task").status == "done"
     (err,) = events(rt, run.run_id, "callback_error")
     assert err.data["error"] == "ValueError: bank full"
+
+
+def test_before_any_valid_patch_sigma_is_the_initial_state_from_the_schema_defaults(tmp_path):
+    rt, run, provider, result = stateful_run(tmp_path, [emit({"step": "bad"}), emit({"step": 1}, done=True)])
+    assert result.status == "done"
+    sigma = provider.calls[1].messages[2]["content"]
+    assert sigma == 'Your state Σ:\n{"found": []}'
+    (d,) = distillations(rt, run.run_id)
+    assert d["state"] == {"found": []}

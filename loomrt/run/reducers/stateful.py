@@ -186,7 +186,8 @@ class StatefulMode(RetentionMode):
         span = [m for m in cut.middle if m.synthetic is None]
         if not span:
             return None
-        state_json = json.dumps(run.state if run.state is not None else {}, ensure_ascii=False)
+        state = run.state if run.state is not None else initial_state(run.spec.context.state_schema or {})
+        state_json = json.dumps(state, ensure_ascii=False)
         sigma = Message(role="user", content=f"Your state Σ:\n{state_json}", synthetic="state")
         observation = Message(
             role="user",
@@ -194,4 +195,4 @@ class StatefulMode(RetentionMode):
             synthetic="observation",
             seq=last.seq,
         )
-        return Reduction(context=[*cut.head, sigma, observation], evicted=span, state=run.state)
+        return Reduction(context=[*cut.head, sigma, observation], evicted=span, state=state)
