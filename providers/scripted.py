@@ -49,16 +49,16 @@ class ScriptedProvider:
         count_tokens: Callable[[list[dict[str, Any]]], int] | None = None,
     ):
         self.model = name
+        where = name.removeprefix("scripted/")
+        for key, replies in (("turns", turns), ("summaries", summaries)):
+            if replies is not None and not isinstance(replies, list):
+                raise SpecError(f"'{key}:' must be a list of replies (got {type(replies).__name__})", where=where)
         self.turns = [t if isinstance(t, dict) else {"text": t} for t in (turns or [])]
         self.summaries = [s if isinstance(s, dict) else {"text": s} for s in (summaries or [])]
         for i, turn in enumerate(self.turns):
-            unknown = set(turn) - _TURN_KEYS
-            if unknown or not (set(turn) - {"usage"}):
-                raise SpecError(
-                    f"turn {i + 1} must have one of text, tool_call, tool_calls, emit_state "
-                    f"(got {sorted(turn)})",
-                    where=name,
-                )
+            problem = _turn_problem(turn)
+            if problem:
+                raise SpecError(f"turn {i + 1}: {problem}", where=where)
         self.capabilities = Capabilities(
             local=local, context_window=context_window, tool_calling=True, structured_output=True
         )
@@ -119,6 +119,27 @@ class ScriptedProvider:
         """Fail unless every scripted turn was used."""
         if self._turn != len(self.turns):
             raise AssertionError(f"{self.model}: {len(self.turns) - self._turn} scripted turns were never used")
+
+
+def _turn_problem(turn: dict[str, Any]) -> str | None:
+    """What is wrong with one scripted turn, or None."""
+    unknown = set(turn) - _TURN_KEYS
+    if unknown or not (set(turn) - {"usage"}):
+        return f"must have one of text, tool_call, tool_calls, emit_state (got {sorted(turn)})"
+    if "tool_call" in turn and not _is_call(turn["tool_call"]):
+        return "tool_call must be a mapping with a name, like {name: calculate, arguments: {expression: '1+1'}}"
+    calls = turn.get("tool_calls", [])
+    if not isinstance(calls, list) or not all(_is_call(c) for c in calls):
+        return "tool_calls must be a list of mappings with a name"
+    if "emit_state" in turn and not isinstance(turn["emit_state"], dict):
+        return "emit_state must be a mapping, like {reasoning: ..., patch: {step: 2}}"
+    if "usage" in turn and not isinstance(turn["usage"], dict):
+        return "usage must be a mapping like {input_tokens: 7000}"
+    return None
+
+
+def _is_call(call: Any) -> bool:
+    return isinstance(call, dict) and isinstance(call.get("name"), str) and isinstance(call.get("arguments", {}), dict)
 
 
 class FunctionProvider:

@@ -455,7 +455,7 @@ def test_a_bad_script_turn_is_a_clear_error(tmp_path):
     write(tmp_path, "s.yaml", "turns: [{txet: hi}]\n")
     agents = agents_from(tmp_path, "agents:\n  a: {model: scripted/s.yaml}\n")
     with pytest.raises(
-        SpecError, match=r"turn 1 must have one of text, tool_call, tool_calls, emit_state \(got \['txet'\]\)"
+        SpecError, match=r"turn 1: must have one of text, tool_call, tool_calls, emit_state \(got \['txet'\]\)"
     ):
         runtime(tmp_path).start("a", agents=agents)
 
@@ -495,3 +495,27 @@ def test_a_duplicate_agent_name_is_an_error_not_a_silent_override(tmp_path, monk
 def test_a_duplicate_context_key_is_an_error(tmp_path, monkeypatch):
     msg = load_error(tmp_path, monkeypatch, "agents:\n  a:\n    model: m\n    context: {mode: recap, mode: append}\n")
     assert msg == "agents.yaml:4:28: agents.a.context.mode: duplicate key 'mode' (first at line 4). Keep one."
+
+
+@pytest.mark.parametrize(
+    "script,expected",
+    [
+        ("turns: hello\n", "'turns:' must be a list of replies"),
+        ("turns: [{text: a}]\nsummaries: {a: b}\n", "'summaries:' must be a list of replies"),
+        ("turns: [{tool_call: calculate}]\n", "turn 1: tool_call must be a mapping with a name"),
+        (
+            "turns: [{text: a}, {tool_calls: [{arguments: {}}]}]\n",
+            "turn 2: tool_calls must be a list of mappings with a name",
+        ),
+        ("turns: [{emit_state: [1]}]\n", "turn 1: emit_state must be a mapping"),
+        ("turns: [{text: a, usage: 700}]\n", "turn 1: usage must be a mapping like {input_tokens: 7000}"),
+        ("- text: a\n", "a script must be a mapping with 'turns:'"),
+    ],
+)
+def test_a_malformed_script_is_a_clear_error_at_start(tmp_path, script, expected):
+    write(tmp_path, "s.yaml", script)
+    agents = agents_from(tmp_path, "agents:\n  a: {model: scripted/s.yaml}\n")
+    with pytest.raises(SpecError) as info:
+        runtime(tmp_path).start("a", agents=agents)
+    assert expected in str(info.value)
+    assert str(info.value).startswith(str(tmp_path / "s.yaml"))
