@@ -73,16 +73,17 @@ class ScriptedProvider:
         self.calls.append(request)
         if request.purpose == "turn":
             if self._turn >= len(self.turns):
+                n = len(self.turns)
                 raise ScriptExhaustedError(
-                    f"the script {self.model} has {len(self.turns)} turns and the run asked for "
-                    f"turn {self._turn + 1}. Add turns to the script, or lower max_iterations."
+                    f"the script {self.model.removeprefix('scripted/')} has {n} turn{'' if n == 1 else 's'} "
+                    f"and the run asked for turn {self._turn + 1}. Add turns to the script, or lower max_iterations."
                 )
             item = self.turns[self._turn]
             self._turn += 1
             return self._reply(item, request, call_no=self._turn)
         if not self.summaries:
             raise ScriptExhaustedError(
-                f"the script {self.model} has no summaries, and a {request.purpose} was asked for. "
+                f"the script {self.model.removeprefix('scripted/')} has no summaries, and a {request.purpose} was asked for. "
                 "Add a 'summaries:' list to the script."
             )
         item = self.summaries[min(self._summary, len(self.summaries) - 1)]
