@@ -587,3 +587,16 @@ def test_before_any_valid_patch_sigma_is_the_initial_state_from_the_schema_defau
     assert sigma == 'Your state Σ:\n{"found": []}'
     (d,) = distillations(rt, run.run_id)
     assert d["state"] == {"found": []}
+
+
+@pytest.mark.parametrize(
+    "local,interactive,expected", [(False, False, "stateful"), (True, False, "recap"), (False, True, "recap")]
+)
+def test_auto_follows_the_capabilities_of_the_provider_that_resolved(tmp_path, local, interactive, expected):
+    from loomrt.testing import FunctionProvider
+
+    spec = agent(tmp_path, {"mode": "auto", "state_schema": SCHEMA})
+    rt = runtime(tmp_path, FunctionProvider(lambda request: "hi", local=local))
+    run = rt.start(spec, name="a", interactive=interactive)
+    started = rt.store.events(run.run_id)[0].data
+    assert (run.mode.name, started["mode"], started["local"]) == (expected, expected, local)

@@ -467,3 +467,15 @@ def test_a_run_interrupted_inside_a_tool_resumes_with_well_formed_tool_pairs(tmp
     assert len(pending) == 1 and pending[0].data["is_error"] is True
     rebuilt = later.open(run.run_id)
     assert [m.tool_call_id for m in rebuilt.context if m.role == "tool"] == ["call_1_0"]
+
+
+def test_a_run_continues_from_the_record_after_its_prompt_file_is_gone(tmp_path):
+    write(tmp_path, "prompt.md", "You answer in one word.")
+    write(tmp_path, "s.yaml", "turns: [{text: four}, {text: six}]\n")
+    path = write(tmp_path, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml, system_prompt_file: prompt.md}\n")
+    first = runtime(tmp_path).run_sync("a", "2+2?", agents=load_agents(path))
+    (tmp_path / "prompt.md").unlink()
+    rt = runtime(tmp_path)
+    result = asyncio.run(rt.continue_run(first.run_id, "3+3?"))
+    assert (result.status, result.output) == ("done", "six")
+    assert rt.open(first.run_id).context[0].content == "You answer in one word."
