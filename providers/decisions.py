@@ -69,7 +69,7 @@ def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool) -> s
     if required:
         lines.append("You must call a tool.")
     else:
-        lines.append('To answer the user: {"action": "answer", "text": "<your answer>"}')
+        lines.append('To answer the user: {"action": "answer", "text": ...} with your reply as the text.')
         lines.append("Call a tool when you need its result; answer when you have what you need.")
     return "\n".join(lines)
 

@@ -27,6 +27,7 @@ What it does on each call:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -121,6 +122,8 @@ class LiteLLMProvider:
             await asyncio.to_thread(local.prepare, self.model)
             self._prepared = True
         shape = self._shape(request)
+        if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
+            request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
         kwargs = self._kwargs(request, shape)
         litellm = import_litellm()
         try:
@@ -160,13 +163,11 @@ class LiteLLMProvider:
             instructions = decision_instructions(request.tools, required=required)
             kwargs["messages"] = plain_history(request.messages, instructions)
             kwargs["response_format"] = _json_format(decision_schema(request.tools, required=required), self.embedded)
-            kwargs["max_tokens"] = max(request.max_tokens, _MIN_DECISION_TOKENS)
         elif shape == "tools":
             kwargs["tools"] = [t.to_litellm() for t in request.tools]
             kwargs["tool_choice"] = request.tool_choice
         elif shape == "json":
             kwargs["response_format"] = _json_format(request.response_schema or {}, self.embedded)
-            kwargs["max_tokens"] = max(request.max_tokens, _MIN_DECISION_TOKENS)
         kwargs.update(self.litellm_params)
         return kwargs
 

@@ -7,6 +7,7 @@ set at start-up unless the user has set them already.
 
 from __future__ import annotations
 
+import logging
 import os
 from functools import lru_cache
 from types import ModuleType
@@ -30,4 +31,6 @@ def import_litellm() -> ModuleType:
         raise ImportError("litellm is missing: pip install loomrt") from exc
     litellm.telemetry = False
     litellm.suppress_debug_info = True
+    if not os.environ.get("LITELLM_LOG"):  # loomrt records what matters; litellm's chatter is noise
+        logging.getLogger("LiteLLM").setLevel(logging.ERROR)
     return litellm

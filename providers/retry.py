@@ -1,18 +1,34 @@
-"""Retries with exponential backoff and jitter on 429, 5xx and timeouts."""
+"""Retries with exponential backoff and jitter on 429, 5xx and timeouts.
+
+The base delay is 0.5 s unless ``LOOMRT_RETRY_BASE_S`` says otherwise (the test suite sets
+it to 0.001); the delay before retry *n* is uniform in ``[0, min(20 s, base * 2**(n-1))]``
+("full jitter"). Every retry is reported to ``on_retry`` before the sleep, which the run
+loop records as a ``retry`` event, so the record shows every attempt.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import Callable
 
 from loomrt.errors import ProviderError
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
 
-__all__ = ["call_with_retries", "backoff_delay"]
+__all__ = ["call_with_retries", "backoff_delay", "default_base_delay"]
 
 BASE_DELAY_S = 0.5
 MAX_DELAY_S = 20.0
+
+
+def default_base_delay() -> float:
+    """The base backoff delay: ``$LOOMRT_RETRY_BASE_S``, else :data:`BASE_DELAY_S`."""
+    raw = os.environ.get("LOOMRT_RETRY_BASE_S")
+    try:
+        return max(0.0, float(raw)) if raw else BASE_DELAY_S
+    except ValueError:
+        return BASE_DELAY_S
 
 
 def backoff_delay(attempt: int, *, base: float = BASE_DELAY_S, cap: float = MAX_DELAY_S) -> float:
@@ -45,7 +61,7 @@ async def call_with_retries(
                     ) from exc
                 raise
             attempt += 1
-            delay = backoff_delay(attempt, base=BASE_DELAY_S if base_delay is None else base_delay)
+            delay = backoff_delay(attempt, base=default_base_delay() if base_delay is None else base_delay)
             if on_retry:
                 on_retry(attempt, exc, delay)
             await asyncio.sleep(delay)
