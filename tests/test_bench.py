@@ -5,16 +5,15 @@ exact timings). The hash embedder stands in for MiniLM."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 
 import pytest
+from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 
 from loomrt.bench import BenchConfig, run_bench
 from loomrt.bench.core import MEASURES, WORKLOADS, NullProgress, Probe, WorkloadResult, mode_measure, workload
 from loomrt.bench.play import Recorder, bench_spec, play_mode
 from loomrt.bench.workloads import ChatModel, agentic_script, chat_script
-from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.testing import FunctionProvider
 
 LOCOMO_MINI = Path(__file__).parent / "data" / "locomo-mini.json"
@@ -82,8 +81,9 @@ def test_series_are_cumulative_per_unit(quick: dict) -> None:
 def test_token_counts_are_exact_and_repeatable(quick: dict) -> None:
     again = run_bench(["chat200"], BenchConfig(quick=True, embedder="hash", modes=["append", "compaction"]))
     for mode in ("append", "compaction"):
-        assert again["workloads"]["chat200"]["modes"][mode]["input_tokens"] == (
-            quick["workloads"]["chat200"]["modes"][mode]["input_tokens"]
+        assert (
+            again["workloads"]["chat200"]["modes"][mode]["input_tokens"]
+            == (quick["workloads"]["chat200"]["modes"][mode]["input_tokens"])
         )
 
 
@@ -99,6 +99,7 @@ def test_generated_workloads_have_the_advertised_shape() -> None:
     sizes = sorted(count_text(s.output) for s in steps)
     assert sizes[-3] > 4000 > sizes[-4] and sizes[0] < 200
     assert sum(s.needs is not None for s in steps) == 18 == len(planted)
+    assert len({n.key for n in planted}) == 18 == len({n.value for n in planted})
 
 
 def test_recorder_counts_the_prefix_shared_with_the_previous_call() -> None:
@@ -132,9 +133,15 @@ def test_a_registered_workload_and_measure_join_the_run() -> None:
 
         for mode in ["append", *config.modes]:
             result.runs[mode] = play_mode(
-                config, mode, spec=bench_spec(config, mode, system=system), drive=drive,
+                config,
+                mode,
+                spec=bench_spec(config, mode, system=system),
+                drive=drive,
                 probes=[Probe(needles[0].search, (needles[0].value,))],
-                make_model=lambda: ChatModel(needles=needles), unit="turn", interactive=True, local=True,
+                make_model=lambda: ChatModel(needles=needles),
+                unit="turn",
+                interactive=True,
+                local=True,
             )
         return result
 

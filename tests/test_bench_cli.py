@@ -57,3 +57,31 @@ def test_list_names_every_workload_and_measure() -> None:
     assert result.exit_code == 0
     for name in ("chat200", "agentic", "locomo", "overhead", "recall_latency"):
         assert name in result.stdout
+
+
+def test_model_option_plays_a_given_model(tmp_path: Path) -> None:
+    """--model swaps the scripted bench model for any model string; a scripted file here."""
+    import yaml
+
+    script = tmp_path / "model.yaml"
+    turns = [{"text": f"Reply {i}: " + "fine words " * 120} for i in range(60)]
+    script.write_text(yaml.safe_dump({"turns": turns, "summaries": ["Summary: " + "points " * 150]}))
+    result = runner.invoke(
+        bench_app,
+        [
+            "run",
+            "chat200",
+            "--quick",
+            "--embedder",
+            "hash",
+            "--modes",
+            "compaction",
+            "--model",
+            f"scripted/{script}",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    modes = json.loads(result.stdout.strip().splitlines()[-1])["workloads"]["chat200"]["modes"]
+    assert modes["append"]["model_calls"] == 60 and modes["append"]["answered"] == 0.0  # it never knows the facts
+    assert modes["compaction"]["distillations"] >= 1 and modes["compaction"]["ratio"] < 1

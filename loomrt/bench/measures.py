@@ -164,7 +164,9 @@ def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str,
     return {"entries": entries, "queries": queries, **out}
 
 
-@standalone_measure("recall_needles", "exact values stated early in a scripted agentic run, found by Recall in its top 5")
+@standalone_measure(
+    "recall_needles", "exact values stated early in a scripted agentic run, found by Recall in its top 5"
+)
 def recall_needles(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     try:
         from loomrt.recall.bench import needles_run

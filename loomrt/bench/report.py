@@ -131,8 +131,13 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         ]
     if "recall_needles" in m:
         r = m["recall_needles"]
-        lines += ["### Recall needles", "", f"{r.get('found_top5')} of {r.get('needles')} exact values stated early "
-                  f"and evicted were returned verbatim by Recall in its top 5.", ""]
+        lines += [
+            "### Recall needles",
+            "",
+            f"{r.get('found_top5')} of {r.get('needles')} exact values stated early "
+            f"and evicted were returned verbatim by Recall in its top 5.",
+            "",
+        ]
     for name, f in m.items():
         if name not in ("overhead", "recall_latency", "recall_needles"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]

@@ -143,8 +143,8 @@ _WORDS = ["add_index", "split_orders", "drop_legacy", "backfill_users", "rename_
 
 
 def _needle(i: int, rng: random.Random) -> Needle:
-    svc = _SERVICES[i % len(_SERVICES)]
     kind = i % 6
+    svc = _SERVICES[(i + i // 6) % len(_SERVICES)]  # (kind, service) pairs are distinct up to 36 needles
     if kind == 0:
         v = f"/var/lib/{svc}/migrations/{rng.randint(10, 9999):04d}_{rng.choice(_WORDS)}.sql"
         return Needle(f"the failing migration file of {svc}", v, f"{svc} failing migration file path")
