@@ -106,7 +106,7 @@ def run_cmd(
 ) -> None:
     """Play the workloads in every mode and print the figures."""
     from loomrt.bench.core import BenchConfig, all_modes
-    from loomrt.bench.report import mode_rows, update_docs, write_report
+    from loomrt.bench.report import mode_rows
     from loomrt.bench.runner import run_bench
 
     if embedder not in ("default", "hash", "none"):
@@ -136,14 +136,10 @@ def run_cmd(
     except ValueError as exc:
         _err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    command = _command(targets, modes, quick, seed, embedder, cache_discount, model, data, conversations, out, docs)
-    if out is not None:
-        written = write_report(results, out, command=command)
-        _err.print("wrote " + ", ".join(str(p) for p in written))
-    if docs is not None:
-        rel = _relative(out, docs.parent) if out is not None else None
-        update_docs(docs, results, command=command, images=rel)
-        _err.print(f"updated the figures block of {docs}")
+    results["command"] = _command(
+        targets, modes, quick, seed, embedder, cache_discount, model, data, conversations, out, docs
+    )
+    _write(results, out, docs)
     if json_output:
         import json
         import sys
@@ -151,6 +147,42 @@ def run_cmd(
         sys.stdout.write(json.dumps(results, ensure_ascii=False) + "\n")
         return
     _print_tables(results, mode_rows)
+
+
+def _write(results: dict[str, Any], out: Path | None, docs: Path | None) -> None:
+    from loomrt.bench.report import update_docs, write_report
+
+    command = results.get("command")
+    if out is not None:
+        written = write_report(results, out, command=command)
+        _err.print("wrote " + ", ".join(str(p) for p in written))
+    if docs is not None:
+        rel = _relative(out, docs.parent) if out is not None else None
+        try:
+            update_docs(docs, results, command=command or "loomrt bench run", images=rel)
+        except ValueError as exc:
+            _err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        _err.print(f"updated the figures block of {docs}")
+
+
+@bench_app.command("report")
+def report_cmd(
+    results: Annotated[Path, typer.Argument(help="A results.json written by `bench run --out`.")],
+    out: Annotated[Path | None, typer.Option("--out", help="Write report.md, results.json and the plots here.")] = None,
+    docs: Annotated[
+        Path | None, typer.Option("--docs", help="Rewrite the figures block of this Markdown page.")
+    ] = None,
+) -> None:
+    """Render the report, the plots and the docs block again from a results.json, without rerunning."""
+    import json
+
+    try:
+        data = json.loads(results.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _err.print(f"[red]error:[/red] cannot read {results}: {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    _write(data, out, docs)
 
 
 def _model_allowed(model: str) -> bool:
