@@ -298,10 +298,14 @@ def _resolve_paths(body: dict[str, Any], base: Path, loc: _Located, name: str) -
     if isinstance(prompt_file, str):
         resolved = (base / prompt_file).resolve()
         if not resolved.is_file():
-            raise SpecError(
-                f"system prompt file {prompt_file!r} does not exist (looked in {resolved.parent})",
-                where=loc.where(("agents", name, "system_prompt_file")),
-                path=f"agents.{name}.system_prompt_file",
+            raise _at_origin(
+                SpecError(
+                    f"system prompt file {prompt_file!r} does not exist (looked in {resolved.parent})",
+                    where=loc.where(("agents", name, "system_prompt_file")),
+                    path=f"agents.{name}.system_prompt_file",
+                ),
+                ("agents", name, "system_prompt_file"),
+                loc,
             )
         body["system_prompt_file"] = str(resolved)
     if "model" in body:
@@ -367,10 +371,13 @@ def _fields_at(path: tuple[Any, ...]) -> list[str]:
 def _spec_error(exc: ValidationError, loc: _Located) -> SpecError:
     err = exc.errors()[0]
     path = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-    error = _describe(err, path, loc)
+    return _at_origin(_describe(err, path, loc), path, loc, key=err["type"] == "extra_forbidden")
+
+
+def _at_origin(error: SpecError, path: tuple[Any, ...], loc: _Located, *, key: bool = False) -> SpecError:
+    """``error`` about an agent's key, moved to ``defaults:`` when that is where the key is written."""
     if len(path) > 2 and path[0] == "agents" and path not in loc.marks and ("defaults", *path[2:]) in loc.marks:
-        # the key came from defaults: point there, where it is written
-        where = loc.where(("defaults", *path[2:]), key=err["type"] == "extra_forbidden")
+        where = loc.where(("defaults", *path[2:]), key=key)
         return SpecError(
             f"{error.detail} (applies to agent '{path[1]}')", where=where, path=_dotted(("defaults", *path[2:]))
         )

@@ -519,3 +519,9 @@ def test_a_malformed_script_is_a_clear_error_at_start(tmp_path, script, expected
         runtime(tmp_path).start("a", agents=agents)
     assert expected in str(info.value)
     assert str(info.value).startswith(str(tmp_path / "s.yaml"))
+
+
+def test_a_missing_prompt_file_given_in_defaults_is_reported_in_defaults(tmp_path, monkeypatch):
+    msg = load_error(tmp_path, monkeypatch, "defaults:\n  system_prompt_file: nope.md\nagents:\n  a: {model: m}\n")
+    assert msg.startswith("agents.yaml:2:23: defaults.system_prompt_file: system prompt file 'nope.md' does not exist")
+    assert msg.endswith("(applies to agent 'a')")
