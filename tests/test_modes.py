@@ -600,3 +600,37 @@ def test_auto_follows_the_capabilities_of_the_provider_that_resolved(tmp_path, l
     run = rt.start(spec, name="a", interactive=interactive)
     started = rt.store.events(run.run_id)[0].data
     assert (run.mode.name, started["mode"], started["local"]) == (expected, expected, local)
+
+
+def test_a_stateful_agent_from_yaml_and_a_script_file(tmp_path):
+    write(
+        tmp_path,
+        "scripts/triage.yaml",
+        """
+        local: false
+        turns:
+          - emit_state: {reasoning: look, patch: {step: 1}, action: {tool: calculate, arguments: {expression: "6*7"}}}
+          - emit_state: {reasoning: note, patch: {step: 2, found: ["42"]}, done: false}
+          - emit_state: {reasoning: done, patch: {}, done: true, final: "the answer is 42"}
+        """,
+    )
+    write(
+        tmp_path,
+        "agents.yaml",
+        f"""
+        agents:
+          triage:
+            model: scripted/scripts/triage.yaml
+            system_prompt: Triage.
+            tools: [calculate]
+            context:
+              mode: auto
+              state_schema: {json.dumps(SCHEMA)}
+        """,
+    )
+    agents = load_agents(tmp_path / "agents.yaml")
+    rt = runtime(tmp_path)
+    result = rt.run_sync("triage", "what is 6*7?", agents=agents)
+    assert (result.mode, result.status, result.output) == ("stateful", "done", "the answer is 42")
+    assert result.state == {"step": 2, "found": ["42"]} and result.distillations == 2
+    assert [e.data["content"] for e in events(rt, result.run_id, "tool_result")][0] == "42"
