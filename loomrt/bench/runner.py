@@ -66,6 +66,8 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
     progress = progress or NullProgress()
     explicit = bool(targets)
     targets = list(targets or DEFAULT_TARGETS)
+    if not explicit and config.model and config.model.startswith("local/"):
+        targets.append("local_overhead")  # the runtime's cost over bare llama.cpp, on the same model
     unknown = [t for t in targets if t not in WORKLOADS and not (t in MEASURES and MEASURES[t].kind == "standalone")]
     if unknown:
         known = ", ".join(available_targets())

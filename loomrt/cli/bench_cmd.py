@@ -25,6 +25,9 @@ bench_app = typer.Typer(
     no_args_is_help=True,
 )
 
+LOCAL_DEFAULT = "local/qwen2.5-coder-1.5b"
+"""What ``--model local`` means: the embedded local model."""
+
 _err = Console(stderr=True)
 _out = Console()
 if not _out.is_terminal:  # piped: do not squeeze the tables into 80 columns
@@ -72,7 +75,7 @@ def run_cmd(
         str | None,
         typer.Option(
             "--model",
-            help="Play against a real model (e.g. local/qwen2.5-coder-1.5b or any litellm model) instead of the scripted one. Slow.",
+            help="Play against a real model instead of the scripted one: `local` (the embedded local/qwen2.5-coder-1.5b), any local/... model, or any litellm model. Slow.",
         ),
     ] = None,
     data: Annotated[
@@ -109,6 +112,8 @@ def run_cmd(
     from loomrt.bench.report import mode_rows
     from loomrt.bench.runner import run_bench
 
+    if model == "local":
+        model = LOCAL_DEFAULT
     if embedder not in ("default", "hash", "none"):
         raise typer.BadParameter("use default, hash or none", param_hint="--embedder")
     chosen = _split(modes) or all_modes()
