@@ -73,9 +73,8 @@ class ScriptedProvider:
         self.calls.append(request)
         if request.purpose == "turn":
             if self._turn >= len(self.turns):
-                n = len(self.turns)
                 raise ScriptExhaustedError(
-                    f"the script {self.model.removeprefix('scripted/')} has {n} turn{'' if n == 1 else 's'} "
+                    f"the script {self.model.removeprefix('scripted/')} has {len(self.turns)} turns "
                     f"and the run asked for turn {self._turn + 1}. Add turns to the script, or lower max_iterations."
                 )
             item = self.turns[self._turn]

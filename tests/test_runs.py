@@ -154,7 +154,7 @@ def test_a_script_that_runs_out_names_the_script(tmp_path):
     result = rt.run_sync("a", "go", agents=agents)
     assert result.status == "failed"
     script = tmp_path / "s.yaml"
-    assert f"the script {script} has 1 turn and the run asked for turn 2" in result.error
+    assert f"the script {script} has 1 turns and the run asked for turn 2" in result.error
     assert "Add turns to the script, or lower max_iterations" in result.error
     assert events(rt, result.run_id, "error")[0].data["type"] == "ScriptExhaustedError"
 
