@@ -271,3 +271,9 @@ def test_the_sqlite_store_satisfies_the_store_protocol(store):
     from loomrt import Store
 
     assert isinstance(store, Store)
+
+
+def test_events_of_a_run_that_was_never_created_are_refused(store):
+    with pytest.raises(StoreError, match="cannot append to the record of run ghost"):
+        store.append("ghost", "notice", {})
+    assert store.events("ghost") == []
