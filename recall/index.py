@@ -224,7 +224,7 @@ class RecallIndex:
         self._lexical = _Lexical()
         self._lexical_window = _Lexical()
         self._order: list[int] = []
-        self._pos: dict[int, int] = {}
+        self._order_array = np.zeros(0, dtype=np.int64)
         self._dirty = False
         self.evicted_total = 0
         """How many entries the FIFO cap has dropped."""
@@ -276,7 +276,7 @@ class RecallIndex:
         if not self._dirty:
             return
         self._order = list(self.entries)
-        self._pos = {i: j for j, i in enumerate(self._order)}
+        self._order_array = np.array(self._order, dtype=np.int64)
         values = list(self.entries.values())
         self._lexical.build([e.label for e in values])
         self._lexical_window.build([e.window for e in values])
@@ -292,11 +292,11 @@ class RecallIndex:
         q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
         n = len(self._order)
         sims, ids = self._dense.search(q, n)
-        pos = self._pos
+        order = self._order_array  # ascending: ids only increase
+        found = ids[0] >= 0
+        at = np.searchsorted(order, ids[0][found])
         out = np.zeros(n, dtype=np.float32)
-        for sim, i in zip(sims[0], ids[0], strict=True):
-            if i >= 0 and int(i) in pos:
-                out[pos[int(i)]] = sim
+        out[at] = sims[0][found]
         mean, best = float(out.mean()), float(out.max())
         return (out - mean) / (best - mean) if best > mean else np.zeros_like(out)
 
