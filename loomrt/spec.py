@@ -159,6 +159,11 @@ class AgentSpec(_Strict):
     def _one_prompt(self) -> AgentSpec:
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("give system_prompt or system_prompt_file, not both")
+        if "Recall" in self.tools and not self.context.recall:
+            raise ValueError(
+                "Recall is granted by context.recall: true (which also indexes the evicted spans); "
+                "set that instead of listing Recall in tools"
+            )
         return self
 
     def system_text(self) -> str:
@@ -190,6 +195,11 @@ def definition_hash(spec: AgentSpec) -> str:
     """The content hash of a definition (the system prompt file's text included)."""
     data = spec.model_dump(mode="json")
     data["system_prompt"] = spec.system_text() if spec.system_prompt_file else spec.system_prompt
+    data["system_prompt_file"] = None  # the text counts, not where the checkout lives
+    for key, owner in (("model", data), ("summarizer_model", data["context"])):
+        value = owner.get(key)
+        if isinstance(value, str) and value.startswith("scripted/"):
+            owner[key] = "scripted/" + Path(value).name
     blob = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -56,7 +56,7 @@ def resolve_toolset(
     toolset = Toolset()
     for i, name in enumerate(spec.tools):
         if name == "Recall":
-            continue  # granted below when context.recall is on
+            continue  # granted below (the spec insists on context.recall: true)
         if name not in registry:
             raise SpecError(
                 f"unknown tool {name!r}. Known tools: {', '.join(sorted(registry))}",

@@ -244,6 +244,22 @@ def test_stateful_boundary_keeps_system_task_sigma_and_the_last_observation_only
     assert all(d["mode"] == "stateful" for d in ds)
 
 
+def test_interactive_stateful_keeps_the_turn_in_progress_input_until_the_turn_ends(tmp_path):
+    context = {"mode": "stateful", "state_schema": SCHEMA}
+    provider = ScriptedProvider([
+        emit({"step": 1}, done=True, final="first done"),
+        emit({"step": 2}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
+        emit({"step": 3}, done=True, final="second done"),
+    ])
+    rt = runtime(tmp_path, provider)
+    run = rt.start(agent(tmp_path, context), name="a", interactive=True)
+    send(rt, run, "first task")
+    assert send(rt, run, "now the second question").output == "second done"
+    third = request_contents(provider.calls[2])
+    assert ("user", "first task") in third  # the pinned task
+    assert third[-2:] == [("user", "now the second question"), ("user", "Last observation (calculate):\n2")]
+
+
 def test_merge_patch_through_a_run_deletes_with_null_and_merges_nested_objects(tmp_path):
     turns = [
         emit({"step": 1, "notes": {"db": {"host": "h", "port": 5432}, "owner": "ann"}}),

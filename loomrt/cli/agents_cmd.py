@@ -9,7 +9,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from loomrt.cli.common import friendly, load, out, print_json
+from loomrt.cli.common import err, friendly, load, out, print_json
 from loomrt.errors import SpecError
 
 __all__ = ["agents_app"]
@@ -48,11 +48,22 @@ def validate_cmd(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a definitions file; print file:line:col: key: problem on error."""
+    from loomrt.tools import BUILTIN_TOOLS
+
     path, defs = load(file)
+    warnings = [
+        f"agents.{name}.tools[{i}]: {tool!r} is not a built-in tool; the Runtime that runs "
+        f"this agent must register it (built-ins: {', '.join(sorted(BUILTIN_TOOLS))})"
+        for name, spec in defs.agents.items()
+        for i, tool in enumerate(spec.tools)
+        if tool not in BUILTIN_TOOLS and tool != "Recall"
+    ]
     if json_output:
-        print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents)})
-    else:
-        out.print(f"{path}: ok, {len(defs.agents)} agents ({', '.join(defs.agents)})", highlight=False)
+        print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents), "warnings": warnings})
+        return
+    for w in warnings:
+        err.print(f"[yellow]warning:[/yellow] {path}: {w}", highlight=False)
+    out.print(f"{path}: ok, {len(defs.agents)} agents ({', '.join(defs.agents)})", highlight=False)
 
 
 @agents_app.command("schema")

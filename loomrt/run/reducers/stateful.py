@@ -8,7 +8,8 @@ The model's only way to act is the ``emit_state`` tool::
 ``context.state_schema`` (the full schema, ``required`` included). An invalid patch is
 shown back to the model with the validation error and retried up to
 ``max_patch_retries``; ``on_invalid_patch: fail`` fails at once. ``propose_schema`` is
-recorded, never applied. Each boundary keeps only system, the pinned task, Σ and O.
+recorded, never applied. Each boundary keeps only system, the pinned task, Σ and O (and, in an interactive
+run, the input of the turn in progress, until that turn ends).
 """
 
 from __future__ import annotations
@@ -183,7 +184,9 @@ class StatefulMode(RetentionMode):
     async def reduce(self, run: RunState) -> Reduction | None:
         cut = splice(run.context, keep_last_n=0)
         last = run.context[-1]
-        span = [m for m in cut.middle if m.synthetic is None]
+        # the input of the turn in progress stays until the turn ends (the pinned task is in the head)
+        current = next((m for m in reversed(cut.middle) if m.role == "user" and m.synthetic is None), None)
+        span = [m for m in cut.middle if m.synthetic is None and m is not current]
         if not span:
             return None
         state = run.state if run.state is not None else initial_state(run.spec.context.state_schema or {})
@@ -195,4 +198,5 @@ class StatefulMode(RetentionMode):
             synthetic="observation",
             seq=last.seq,
         )
-        return Reduction(context=[*cut.head, sigma, observation], evicted=span, state=state)
+        kept = [current] if current is not None else []
+        return Reduction(context=[*cut.head, sigma, *kept, observation], evicted=span, state=state)
