@@ -203,3 +203,33 @@ def test_real_subprocess_run_and_error(calc_agents: Path, tmp_path: Path) -> Non
         cwd=calc_agents.parent, env=env, capture_output=True, text=True, timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
+
+
+def test_validate_warns_on_tools_that_are_not_built_in(tmp_path: Path) -> None:
+    p = write(tmp_path, "agents:\n  a:\n    model: local/x\n    tools: [calculate, deploy]\n")
+    result = invoke("agents", "validate", str(p), "--json")
+    assert result.exit_code == 0
+    warnings = json.loads(result.stdout)["warnings"]
+    assert len(warnings) == 1 and "agents.a.tools[1]: 'deploy' is not a built-in tool" in warnings[0]
+
+
+def test_recall_in_tools_needs_context_recall(tmp_path: Path) -> None:
+    p = write(tmp_path, "agents:\n  a:\n    model: local/x\n    tools: [Recall]\n")
+    result = invoke("agents", "validate", str(p))
+    assert result.exit_code == 2 and "context.recall: true" in result.stderr and ":3:" in result.stderr
+
+
+def test_definition_hash_does_not_depend_on_where_the_checkout_lives(tmp_path: Path) -> None:
+    from loomrt.spec import definition_hash, load_agents
+
+    hashes = []
+    for folder in ("one", "two"):
+        d = tmp_path / folder
+        d.mkdir()
+        (d / "p.md").write_text("You add.")
+        (d / "s.yaml").write_text("turns: [{text: hi}]\n")
+        (d / "agents.yaml").write_text("agents:\n  a:\n    model: scripted/s.yaml\n    system_prompt_file: p.md\n")
+        hashes.append(definition_hash(load_agents(d / "agents.yaml").agents["a"]))
+    assert hashes[0] == hashes[1]
+    (tmp_path / "two" / "p.md").write_text("You subtract.")
+    assert definition_hash(load_agents(tmp_path / "two" / "agents.yaml").agents["a"]) != hashes[0]
