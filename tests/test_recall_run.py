@@ -275,3 +275,17 @@ def test_the_token_cap_bounds_every_answer() -> None:
     small.on_evicted(EvictedSpan("r2", "a", "compaction", 2, (Message(role="user", content=big[:3000], seq=1),)))
     first = small.tool.fn(query="error E3", top_k=5)["results"][0]
     assert first["truncated"] and "record seq 1" in first["text"]
+
+
+def test_rebuild_from_the_record_matches_the_live_index() -> None:
+    provider = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."])
+    rt = scripted_runtime(provider, embedder=HashEmbedder())
+    run = rt.start(spec(), interactive=True)
+    asyncio.run(chat(rt, run))
+    live = [(e.seq, e.distillation_seq, e.role, e.text, e.before) for e in run.toolset.recall.index.entries.values()]
+    rebuilt = RunRecall(run_id=run.run_id, context=run.spec.context, embedder=HashEmbedder())
+    rebuilt.rebuild(rt.store.events(run.run_id))
+    again = [(e.seq, e.distillation_seq, e.role, e.text, e.before) for e in rebuilt.index.entries.values()]
+    assert live and again == live
+    query = "staging database db-stage.internal"
+    assert [h.seq for h in rebuilt.search(query)] == [h.seq for h in run.toolset.recall.search(query)]
