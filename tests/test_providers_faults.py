@@ -1,0 +1,66 @@
+"""Provider failures during a run: every attempt is on the record, nothing is lost, a
+permanent error fails the run cleanly, and the run stays resumable."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+from loomrt.testing import FaultyProvider, ScriptedProvider, scripted_runtime
+
+
+def kinds(rt: Runtime, run_id: str) -> list[str]:
+    return [e.kind for e in rt.store.events(run_id)]
+
+
+def test_every_retry_is_an_event_and_the_run_completes() -> None:
+    then = ScriptedProvider(turns=[{"tool_call": {"name": "calculate", "arguments": {"expression": "6*7"}}}, "42"])
+    provider = FaultyProvider(["429", "500", "timeout", "malformed_tool_call"], then=then)
+    rt = scripted_runtime(provider)
+    result = rt.run_sync(AgentSpec(model="scripted/x", tools=["calculate"], retries=4), "what is 6*7?")
+    assert result.status == "done" and result.output == "42"
+    events = rt.store.events(result.run_id)
+    retries = [e.data for e in events if e.kind == "retry"]
+    assert [r["attempt"] for r in retries] == [1, 2, 3, 4]
+    assert [r["status"] for r in retries] == [429, 500, 408, None]
+    assert "malformed JSON arguments for tool 'calculate'" in retries[3]["error"]
+    # nothing is lost: the input, the tool call and its result, and the answer are all there
+    assert kinds(rt, result.run_id) == [
+        "run_started", "user_input", "retry", "retry", "retry", "retry", "model_call", "assistant_message",
+        "tool_call", "tool_result", "model_call", "assistant_message", "final",
+    ]
+    tool_result = next(e.data for e in events if e.kind == "tool_result")
+    assert tool_result["content"] == "42" and not tool_result["is_error"]
+    assert result.model_calls == 2  # failed attempts are retries, not model calls
+    then.assert_complete()
+
+
+def test_a_permanent_error_fails_the_run_with_the_providers_message_and_it_resumes() -> None:
+    then = ScriptedProvider(turns=["recovered"])
+    rt = scripted_runtime(FaultyProvider(["429", "401"], then=then))
+    result = rt.run_sync(AgentSpec(model="scripted/x", retries=3), "hello")
+    assert result.status == "failed"
+    assert "authentication failed (401): injected invalid API key" in (result.error or "")
+    assert kinds(rt, result.run_id) == ["run_started", "user_input", "retry", "error"]
+    error = rt.store.events(result.run_id)[-1].data
+    assert "injected invalid API key" in error["message"] and error["type"] == "ProviderError"
+
+    resumed = asyncio.run(rt.resume(result.run_id))  # the same runtime's provider now answers
+    assert resumed.status == "done" and resumed.output == "recovered"
+    assert kinds(rt, result.run_id)[4:] == ["resumed", "model_call", "assistant_message", "final"]
+    assert rt.store.events(result.run_id)[1].data == {"content": "hello"}  # the record was never rewritten
+
+
+def test_retries_running_out_fail_the_run_with_the_count() -> None:
+    rt = scripted_runtime(FaultyProvider(["503", "503", "503"]))
+    result = rt.run_sync(AgentSpec(model="scripted/x", retries=2), "hello")
+    assert result.status == "failed"
+    assert "gave up after 3 attempts" in (result.error or "")
+    assert kinds(rt, result.run_id).count("retry") == 2
+
+
+def test_retries_zero_means_one_attempt() -> None:
+    rt = scripted_runtime(FaultyProvider(["429"]))
+    result = rt.run_sync(AgentSpec(model="scripted/x", retries=0), "hello")
+    assert result.status == "failed" and "retry" not in kinds(rt, result.run_id)
