@@ -236,10 +236,10 @@ def _command(
 
 
 def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
-    from loomrt.bench.report import SHORT
+    from loomrt.bench.report import SHORT, describe
 
     for name, w in results["workloads"].items():
-        table = Table(title=f"{name} ({', '.join(f'{k} {v}' for k, v in w['params'].items())})", title_justify="left")
+        table = Table(title=f"{name} ({describe(w['params'])})", title_justify="left")
         for _, header in SHORT:
             table.add_column(header, justify="left" if header in ("mode", "resolved") else "right")
         for row in mode_rows(w, SHORT):
