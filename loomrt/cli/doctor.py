@@ -75,7 +75,7 @@ def _provider_entry(name: str, spec: Any, verify: bool) -> dict[str, Any]:
     if not spec.model.startswith("scripted/"):
         caps = capabilities_for(spec.model, api_base=spec.api_base, declared=spec.capabilities)
         entry["capabilities"] = dict(caps.__dict__)
-        entry["tools_via"] = "native tool calls" if caps.tool_calling else "constrained JSON decisions"
+        entry["tools_via"] = "native" if caps.tool_calling else "JSON decision"
     entry["ok"] = not problems
     if problems:
         entry["problems"] = problems
@@ -128,15 +128,17 @@ def _print(report: dict[str, Any]) -> None:
     if report.get("agents_problem"):
         out.print(f"  {report['agents_problem']}", highlight=False)
     if report["providers"]:
-        table = Table("agent", "model", "local", "window", "tools via", "status", box=None)
+        table = Table("agent", "model", "local", "window", "tools", "", box=None)
         for p in report["providers"]:
             caps = p.get("capabilities") or {}
-            status = "ok" if p["ok"] else "; ".join(p["problems"])
             table.add_row(
                 p["agent"], p["model"], str(caps.get("local", "—")), str(caps.get("context_window", "—")),
-                p.get("tools_via", "scripted"), f"{_mark(p['ok'])} {status}",
+                p.get("tools_via", "scripted"), _mark(p["ok"]),
             )
         out.print(table)
+        for p in report["providers"]:
+            for problem in p.get("problems", []):
+                out.print(f"  [red]✗[/red] {p['agent']}: {problem}", highlight=False)
     out.print("[bold]API keys[/bold] (set or not; values are never shown)")
     for var, is_set in report["api_keys"].items():
         out.print(f"  {_mark(is_set)} {var}")
