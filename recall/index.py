@@ -9,10 +9,12 @@ each point at their message). Each entry is matched two ways, on two texts:
 - lexical: BM25 (``bm25s``) over tokens that keep exact values whole (paths, ids, numbers,
   ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
 
-The two texts are the entry itself (speaker and text) and its *window*: the entry with
-the message before it, because a message often only makes sense as an answer to the one
-before ("where did you go?" / "Lisbon"). Four ranked lists (dense and BM25, on the entry
-and on its window) are fused by weighted reciprocal rank fusion and returned best first.
+Lexical matching scores the entry itself (speaker and text) and its *window*: the entry
+with the message before it, because a message often only makes sense as an answer to the
+one before ("where did you go?" / "Lisbon"). The three signals (cosine, BM25 on the entry,
+BM25 on its window) are scaled per query and fused by weight (:class:`Fusion`); results
+come back best first. Tokens are computed once, when an entry is added; the BM25 indexes
+are rebuilt from them on the first query after a change.
 """
 
 from __future__ import annotations
@@ -187,11 +189,10 @@ class _Lexical:
     bm25: Any = None
     size: int = 0
 
-    def build(self, texts: list[str]) -> None:
+    def build(self, tokens: list[list[str]]) -> None:
         import bm25s
 
-        tokens = [tokenize(t) for t in texts]
-        self.size = len(texts)
+        self.size = len(tokens)
         if not any(tokens):
             self.bm25 = None
             return
@@ -224,6 +225,7 @@ class RecallIndex:
         self._lexical = _Lexical()
         self._lexical_window = _Lexical()
         self._order: list[int] = []
+        self._tokens: dict[int, tuple[list[str], list[str]]] = {}
         self._order_array = np.zeros(0, dtype=np.int64)
         self._dirty = False
         self.evicted_total = 0
@@ -259,6 +261,8 @@ class RecallIndex:
         self._next_id += len(entries)
         for e in entries:
             self.entries[e.id] = e
+            label = tokenize(e.label)
+            self._tokens[e.id] = (label, tokenize(e.before) + label if e.before else label)
         self._enforce_cap()
         self._dirty = True
         return entries
@@ -268,6 +272,8 @@ class RecallIndex:
         if over <= 0:
             return
         old = [self.entries.popitem(last=False)[0] for _ in range(over)]
+        for i in old:
+            del self._tokens[i]
         self.evicted_total += over
         if self._dense is not None:
             self._dense.remove_ids(np.array(old, dtype=np.int64))
@@ -277,9 +283,8 @@ class RecallIndex:
             return
         self._order = list(self.entries)
         self._order_array = np.array(self._order, dtype=np.int64)
-        values = list(self.entries.values())
-        self._lexical.build([e.label for e in values])
-        self._lexical_window.build([e.window for e in values])
+        self._lexical.build([self._tokens[i][0] for i in self._order])
+        self._lexical_window.build([self._tokens[i][1] for i in self._order])
         self._dirty = False
 
     def dense_size(self) -> int:
