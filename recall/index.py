@@ -332,5 +332,7 @@ class RecallIndex:
         if not matched.any() or weight == 0:
             return []
         candidates = np.flatnonzero(matched)
-        top = candidates[np.argsort(-total[candidates], kind="stable")[:k]]
+        if len(candidates) > k:  # the k best without sorting them all
+            candidates = candidates[np.argpartition(-total[candidates], k - 1)[:k]]
+        top = candidates[np.argsort(-total[candidates], kind="stable")]
         return [Hit(self.entries[self._order[j]], round(float(np.clip(total[j] / weight, 0.0, 1.0)), 6)) for j in top]
