@@ -113,13 +113,20 @@ def _decision_text(tool_call: dict[str, Any]) -> str:
 def parse_json_reply(text: str, *, model: str, finish_reason: str | None, max_tokens: int) -> Any:
     """The JSON value a constrained reply holds; a clear :class:`ProviderError` if it has none.
 
-    A reply cut off by ``max_tokens`` is not retryable (the same limit cuts it off again:
+    A model without a grammar may wrap the object in prose or a code fence; the outermost
+    ``{...}`` is then used. A reply cut off by ``max_tokens`` is not retryable (the same limit cuts it off again:
     raise ``max_tokens``). Any other invalid JSON is retryable (a fresh sample usually
     fixes it, and without a grammar a model can stray).
     """
     try:
         return json.loads(text)
     except ValueError as exc:
+        start, end = text.find("{"), text.rfind("}")
+        if 0 <= start < end and finish_reason != "length":  # a model without a grammar may fence its JSON
+            try:
+                return json.loads(text[start : end + 1])
+            except ValueError:
+                pass
         if finish_reason == "length":
             raise ProviderError(
                 f"{model}: the JSON reply was cut off at max_tokens={max_tokens} and is incomplete. "

@@ -45,7 +45,7 @@ from loomrt.providers.decisions import (
     plain_history,
 )
 from loomrt.providers.offline import import_litellm
-from loomrt.providers.registry import capabilities_for, runs_locally
+from loomrt.providers.registry import capabilities_for, is_embedded, runs_locally
 
 if TYPE_CHECKING:
     from loomrt.spec import AgentSpec
@@ -84,7 +84,7 @@ class LiteLLMProvider:
         self.timeout_s = timeout_s
         self.capabilities = capabilities or capabilities_for(model, api_base=api_base)
         self.litellm_params = dict(litellm_params or {})
-        self.embedded = model.startswith("local/")
+        self.embedded = is_embedded(model)
         self._prepared = False
         if self.embedded:
             from loomrt.providers.models import get_model
@@ -162,7 +162,8 @@ class LiteLLMProvider:
             required = request.tool_choice == "required"
             instructions = decision_instructions(request.tools, required=required)
             kwargs["messages"] = plain_history(request.messages, instructions)
-            kwargs["response_format"] = _json_format(decision_schema(request.tools, required=required), self.embedded)
+            if self.capabilities.structured_output:  # else the instructions alone ask for the JSON
+                kwargs["response_format"] = _json_format(decision_schema(request.tools, required=required), self.embedded)
         elif shape == "tools":
             kwargs["tools"] = [t.to_litellm() for t in request.tools]
             kwargs["tool_choice"] = request.tool_choice

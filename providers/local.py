@@ -33,7 +33,7 @@ from loomrt.errors import ProviderError
 from loomrt.providers.models import INSTALL_HINT, get_model, model_path
 from loomrt.providers.offline import import_litellm
 
-__all__ = ["register", "prepare", "generate", "load", "Generation", "LOCAL_PROVIDER"]
+__all__ = ["register", "prepare", "generate", "load", "n_threads", "Generation", "LOCAL_PROVIDER"]
 
 LOCAL_PROVIDER = "local"
 # Llama.create_chat_completion's defaults, so a reply matches what bare llama-cpp-python gives
@@ -108,12 +108,22 @@ def load(model: str, n_ctx: int | None = None) -> _Loaded:
             with current.lock:  # never pull a model from under a running call
                 current.llama.close()
         try:
-            llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=os.cpu_count(), verbose=False)
+            llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads(), verbose=False)
         except Exception as exc:  # noqa: BLE001 - llama.cpp reports load failures as ValueError/RuntimeError
             raise ProviderError(f"llama.cpp could not load {model} from {path}: {exc}") from exc
         loaded = _Loaded(path, llama, n_ctx, threading.Lock(), _formatter(llama_cpp, llama))
         _INSTANCES[path] = loaded
         return loaded
+
+
+def n_threads() -> int:
+    """llama.cpp's threads: ``$LOOMRT_LLAMA_THREADS``, else every CPU.
+
+    On a machine busy with other work, fewer threads than CPUs can be much faster
+    (llama.cpp's threads spin while they wait for each other).
+    """
+    raw = os.environ.get("LOOMRT_LLAMA_THREADS", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else os.cpu_count() or 1
 
 
 def _formatter(llama_cpp: Any, llama: Any) -> Any:

@@ -40,6 +40,7 @@ __all__ = [
     "is_private_endpoint",
     "runs_locally",
     "is_embedded",
+    "is_scripted",
 ]
 
 DEFAULT_CONTEXT_WINDOW = 8192
@@ -66,8 +67,13 @@ def provider_of(model: str) -> str:
 
 
 def is_embedded(model: str) -> bool:
-    """Whether ``model`` is served in this process (the embedded llama.cpp model or a script)."""
-    return provider_of(model) in ("local", "scripted")
+    """Whether ``model`` is the embedded llama.cpp model (``local/*``), served in this process."""
+    return provider_of(model) == "local"
+
+
+def is_scripted(model: str) -> bool:
+    """Whether ``model`` replays a script (``scripted/*``) instead of calling a model."""
+    return provider_of(model) == "scripted"
 
 
 def is_private_endpoint(api_base: str) -> bool:
@@ -90,7 +96,7 @@ def runs_locally(model: str, api_base: str | None = None) -> bool:
 
     This is the fact the request guard (``LOOMRT_ALLOW_MODEL_REQUESTS=0``) checks.
     """
-    if is_embedded(model):
+    if is_embedded(model) or is_scripted(model):
         return True
     if api_base:
         return is_private_endpoint(api_base)
@@ -121,7 +127,7 @@ def capabilities_for(model: str, *, api_base: str | None = None, declared: Any =
         facts = Capabilities(
             local=True, context_window=CATALOGUE[model].context_window, tool_calling=False, structured_output=True
         )
-    elif provider_of(model) == "scripted":
+    elif is_scripted(model):
         facts = Capabilities(local=True, context_window=32768, tool_calling=True, structured_output=True)
     else:
         facts = _from_litellm(model, local=local, declared_window=overrides.get("context_window"))
@@ -129,7 +135,7 @@ def capabilities_for(model: str, *, api_base: str | None = None, declared: Any =
 
 
 def _from_litellm(model: str, *, local: bool, declared_window: int | None) -> Capabilities:
-    info = _model_info(model) if not model.startswith("local/") else {}
+    info = _model_info(model) if not is_embedded(model) else {}
     window = info.get("max_input_tokens") or info.get("max_tokens")
     if not window:
         window = declared_window or DEFAULT_CONTEXT_WINDOW

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
     entry = get_model(model)
     path = model_path(model)
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}]
-    bare = Llama(model_path=str(path), n_ctx=entry.context_window, n_threads=os.cpu_count(), verbose=False)
+    bare = Llama(model_path=str(path), n_ctx=entry.context_window, n_threads=local.n_threads(), verbose=False)
     provider = LiteLLMProvider(model)
     spec = AgentSpec(model=model, system_prompt=SYSTEM, temperature=0, max_tokens=MAX_TOKENS)
     times: dict[str, list[float]] = {"bare": [], "gateway": [], "run": []}
@@ -102,7 +101,7 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
         "tokens_per_s_bare": round(tokens["bare"] / med["bare"], 1),
         "goal": "run_ratio <= 1.10",
         "meets_goal": med["run"] / med["bare"] <= 1.10,
-        "n_threads": os.cpu_count(),
+        "n_threads": local.n_threads(),
     }
 
 

@@ -54,7 +54,7 @@ def _agents(explicit: Path | None) -> tuple[str | None, dict[str, Any], str | No
 
 def _provider_entry(name: str, spec: Any, verify: bool) -> dict[str, Any]:
     from loomrt.providers.models import CATALOGUE, model_status
-    from loomrt.providers.registry import capabilities_for, provider_of
+    from loomrt.providers.registry import capabilities_for, is_embedded, is_scripted, provider_of
 
     entry: dict[str, Any] = {"agent": name, "model": spec.model, "provider": provider_of(spec.model)}
     if spec.api_base:
@@ -70,9 +70,9 @@ def _provider_entry(name: str, spec: Any, verify: bool) -> dict[str, Any]:
             problems.append(str(status.get("error")))
         elif status.get("error"):
             problems.append(str(status["error"]))
-    elif spec.model.startswith("local/"):
+    elif is_embedded(spec.model):
         problems.append(f"unknown embedded model; known: {', '.join(sorted(CATALOGUE))}")
-    if not spec.model.startswith("scripted/"):
+    if not is_scripted(spec.model):
         caps = capabilities_for(spec.model, api_base=spec.api_base, declared=spec.capabilities)
         entry["capabilities"] = dict(caps.__dict__)
         entry["tools_via"] = "native" if caps.tool_calling else "JSON decision"
