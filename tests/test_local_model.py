@@ -75,6 +75,19 @@ def test_the_second_call_reuses_the_cached_prompt_prefix() -> None:
 
 
 @pytest.mark.slow
+def test_plain_litellm_reaches_the_embedded_model_and_shares_its_instance() -> None:
+    from loomrt.providers import local
+    from loomrt.providers.offline import import_litellm
+
+    local.register()
+    reply = import_litellm().completion(
+        model=SMOL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+    )
+    assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
+    assert local.load(SMOL) is local.load(SMOL)  # one Llama per model file per process
+
+
+@pytest.mark.slow
 def test_a_call_past_its_timeout_is_a_retryable_error() -> None:
     with pytest.raises(ProviderError) as info:
         ask(LiteLLMProvider(SMOL, timeout_s=0.001), "Count to one hundred.", max_tokens=200)
@@ -104,7 +117,7 @@ def test_a_full_run_on_the_embedded_model() -> None:
 def test_a_local_stateful_run_never_emits_malformed_json() -> None:
     rt = Runtime(SQLiteStore(":memory:"))
     spec = AgentSpec.model_validate({
-        "model": SMOL, "temperature": 0, "max_tokens": 256, "max_iterations": 2,
+        "model": SMOL, "temperature": 0, "max_tokens": 256, "max_iterations": 1,
         "context": {"mode": "stateful", "state_schema": {
             "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
         }},

@@ -12,7 +12,9 @@ Each repeat runs the three back to back (interleaved, so a change in machine loa
 three alike), after one warm-up round that is not counted (model load, litellm import).
 Both models start each call from an empty KV cache, so every call evaluates the whole
 prompt and generates the same tokens (temperature 0). The result holds the medians and
-the ratios to ``bare``; the goal is ``run_ratio <= 1.10``.
+the ratios to ``bare``; the goal is ``run_ratio <= 1.10``. CPU seconds (all threads of the
+process) are reported beside wall-clock seconds: on a machine busy with other work they
+are the steadier measure, especially with ``LOOMRT_LLAMA_THREADS=1``.
 
 Run it: ``python -m loomrt.bench.overhead_local [MODEL] [REPEATS]``.
 """
@@ -54,6 +56,7 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
     provider = LiteLLMProvider(model)
     spec = AgentSpec(model=model, system_prompt=SYSTEM, temperature=0, max_tokens=MAX_TOKENS)
     times: dict[str, list[float]] = {"bare": [], "gateway": [], "run": []}
+    cpu: dict[str, list[float]] = {"bare": [], "gateway": [], "run": []}
     tokens: dict[str, int] = {}
 
     def embedded() -> Any:
@@ -64,30 +67,32 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
         request = ModelRequest(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
         for i in range(repeats + 1):
             bare.reset()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             out = bare.create_chat_completion(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
-            elapsed = {"bare": time.perf_counter() - t}
+            elapsed, used = {"bare": time.perf_counter() - t}, {"bare": time.process_time() - c}
             tokens["bare"] = out["usage"]["completion_tokens"]
 
             if i:  # the first round loaded the embedded model; from then on start it cold too
                 embedded().reset()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             reply = asyncio.run(provider.complete(request))
-            elapsed["gateway"] = time.perf_counter() - t
+            elapsed["gateway"], used["gateway"] = time.perf_counter() - t, time.process_time() - c
             tokens["gateway"] = reply.usage.output_tokens
 
             embedded().reset()
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             result = runtime.run_sync(spec, PROMPT)
-            elapsed["run"] = time.perf_counter() - t
+            elapsed["run"], used["run"] = time.perf_counter() - t, time.process_time() - c
             tokens["run"] = result.usage.output_tokens
             if result.status != "done":
                 raise RuntimeError(f"the benchmark run failed: {result.error}")
             if i:  # round 0 is the warm-up
                 for key, value in elapsed.items():
                     times[key].append(value)
+                    cpu[key].append(used[key])
     bare.close()
     med = {k: statistics.median(v) for k, v in times.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     return {
         "model": model,
         "repeats": repeats,
@@ -98,6 +103,8 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
         "median_s": {k: round(v, 4) for k, v in med.items()},
         "gateway_ratio": round(med["gateway"] / med["bare"], 4),
         "run_ratio": round(med["run"] / med["bare"], 4),
+        "median_cpu_s": {k: round(v, 4) for k, v in med_cpu.items()},
+        "run_cpu_ratio": round(med_cpu["run"] / med_cpu["bare"], 4),
         "tokens_per_s_bare": round(tokens["bare"] / med["bare"], 1),
         "goal": "run_ratio <= 1.10",
         "meets_goal": med["run"] / med["bare"] <= 1.10,
