@@ -107,6 +107,7 @@ def load(model: str, n_ctx: int | None = None) -> _Loaded:
         if current is not None:
             with current.lock:  # never pull a model from under a running call
                 current.llama.close()
+                current.llama = None  # a call still holding this entry gets a retryable error
         try:
             llama = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=n_threads(), verbose=False)
         except Exception as exc:  # noqa: BLE001 - llama.cpp reports load failures as ValueError/RuntimeError
@@ -186,6 +187,8 @@ def generate(
         raise LocalError(408, "timed out waiting for the embedded model (another call holds it)")
     try:
         llama = loaded.llama
+        if llama is None:
+            raise LocalError(503, "the embedded model was reloaded with a larger context; call again")
         try:
             formatted = loaded.formatter(messages=messages)
         except Exception as exc:  # noqa: BLE001 - jinja raises for messages the template rejects
