@@ -97,8 +97,18 @@ def test_a_call_past_its_timeout_is_a_retryable_error() -> None:
 @pytest.mark.slow
 def test_a_prompt_larger_than_n_ctx_is_a_permanent_error_with_advice() -> None:
     with pytest.raises(ProviderError, match="Lower context.budget_tokens") as info:
-        ask(LiteLLMProvider(SMOL), "word " * 3000, max_tokens=8)
+        ask(LiteLLMProvider(SMOL), "word " * 9000, max_tokens=8)  # past even the trained 8192
     assert info.value.retryable is False
+
+
+@pytest.mark.slow
+def test_a_declared_larger_window_reloads_the_model_larger() -> None:
+    from loomrt.providers import local
+    from loomrt.providers.registry import capabilities_for
+
+    provider = LiteLLMProvider(SMOL, capabilities=capabilities_for(SMOL, declared={"context_window": 3072}))
+    assert ask(provider, "Say hi.", max_tokens=4).usage.output_tokens > 0
+    assert local.load(SMOL).n_ctx >= 3072
 
 
 @pytest.mark.slow
