@@ -78,6 +78,7 @@ class RunRecall:
         self._pending: list[tuple[str, dict[str, Any]]] = []
         self._said: set[str] = set()
         self._before = ""
+        self._backlog: list[Entry] = []
         try:
             resolved = resolve_embedder(embedder)
         except TypeError as exc:
@@ -119,7 +120,8 @@ class RunRecall:
     # ------------------------------------------------------------------ indexing
 
     def size(self) -> int:
-        """Entries in the index now."""
+        """Entries in the index (after indexing any rebuilt backlog)."""
+        self._catch_up()
         return len(self.index)
 
     def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
@@ -158,6 +160,7 @@ class RunRecall:
         try:
             if span.run_id != self.run_id:
                 return  # another run's span: never indexed here
+            self._catch_up()
             self._add(self._drafts(span.distillation_seq, span.messages))
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._pending.append(("callback_error", {
@@ -167,8 +170,9 @@ class RunRecall:
         self._flush()
 
     def rebuild(self, history: Sequence[Event]) -> int:
-        """Index every span the record's distillation events evicted, in order (a resumed
-        run recalls what it evicted before the restart). Returns the entries indexed."""
+        """Queue every span the record's distillation events evicted, in order, for indexing
+        (a resumed run recalls what it evicted before the restart). They are indexed before
+        the next span or query. Returns the number of entries queued."""
         messages = messages_from_record(history)
         said = {e.data.get("message") for e in history if e.kind == "notice" and e.data.get("source") == "recall"}
         self._said |= {m for m in said if m}
@@ -179,11 +183,19 @@ class RunRecall:
                 continue
             span = [messages[s] for s in e.data.get("span_seqs") or [] if s in messages]
             drafts.extend(self._drafts(e.seq, span))
+        self._backlog.extend(drafts)
+        return len(self._backlog)
+
+    def _catch_up(self) -> None:
+        """Index what :meth:`rebuild` queued (embedding waits until recall is first needed,
+        so opening a run to inspect it costs nothing)."""
+        if not self._backlog:
+            return
+        drafts, self._backlog = self._backlog, []
         try:
             self._add(drafts)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._pending.append(("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"}))
-        return len(self.index)
 
     # ------------------------------------------------------------------ searching
 
@@ -191,6 +203,7 @@ class RunRecall:
         """The best ``top_k`` hits for ``query`` from this run's evicted spans and durable
         memory, merged by score, best first (no token cap: the tool applies it)."""
         hits: list[RecallHit] = []
+        self._catch_up()
         try:
             found = self.index.search(query, top_k)
         except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only

@@ -283,8 +283,11 @@ def test_rebuild_from_the_record_matches_the_live_index() -> None:
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))
     live = [(e.seq, e.distillation_seq, e.role, e.text, e.before) for e in run.toolset.recall.index.entries.values()]
-    rebuilt = RunRecall(run_id=run.run_id, context=run.spec.context, embedder=HashEmbedder())
-    rebuilt.rebuild(rt.store.events(run.run_id))
+    embedder = HashEmbedder()
+    rebuilt = RunRecall(run_id=run.run_id, context=run.spec.context, embedder=embedder)
+    queued = rebuilt.rebuild(rt.store.events(run.run_id))
+    assert embedder.calls == 0  # opening a run embeds nothing until recall is needed
+    assert rebuilt.size() == queued == len(live) and embedder.calls == 1
     again = [(e.seq, e.distillation_seq, e.role, e.text, e.before) for e in rebuilt.index.entries.values()]
     assert live and again == live
     query = "staging database db-stage.internal"
