@@ -63,6 +63,13 @@ def describe(params: dict[str, Any]) -> str:
     )
 
 
+def _load(machine: dict[str, Any]) -> str:
+    loads = [machine.get("load_before"), machine.get("load_after")]
+    if all(x is None for x in loads):
+        return ""
+    return ", load average " + " → ".join(f"{x:.1f}" for x in loads if x is not None)
+
+
 def _fmt(v: Any) -> str:
     if v is None:
         return "–"
@@ -99,8 +106,8 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
     if command:
         lines += [
             f"Produced by `{command}` on {results['when']} "
-            f"({results['machine']['cpus']} CPUs, Python {results['machine']['python']}), "
-            f"in {results['seconds']} s.",
+            f"({results['machine']['cpus']} CPUs, Python {results['machine']['python']}"
+            f"{_load(results['machine'])}), in {results['seconds']} s.",
             "",
         ]
     lines += [

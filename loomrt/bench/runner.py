@@ -76,7 +76,12 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
     out: dict[str, Any] = {
         "loomrt_bench": 1,
         "when": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "cpus": _cpus()},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": _cpus(),
+            "load_before": _load_avg(),
+        },
         "config": config.to_json(),
         "reference_ratios": REFERENCE_RATIOS,
         "workloads": {},
@@ -102,6 +107,7 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
             else:
                 out["measures"][name] = figures
     out["seconds"] = round(time.perf_counter() - started, 1)
+    out["machine"]["load_after"] = _load_avg()
     return out
 
 
@@ -109,3 +115,10 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _load_avg() -> float | None:
+    """The 1-minute load average: timings on a busy machine are not comparable."""
+    import os
+
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
