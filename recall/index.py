@@ -105,6 +105,10 @@ class Fusion:
     """BM25 on the entry alone."""
     lexical_window: float = 1.0
     """BM25 on the entry's window (the message before it, then the entry)."""
+    lexical_context: float = 0.5
+    """BM25 on the entry's neighbourhood: the ``context_radius`` entries before and after it."""
+    context_radius: int = 5
+    """How many entries on each side make an entry's neighbourhood."""
 
 
 # --------------------------------------------------------------------------- text
@@ -224,6 +228,7 @@ class RecallIndex:
         self._dense: Any = None
         self._lexical = _Lexical()
         self._lexical_window = _Lexical()
+        self._lexical_context = _Lexical()
         self._order: list[int] = []
         self._tokens: dict[int, tuple[list[str], list[str]]] = {}
         self._order_array = np.zeros(0, dtype=np.int64)
@@ -278,6 +283,10 @@ class RecallIndex:
         if self._dense is not None:
             self._dense.remove_ids(np.array(old, dtype=np.int64))
 
+    def refresh(self) -> None:
+        """Rebuild the BM25 indexes if entries changed (else the first query does it)."""
+        self._refresh_lexical()
+
     def _refresh_lexical(self) -> None:
         if not self._dirty:
             return
@@ -285,6 +294,11 @@ class RecallIndex:
         self._order_array = np.array(self._order, dtype=np.int64)
         self._lexical.build([self._tokens[i][0] for i in self._order])
         self._lexical_window.build([self._tokens[i][1] for i in self._order])
+        if self.fusion.lexical_context > 0:
+            labels = [self._tokens[i][0] for i in self._order]
+            r = self.fusion.context_radius
+            self._lexical_context.build([[t for ts in labels[max(0, j - r) : j + r + 1] for t in ts]
+                                         for j in range(len(labels))])
         self._dirty = False
 
     def dense_size(self) -> int:
@@ -319,7 +333,8 @@ class RecallIndex:
         total = np.zeros(len(self._order), dtype=np.float32)
         weight = 0.0
         matched = np.zeros(len(self._order), dtype=bool)
-        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
+        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window),
+                       (f.lexical_context, self._lexical_context)):
             if w > 0:
                 scores = lex.scores(tokens)
                 total += w * scores
