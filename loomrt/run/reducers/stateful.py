@@ -117,8 +117,8 @@ class StatefulMode(RetentionMode):
         return self.offered_tools(run)[0].parameters
 
     def should_distil(self, run: RunState) -> bool:
-        # every completed step is a boundary: Σ and O are all that survive
-        return bool(run.context) and run.context[-1].role == "tool" and len(run.context) != run.declined_at
+        # every completed step, and every new turn, is a boundary: Σ and O are all that survive
+        return bool(_plan(run)[2]) and len(run.context) != run.declined_at
 
     async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
         emit = next((c for c in response.tool_calls if c.name == EMIT_STATE), None)
@@ -182,21 +182,28 @@ class StatefulMode(RetentionMode):
         return AskAgain()
 
     async def reduce(self, run: RunState) -> Reduction | None:
-        cut = splice(run.context, keep_last_n=0)
-        last = run.context[-1]
-        # the input of the turn in progress stays until the turn ends (the pinned task is in the head)
-        current = next((m for m in reversed(cut.middle) if m.role == "user" and m.synthetic is None), None)
-        span = [m for m in cut.middle if m.synthetic is None and m is not current]
+        head, current, span, last = _plan(run)
         if not span:
             return None
         state = run.state if run.state is not None else initial_state(run.spec.context.state_schema or {})
-        state_json = json.dumps(state, ensure_ascii=False)
-        sigma = Message(role="user", content=f"Your state Σ:\n{state_json}", synthetic="state")
-        observation = Message(
-            role="user",
-            content=f"Last observation ({last.name or 'tool'}):\n{last.content}",
-            synthetic="observation",
-            seq=last.seq,
-        )
+        sigma = Message(role="user", content=f"Your state Σ:\n{json.dumps(state, ensure_ascii=False)}", synthetic="state")
         kept = [current] if current is not None else []
-        return Reduction(context=[*cut.head, sigma, *kept, observation], evicted=span, state=state)
+        if last is not None:
+            content = last.content if last.synthetic else f"Last observation ({last.name or 'tool'}):\n{last.content}"
+            kept.append(Message(role="user", content=content, synthetic="observation", seq=last.seq))
+        return Reduction(context=[*head, sigma, *kept], evicted=span, state=state)
+
+
+def _plan(run: RunState) -> tuple[list[Message], Message | None, list[Message], Message | None]:
+    """(head, the input of the turn in progress, the evictable span, the source of O).
+
+    The turn's input stays until the turn ends (the pinned task is in the head); O is the
+    last message when it is a tool result or feedback, not the input itself.
+    """
+    cut = splice(run.context, keep_last_n=0)
+    current = next((m for m in reversed(cut.middle) if m.role == "user" and m.synthetic is None), None)
+    last = run.context[-1] if run.context and run.context[-1] is not current else None
+    if last is not None and (last.role != "tool" and last.synthetic != "feedback"):
+        last = None
+    span = [m for m in cut.middle if m.synthetic is None and m is not current]
+    return cut.head, current, span, last
