@@ -120,17 +120,19 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
     }
 
 
-def needles_run(turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k: int = 5) -> dict[str, Any]:
+def needles_run(turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k: int = 5,
+                tool_lines: tuple[int, int] = (20, 60)) -> dict[str, Any]:
     """Play a ``turns``-turn scripted agentic run (compaction, recall on) in which the
     needles are stated in the first turns (some in user inputs, some inside long tool
-    results) and evicted; in its last turns the model calls Recall once per needle.
+    results of ``tool_lines`` lines) and evicted; in its last turns the model calls Recall
+    once per needle.
 
     Returns ``{"needles", "found_top5", "missed": [...], "distillations", "entries", "seconds"}``.
     """
-    return asyncio.run(_needles_run(turns, embedder=embedder, seed=seed, top_k=top_k))
+    return asyncio.run(_needles_run(turns, embedder=embedder, seed=seed, top_k=top_k, tool_lines=tool_lines))
 
 
-async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int) -> dict[str, Any]:
+async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int, tool_lines: tuple[int, int]) -> dict[str, Any]:
     from loomrt.spec import AgentSpec
     from loomrt.testing import ScriptedProvider, scripted_runtime
     from loomrt.tools import Tool
@@ -154,14 +156,14 @@ async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int) -> d
             script.append({"text": "Noted."})
         elif t < len(needles):  # buried in a long tool result
             command = f"cat /etc/runbook/section-{t}.txt"
-            lines = [agentic_filler(rng, 1000 * t + j) for j in range(rng.randint(20, 60))]
+            lines = [agentic_filler(rng, 1000 * t + j) for j in range(rng.randint(*tool_lines))]
             lines.insert(rng.randint(3, len(lines) - 3), needles[t].statement)
             outputs[command] = "\n".join(lines)
             inputs.append(f"Read runbook section {t}.")
             script += [{"tool_call": {"name": "shell", "arguments": {"command": command}}}, {"text": "Read it."}]
         elif t < ask_from:  # ordinary work: tool calls with results of varied size
             command = f"tail -n {rng.randint(1, 40)} /var/log/step-{t}.log"
-            outputs[command] = "\n".join(agentic_filler(rng, 100 * t + j) for j in range(rng.randint(1, 40)))
+            outputs[command] = "\n".join(agentic_filler(rng, 100 * t + j) for j in range(rng.randint(1, tool_lines[1] * 2 // 3)))
             inputs.append(f"Step {t}: {agentic_filler(rng, t)} Check the log.")
             script += [{"tool_call": {"name": "shell", "arguments": {"command": command}}}, {"text": f"Step {t} checked."}]
         else:

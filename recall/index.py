@@ -9,11 +9,11 @@ each point at their message). Each entry is matched two ways, on two texts:
 - lexical: BM25 (``bm25s``) over tokens that keep exact values whole (paths, ids, numbers,
   ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
 
-Lexical matching scores the entry itself (speaker and text) and its *window*: the entry
-with the message before it, because a message often only makes sense as an answer to the
-one before ("where did you go?" / "Lisbon"). The three signals (cosine, BM25 on the entry,
-BM25 on its window) are scaled per query and fused by weight (:class:`Fusion`); results
-come back best first. Tokens are computed once, when an entry is added; the BM25 indexes
+Lexical matching scores the entry itself (speaker and text), its *window* (the message
+before it, then the entry, because a message often only makes sense as an answer to the
+one before: "where did you go?" / "Lisbon") and its *neighbourhood* (a few entries on each
+side). The four signals are scaled per query and fused by weight (:class:`Fusion`);
+results come back best first. Tokens are computed once, when an entry is added; the BM25 indexes
 are rebuilt from them on the first query after a change.
 """
 

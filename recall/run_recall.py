@@ -162,7 +162,6 @@ class RunRecall:
                 return  # another run's span: never indexed here
             self._catch_up()
             self._add(self._drafts(span.distillation_seq, span.messages))
-            self.index.refresh()  # BM25 is rebuilt here, at the boundary, not on the next query
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._pending.append(("callback_error", {
                 "callback": "recall.on_evicted", "error": f"{type(exc).__name__}: {exc}",
