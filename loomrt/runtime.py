@@ -199,6 +199,7 @@ class Runtime:
         run.model_calls, run.distillations, run.output = p.model_calls, p.distillations, p.output
         run.reported_prompt_tokens, run.last_seq = p.reported_prompt_tokens, p.last_seq
         run.patch_failures, run.declined_at = p.patch_failures, p.declined_at
+        run.declined_tokens = p.declined_tokens
         for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
             advance = getattr(provider, "advance", None)
             if callable(advance):  # a scripted model picks up where the record left off

@@ -523,6 +523,20 @@ def test_a_distillation_that_is_not_smaller_is_declined_and_the_run_goes_on(tmp_
     assert len(summary_calls) == len(declined) <= 2
 
 
+def test_a_paid_decline_is_not_retried_until_the_context_grows_by_5_percent_of_the_budget(tmp_path):
+    huge = "long summary " * 300
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 4000, "keep_last_n": 1})
+    turns = [calc(i, usage=3900) for i in range(1, 9)] + ["done"]
+    provider = ScriptedProvider(turns, [huge])
+    rt, run = start(tmp_path, spec, provider)
+    assert send(rt, run, "task").status == "done"
+    declined = [e for e in events(rt, run.run_id, "distillation_declined") if e.data["reason"] == "result not smaller"]
+    summary_calls = [c for c in provider.calls if c.purpose == "summary"]
+    # pressure stays over the threshold for 8 iterations; each calc exchange adds ~30 tokens,
+    # so a retry needs ~7 of them (200 tokens): one paid attempt, maybe two, never eight
+    assert 1 <= len(summary_calls) == len(declined) <= 2
+
+
 def test_nothing_to_evict_is_declined_without_a_model_call(tmp_path):
     spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 6})
     provider = ScriptedProvider([calc(1, usage=1000), "done"], ["R"])

@@ -33,10 +33,13 @@ async def maybe_distil(run: RunState) -> bool:
     reduction = await run.mode.reduce(run)
     after = count_messages(reduction.context) if reduction else before
     if reduction is None or not reduction.evicted or after >= before:
+        paid = reduction is not None and bool(reduction.evicted)  # a summary call was made, for nothing
         run.declined_at = len(run.context)
+        if paid:
+            run.declined_tokens = before
         run.record("distillation_declined", {
             "mode": run.mode.name, "tokens_before": before, "tokens_after": after, "pressure": pressure,
-            "reason": "nothing to evict" if reduction is None or not reduction.evicted else "result not smaller",
+            "reason": "result not smaller" if paid else "nothing to evict",
         })
         return False
     event = run.record("distillation", {

@@ -27,6 +27,7 @@ class Projection:
     reported_prompt_tokens: int = 0
     patch_failures: int = 0
     declined_at: int = -1
+    declined_tokens: int = -1
 
 
 def project(events: list[Event], *, keep_first: bool = True) -> Projection:
@@ -68,6 +69,8 @@ def project(events: list[Event], *, keep_first: bool = True) -> Projection:
                 p.context.append(Message(role="user", content=d["feedback"], synthetic="feedback"))
         elif e.kind == "distillation_declined":
             p.declined_at = len(p.context)
+            if d.get("reason") == "result not smaller":
+                p.declined_tokens = d.get("tokens_before", -1)
         elif e.kind == "model_call":
             u = d.get("usage") or {}
             p.usage = p.usage + Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0))

@@ -51,6 +51,9 @@ class RunState:
     """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
     declined_at: int = -1
     """Length of the context when the last distillation was declined (no retry until it grows)."""
+    declined_tokens: int = -1
+    """Estimated context size when a summary call last bought nothing: a prose mode retries
+    (and pays for another summary call) only once the context has grown by 5% of the budget."""
     patch_failures: int = 0
     output: str | None = None
     last_seq: int = 0

@@ -20,6 +20,7 @@ from loomrt.messages import Message
 from loomrt.providers.base import ModelResponse, ToolSchema
 from loomrt.run.state import RunState
 from loomrt.run.steps import FinalOutput, NextStep, RunTools
+from loomrt.tokens import count_messages
 
 __all__ = ["Reduction", "RetentionMode"]
 
@@ -49,6 +50,8 @@ class RetentionMode:
     def should_distil(self, run: RunState) -> bool:
         pct = self.threshold_pct(run)
         if pct is None or len(run.context) == run.declined_at:
+            return False
+        if run.declined_tokens >= 0 and count_messages(run.context) < run.declined_tokens + run.budget // 20:
             return False
         return run.pressure() * 100 >= pct * run.budget
 
