@@ -17,7 +17,7 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
-from loomrt.spec import AgentSpec, AgentsFile, Capabilities, ContextSpec, agents_json_schema
+from loomrt.spec import AgentsFile, AgentSpec, Capabilities, ContextSpec, agents_json_schema
 
 __all__ = ["configuration_markdown", "cli_markdown", "generated_files", "main"]
 

@@ -27,7 +27,7 @@ from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.projection import project
 from loomrt.run.state import EvictedSpanCallback, RunResult, RunState
-from loomrt.spec import AgentSpec, AgentsFile, definition_hash
+from loomrt.spec import AgentsFile, AgentSpec, definition_hash
 from loomrt.tools import Tool
 from loomrt.toolset import resolve_toolset
 

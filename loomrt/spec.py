@@ -81,6 +81,9 @@ class ContextSpec(_Strict):
     """stateful mode: retry an invalid patch (showing the model the error) or fail at once."""
     max_patch_retries: int = Field(2, ge=0, le=10)
     """stateful mode: how many times an invalid patch is retried before the run fails."""
+    propose_schema: bool = False
+    """stateful mode: offer the model a propose_schema field in emit_state. A proposal is
+    recorded (schema_proposed), never applied; an operator adopts it with `loomrt agents fork`."""
     recall: bool = False
     """Index every evicted span and grant the Recall tool to search it."""
     recall_max_entries: int = Field(4096, ge=16)

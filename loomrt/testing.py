@@ -7,7 +7,7 @@
 - :func:`scripted_runtime`: a :class:`~loomrt.Runtime` whose every agent uses one provider.
 
 The deterministic test embedder lives with recall: :class:`loomrt.recall.HashEmbedder`
-(re-exported here as :data:`HashEmbedder`).
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 
 from loomrt.providers.base import ModelProvider
 from loomrt.providers.scripted import FunctionProvider, ScriptedProvider, load_script
+from loomrt.recall.embedders import HashEmbedder
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
 
@@ -33,14 +34,6 @@ __all__ = [
 def scripted_runtime(provider: ModelProvider, *, store_path: str | Path = ":memory:", **kw: Any) -> Runtime:
     """A runtime whose every agent (and summarizer) is answered by ``provider``."""
     return Runtime(SQLiteStore(store_path), providers=lambda spec, model: provider, **kw)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "HashEmbedder":
-        from loomrt.recall.embedders import HashEmbedder
-
-        return HashEmbedder
-    raise AttributeError(name)
 
 
 _FAULTS = ("429", "500", "503", "timeout", "connection", "malformed_tool_call", "400", "401", "404")

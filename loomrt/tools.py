@@ -128,7 +128,7 @@ def _calculate(expression: str) -> str:
 
 @tool("now", "The current date and time (UTC, ISO 8601).", _obj({}, []))
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 BUILTIN_TOOLS: dict[str, Tool] = {t.name: t for t in (_read_file, _list_dir, _search_text, _calculate, _now)}

@@ -80,7 +80,7 @@ def fork_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new
     body = copy.deepcopy(block.body)
     body.setdefault("context", {})["state_schema"] = state_schema
     old_hash = definition_hash(defs.agents[name])
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
@@ -106,7 +106,7 @@ def promote_agent(path: str | Path, fork: str) -> tuple[str, str]:
         raise NotFoundError(f"the fork's base agent {base!r} is not in {p}")
     lines = text.splitlines(keepends=True)
     src, dst = blocks[fork], blocks[base]
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     replacement = _render(base, src.body, dst.indent, f"promoted from {fork} on {stamp}")
     # drop the fork's lines (and the comment line fork_agent wrote above it), then replace the base
     fork_start = src.start - 1 if src.start > 0 and lines[src.start - 1].strip().startswith("# forked from") else src.start

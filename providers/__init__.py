@@ -41,7 +41,9 @@ __all__ = [
 def resolve_provider(spec: AgentSpec, model: str | None = None) -> ModelProvider:
     """The provider that serves ``model`` (default: the agent's model) for agent ``spec``."""
     model = model or spec.model
-    if model.startswith("scripted/"):
+    from loomrt.providers.registry import is_scripted
+
+    if is_scripted(model):
         from loomrt.providers.scripted import load_script
         from loomrt.tokens import count_dicts
 

@@ -8,9 +8,8 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from loomrt.providers.base import ModelProvider
-
 from loomrt import Event, Runtime, SQLiteStore, load_agents
+from loomrt.providers.base import ModelProvider
 from loomrt.run.state import RunResult, RunState
 
 

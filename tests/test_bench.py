@@ -8,12 +8,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 
 from loomrt.bench import BenchConfig, run_bench
 from loomrt.bench.core import MEASURES, WORKLOADS, NullProgress, Probe, WorkloadResult, mode_measure, workload
 from loomrt.bench.play import Recorder, bench_spec, play_mode
 from loomrt.bench.workloads import ChatModel, agentic_script, chat_script
+from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.testing import FunctionProvider
 
 LOCOMO_MINI = Path(__file__).parent / "data" / "locomo-mini.json"

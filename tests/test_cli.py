@@ -176,7 +176,7 @@ def test_fork_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
         "      propose_schema: {type: object, properties: {a: {type: string}, b: {type: integer}}}\n"
     ), "s.yaml")
     p = write(tmp_path, (
-        "agents:\n  t:\n    model: scripted/s.yaml\n    context:\n      mode: stateful\n"
+        "agents:\n  t:\n    model: scripted/s.yaml\n    context:\n      mode: stateful\n      propose_schema: true\n"
         "      state_schema: {type: object, properties: {a: {type: string}}}\n"
     ))
     run = json.loads(invoke("run", "t", "go", "--agents", str(p), "--json").stdout)

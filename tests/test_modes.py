@@ -338,14 +338,22 @@ def test_a_patch_that_is_not_an_object_is_rejected(tmp_path):
 def test_propose_schema_is_recorded_and_never_applied(tmp_path):
     proposal = {"type": "object", "properties": {"step": {"type": "string"}}}
     turns = [emit({"step": 1}, propose_schema=proposal), emit({"step": "two"}), emit({"step": 2}, done=True)]
-    rt, run, provider, result = stateful_run(tmp_path, turns)
+    rt, run, provider, result = stateful_run(tmp_path, turns, propose_schema=True)
     (proposed,) = events(rt, run.run_id, "schema_proposed")
+    assert "propose_schema" in provider.calls[0].tools[0].parameters["properties"]
     assert proposed.data["schema"] == proposal
     # the original schema still rules: a string step is rejected
     assert "'two' is not of type 'integer'" in events(rt, run.run_id, "patch_rejected")[0].data["error"]
     assert run.spec.context.state_schema == SCHEMA
     assert json.dumps(SCHEMA) in provider.calls[-1].messages[0]["content"]
     assert result.status == "done"
+
+
+def test_propose_schema_is_not_offered_unless_the_definition_opts_in(tmp_path):
+    proposal = {"type": "object"}
+    rt, run, provider, result = stateful_run(tmp_path, [emit({"step": 1}, propose_schema=proposal, done=True)])
+    assert "propose_schema" not in provider.calls[0].tools[0].parameters["properties"]
+    assert events(rt, run.run_id, "schema_proposed") == [] and result.status == "done"
 
 
 def test_an_action_on_a_tool_outside_the_allowlist_is_an_error_observation(tmp_path):

@@ -8,10 +8,10 @@ import copy
 import json
 
 import pytest
-from loomrt.providers.base import ModelResponse
 from spine_kit import context_dicts, events, kinds, runtime, send, shape, tool_call, write
 
 from loomrt import ProviderError, ToolCall, load_agents, tool
+from loomrt.providers.base import ModelResponse
 from loomrt.spec import definition_hash
 from loomrt.testing import FunctionProvider, ScriptedProvider
 

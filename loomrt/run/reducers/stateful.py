@@ -74,8 +74,12 @@ def initial_state(schema: dict[str, Any]) -> dict[str, Any]:
     return {k: copy.deepcopy(v["default"]) for k, v in props.items() if isinstance(v, dict) and "default" in v}
 
 
-def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str]) -> dict[str, Any]:
-    """The parameters of emit_state; ``patch`` follows Σ's properties (all optional)."""
+def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str], *, propose: bool = False) -> dict[str, Any]:
+    """The parameters of emit_state; ``patch`` follows Σ's properties (all optional).
+
+    ``propose_schema`` is offered only when ``propose`` (``context.propose_schema``) is on:
+    small models under a grammar fill an offered optional object with noise on every step.
+    """
     patch: dict[str, Any] = {"type": "object", "description": "JSON merge-patch on the state"}
     if state_schema.get("properties"):
         patch["properties"] = copy.deepcopy(state_schema["properties"])
@@ -86,10 +90,11 @@ def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str]) -> di
             "patch": patch,
             "done": {"type": "boolean"},
             "final": {"type": "string"},
-            "propose_schema": {"type": "object"},
         },
         "required": ["reasoning", "patch"],
     }
+    if propose:
+        params["properties"]["propose_schema"] = {"type": "object"}
     if tool_names:
         params["properties"]["action"] = {
             "type": "object",
@@ -107,7 +112,8 @@ class StatefulMode(RetentionMode):
         return [STATEFUL_PROMPT.format(schema=json.dumps(schema), initial=json.dumps(initial_state(schema)))]
 
     def offered_tools(self, run: RunState) -> tuple[ToolSchema, ...]:
-        schema = emit_state_schema(run.spec.context.state_schema or {}, sorted(run.toolset.tools))
+        ctx = run.spec.context
+        schema = emit_state_schema(ctx.state_schema or {}, sorted(run.toolset.tools), propose=ctx.propose_schema)
         return (ToolSchema(EMIT_STATE, "Update your state and optionally act or finish.", schema),)
 
     def tool_choice(self, run: RunState) -> str:
@@ -143,7 +149,7 @@ class StatefulMode(RetentionMode):
             "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
             "action": action, "done": bool(args.get("done")),
         })
-        if isinstance(args.get("propose_schema"), dict):
+        if run.spec.context.propose_schema and isinstance(args.get("propose_schema"), dict) and args["propose_schema"]:
             run.record("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
         if args.get("done"):
             self._observe(run, emit, "State accepted. Done.")
