@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
+
 from loomrt.recall.embedders import Embedder
 
 __all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text"]

@@ -122,7 +122,6 @@ async def replay(sample: dict[str, Any], *, embedder: Any = None, on_turn: Calla
     input, mapped to its ``dia_id``.
     """
     from loomrt.providers.base import ModelRequest, ModelResponse, Usage
-
     from loomrt.spec import AgentSpec
     from loomrt.testing import FunctionProvider, scripted_runtime
     from loomrt.tokens import count_dicts

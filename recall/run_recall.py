@@ -14,13 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from loomrt.events import Event
+from loomrt.messages import EvictedSpan, Message
 from loomrt.recall.embedders import resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
-
-from loomrt.events import Event
-from loomrt.messages import EvictedSpan, Message
 
 __all__ = ["RunRecall", "messages_from_record"]
 

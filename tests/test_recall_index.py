@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from loomrt.recall import HashEmbedder, resolve_embedder
 from loomrt.recall.index import Entry, RecallIndex, chunk_text, tokenize
 

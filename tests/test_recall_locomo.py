@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from loomrt.recall import HashEmbedder
-from loomrt.recall.locomo import evaluate_locomo, evidence_ids, render_turn, replay, turns_of
 from typer.testing import CliRunner
 
 from loomrt.errors import SpecError
+from loomrt.recall import HashEmbedder
+from loomrt.recall.locomo import evaluate_locomo, evidence_ids, render_turn, replay, turns_of
 
 MINI = Path(__file__).parent / "data" / "locomo-mini.json"
 

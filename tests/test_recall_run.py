@@ -8,8 +8,8 @@ import json
 from typing import Any
 
 import numpy as np
-from loomrt.recall import RECALL_PROMPT, HashEmbedder, MemoryHit, RunRecall
 
+from loomrt.recall import RECALL_PROMPT, HashEmbedder, MemoryHit, RunRecall
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider, scripted_runtime
