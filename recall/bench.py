@@ -52,29 +52,82 @@ def make_needles(seed: int = 7) -> list[Needle]:
     first = r.choice(["Priya", "Mateo", "Ingrid", "Kwame", "Yuki", "Tomasz"])
     last = r.choice(["Okafor", "Lindqvist", "Haddad", "Moreau", "Tanaka", "Novak"])
     table = [
-        ("path", "The deploy lock file lives at {v}.", "where is the deploy lock file", f"/srv/deploy/locks/release-{r.randint(10, 99)}.lock"),
-        ("error", "The nightly import failed with error code {v}.", "nightly import error code",
-         f"E{r.randint(1000, 9999)}-IMPORT"),
+        (
+            "path",
+            "The deploy lock file lives at {v}.",
+            "where is the deploy lock file",
+            f"/srv/deploy/locks/release-{r.randint(10, 99)}.lock",
+        ),
+        (
+            "error",
+            "The nightly import failed with error code {v}.",
+            "nightly import error code",
+            f"E{r.randint(1000, 9999)}-IMPORT",
+        ),
         ("port", "The staging database listens on port {v}.", "staging database port", str(r.randint(20000, 29999))),
         ("number", "The cache must hold at most {v} entries.", "maximum cache entries", str(r.randint(10000, 99999))),
         ("name", "The on-call engineer this week is {v}.", "who is the on-call engineer this week", f"{first} {last}"),
-        ("command", "To rotate the signing keys run `{v}`.", "command to rotate the signing keys",
-         f"loomctl keys rotate --kid {hexid} --grace 48h"),
-        ("timestamp", "The outage started at {v}.", "when did the outage start",
-         f"2026-03-{r.randint(10, 28)}T0{r.randint(1, 9)}:{r.randint(10, 59)}:00Z"),
-        ("config", "In postgresql.conf we set {v}.", "postgresql max_connections setting",
-         f"max_connections = {r.randint(150, 950)}"),
+        (
+            "command",
+            "To rotate the signing keys run `{v}`.",
+            "command to rotate the signing keys",
+            f"loomctl keys rotate --kid {hexid} --grace 48h",
+        ),
+        (
+            "timestamp",
+            "The outage started at {v}.",
+            "when did the outage start",
+            f"2026-03-{r.randint(10, 28)}T0{r.randint(1, 9)}:{r.randint(10, 59)}:00Z",
+        ),
+        (
+            "config",
+            "In postgresql.conf we set {v}.",
+            "postgresql max_connections setting",
+            f"max_connections = {r.randint(150, 950)}",
+        ),
         ("url", "The webhook endpoint is {v}.", "webhook endpoint url", f"https://hooks.example.net/v2/{hexid}/ingest"),
-        ("ip", "The bastion host is at {v}.", "bastion host ip address", f"10.{r.randint(1, 254)}.{r.randint(1, 254)}.{r.randint(1, 254)}"),
-        ("version", "Pin the client library to version {v}.", "which client library version to pin",
-         f"4.{r.randint(10, 40)}.{r.randint(0, 9)}"),
-        ("ticket", "The customer escalation is tracked as {v}.", "customer escalation ticket", f"SUP-{r.randint(10000, 99999)}"),
-        ("env", "The feature flag is controlled by the variable {v}.", "feature flag environment variable",
-         f"LOOM_FLAG_{r.choice(['ALPHA', 'BRAVO', 'DELTA'])}_{r.randint(10, 99)}"),
-        ("budget", "The monthly cloud budget is capped at {v}.", "monthly cloud budget cap", f"${r.randint(10, 99)},{r.randint(100, 999)}"),
-        ("branch", "The hotfix lives on branch {v}.", "which branch has the hotfix", f"hotfix/{hexid[:4]}-ledger-rounding"),
-        ("checksum", "The release tarball's sha256 starts with {v}.", "release tarball sha256",
-         "".join(r.choice("0123456789abcdef") for _ in range(16))),
+        (
+            "ip",
+            "The bastion host is at {v}.",
+            "bastion host ip address",
+            f"10.{r.randint(1, 254)}.{r.randint(1, 254)}.{r.randint(1, 254)}",
+        ),
+        (
+            "version",
+            "Pin the client library to version {v}.",
+            "which client library version to pin",
+            f"4.{r.randint(10, 40)}.{r.randint(0, 9)}",
+        ),
+        (
+            "ticket",
+            "The customer escalation is tracked as {v}.",
+            "customer escalation ticket",
+            f"SUP-{r.randint(10000, 99999)}",
+        ),
+        (
+            "env",
+            "The feature flag is controlled by the variable {v}.",
+            "feature flag environment variable",
+            f"LOOM_FLAG_{r.choice(['ALPHA', 'BRAVO', 'DELTA'])}_{r.randint(10, 99)}",
+        ),
+        (
+            "budget",
+            "The monthly cloud budget is capped at {v}.",
+            "monthly cloud budget cap",
+            f"${r.randint(10, 99)},{r.randint(100, 999)}",
+        ),
+        (
+            "branch",
+            "The hotfix lives on branch {v}.",
+            "which branch has the hotfix",
+            f"hotfix/{hexid[:4]}-ledger-rounding",
+        ),
+        (
+            "checksum",
+            "The release tarball's sha256 starts with {v}.",
+            "release tarball sha256",
+            "".join(r.choice("0123456789abcdef") for _ in range(16)),
+        ),
     ]
     return [Needle(kind, s.format(v=v), q, v) for kind, s, q, v in table]
 
@@ -97,8 +150,15 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
         msgs = []
         for _ in range(min(batch, entries - recall.size())):
             text = needles[seq % len(needles)].statement if seq % 97 == 0 else agentic_filler(rng, seq)
-            msgs.append(Message(role="user" if seq % 3 else "tool", name=None if seq % 3 else "shell", content=text,
-                                seq=seq, ts=time.time()))
+            msgs.append(
+                Message(
+                    role="user" if seq % 3 else "tool",
+                    name=None if seq % 3 else "shell",
+                    content=text,
+                    seq=seq,
+                    ts=time.time(),
+                )
+            )
             seq += 1
         recall.on_evicted(EvictedSpan("bench", "bench", "compaction", seq, tuple(msgs)))
     build_s = time.perf_counter() - started
@@ -120,8 +180,9 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
     }
 
 
-def needles_run(turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k: int = 5,
-                tool_lines: tuple[int, int] = (20, 60)) -> dict[str, Any]:
+def needles_run(
+    turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k: int = 5, tool_lines: tuple[int, int] = (20, 60)
+) -> dict[str, Any]:
     """Play a ``turns``-turn scripted agentic run (compaction, recall on) in which the
     needles are stated in the first turns (some in user inputs, some inside long tool
     results of ``tool_lines`` lines) and evicted; in its last turns the model calls Recall
@@ -132,7 +193,9 @@ def needles_run(turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k:
     return asyncio.run(_needles_run(turns, embedder=embedder, seed=seed, top_k=top_k, tool_lines=tool_lines))
 
 
-async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int, tool_lines: tuple[int, int]) -> dict[str, Any]:
+async def _needles_run(
+    turns: int, *, embedder: Any, seed: int, top_k: int, tool_lines: tuple[int, int]
+) -> dict[str, Any]:
     from loomrt.spec import AgentSpec
     from loomrt.testing import ScriptedProvider, scripted_runtime
     from loomrt.tools import Tool
@@ -163,20 +226,35 @@ async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int, tool
             script += [{"tool_call": {"name": "shell", "arguments": {"command": command}}}, {"text": "Read it."}]
         elif t < ask_from:  # ordinary work: tool calls with results of varied size
             command = f"tail -n {rng.randint(1, 40)} /var/log/step-{t}.log"
-            outputs[command] = "\n".join(agentic_filler(rng, 100 * t + j) for j in range(rng.randint(1, tool_lines[1] * 2 // 3)))
+            outputs[command] = "\n".join(
+                agentic_filler(rng, 100 * t + j) for j in range(rng.randint(1, tool_lines[1] * 2 // 3))
+            )
             inputs.append(f"Step {t}: {agentic_filler(rng, t)} Check the log.")
-            script += [{"tool_call": {"name": "shell", "arguments": {"command": command}}}, {"text": f"Step {t} checked."}]
+            script += [
+                {"tool_call": {"name": "shell", "arguments": {"command": command}}},
+                {"text": f"Step {t} checked."},
+            ]
         else:
             needle = needles[t - ask_from]
             inputs.append(f"Question: {needle.query}?")
-            script += [{"tool_call": {"name": "Recall", "arguments": {"query": needle.query, "top_k": top_k}}},
-                       {"text": "Answered from Recall."}]
+            script += [
+                {"tool_call": {"name": "Recall", "arguments": {"query": needle.query, "top_k": top_k}}},
+                {"text": "Answered from Recall."},
+            ]
     provider = ScriptedProvider(turns=script, summaries=["Summary: routine operations work; details are in Recall."])
-    shell_tool = Tool("shell", "Run a shell command.", {"type": "object", "properties": {"command": {"type": "string"}},
-                                                          "required": ["command"]}, shell)
+    shell_tool = Tool(
+        "shell",
+        "Run a shell command.",
+        {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+        shell,
+    )
     rt = scripted_runtime(provider, embedder=embedder, tools=[shell_tool])
-    spec = AgentSpec(model="scripted/needles", tools=["shell"], max_iterations=4,
-                     context={"mode": "compaction", "budget_tokens": 4096, "keep_last_n": 6, "recall": True})
+    spec = AgentSpec(
+        model="scripted/needles",
+        tools=["shell"],
+        max_iterations=4,
+        context={"mode": "compaction", "budget_tokens": 4096, "keep_last_n": 6, "recall": True},
+    )
     run = rt.start(spec, interactive=True, name="needles")
     in_context: list[str] = []
     for i, text in enumerate(inputs):
@@ -185,10 +263,16 @@ async def _needles_run(turns: int, *, embedder: Any, seed: int, top_k: int, tool
         result = await rt.send(run, text)
         if result.status == "failed":
             raise RuntimeError(f"the needles run failed: {result.error}")
-    answers = [json.loads(e.data["content"]) for e in rt.store.events(run.run_id, kinds=["tool_result"])
-               if e.data.get("name") == "Recall"]
-    missed = [n.kind for n, a in zip(needles, answers, strict=True)
-              if not any(n.value in r["text"] for r in a["results"][:top_k])]
+    answers = [
+        json.loads(e.data["content"])
+        for e in rt.store.events(run.run_id, kinds=["tool_result"])
+        if e.data.get("name") == "Recall"
+    ]
+    missed = [
+        n.kind
+        for n, a in zip(needles, answers, strict=True)
+        if not any(n.value in r["text"] for r in a["results"][:top_k])
+    ]
     return {
         "needles": len(needles),
         "found_top5": len(needles) - len(missed),

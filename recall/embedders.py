@@ -25,8 +25,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["Embedder", "MiniLMEmbedder", "HashEmbedder", "NO_EMBEDDER", "default_embedder", "resolve_embedder",
-           "EMBEDDER_ENV"]
+__all__ = [
+    "Embedder",
+    "MiniLMEmbedder",
+    "HashEmbedder",
+    "NO_EMBEDDER",
+    "default_embedder",
+    "resolve_embedder",
+    "EMBEDDER_ENV",
+]
 
 NO_EMBEDDER = False
 """Pass this (or ``False``) as ``embedder`` for lexical-only recall."""
@@ -103,7 +110,10 @@ class MiniLMEmbedder:
         model = self.model()
         if len(texts) > _SMALL_BATCH:
             vecs = model.encode(
-                texts, batch_size=self.batch_size, normalize_embeddings=True, convert_to_numpy=True,
+                texts,
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
                 show_progress_bar=False,
             )
         else:

@@ -298,8 +298,9 @@ class RecallIndex:
         if self.fusion.lexical_context > 0:
             labels = [self._tokens[i][0] for i in self._order]
             r = self.fusion.context_radius
-            self._lexical_context.build([[t for ts in labels[max(0, j - r) : j + r + 1] for t in ts]
-                                         for j in range(len(labels))])
+            self._lexical_context.build(
+                [[t for ts in labels[max(0, j - r) : j + r + 1] for t in ts] for j in range(len(labels))]
+            )
         self._dirty = False
 
     def dense_size(self) -> int:
@@ -334,8 +335,11 @@ class RecallIndex:
         total = np.zeros(len(self._order), dtype=np.float32)
         weight = 0.0
         matched = np.zeros(len(self._order), dtype=bool)
-        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window),
-                       (f.lexical_context, self._lexical_context)):
+        for w, lex in (
+            (f.lexical, self._lexical),
+            (f.lexical_window, self._lexical_window),
+            (f.lexical_context, self._lexical_context),
+        ):
             if w > 0:
                 scores = lex.scores(tokens)
                 total += w * scores

@@ -25,8 +25,17 @@ from typing import Any
 
 from loomrt.errors import SpecError
 
-__all__ = ["Turn", "load_locomo", "turns_of", "render_turn", "evidence_ids", "replay", "evaluate_locomo",
-           "evaluate_locomo_async", "ANSWERABLE"]
+__all__ = [
+    "Turn",
+    "load_locomo",
+    "turns_of",
+    "render_turn",
+    "evidence_ids",
+    "replay",
+    "evaluate_locomo",
+    "evaluate_locomo_async",
+    "ANSWERABLE",
+]
 
 ANSWERABLE = (1, 2, 3, 4)
 """Question categories with an answer in the conversation (1 multi-hop, 2 temporal,
@@ -65,8 +74,10 @@ def load_locomo(path: str | Path) -> list[dict[str, Any]]:
     if not isinstance(data, list) or not data:
         raise SpecError("a LoCoMo file is a non-empty JSON array of samples", where=str(p))
     for i, sample in enumerate(data):
-        if not isinstance(sample, dict) or not isinstance(sample.get("conversation"), dict) or not isinstance(
-            sample.get("qa"), list
+        if (
+            not isinstance(sample, dict)
+            or not isinstance(sample.get("conversation"), dict)
+            or not isinstance(sample.get("qa"), list)
         ):
             raise SpecError(f"sample {i} needs 'conversation' (an object) and 'qa' (a list)", where=str(p))
     return data
@@ -85,8 +96,16 @@ def turns_of(sample: dict[str, Any]) -> list[Turn]:
     for n in numbers:
         date = str(conv.get(f"session_{n}_date_time") or "")
         for t in conv.get(f"session_{n}") or []:
-            out.append(Turn(dia_id=str(t.get("dia_id", "")), speaker=str(t.get("speaker", "")),
-                            text=str(t.get("text", "")), date=date, session=n, caption=t.get("blip_caption")))
+            out.append(
+                Turn(
+                    dia_id=str(t.get("dia_id", "")),
+                    speaker=str(t.get("speaker", "")),
+                    text=str(t.get("text", "")),
+                    date=date,
+                    session=n,
+                    caption=t.get("blip_caption"),
+                )
+            )
     return out
 
 
@@ -114,8 +133,9 @@ def evidence_ids(evidence: Any) -> set[str]:
 _SUMMARY = "Summary: the conversation goes on; the exact turns are in Recall."
 
 
-async def replay(sample: dict[str, Any], *, embedder: Any = None, on_turn: Callable[[], None] | None = None,
-                 budget_tokens: int = 512) -> tuple[Any, Any, dict[int, str]]:
+async def replay(
+    sample: dict[str, Any], *, embedder: Any = None, on_turn: Callable[[], None] | None = None, budget_tokens: int = 512
+) -> tuple[Any, Any, dict[int, str]]:
     """Replay one conversation through a recall-enabled run.
 
     Returns ``(runtime, run, seq_to_dia)``: the run's record seq of each turn's user
@@ -142,8 +162,14 @@ async def replay(sample: dict[str, Any], *, embedder: Any = None, on_turn: Calla
         model="function/locomo-replay",
         system_prompt="You are listening to a long conversation between two people.",
         max_iterations=2,
-        context={"mode": "compaction", "budget_tokens": budget_tokens, "keep_last_n": 2, "keep_first": False,
-                 "recall": True, "recall_max_entries": max(4096, 2 * len(turns) + 16)},
+        context={
+            "mode": "compaction",
+            "budget_tokens": budget_tokens,
+            "keep_last_n": 2,
+            "keep_first": False,
+            "recall": True,
+            "recall_max_entries": max(4096, 2 * len(turns) + 16),
+        },
     )
     run = rt.start(spec, interactive=True, name=sample_id(sample, 0))
     for i, turn in enumerate(turns):
@@ -178,13 +204,17 @@ async def evaluate_locomo_async(
     if conversations:
         unknown = [c for c in conversations if c not in ids]
         if unknown:
-            raise SpecError(f"no conversation {', '.join(unknown)} in the file; it has {', '.join(ids)}", where=str(path))
+            raise SpecError(
+                f"no conversation {', '.join(unknown)} in the file; it has {', '.join(ids)}", where=str(path)
+            )
         chosen = [(i, s) for i, s in zip(ids, samples, strict=True) if i in set(conversations)]
     else:
         chosen = list(zip(ids, samples, strict=True))
     ks = sorted({int(k) for k in ks})
-    questions = {cid: [q for q in s["qa"] if q.get("category") in ANSWERABLE and evidence_ids(q.get("evidence"))]
-                 for cid, s in chosen}
+    questions = {
+        cid: [q for q in s["qa"] if q.get("category") in ANSWERABLE and evidence_ids(q.get("evidence"))]
+        for cid, s in chosen
+    }
     total = sum(len(turns_of(s)) + len(questions[cid]) for cid, s in chosen)
     done = 0
 
@@ -215,15 +245,22 @@ async def evaluate_locomo_async(
                     cat["hits"][k] += 1
             n += 1
             tick(f"{cid}: questions")
-        per_conv[cid] = {"questions": len(questions[cid]), "turns": len(seq_to_dia),
-                         "entries": run.toolset.recall.size(), "distillations": run.distillations,
-                         "recall_at": _rate(conv_hits, len(questions[cid]))}
+        per_conv[cid] = {
+            "questions": len(questions[cid]),
+            "turns": len(seq_to_dia),
+            "entries": run.toolset.recall.size(),
+            "distillations": run.distillations,
+            "recall_at": _rate(conv_hits, len(questions[cid])),
+        }
     return {
         "questions": n,
         "recall_at": _rate(hits, n),
         "by_category": {
-            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["questions"],
-                     "recall_at": _rate(v["hits"], v["questions"])}
+            str(c): {
+                "name": CATEGORY_NAMES.get(c, str(c)),
+                "questions": v["questions"],
+                "recall_at": _rate(v["hits"], v["questions"]),
+            }
             for c, v in sorted(by_cat.items())
         },
         "conversations": per_conv,
@@ -247,5 +284,6 @@ def evaluate_locomo(
     ``{"questions", "recall_at": {"1": x, ...}, "by_category": {"1": {...}, ...},
     "conversations": {...}, "seconds"}``.
     """
-    return asyncio.run(evaluate_locomo_async(path, conversations=conversations, ks=ks, embedder=embedder,
-                                             progress=progress))
+    return asyncio.run(
+        evaluate_locomo_async(path, conversations=conversations, ks=ks, embedder=embedder, progress=progress)
+    )

@@ -43,6 +43,8 @@ class MemorySource(Protocol):
     :class:`MemoryHit` or a mapping with the same keys (at least ``text`` and ``score``).
     """
 
-    def search(self, query: str, top_k: int, scopes: Sequence[str] | None = None) -> Sequence[MemoryHit | dict[str, Any]]:
+    def search(
+        self, query: str, top_k: int, scopes: Sequence[str] | None = None
+    ) -> Sequence[MemoryHit | dict[str, Any]]:
         """The best ``top_k`` items for ``query``, best first."""
         ...

@@ -38,8 +38,14 @@ def messages_from_record(events: Sequence[Event]) -> dict[int, Message]:
         elif e.kind == "assistant_message":
             out[e.seq] = Message.from_dict({**d["message"], "seq": e.seq, "ts": e.ts})
         elif e.kind == "tool_result":
-            out[e.seq] = Message(role="tool", content=d.get("content") or "", tool_call_id=d.get("tool_call_id"),
-                                 name=d.get("name"), seq=e.seq, ts=e.ts)
+            out[e.seq] = Message(
+                role="tool",
+                content=d.get("content") or "",
+                tool_call_id=d.get("tool_call_id"),
+                name=d.get("name"),
+                seq=e.seq,
+                ts=e.ts,
+            )
     return out
 
 
@@ -87,8 +93,9 @@ class RunRecall:
             if resolved is None:
                 self._notice("recall is lexical-only (BM25): no embedder is configured")
         try:
-            self.index = RecallIndex(resolved, max_entries=int(getattr(context, "recall_max_entries", 4096)),
-                                     fusion=fusion)
+            self.index = RecallIndex(
+                resolved, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion
+            )
         except ImportError as exc:
             self._notice(f"recall is lexical-only: faiss is not installed ({exc}); pip install 'loomrt[recall]'")
             self.index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
@@ -135,11 +142,22 @@ class RunRecall:
             speaker = m.name if m.role != "tool" else None
             pieces = chunk_text(text)
             for i, piece in enumerate(pieces):
-                drafts.append(Entry(
-                    id=-1, run_id=self.run_id, seq=m.seq, distillation_seq=distillation_seq, role=m.role, text=piece,
-                    speaker=speaker, ts=m.ts, tools=tools, chunk=i, chunks=len(pieces),
-                    before=self._before if i == 0 else "",
-                ))
+                drafts.append(
+                    Entry(
+                        id=-1,
+                        run_id=self.run_id,
+                        seq=m.seq,
+                        distillation_seq=distillation_seq,
+                        role=m.role,
+                        text=piece,
+                        speaker=speaker,
+                        ts=m.ts,
+                        tools=tools,
+                        chunk=i,
+                        chunks=len(pieces),
+                        before=self._before if i == 0 else "",
+                    )
+                )
             self._before = _tail_words(drafts[-1].label, _BEFORE_WORDS)
         return drafts
 
@@ -162,10 +180,16 @@ class RunRecall:
             self._catch_up()
             self._add(self._drafts(span.distillation_seq, span.messages))
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-            self._pending.append(("callback_error", {
-                "callback": "recall.on_evicted", "error": f"{type(exc).__name__}: {exc}",
-                "distillation_seq": span.distillation_seq,
-            }))
+            self._pending.append(
+                (
+                    "callback_error",
+                    {
+                        "callback": "recall.on_evicted",
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "distillation_seq": span.distillation_seq,
+                    },
+                )
+            )
         self._flush()
 
     def rebuild(self, history: Sequence[Event]) -> int:
@@ -194,7 +218,9 @@ class RunRecall:
         try:
             self._add(drafts)
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-            self._pending.append(("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"}))
+            self._pending.append(
+                ("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"})
+            )
 
     # ------------------------------------------------------------------ searching
 
@@ -209,15 +235,27 @@ class RunRecall:
             if not self.index.dense:
                 raise
             self.index.disable_dense()
-            self._notice(f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})")
+            self._notice(
+                f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
+            )
             found = self.index.search(query, top_k)
         for h in found:
             e = h.entry
-            hits.append(RecallHit(
-                text=e.text, score=h.score, source="run", seq=e.seq, seqs=tuple(e.seqs), ts=e.ts, role=e.role,
-                speaker=e.speaker, tools=e.tools, distillation_seq=e.distillation_seq,
-                chunk=(e.chunk + 1, e.chunks) if e.chunks > 1 else None,
-            ))
+            hits.append(
+                RecallHit(
+                    text=e.text,
+                    score=h.score,
+                    source="run",
+                    seq=e.seq,
+                    seqs=tuple(e.seqs),
+                    ts=e.ts,
+                    role=e.role,
+                    speaker=e.speaker,
+                    tools=e.tools,
+                    distillation_seq=e.distillation_seq,
+                    chunk=(e.chunk + 1, e.chunks) if e.chunks > 1 else None,
+                )
+            )
         hits.extend(self._memory_hits(query, top_k))
         hits.sort(key=lambda h: -h.score)
         self._flush()
@@ -233,8 +271,11 @@ class RunRecall:
             return []
         out = []
         for item in raw:
-            h = item if isinstance(item, MemoryHit) else MemoryHit(**{k: v for k, v in dict(item).items()
-                                                                     if k in MemoryHit.__dataclass_fields__})
+            h = (
+                item
+                if isinstance(item, MemoryHit)
+                else MemoryHit(**{k: v for k, v in dict(item).items() if k in MemoryHit.__dataclass_fields__})
+            )
             extra = {k: v for k, v in (("scope", h.scope), ("id", h.id)) if v is not None}
             out.append(RecallHit(text=h.text, score=float(h.score), source="memory", ts=h.ts, extra=extra))
         return out

@@ -118,7 +118,9 @@ def cap_results(hits: list[RecallHit], max_tokens: int) -> tuple[list[dict[str, 
         if i == 0:
             room = max(16, max_tokens - _RESULT_OVERHEAD - 24)
             where = f"record seq {hit.seq}" if hit.seq is not None else "the source"
-            d["text"] = _truncate(hit.text, room) + f" … [truncated to fit the recall budget; the whole text is at {where}]"
+            d["text"] = (
+                _truncate(hit.text, room) + f" … [truncated to fit the recall budget; the whole text is at {where}]"
+            )
             d["truncated"] = True
             out.append(d)
             used = max_tokens
@@ -136,10 +138,14 @@ def make_recall_tool(recall: RunRecall) -> Tool:
         results, left_out = cap_results(hits, recall.max_tokens)
         answer: dict[str, Any] = {"query": query, "results": results}
         if left_out:
-            answer["note"] = f"{left_out} more result(s) left out to stay within {recall.max_tokens} tokens; narrow the query"
+            answer["note"] = (
+                f"{left_out} more result(s) left out to stay within {recall.max_tokens} tokens; narrow the query"
+            )
         elif not results:
             answer["note"] = (
-                "nothing matched" if recall.size() else "nothing has been evicted yet: everything is still in your context"
+                "nothing matched"
+                if recall.size()
+                else "nothing has been evicted yet: everything is still in your context"
             )
         return answer
 
@@ -150,8 +156,13 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "What to look for, in the words of the original."},
-                "top_k": {"type": "integer", "minimum": 1, "maximum": 20, "default": 5,
-                          "description": "How many results (best first)."},
+                "top_k": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 20,
+                    "default": 5,
+                    "description": "How many results (best first).",
+                },
             },
             "required": ["query"],
             "additionalProperties": False,

@@ -69,11 +69,13 @@ def test_fifo_cap_removes_the_oldest_from_every_index(embedder: HashEmbedder | N
 
 def test_search_is_best_first_and_scored_in_unit_range() -> None:
     index = RecallIndex(HashEmbedder())
-    index.add([
-        entry("The release tarball lives at /srv/releases/loom-2.4.1.tar.gz", 1),
-        entry("We had pasta for lunch", 2),
-        entry("The release notes are in docs/releases.md", 3),
-    ])
+    index.add(
+        [
+            entry("The release tarball lives at /srv/releases/loom-2.4.1.tar.gz", 1),
+            entry("We had pasta for lunch", 2),
+            entry("The release notes are in docs/releases.md", 3),
+        ]
+    )
     hits = index.search("where is the release tarball", k=3)
     assert hits[0].entry.seq == 1
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
@@ -83,11 +85,13 @@ def test_search_is_best_first_and_scored_in_unit_range() -> None:
 
 def test_the_window_finds_an_answer_by_its_question() -> None:
     index = RecallIndex(None)
-    index.add([
-        entry("Which city did you move to last spring?", 1),
-        entry("Lisbon, and I love it.", 2, before="Which city did you move to last spring?"),
-        entry("My sister moved to Porto.", 3, before="Lisbon, and I love it."),
-    ])
+    index.add(
+        [
+            entry("Which city did you move to last spring?", 1),
+            entry("Lisbon, and I love it.", 2, before="Which city did you move to last spring?"),
+            entry("My sister moved to Porto.", 3, before="Lisbon, and I love it."),
+        ]
+    )
     assert [h.entry.seq for h in index.search("what city did they move to last spring", k=2)] == [1, 2]
 
 

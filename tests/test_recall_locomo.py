@@ -112,7 +112,9 @@ def test_cli_recall_rebuilds_a_run_from_the_record(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
     provider = ScriptedProvider(turns=["ok"] * 20, summaries=["Summary."])
     rt = Runtime(default_store(), providers=lambda s, m: provider)
-    spec = AgentSpec(model="scripted/x", context={"mode": "recap", "budget_tokens": 300, "keep_last_n": 2, "recall": True})
+    spec = AgentSpec(
+        model="scripted/x", context={"mode": "recap", "budget_tokens": 300, "keep_last_n": 2, "recall": True}
+    )
     run = rt.start(spec, interactive=True)
 
     async def go() -> None:
@@ -127,7 +129,9 @@ def test_cli_recall_rebuilds_a_run_from_the_record(monkeypatch: pytest.MonkeyPat
     assert res.exit_code == 0, res.output
     hits = json.loads(res.stdout)
     assert len(hits) == 3 and set(hits[0]) == {"text", "score", "source", "seq", "ts"}
-    assert hits[0]["text"] == "The release tarball lives at /srv/releases/loom-2.4.1.tar.gz" and hits[0]["source"] == "run"
+    assert (
+        hits[0]["text"] == "The release tarball lives at /srv/releases/loom-2.4.1.tar.gz" and hits[0]["source"] == "run"
+    )
     res = runner.invoke(_app(), ["recall", run.run_id, "/srv/releases/loom-2.4.1.tar.gz"])
     assert res.exit_code == 0 and "loom-2.4.1.tar.gz" in res.stdout and f"#{hits[0]['seq']}" in res.stdout
     res = runner.invoke(_app(), ["recall", "no-such-run", "x"])

@@ -29,8 +29,11 @@ def recall_call(query: str) -> dict[str, Any]:
 
 def recall_results(rt: Runtime, run_id: str) -> list[list[dict[str, Any]]]:
     """The results of every Recall tool call the run made, in order."""
-    return [json.loads(e.data["content"])["results"] for e in rt.store.events(run_id, kinds=["tool_result"])
-            if e.data["name"] == "Recall"]
+    return [
+        json.loads(e.data["content"])["results"]
+        for e in rt.store.events(run_id, kinds=["tool_result"])
+        if e.data["name"] == "Recall"
+    ]
 
 
 def kinds(rt: Runtime, run_id: str, kind: str) -> list[dict[str, Any]]:
@@ -46,8 +49,10 @@ async def chat(rt: Runtime, run: Any, n: int = 12) -> None:
 
 
 def test_interactive_send_grants_recall_and_finds_an_evicted_needle() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database port"), "6543"],
-                                summaries=["Summary: setting up a deployment."])
+    provider = ScriptedProvider(
+        turns=["ok"] * 14 + [recall_call("staging database port"), "6543"],
+        summaries=["Summary: setting up a deployment."],
+    )
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -86,14 +91,18 @@ def test_without_recall_there_is_no_recall_tool() -> None:
 
 def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
     store = tmp_path / "record.sqlite"
-    rt = scripted_runtime(ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."]), store_path=store,
-                          embedder=HashEmbedder())
+    rt = scripted_runtime(
+        ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."]), store_path=store, embedder=HashEmbedder()
+    )
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))
     assert run.distillations >= 1
     # a new process: a fresh runtime over the same record
-    rt2 = scripted_runtime(ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"],
-                                            summaries=["Summary."]), store_path=store, embedder=HashEmbedder())
+    rt2 = scripted_runtime(
+        ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"], summaries=["Summary."]),
+        store_path=store,
+        embedder=HashEmbedder(),
+    )
     result = asyncio.run(rt2.continue_run(run.run_id, "What was the staging database address?"))
     assert result.status == "parked"
     assert recall_results(rt2, run.run_id)[-1][0]["text"] == NEEDLE
@@ -110,8 +119,9 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
         return await rt.send(run, "What was the staging database address?")  # the script runs out: fails
 
     assert asyncio.run(first()).status == "failed"
-    full = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"],
-                            summaries=["Summary."])
+    full = ScriptedProvider(
+        turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"], summaries=["Summary."]
+    )
     rt2 = scripted_runtime(full, store_path=store, embedder=HashEmbedder())
     reopened = rt2.open(run.run_id)
     assert reopened.toolset.recall.size() >= 1  # rebuilt from the distillation events
@@ -121,9 +131,10 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
 
 
 def test_no_embedder_is_lexical_only_and_says_so_once() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "ok",
-                                                     recall_call("db-stage.internal:6543"), "ok"],
-                                summaries=["Summary."])
+    provider = ScriptedProvider(
+        turns=["ok"] * 14 + [recall_call("staging database"), "ok", recall_call("db-stage.internal:6543"), "ok"],
+        summaries=["Summary."],
+    )
     rt = scripted_runtime(provider, embedder=False)
     run = rt.start(spec(), interactive=True)
 
@@ -149,8 +160,7 @@ class BrokenEmbedder:
 
 
 def test_an_embedder_that_raises_never_fails_the_run() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"],
-                                summaries=["Summary."])
+    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"], summaries=["Summary."])
     rt = scripted_runtime(provider, embedder=BrokenEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -209,8 +219,9 @@ def test_a_run_never_sees_another_runs_spans() -> None:
     from loomrt.messages import EvictedSpan, Message
 
     before = run_b.toolset.recall.size()
-    run_b.toolset.recall.on_evicted(EvictedSpan(run_a.run_id, "agent", "compaction", 1,
-                                                (Message(role="user", content=other_needle, seq=1),)))
+    run_b.toolset.recall.on_evicted(
+        EvictedSpan(run_a.run_id, "agent", "compaction", 1, (Message(role="user", content=other_needle, seq=1),))
+    )
     assert run_b.toolset.recall.size() == before
 
 
@@ -241,8 +252,10 @@ class Memory:
 
     def search(self, query: str, top_k: int, scopes: Any = None) -> list[Any]:
         self.asked.append((query, top_k, scopes))
-        return [MemoryHit(text="The user prefers port 7000 for local dev", score=0.99, ts=0.0, scope="user"),
-                {"text": "low score fact", "score": 0.0001}]
+        return [
+            MemoryHit(text="The user prefers port 7000 for local dev", score=0.99, ts=0.0, scope="user"),
+            {"text": "low score fact", "score": 0.0001},
+        ]
 
 
 def test_memory_hits_merge_by_score() -> None:

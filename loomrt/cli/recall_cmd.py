@@ -61,8 +61,11 @@ def recall(
         except Exception:  # noqa: BLE001 - an old definition still has a searchable record
             context = None
     notes: list[str] = []
-    rr = RunRecall(run_id=run_id, context=context, emit=lambda kind, data: notes.append(str(data.get("message") or
-                                                                                            data.get("error"))))
+    rr = RunRecall(
+        run_id=run_id,
+        context=context,
+        emit=lambda kind, data: notes.append(str(data.get("message") or data.get("error"))),
+    )
     rr.rebuild(events)
     hits = rr.search(query, top_k=k)
     for note in notes:
@@ -70,8 +73,12 @@ def recall(
     if json_output:
         from loomrt.recall.tool import iso
 
-        print_json([{"text": h.text, "score": round(h.score, 4), "source": h.source, "seq": h.seq, "ts": iso(h.ts)}
-                    for h in hits])
+        print_json(
+            [
+                {"text": h.text, "score": round(h.score, 4), "source": h.source, "seq": h.seq, "ts": iso(h.ts)}
+                for h in hits
+            ]
+        )
         return
     if not hits:
         what = "nothing matched" if rr.size() else "the run has evicted nothing yet"
@@ -97,8 +104,12 @@ def _table(result: dict[str, Any]) -> Table:
     for k in ks:
         table.add_column(f"R@{k}", justify="right")
     for cat, row in result["by_category"].items():
-        table.add_row(f"{cat} {row.get('name', '')}", str(row["questions"]), *(f"{row['recall_at'][k]:.3f}" for k in ks))
-    table.add_row("[bold]all[/bold]", str(result["questions"]), *(f"[bold]{result['recall_at'][k]:.3f}[/bold]" for k in ks))
+        table.add_row(
+            f"{cat} {row.get('name', '')}", str(row["questions"]), *(f"{row['recall_at'][k]:.3f}" for k in ks)
+        )
+    table.add_row(
+        "[bold]all[/bold]", str(result["questions"]), *(f"[bold]{result['recall_at'][k]:.3f}[/bold]" for k in ks)
+    )
     return table
 
 
@@ -115,8 +126,14 @@ def bench_recall(
 
     if not data.is_file():
         raise _fail(f"no LoCoMo file at {data}")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task("loading", total=None)
 
         def progress(done: int, total: int, what: str) -> None:
