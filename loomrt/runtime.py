@@ -109,17 +109,25 @@ class Runtime:
             resolved = resolve_mode(requested, provider.capabilities, interactive=interactive,
                                     has_schema=spec.context.state_schema is not None)
         mode = mode_for(resolved)
+        # what the toolset records before the run exists (or before run_started) waits here
+        pending: list[tuple[str, dict[str, Any]]] = []
         holder: dict[str, RunState] = {}
+
+        def emit(kind: str, data: dict[str, Any]) -> None:
+            if "run" in holder:
+                holder["run"].record(kind, data)
+            else:
+                pending.append((kind, data))
+
         toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=lambda kind, data: holder["run"].record(kind, data),
+            history=history, emit=emit,
         )
         run = RunState(
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
             provider=provider, summarizer=summarizer, toolset=toolset,
             callbacks=[*toolset.callbacks, *self.callbacks],
         )
-        holder["run"] = run
         if history is None:
             system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *toolset.prompt_lines] if x)
             self.store.create_run(RunInfo(
@@ -133,6 +141,9 @@ class Runtime:
             })
             if system:
                 run.context.append(Message(role="system", content=system, seq=started.seq, ts=started.ts))
+        holder["run"] = run
+        for kind, data in pending:
+            run.record(kind, data)
         return run
 
     # ------------------------------------------------------------------ playing

@@ -10,7 +10,7 @@ import json
 import pytest
 from spine_kit import context_dicts, events, kinds, runtime, send, shape, tool_call, write
 
-from loomrt import ProviderError, ToolCall, load_agents, tool
+from loomrt import AgentSpec, ProviderError, ToolCall, load_agents, tool
 from loomrt.providers.base import ModelResponse
 from loomrt.spec import definition_hash
 from loomrt.testing import FunctionProvider, ScriptedProvider
@@ -479,3 +479,21 @@ def test_a_run_continues_from_the_record_after_its_prompt_file_is_gone(tmp_path)
     result = asyncio.run(rt.continue_run(first.run_id, "3+3?"))
     assert (result.status, result.output) == ("done", "six")
     assert rt.open(first.run_id).context[0].content == "You answer in one word."
+
+
+def test_events_the_toolset_emits_while_it_is_resolved_land_after_run_started(tmp_path, monkeypatch):
+    import loomrt.runtime as runtime_module
+
+    real = runtime_module.resolve_toolset
+
+    def noisy(spec, **kw):
+        kw["emit"]("notice", {"message": "resolved early"})
+        return real(spec, **kw)
+
+    monkeypatch.setattr(runtime_module, "resolve_toolset", noisy)
+    rt = runtime(tmp_path, ScriptedProvider(["ok"]))
+    run = rt.start(AgentSpec(model="scripted/x"), name="a")
+    assert [e.kind for e in rt.store.events(run.run_id)][:2] == ["run_started", "notice"]
+    assert send(rt, run, "go").status == "done"
+    reopened = runtime(tmp_path, ScriptedProvider(["ok"])).open(run.run_id)  # open() needs run_started first
+    assert reopened.run_id == run.run_id
