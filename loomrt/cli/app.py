@@ -15,7 +15,7 @@ from typing import Any
 import typer
 
 from loomrt.cli.agents_cmd import agents_app
-from loomrt.cli.common import err, friendly, load, out, print_json, runtime
+from loomrt.cli.common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.render import EventPrinter
 from loomrt.cli.runs_cmd import runs_app
 
@@ -90,12 +90,7 @@ def chat_cmd(
         if not line.strip():
             continue
         result = asyncio.run(rt.send(run, line))
-        if json_output:
-            print_json(result.to_json())
-        elif result.status == "failed":
-            err.print(f"[red]error:[/red] {result.error}", highlight=False)
-        else:
-            out.print(result.output or "", markup=False, highlight=False)
+        print_result(result, json_output)
         if result.status == "failed":
             failed = True
             break

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from loomrt.errors import LoomError, NotFoundError, RunError, SpecError, StoreError
 
-__all__ = ["out", "err", "agents_path", "load", "runtime", "friendly", "print_json"]
+__all__ = ["out", "err", "agents_path", "load", "runtime", "friendly", "print_json", "print_result"]
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -54,6 +54,16 @@ def print_json(obj: Any) -> None:
     """One JSON document on stdout (plain print: rich would wrap long lines)."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def print_result(result: Any, json_output: bool) -> None:
+    """A run's (or a turn's) result: the JSON object, or the answer, or its error on stderr."""
+    if json_output:
+        print_json(result.to_json())
+    elif result.status == "failed":
+        err.print(f"[red]error:[/red] {result.error}", highlight=False)
+    else:
+        out.print(result.output or "", markup=False, highlight=False)
 
 
 def friendly(fn: F) -> F:

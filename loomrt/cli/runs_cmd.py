@@ -8,7 +8,7 @@ import datetime as dt
 import typer
 from rich.table import Table
 
-from loomrt.cli.common import err, friendly, out, print_json, runtime
+from loomrt.cli.common import err, friendly, out, print_json, print_result, runtime
 from loomrt.cli.render import EventPrinter, events_table
 
 __all__ = ["runs_app"]
@@ -96,12 +96,7 @@ def events_cmd(
 
 
 def _finish(result, json_output: bool) -> None:  # type: ignore[no-untyped-def]
-    if json_output:
-        print_json(result.to_json())
-    elif result.status == "failed":
-        err.print(f"[red]error:[/red] {result.error}", highlight=False)
-    else:
-        out.print(result.output or "", markup=False, highlight=False)
+    print_result(result, json_output)
     if result.status == "failed":
         raise typer.Exit(1)
 
