@@ -20,6 +20,7 @@ It behaves as a cooperative model would in each mode:
 
 from __future__ import annotations
 
+import abc
 import json
 import random
 import re
@@ -60,7 +61,7 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
 
 
 @dataclass
-class BenchModel:
+class BenchModel(abc.ABC):
     """The model side of a workload. Subclasses decide what a ``turn`` call answers."""
 
     needles: list[Needle] = field(default_factory=list)
@@ -158,8 +159,9 @@ class BenchModel:
 
     # ------------------------------------------------------------------ the two kinds of call
 
-    def turn(self, request: ModelRequest) -> ModelResponse:  # pragma: no cover - subclasses
-        raise NotImplementedError
+    @abc.abstractmethod
+    def turn(self, request: ModelRequest) -> ModelResponse:
+        """What a workload's model answers to an ordinary (turn) call."""
 
     def summarize(self, request: ModelRequest) -> str:
         """A summary or recap of fixed size: visible needles, recent lines, then prose."""
