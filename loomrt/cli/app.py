@@ -7,7 +7,6 @@ events, resume, continue), recall, bench, doctor. Every inspection command takes
 from __future__ import annotations
 
 import asyncio
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,10 @@ from typing import Any
 import typer
 
 from loomrt.cli.agents_cmd import agents_app
+from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.common import err, friendly, load, out, print_json, print_result, runtime
+from loomrt.cli.doctor import doctor
+from loomrt.cli.recall_cmd import recall
 from loomrt.cli.render import EventPrinter
 from loomrt.cli.runs_cmd import runs_app
 
@@ -112,32 +114,10 @@ def _read_turn(prompt: bool) -> str | None:
         return None
 
 
-# Commands whose modules import heavy libraries (torch, litellm) only when they run.
-_OPTIONAL: list[tuple[str, str, str]] = [
-    ("loomrt.cli.recall_cmd", "recall", "recall"),
-    ("loomrt.cli.doctor", "doctor", "doctor"),
-]
-
-
-def _register_optional() -> None:
-    for module_name, attr, command in _OPTIONAL:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        app.command(command)(friendly(getattr(module, attr)))
-    try:
-        from loomrt.cli.bench_cmd import bench_app
-    except ModuleNotFoundError as exc:
-        if exc.name != "loomrt.cli.bench_cmd":
-            raise
-        return
-    app.add_typer(bench_app, name="bench")
-
-
-_register_optional()
+# recall, doctor and bench import their heavy libraries (torch, litellm) only when they run.
+app.command("recall")(friendly(recall))
+app.command("doctor")(friendly(doctor))
+app.add_typer(bench_app, name="bench")
 
 
 def main(argv: Any = None) -> None:
