@@ -19,6 +19,7 @@ like any other provider.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import importlib.util
 import json
 import os
@@ -71,6 +72,17 @@ class LocalError(Exception):
 
 _INSTANCES: dict[str, _Loaded] = {}
 _LOAD_LOCK = threading.Lock()
+
+
+@atexit.register
+def _close_all() -> None:
+    """Free the models before interpreter teardown (llama-cpp-python's own finaliser runs
+    after its module globals are gone and prints a TypeError at exit)."""
+    for loaded in list(_INSTANCES.values()):
+        if loaded.llama is not None:
+            loaded.llama.close()
+            loaded.llama = None
+    _INSTANCES.clear()
 
 
 def _llama_cpp() -> Any:
