@@ -41,8 +41,9 @@ class Runtime:
 
     ``providers`` maps an agent definition and model string to a provider (default:
     :func:`loomrt.providers.resolve_provider`); ``tools`` adds tools to the built-ins;
-    ``callbacks`` receive every evicted span of every run; ``embedder`` and ``memory``
-    are handed to Recall.
+    ``callbacks`` receive every evicted span of every run; ``listeners`` receive every
+    event every run records (the CLI renders them live); ``embedder`` and ``memory`` are
+    handed to Recall.
     """
 
     def __init__(
@@ -54,6 +55,7 @@ class Runtime:
         callbacks: list[EvictedSpanCallback] | None = None,
         embedder: Any = None,
         memory: Any = None,
+        listeners: list[Callable[[Event], None]] | None = None,
     ):
         self.store = store or default_store()
         self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
@@ -61,6 +63,7 @@ class Runtime:
         self.callbacks = list(callbacks or [])
         self.embedder = embedder
         self.memory = memory
+        self.listeners = list(listeners or [])
 
     # ------------------------------------------------------------------ starting
 
@@ -126,7 +129,7 @@ class Runtime:
         run = RunState(
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
             provider=provider, summarizer=summarizer, toolset=toolset,
-            callbacks=[*toolset.callbacks, *self.callbacks],
+            callbacks=[*toolset.callbacks, *self.callbacks], listeners=list(self.listeners),
         )
         if history is None:
             system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *toolset.prompt_lines] if x)

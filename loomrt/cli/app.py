@@ -18,7 +18,6 @@ from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.doctor import doctor
 from loomrt.cli.recall_cmd import recall
-from loomrt.cli.render import EventPrinter
 from loomrt.cli.runs_cmd import runs_app
 
 __all__ = ["app", "main"]
@@ -51,12 +50,8 @@ def run_cmd(
 ) -> None:
     """Run an agent once on PROMPT and print its answer."""
     path, defs = load(agents)
-    rt = runtime()
+    rt = runtime(show_events=not (json_output or quiet))
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
-    if not json_output and not quiet:
-        for e in rt.store.events(run.run_id):
-            EventPrinter(err)(e)
-        run.listeners.append(EventPrinter(err))
     result = asyncio.run(rt.send(run, prompt))
     if json_output:
         print_json(result.to_json())

@@ -44,10 +44,12 @@ def load(explicit: Path | None) -> tuple[Path, Any]:
     return path, load_agents(path)
 
 
-def runtime() -> Any:
+def runtime(*, show_events: bool = False) -> Any:
+    """The runtime on the default record; ``show_events`` renders each event live on stderr."""
+    from loomrt.cli.render import EventPrinter
     from loomrt.runtime import Runtime
 
-    return Runtime()
+    return Runtime(listeners=[EventPrinter(err)] if show_events else [])
 
 
 def print_json(obj: Any) -> None:

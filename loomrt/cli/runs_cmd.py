@@ -8,8 +8,8 @@ import datetime as dt
 import typer
 from rich.table import Table
 
-from loomrt.cli.common import err, friendly, out, print_json, print_result, runtime
-from loomrt.cli.render import EventPrinter, events_table
+from loomrt.cli.common import friendly, out, print_json, print_result, runtime
+from loomrt.cli.render import events_table
 
 __all__ = ["runs_app"]
 
@@ -105,8 +105,8 @@ def _finish(result, json_output: bool) -> None:  # type: ignore[no-untyped-def]
 @friendly
 def resume_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
     """Pick up a run that stopped mid-turn, from its record alone."""
-    rt = runtime()
-    result = asyncio.run(_with_printer(rt, rt.resume, run_id, quiet=json_output))
+    rt = runtime(show_events=not json_output)
+    result = asyncio.run(rt.resume(run_id))
     _finish(result, json_output)
 
 
@@ -114,25 +114,6 @@ def resume_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
 @friendly
 def continue_cmd(run_id: str, prompt: str, json_output: bool = JsonOpt) -> None:
     """Add a new user input to an existing run and play it."""
-    rt = runtime()
-    result = asyncio.run(_with_printer(rt, rt.continue_run, run_id, prompt, quiet=json_output))
+    rt = runtime(show_events=not json_output)
+    result = asyncio.run(rt.continue_run(run_id, prompt))
     _finish(result, json_output)
-
-
-async def _with_printer(rt, fn, *args, quiet: bool):  # type: ignore[no-untyped-def]
-    """Call fn with a store that also prints each appended event."""
-    if quiet:
-        return await fn(*args)
-    printer = EventPrinter(err)
-    original = rt.store.append
-
-    def append(run_id, kind, data):  # type: ignore[no-untyped-def]
-        event = original(run_id, kind, data)
-        printer(event)
-        return event
-
-    rt.store.append = append
-    try:
-        return await fn(*args)
-    finally:
-        rt.store.append = original
