@@ -10,7 +10,6 @@ window, and without forgetting.
 
 from loomrt.errors import (
     LoomError,
-    ModelRetry,
     NotFoundError,
     ProviderError,
     RunError,
@@ -38,7 +37,6 @@ __all__ = [
     "EvictedSpan",
     "LoomError",
     "Message",
-    "ModelRetry",
     "NotFoundError",
     "ProviderError",
     "RunError",

@@ -11,8 +11,9 @@ The tree::
     ├── StoreError                 the record could not be read or written
     └── NotFoundError              a run id or agent name that does not exist
 
-    ModelRetry                     control flow, not an error: the loop shows its message to the
-                                   model and asks again (invalid patches, unknown tools)
+Control flow inside the loop is not an exception: a mode's reply is a small tagged value
+(:mod:`loomrt.run.steps`), and an invalid patch or an unknown tool is shown to the model as
+a tool result.
 
 Every message says what was wrong and what to do about it.
 """
@@ -28,7 +29,6 @@ __all__ = [
     "StateError",
     "StoreError",
     "NotFoundError",
-    "ModelRetry",
 ]
 
 
@@ -94,11 +94,3 @@ class StoreError(LoomError):
 
 class NotFoundError(LoomError):
     """A run id, agent name or file that does not exist."""
-
-
-class ModelRetry(Exception):
-    """Raised inside the loop to show ``message`` to the model and ask again."""
-
-    def __init__(self, message: str):
-        self.message = message
-        super().__init__(message)

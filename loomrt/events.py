@@ -12,7 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["EventKind", "EVENT_KINDS", "Event", "RunInfo", "run_status"]
+from loomrt.messages import Message
+
+__all__ = ["EventKind", "EVENT_KINDS", "LIFECYCLE_KINDS", "Event", "RunInfo", "run_status", "message_of"]
 
 EventKind = Literal[
     "run_started",  # agent, def_hash, definition, requested_mode, mode, model, interactive, tools
@@ -25,7 +27,8 @@ EventKind = Literal[
     "patch_rejected",  # patch, error, attempt
     "schema_proposed",  # schema (recorded, never applied)
     "distillation",  # mode, span_seqs, tokens_before, tokens_after, summary | state, context
-    "distillation_declined",  # mode, tokens_before, tokens_after, reason
+    "distillation_declined",  # mode, tokens_before, tokens_after, pressure, paid, reason
+    "summary_rejected",  # purpose, reason, attempt, text (the rejected recap or summary, cut)
     "retry",  # attempt, error, status, delay_s
     "callback_error",  # callback, error, distillation_seq
     "notice",  # message, source (e.g. recall degraded to lexical-only)
@@ -52,6 +55,8 @@ class Event(BaseModel):
     """Unix time when it was recorded."""
     data: dict[str, Any] = Field(default_factory=dict)
     """The payload; its keys depend on ``kind``."""
+    hash: str | None = None
+    """The ledger hash, chained to the previous event of the run (:mod:`loomrt.record.ledger`)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -74,6 +79,33 @@ class RunInfo(BaseModel):
     last_seq: int = 0
 
 
+LIFECYCLE_KINDS: tuple[str, ...] = ("run_started", "resumed", "user_input", "parked", "final", "error")
+"""The kinds a run's status derives from. Every other event (a notice, a retry, a
+callback error, later a pin) is out of band: it never changes the status."""
+
+
 def run_status(last_kind: str | None) -> str:
-    """A run's status, derived from the kind of its last event (the record is never updated)."""
+    """A run's status, derived from the kind of its last lifecycle event (the record is
+    never updated): done, failed, parked, else active."""
     return {"final": "done", "error": "failed", "parked": "parked"}.get(last_kind or "", "active")
+
+
+def message_of(event: Event) -> Message | None:
+    """The one reader: the working-context message an event adds, verbatim, or None.
+
+    ``run_started`` adds the system message, ``user_input`` a user message (the view pins
+    the first one when ``keep_first`` is on), ``assistant_message`` and ``tool_result`` theirs. The projection and
+    the recall rebuild both read the record through this function.
+    """
+    d = event.data
+    if event.kind == "run_started":
+        system = d.get("system")
+        return Message(role="system", content=system, seq=event.seq, ts=event.ts) if system else None
+    if event.kind == "user_input":
+        return Message(role="user", content=d.get("content") or "", seq=event.seq, ts=event.ts)
+    if event.kind == "assistant_message":
+        return Message.from_dict({**d["message"], "seq": event.seq, "ts": event.ts})
+    if event.kind == "tool_result":
+        return Message(role="tool", content=d.get("content") or "", tool_call_id=d.get("tool_call_id"),
+                       name=d.get("name"), seq=event.seq, ts=event.ts)
+    return None

@@ -8,10 +8,11 @@ A :class:`Message` is immutable. Each one that comes from the record carries the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-__all__ = ["Role", "ToolCall", "Message", "EvictedSpan"]
+__all__ = ["Role", "ToolCall", "Message", "EvictedSpan", "EvictedSpanCallback"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -118,8 +119,13 @@ class EvictedSpan:
     mode: str
     distillation_seq: int
     messages: tuple[Message, ...]
-    meta: dict[str, Any] = field(default_factory=dict)
+    """The evicted messages with their full text (a message cut at ``message_max_tokens``
+    in the working context arrives here whole, as the record holds it)."""
 
     @property
     def seqs(self) -> list[int]:
         return [m.seq for m in self.messages if m.seq is not None]
+
+
+EvictedSpanCallback = Callable[[EvictedSpan], Awaitable[None] | None]
+"""Receives every evicted span; one that raises is recorded as a callback_error event."""

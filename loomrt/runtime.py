@@ -16,22 +16,31 @@ from typing import Any
 from pydantic import ValidationError
 
 from loomrt.errors import LoomError, NotFoundError, SpecError
-from loomrt.events import Event, RunInfo, run_status
+from loomrt.events import Event, RunInfo
 from loomrt.log import get_logger
-from loomrt.messages import Message
+from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
-from loomrt.run.projection import project
-from loomrt.run.state import EvictedSpanCallback, RunResult, RunState
+from loomrt.run.projection import message_limit, project
+from loomrt.run.state import RunResult, RunState
 from loomrt.spec import AgentsFile, AgentSpec, definition_hash
 from loomrt.tools import Tool
 from loomrt.toolset import resolve_toolset
 
 __all__ = ["Runtime"]
+
+HARVEST_NOTICE = (
+    "context.harvest_to_memory is on, but harvest is not installed in this version of loomrt: "
+    "evicted spans go to the recall index only, nothing is banked for durable memory."
+)
+
+
+def _noticed(history: list[Event] | None, message: str) -> bool:
+    return any(e.kind == "notice" and e.data.get("message") == message for e in history or [])
 
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
 
@@ -112,41 +121,31 @@ class Runtime:
             resolved = resolve_mode(requested, provider.capabilities, interactive=interactive,
                                     has_schema=spec.context.state_schema is not None)
         mode = mode_for(resolved)
-        # what the toolset records before the run exists (or before run_started) waits here
-        pending: list[tuple[str, dict[str, Any]]] = []
-        holder: dict[str, RunState] = {}
-
-        def emit(kind: str, data: dict[str, Any]) -> None:
-            if "run" in holder:
-                holder["run"].record(kind, data)
-            else:
-                pending.append((kind, data))
-
-        toolset = resolve_toolset(
-            spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=emit,
-        )
         run = RunState(
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
-            provider=provider, summarizer=summarizer, toolset=toolset,
-            callbacks=[*toolset.callbacks, *self.callbacks], listeners=list(self.listeners),
+            provider=provider, summarizer=summarizer, listeners=list(self.listeners),
         )
+        if history:
+            run.view = project(history, mode=mode)
+        run.toolset = resolve_toolset(
+            spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
+            history=history, emit=run.emit,
+        )
+        run.callbacks = [*run.toolset.callbacks, *self.callbacks]
+        if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
+            run.emit("notice", {"message": HARVEST_NOTICE, "source": "harvest"})
         if history is None:
-            system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *toolset.prompt_lines] if x)
+            system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
             self.store.create_run(RunInfo(
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
                 interactive=interactive, agents_file=agents_file,
             ))
-            started = run.record("run_started", {
+            run.add("run_started", {
                 "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
                 "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
-                "tools": sorted(toolset.tools), "system": system, "local": provider.capabilities.local,
+                "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
+                "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
             })
-            if system:
-                run.context.append(Message(role="system", content=system, seq=started.seq, ts=started.ts))
-        holder["run"] = run
-        for kind, data in pending:
-            run.record(kind, data)
         return run
 
     # ------------------------------------------------------------------ playing
@@ -161,7 +160,10 @@ class Runtime:
         try:
             await play_turn(run)
         except LoomError as exc:
-            log.info("run failed", error=str(exc), last_seq=run.last_seq)
+            log.info("turn failed", error=str(exc), last_seq=run.last_seq)
+            if run.interactive:  # one failed turn never ends a chat: the run parks for the next input
+                close_interrupted_calls(run)
+                run.add("parked", {"output": run.output, "after_error": str(exc)})
             return self.result(run, error=str(exc))
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
@@ -195,7 +197,7 @@ class Runtime:
 
     def finish(self, run: RunState) -> RunResult:
         """End an interactive run: record ``final`` with its last answer."""
-        run.record("final", {"output": run.output, "state": run.state})
+        run.add("final", {"output": run.output, "state": run.state})
         return self.result(run)
 
     # ------------------------------------------------------------------ from the record
@@ -208,25 +210,18 @@ class Runtime:
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
         spec = AgentSpec.model_validate(events[0].data["definition"])
         run = self._assemble(run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events)
-        p = project(events, keep_first=spec.context.keep_first)
-        run.context, run.state, run.usage = p.context, p.state, p.usage
-        run.model_calls, run.distillations, run.output = p.model_calls, p.distillations, p.output
-        run.reported_prompt_tokens, run.last_seq = p.reported_prompt_tokens, p.last_seq
-        run.patch_failures, run.declined_at = p.patch_failures, p.declined_at
-        run.declined_tokens = p.declined_tokens
         for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
             advance = getattr(provider, "advance", None)
             if callable(advance):  # a scripted model picks up where the record left off
-                advance(p.turn_calls, p.summary_calls)
+                advance(run.view.turn_calls, run.view.summary_calls)
         return run
 
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
         run = self.open(run_id)
-        status = run_status(self.store.events(run_id)[-1].kind)
-        if status in ("done", "parked"):
+        if run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error):
             return self.result(run)
-        run.record("resumed", {"from_seq": run.last_seq})
+        run.add("resumed", {"from_seq": run.last_seq})
         close_interrupted_calls(run)
         return await self._play(run)
 
@@ -235,15 +230,14 @@ class Runtime:
         run = self.open(run_id)
         if interactive is not None:
             run.interactive = interactive
-        run.record("resumed", {"from_seq": run.last_seq, "input": "continue"})
+        run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         close_interrupted_calls(run)
         return await self.send(run, prompt)
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:
-        last = self.store.events(run.run_id, after=max(0, run.last_seq - 1))
-        status = run_status(last[-1].kind if last else None)
         return RunResult(
-            run_id=run.run_id, agent=run.agent, mode=run.mode.name, status=status, output=run.output,
+            run_id=run.run_id, agent=run.agent, mode=run.mode.name, status="failed" if error else run.view.status,
+            output=run.output,
             state=run.state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
             error=error,
         )

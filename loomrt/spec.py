@@ -27,12 +27,14 @@ from typing import Any, Literal
 import jsonschema
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from loomrt.errors import SpecError
 
 __all__ = [
-    "Mode",
-    "MODES",
+    "RETENTION_MODES",
+    "mode_names",
+    "StatefulSpec",
     "ContextSpec",
     "Capabilities",
     "AgentSpec",
@@ -44,8 +46,21 @@ __all__ = [
     "SCHEMA_URL",
 ]
 
-Mode = Literal["append", "recap", "stateful", "compaction", "auto"]
-MODES: tuple[str, ...] = Mode.__args__  # type: ignore[attr-defined]
+RETENTION_MODES: dict[str, Any] = {
+    "append": "loomrt.run.reducers.append:AppendMode",
+    "recap": "loomrt.run.reducers.recap:RecapMode",
+    "stateful": "loomrt.run.reducers.stateful:StatefulMode",
+    "compaction": "loomrt.run.reducers.compaction:CompactionMode",
+}
+"""The retention modes, written once: name → the mode's class (or ``"module:Class"``,
+imported when a run first uses it). ``auto`` is not a mode but a choice among them."""
+
+
+def mode_names() -> tuple[str, ...]:
+    """Every value ``context.mode`` accepts: the registered modes, then ``auto``."""
+    return (*RETENTION_MODES, "auto")
+
+
 SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
 
 
@@ -53,10 +68,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
+class StatefulSpec(_Strict):
+    """stateful mode's own keys (``context.stateful:``)."""
+
+    state_max_tokens: int | None = Field(None, ge=16)
+    """The most tokens Σ may take; a patch that would grow it past this is refused with a
+    message the model sees. Default: half the budget."""
+
+
 class ContextSpec(_Strict):
     """How a run keeps its working context under budget."""
 
-    mode: Mode = "append"
+    mode: str = Field("append", json_schema_extra=lambda schema: schema.update(enum=list(mode_names())))
     """Retention mode: append (keep everything), recap, stateful, compaction, or auto
     (recap on local models and interactive runs, stateful on frontier APIs)."""
     budget_tokens: int = Field(8192, ge=256)
@@ -83,7 +106,7 @@ class ContextSpec(_Strict):
     """stateful mode: how many times an invalid patch is retried before the run fails."""
     propose_schema: bool = False
     """stateful mode: offer the model a propose_schema field in emit_state. A proposal is
-    recorded (schema_proposed), never applied; an operator adopts it with `loomrt agents fork`."""
+    recorded (schema_proposed), never applied; an operator adopts it with `loomrt agents version`."""
     recall: bool = False
     """Index every evicted span and grant the Recall tool to search it."""
     recall_max_entries: int = Field(4096, ge=16)
@@ -91,7 +114,22 @@ class ContextSpec(_Strict):
     recall_max_tokens: int = Field(1200, ge=64)
     """recall: the most tokens one Recall result may return."""
     harvest_to_memory: bool = False
-    """Bank evicted spans for consolidation into durable memory (wired by the harvest issue)."""
+    """Bank evicted spans for consolidation into durable memory. Not installed yet: a run
+    that asks for it says so once, in a notice event."""
+    message_max_tokens: int | None = Field(None, ge=64)
+    """The largest message the working context takes whole; a larger one (a huge tool
+    result, a pasted file) is cut there with a note, and its full text stays on the record.
+    Default: a quarter of the budget."""
+    stateful: StatefulSpec = Field(default_factory=StatefulSpec)
+    """stateful mode's own keys."""
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, value: str) -> str:
+        if value not in mode_names():
+            expected = ", ".join(f"'{m}'" for m in mode_names())
+            raise PydanticCustomError("literal_error", "Input should be one of {expected}", {"expected": expected})
+        return value
 
     @field_validator("state_schema")
     @classmethod
@@ -258,8 +296,15 @@ def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
             "no such agents file. Pass --agents FILE, set LOOMRT_AGENTS, or create ./agents.yaml",
             where=str(p),
         ) from None
+    except UnicodeDecodeError as exc:
+        line = p.read_bytes()[: exc.start].count(b"\n") + 1
+        raise SpecError(
+            f"the agents file is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}). "
+            "Save it as UTF-8.",
+            where=f"{p}:{line}",
+        ) from None
     except OSError as exc:
-        raise SpecError(f"cannot read the agents file: {exc.strerror}", where=str(p)) from None
+        raise SpecError(f"cannot read the agents file: {exc.strerror or exc}", where=str(p)) from None
     return load_agents_text(text, filename=str(p), base_dir=p.resolve().parent)
 
 

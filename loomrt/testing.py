@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.providers.base import ModelProvider
-from loomrt.providers.scripted import FunctionProvider, ScriptedProvider, load_script
+from loomrt.providers.scripted import FunctionProvider, ScriptedProvider, extractive_summary, load_script
 from loomrt.recall.embedders import HashEmbedder
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
 
 __all__ = [
+    "extractive_summary",
     "ScriptedProvider",
     "FunctionProvider",
     "FaultyProvider",

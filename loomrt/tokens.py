@@ -13,7 +13,7 @@ from typing import Any
 
 from loomrt.messages import Message
 
-__all__ = ["count_messages", "count_text", "MESSAGE_OVERHEAD"]
+__all__ = ["count_messages", "count_text", "count_tools", "cut_text", "MESSAGE_OVERHEAD"]
 
 MESSAGE_OVERHEAD = 4
 """Tokens a chat template adds around each message (role markers)."""
@@ -47,6 +47,34 @@ def count_text(text: str) -> int:
     if enc is not None:
         return len(enc.encode(text, disallowed_special=()))
     return max(1, len(text) // 4)
+
+
+def cut_text(text: str, limit: int) -> str:
+    """The longest start of ``text`` (cut at a line or word end where one is near) that
+    fits ``limit`` tokens."""
+    if count_text(text) <= limit:
+        return text
+    lo, hi = 0, len(text)
+    while lo < hi:  # the longest prefix that fits, by bisection on characters
+        mid = (lo + hi + 1) // 2
+        if count_text(text[:mid]) <= limit:
+            lo = mid
+        else:
+            hi = mid - 1
+    head = text[:lo]
+    for sep in ("\n", " "):
+        at = head.rfind(sep)
+        if at > lo * 0.8:
+            return head[:at]
+    return head
+
+
+def count_tools(tools: Any) -> int:
+    """Tokens the tool schemas sent with a call take (name, description, parameters)."""
+    total = 0
+    for t in tools:
+        total += count_text(f"{t.name} {t.description} {json.dumps(t.parameters, sort_keys=True)}") + 8
+    return total
 
 
 def _message_key(m: Message) -> str:

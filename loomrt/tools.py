@@ -15,13 +15,14 @@ import json
 import operator
 import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from loomrt.messages import EvictedSpanCallback
 from loomrt.providers.base import ToolSchema
 
-__all__ = ["Tool", "BUILTIN_TOOLS", "tool"]
+__all__ = ["Tool", "Toolset", "BUILTIN_TOOLS", "tool"]
 
 ToolFn = Callable[..., Any | Awaitable[Any]]
 
@@ -47,6 +48,18 @@ class Tool:
         if isinstance(out, str):
             return out
         return json.dumps(out, ensure_ascii=False, default=str)
+
+
+@dataclass
+class Toolset:
+    """The tools a run may call, the callbacks it registers, and its system prompt lines.
+    Resolved in one place, :func:`loomrt.toolset.resolve_toolset`."""
+
+    tools: dict[str, Tool] = field(default_factory=dict)
+    callbacks: list[EvictedSpanCallback] = field(default_factory=list)
+    prompt_lines: list[str] = field(default_factory=list)
+    recall: Any = None
+    """The run's recall index (a :class:`loomrt.recall.RunRecall`), when recall is on."""
 
 
 def tool(name: str, description: str, parameters: dict[str, Any]) -> Callable[[ToolFn], Tool]:

@@ -11,27 +11,14 @@ only this run's evicted spans and the agent's permitted memory.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from loomrt.errors import SpecError
 from loomrt.events import Event
-from loomrt.run.state import EvictedSpanCallback
 from loomrt.spec import AgentSpec
-from loomrt.tools import BUILTIN_TOOLS, Tool
+from loomrt.tools import BUILTIN_TOOLS, Tool, Toolset
 
 __all__ = ["Toolset", "resolve_toolset"]
-
-
-@dataclass
-class Toolset:
-    """The tools a run may call, the callbacks it registers, and its system prompt lines."""
-
-    tools: dict[str, Tool] = field(default_factory=dict)
-    callbacks: list[EvictedSpanCallback] = field(default_factory=list)
-    prompt_lines: list[str] = field(default_factory=list)
-    recall: Any = None
-    """The run's recall index (a :class:`loomrt.recall.RunRecall`), when recall is on."""
 
 
 def resolve_toolset(
@@ -66,9 +53,9 @@ def resolve_toolset(
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 
-        recall = RunRecall(run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory)
-        if history:
-            recall.rebuild(history)
+        recall = RunRecall(
+            run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory, history=history
+        )
         toolset.recall = recall
         toolset.tools[recall.tool.name] = recall.tool
         toolset.callbacks.append(recall.on_evicted)

@@ -1,7 +1,7 @@
-"""Versioned definitions: fork an agent with a new state_schema, then promote the fork.
+"""Versioned definitions: write a new version of an agent with a new state_schema, then promote it.
 
 A stateful agent's ``propose_schema`` is recorded and inert. An operator adopts it by
-forking the definition (``loomrt agents fork NAME --state-schema FILE`` or
+writing a new version of the definition (``loomrt agents version NAME --state-schema FILE`` or
 ``--from-run RUN_ID``), which writes a new version ``NAME@N`` into the same file, right
 after NAME, leaving everything else in the file (comments included) as it was. Runs of
 the fork record its own content hash. ``loomrt agents promote NAME@N`` makes the fork
@@ -22,7 +22,7 @@ import yaml
 from loomrt.errors import NotFoundError, SpecError
 from loomrt.spec import definition_hash, load_agents, load_agents_text
 
-__all__ = ["fork_agent", "promote_agent", "Block"]
+__all__ = ["version_agent", "promote_agent", "Block"]
 
 _VERSION = re.compile(r"^(?P<base>.+)@(?P<n>\d+)$")
 
@@ -62,8 +62,8 @@ def _render(name: str, body: dict[str, Any], indent: int, comment: str) -> list[
     return [f"{pad}# {comment}\n"] + [pad + line + "\n" for line in dumped.splitlines()]
 
 
-def fork_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new_name: str | None = None) -> tuple[str, str]:
-    """Write a fork of ``name`` with ``state_schema`` after it; return (new name, its hash)."""
+def version_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new_name: str | None = None) -> tuple[str, str]:
+    """Write a new version of ``name`` with ``state_schema`` after it; return (new name, its hash)."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
     defs = load_agents(p)
@@ -84,7 +84,7 @@ def fork_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    new_lines = _render(new_name, body, block.indent, f"forked from {name} ({old_hash}) on {stamp}; promote with `loomrt agents promote {new_name}`")
+    new_lines = _render(new_name, body, block.indent, f"version of {name} ({old_hash}) on {stamp}; promote with `loomrt agents promote {new_name}`")
     candidate = "".join(lines[: block.end] + new_lines + lines[block.end :])
     checked = load_agents_text(candidate, filename=str(p), base_dir=p.resolve().parent)  # never write a broken file
     p.write_text(candidate, encoding="utf-8")
@@ -96,20 +96,20 @@ def promote_agent(path: str | Path, fork: str) -> tuple[str, str]:
     p = Path(path)
     m = _VERSION.match(fork)
     if not m:
-        raise SpecError(f"{fork!r} is not a fork; forks are named NAME@N (see `loomrt agents list`)")
+        raise SpecError(f"{fork!r} is not a version; versions are named NAME@N (see `loomrt agents list`)")
     base = m.group("base")
     text = p.read_text(encoding="utf-8")
     blocks = {b.name: b for b in _blocks(text, str(p))}
     if fork not in blocks:
         raise NotFoundError(f"no agent named {fork!r} in {p}")
     if base not in blocks:
-        raise NotFoundError(f"the fork's base agent {base!r} is not in {p}")
+        raise NotFoundError(f"the version's base agent {base!r} is not in {p}")
     lines = text.splitlines(keepends=True)
     src, dst = blocks[fork], blocks[base]
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     replacement = _render(base, src.body, dst.indent, f"promoted from {fork} on {stamp}")
-    # drop the fork's lines (and the comment line fork_agent wrote above it), then replace the base
-    fork_start = src.start - 1 if src.start > 0 and lines[src.start - 1].strip().startswith("# forked from") else src.start
+    # drop the fork's lines (and the comment line version_agent wrote above it), then replace the base
+    fork_start = src.start - 1 if src.start > 0 and lines[src.start - 1].strip().startswith(("# version of", "# forked from")) else src.start
     edits = sorted([(fork_start, src.end, []), (dst.start, dst.end, replacement)], reverse=True)
     for start, end, new in edits:
         lines[start:end] = new

@@ -34,8 +34,12 @@ __all__ = ["ANSWER", "decision_schema", "decision_instructions", "plain_history"
 ANSWER = "answer"
 
 
-def decision_schema(tools: tuple[ToolSchema, ...], *, required: bool) -> dict[str, Any]:
-    """The JSON Schema of one decision: a tool call per tool, plus ``answer`` unless ``required``."""
+def decision_schema(tools: tuple[ToolSchema, ...], *, required: bool, answer_text: bool = True) -> dict[str, Any]:
+    """The JSON Schema of one decision: a tool call per tool, plus ``answer`` unless ``required``.
+
+    With ``answer_text=False`` the answer branch is only ``{"action": "answer"}``: the model
+    decides, and writes the answer afterwards as free text under its own limit.
+    """
     branches: list[dict[str, Any]] = [
         {
             "type": "object",
@@ -45,11 +49,11 @@ def decision_schema(tools: tuple[ToolSchema, ...], *, required: bool) -> dict[st
         for t in tools
     ]
     if not required or not tools:
-        branches.append({
-            "type": "object",
-            "properties": {"action": {"const": ANSWER}, "text": {"type": "string"}},
-            "required": ["action", "text"],
-        })
+        answer: dict[str, Any] = {"type": "object", "properties": {"action": {"const": ANSWER}}, "required": ["action"]}
+        if answer_text:
+            answer["properties"]["text"] = {"type": "string"}
+            answer["required"].append("text")
+        branches.append(answer)
     return branches[0] if len(branches) == 1 else {"oneOf": branches}
 
 
@@ -59,7 +63,7 @@ def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool) -> str:
+def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool, answer_text: bool = True) -> str:
     """The system-prompt text that tells the model about its tools and the decision format."""
     lines = ["You can use these tools:"]
     for t in tools:
@@ -69,7 +73,10 @@ def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool) -> s
     if required:
         lines.append("You must call a tool.")
     else:
-        lines.append('To answer the user: {"action": "answer", "text": ...} with your reply as the text.')
+        if answer_text:
+            lines.append('To answer the user: {"action": "answer", "text": ...} with your reply as the text.')
+        else:
+            lines.append('To answer the user: {"action": "answer"}; you then write the answer itself as plain text.')
         lines.append("Call a tool when you need its result; answer when you have what you need.")
     return "\n".join(lines)
 

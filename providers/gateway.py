@@ -38,6 +38,7 @@ from loomrt.errors import ProviderError, SpecError
 from loomrt.messages import ToolCall
 from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
 from loomrt.providers.decisions import (
+    ANSWER,
     decision_instructions,
     decision_schema,
     parse_decision,
@@ -54,6 +55,9 @@ __all__ = ["LiteLLMProvider", "map_litellm_error", "requests_allowed"]
 
 _MIN_DECISION_TOKENS = 512
 """A JSON decision cut off by max_tokens is invalid even under a grammar: give it room."""
+
+
+CUT_OFF_NOTE = "\n\n[The answer was cut off at max_tokens={max_tokens}; raise max_tokens in the agent definition for longer answers.]"
 
 
 def requests_allowed() -> bool:
@@ -86,6 +90,7 @@ class LiteLLMProvider:
         self.litellm_params = dict(litellm_params or {})
         self.embedded = is_embedded(model)
         self._prepared = False
+        self._timeout_factor = 1.0
         if self.embedded:
             from loomrt.providers.models import get_model
 
@@ -113,6 +118,23 @@ class LiteLLMProvider:
 
     # ------------------------------------------------------------------ the call
 
+    def call_timeout(self, request: ModelRequest) -> float:
+        """Seconds one call may take. On a local model this scales with the work asked for
+        (CPU prefill and generation run at a few tokens a second on a busy machine): at least
+        ``timeout_s``, else 60 s + 1 s per 8 prompt tokens + 1 s per token asked for, times
+        :meth:`raise_timeout`'s factor."""
+        if not self.capabilities.local:
+            return self.timeout_s
+        from loomrt.tokens import count_dicts
+
+        scaled = 60 + count_dicts(request.messages) / 8 + request.max_tokens
+        return max(self.timeout_s, scaled) * self._timeout_factor
+
+    def raise_timeout(self) -> float:
+        """Double the timeout of later calls (a local model's one retry after a timeout)."""
+        self._timeout_factor *= 2
+        return self._timeout_factor
+
     async def complete(self, request: ModelRequest) -> ModelResponse:
         """One call through ``litellm.acompletion``; see the module docstring for what it does."""
         if self.embedded and not self._prepared:
@@ -122,17 +144,46 @@ class LiteLLMProvider:
             await asyncio.to_thread(local.prepare, self.model)
             self._prepared = True
         shape = self._shape(request)
+        if shape == "decision" and request.tool_choice != "required":
+            return await self._decide_then_answer(request)
         if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
-        kwargs = self._kwargs(request, shape)
+        raw = await self._acompletion(self._kwargs(request, shape))
+        return self._response(raw, request, shape)
+
+    async def _acompletion(self, kwargs: dict[str, Any]) -> Any:
         litellm = import_litellm()
         try:
-            raw = await litellm.acompletion(**kwargs)
+            return await litellm.acompletion(**kwargs)
         except ProviderError:
             raise
         except Exception as exc:  # noqa: BLE001 - every litellm failure becomes a ProviderError
             raise map_litellm_error(exc, self.model) from exc
-        return self._response(raw, request, shape)
+
+    async def _decide_then_answer(self, request: ModelRequest) -> ModelResponse:
+        """Tools without native tool calling, and the model may answer: first a short
+        constrained decision (a tool call, or ``{"action": "answer"}``), then, for an
+        answer, the answer as free text under the request's own max_tokens, so that a long
+        answer never has to fit inside a JSON string."""
+        decide = dataclasses.replace(request, max_tokens=max(request.max_tokens, _MIN_DECISION_TOKENS))
+        kwargs = self._kwargs(decide, "decision")
+        kwargs["messages"] = plain_history(request.messages, decision_instructions(request.tools, required=False, answer_text=False))
+        if self.capabilities.structured_output:
+            schema = decision_schema(request.tools, required=False, answer_text=False)
+            kwargs["response_format"] = _json_format(schema, self.embedded)
+        raw = await self._acompletion(kwargs)
+        choice = raw.choices[0]
+        text, finish = choice.message.content or "", choice.finish_reason
+        value = parse_json_reply(text, model=self.model, finish_reason=finish, max_tokens=decide.max_tokens)
+        usage = _usage(getattr(raw, "usage", None))
+        if not (isinstance(value, dict) and value.get("action") == ANSWER):
+            _, calls = parse_decision(text, decide, model=self.model, finish_reason=finish)
+            return ModelResponse(text="", tool_calls=calls, usage=usage, model=self.model, finish_reason="tool_calls")
+        if isinstance(value.get("text"), str) and value["text"].strip():  # a model that wrote its answer anyway
+            return ModelResponse(text=value["text"], usage=usage, model=self.model, finish_reason="stop")
+        answer = await self._acompletion(self._kwargs(dataclasses.replace(request, tools=()), "text"))
+        response = self._response(answer, dataclasses.replace(request, tools=()), "text")
+        return dataclasses.replace(response, usage=usage + response.usage)
 
     def _shape(self, request: ModelRequest) -> str:
         """How this call asks: ``decision`` (constrained JSON for tools), ``tools`` (native),
@@ -150,7 +201,7 @@ class LiteLLMProvider:
             "model": self.model,
             "messages": request.messages,
             "max_tokens": request.max_tokens,
-            "timeout": self.timeout_s,
+            "timeout": self.call_timeout(request),
             "num_retries": 0,  # retries are loomrt's, so each one is an event on the record
             **self._endpoint(),
         }
@@ -158,6 +209,8 @@ class LiteLLMProvider:
             kwargs["temperature"] = request.temperature
         if not self.capabilities.tool_calling:  # such chat templates rarely know the tool role
             kwargs["messages"] = plain_history(request.messages)
+        else:
+            kwargs["messages"] = alternating(request.messages)
         if shape == "decision":
             required = request.tool_choice == "required"
             instructions = decision_instructions(request.tools, required=required)
@@ -212,6 +265,8 @@ class LiteLLMProvider:
             parse_json_reply(text, model=self.model, finish_reason=finish, max_tokens=request.max_tokens)
         else:
             calls = tuple(_tool_call(tc, self.model) for tc in (choice.message.tool_calls or ()))
+            if shape == "text" and finish == "length" and request.purpose == "turn":
+                text = text.rstrip() + CUT_OFF_NOTE.format(max_tokens=request.max_tokens)
         return ModelResponse(
             text=text,
             tool_calls=calls,
@@ -219,6 +274,22 @@ class LiteLLMProvider:
             model=getattr(raw, "model", None) or self.model,
             finish_reason="tool_calls" if calls else finish,
         )
+
+
+def alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with roles alternating: adjacent user messages (the pinned task and a
+    recap block, say) are joined into one, and so are adjacent plain assistant messages,
+    since strict chat templates refuse two of a role in a row. Tool pairs are untouched."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        prev = out[-1] if out else None
+        mergeable = m.get("role") in ("user", "assistant") and not m.get("tool_calls")
+        if prev is not None and mergeable and prev.get("role") == m["role"] and not prev.get("tool_calls"):
+            joined = "\n\n".join(x for x in (prev.get("content") or "", m.get("content") or "") if x)
+            out[-1] = {**prev, "content": joined}
+        else:
+            out.append(m)
+    return out
 
 
 def _json_format(schema: dict[str, Any], embedded: bool) -> dict[str, Any]:

@@ -50,10 +50,27 @@ async def call_with_retries(
     permanent error, or the last retryable one, is raised.
     """
     attempt = 0
+    local_timeouts = 0
     while True:
         try:
             return await provider.complete(request)
         except ProviderError as exc:
+            if exc.status == 408 and provider.capabilities.local:
+                # a local model that timed out is retried once, with its timeout raised, never in a loop
+                if local_timeouts or attempt >= retries:
+                    raise ProviderError(
+                        f"{exc.detail} (a local model is retried once after a timeout, with the timeout raised; "
+                        "it timed out again). Raise timeout_s in the agent definition, or lower max_tokens.",
+                        status=408,
+                    ) from exc
+                local_timeouts += 1
+                attempt += 1
+                raise_timeout = getattr(provider, "raise_timeout", None)
+                factor = raise_timeout() if callable(raise_timeout) else None
+                note = f"; retrying once with the timeout raised ×{factor:g}" if factor else "; retrying once"
+                if on_retry:
+                    on_retry(attempt, ProviderError(exc.detail + note, status=408, retryable=True), 0.0)
+                continue
             if not exc.retryable or attempt >= retries:
                 if exc.retryable:
                     raise ProviderError(

@@ -11,6 +11,7 @@ From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the ag
         usage: {input_tokens: 7000}      # optional: simulate reported prompt tokens
     summaries:             # recap / compaction calls take these in order; the last one repeats
       - "Recap: ..."
+      - extractive: 600    # or: the leading sentence of each message of the span, up to 600 characters
 
 From Python, ``ScriptedProvider(turns=[...], summaries=[...])`` takes the same items.
 A run that asks for more turns than the script has fails with
@@ -20,6 +21,8 @@ A run that asks for more turns than the script has fails with
 from __future__ import annotations
 
 import inspect
+import json
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -30,9 +33,9 @@ from loomrt.errors import ScriptExhaustedError, SpecError
 from loomrt.messages import ToolCall
 from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
 
-__all__ = ["ScriptedProvider", "FunctionProvider", "load_script"]
+__all__ = ["ScriptedProvider", "FunctionProvider", "load_script", "extractive_summary"]
 
-_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage"}
+_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive"}
 
 
 class ScriptedProvider:
@@ -97,11 +100,14 @@ class ScriptedProvider:
         if "emit_state" in item:
             calls.append(ToolCall(id=f"call_{call_no}_state", name="emit_state", arguments=dict(item["emit_state"])))
         text = str(item.get("text") or "")
+        if item.get("extractive"):
+            text = extractive_summary(request, max_chars=int(item["extractive"]))
         usage = dict(item.get("usage") or {})
         prompt = usage.get("input_tokens")
         if prompt is None:
             prompt = self._count(request.messages) if self._count else 0
-        output = usage.get("output_tokens", max(1, len(text) // 4))
+        written = text + "".join(json.dumps(c.arguments, ensure_ascii=False) + c.name for c in calls)
+        output = usage.get("output_tokens", max(1, len(written) // 4))
         return ModelResponse(
             text=text,
             tool_calls=tuple(calls),
@@ -194,3 +200,30 @@ def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]
         count_tokens=count_tokens,
     )
 
+
+_TRANSCRIPT = re.compile(r"TRANSCRIPT[^\n]*START\n(.*?)\nTRANSCRIPT END", re.S)
+_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)")
+
+
+def extractive_summary(request: Any, *, max_chars: int = 1200, words_per_line: int = 40) -> str:
+    """A summary any reader could write without knowing what will be asked: the leading
+    sentence of each transcript line in the summariser's prompt (at most ``words_per_line``
+    words of it), with its ``[#seq]`` pointer, up to ``max_chars`` in all. Deterministic; for benchmarks and tests that need real
+    summaries from a scripted model (it never sees the probes)."""
+    prompt = "\n".join(str(m.get("content") or "") for m in request.messages if m.get("role") == "user")
+    match = _TRANSCRIPT.search(prompt)
+    lines = (match.group(1) if match else prompt).splitlines()
+    out: list[str] = []
+    size = 0
+    for line in lines:
+        head, _, body = line.partition(": ")
+        body = body or head
+        first = _SENTENCE.match(body.strip())
+        sentence = " ".join((first.group(1) if first else body.strip()).split()[:words_per_line])
+        pointer = head.split(" ", 1)[0] if head.startswith("[#") else ""
+        item = f"{pointer} {sentence}".strip()
+        if size + len(item) > max_chars:
+            break
+        out.append(item)
+        size += len(item) + 1
+    return "\n".join(out)

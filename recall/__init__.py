@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from loomrt.recall.embedders import NO_EMBEDDER, Embedder, HashEmbedder, MiniLMEmbedder, resolve_embedder
 from loomrt.recall.memory import MemoryHit, MemorySource
-from loomrt.recall.run_recall import RunRecall, messages_from_record
+from loomrt.recall.run_recall import RunRecall
 from loomrt.recall.tool import RECALL_PROMPT, RecallHit
 
 __all__ = [
@@ -25,5 +25,4 @@ __all__ = [
     "resolve_embedder",
     "MemorySource",
     "MemoryHit",
-    "messages_from_record",
 ]

@@ -14,39 +14,22 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from loomrt.events import Event
+from loomrt.events import Event, message_of
 from loomrt.messages import EvictedSpan, Message
 from loomrt.recall.embedders import resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
 
-__all__ = ["RunRecall", "messages_from_record"]
+__all__ = ["RunRecall"]
 
 _BEFORE_WORDS = 60
 """How much of the previous message an entry's window carries (words, from its end)."""
 
 
-def messages_from_record(events: Sequence[Event]) -> dict[int, Message]:
-    """The record's messages by seq, as the working context held them (user inputs,
-    assistant messages, tool results)."""
-    out: dict[int, Message] = {}
-    for e in events:
-        d = e.data
-        if e.kind == "user_input":
-            out[e.seq] = Message(role="user", content=d.get("content") or "", seq=e.seq, ts=e.ts)
-        elif e.kind == "assistant_message":
-            out[e.seq] = Message.from_dict({**d["message"], "seq": e.seq, "ts": e.ts})
-        elif e.kind == "tool_result":
-            out[e.seq] = Message(
-                role="tool",
-                content=d.get("content") or "",
-                tool_call_id=d.get("tool_call_id"),
-                name=d.get("name"),
-                seq=e.seq,
-                ts=e.ts,
-            )
-    return out
+def _said_before(history: Sequence[Event]) -> set[str]:
+    """The recall notices a record already holds (each is said once per run)."""
+    return {e.data["message"] for e in history if e.kind == "notice" and e.data.get("source") == "recall" and e.data.get("message")}
 
 
 def _tail_words(text: str, n: int) -> str:
@@ -74,14 +57,14 @@ class RunRecall:
         memory: MemorySource | None = None,
         scopes: Sequence[str] | None = None,
         fusion: Fusion | None = None,
+        history: Sequence[Event] | None = None,
     ):
         self.run_id = run_id
         self.max_tokens = int(getattr(context, "recall_max_tokens", 1200))
         self.memory = memory
         self.scopes = scopes if scopes is not None else getattr(context, "memory_scopes", None)
         self._emit = emit
-        self._pending: list[tuple[str, dict[str, Any]]] = []
-        self._said: set[str] = set()
+        self._said: set[str] = _said_before(history or ())
         self._before = ""
         self._backlog: list[Entry] = []
         try:
@@ -100,28 +83,26 @@ class RunRecall:
             self._notice(f"recall is lexical-only: faiss is not installed ({exc}); pip install 'loomrt[recall]'")
             self.index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
         self.tool = make_recall_tool(self)
+        if history:
+            self.rebuild(history)
 
     # ------------------------------------------------------------------ events
 
     def _notice(self, message: str) -> None:
-        """Say ``message`` once per run (deferred until the run can record events)."""
+        """Say ``message`` once per run, as a ``notice`` event."""
         if message in self._said:
             return
         self._said.add(message)
-        self._pending.append(("notice", {"message": message, "source": "recall"}))
+        self._record("notice", {"message": message, "source": "recall"})
 
-    def _flush(self) -> None:
-        """Record deferred events. Called when the run is live (an eviction or a query),
-        because the index is made before the run records ``run_started``."""
+    def _record(self, kind: str, data: dict[str, Any]) -> None:
+        """Record an event on the run (the run queues it until it has started)."""
         if self._emit is None:
-            self._pending.clear()
             return
-        while self._pending:
-            kind, data = self._pending.pop(0)
-            try:
-                self._emit(kind, data)
-            except Exception:  # noqa: BLE001 - recording a notice must not fail a run either
-                pass
+        try:
+            self._emit(kind, data)
+        except Exception:  # noqa: BLE001 - recording a notice must not fail a run either
+            pass
 
     # ------------------------------------------------------------------ indexing
 
@@ -180,26 +161,21 @@ class RunRecall:
             self._catch_up()
             self._add(self._drafts(span.distillation_seq, span.messages))
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-            self._pending.append(
-                (
-                    "callback_error",
-                    {
-                        "callback": "recall.on_evicted",
-                        "error": f"{type(exc).__name__}: {exc}",
-                        "distillation_seq": span.distillation_seq,
-                    },
-                )
+            self._record(
+                "callback_error",
+                {
+                    "callback": "recall.on_evicted",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "distillation_seq": span.distillation_seq,
+                },
             )
-        self._flush()
 
     def rebuild(self, history: Sequence[Event]) -> int:
         """Queue every span the record's distillation events evicted, in order, for indexing
         (a resumed run recalls what it evicted before the restart). They are indexed before
         the next span or query. Returns the number of entries queued."""
-        messages = messages_from_record(history)
-        said = {e.data.get("message") for e in history if e.kind == "notice" and e.data.get("source") == "recall"}
-        self._said |= {m for m in said if m}
-        self._pending = [p for p in self._pending if not (p[0] == "notice" and p[1]["message"] in said)]
+        messages = {e.seq: m for e in history if (m := message_of(e)) is not None and m.role != "system"}
+        self._said |= _said_before(history)
         drafts: list[Entry] = []
         for e in history:
             if e.kind != "distillation" or e.run_id != self.run_id:
@@ -218,9 +194,7 @@ class RunRecall:
         try:
             self._add(drafts)
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-            self._pending.append(
-                ("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"})
-            )
+            self._record("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"})
 
     # ------------------------------------------------------------------ searching
 
@@ -258,7 +232,6 @@ class RunRecall:
             )
         hits.extend(self._memory_hits(query, top_k))
         hits.sort(key=lambda h: -h.score)
-        self._flush()
         return hits[:top_k]
 
     def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:

@@ -19,6 +19,13 @@ SCHEMA = {
 }
 
 
+# Scripted accounts that are about their spans (the prose check rejects one that is not):
+S1 = "S1: the assistant used calculate on each expression."
+S2 = "S2: again the assistant used calculate on each expression."
+R1 = "R1: I used calculate on each expression of the task."
+R2 = "R2: I used calculate on each expression again."
+
+
 def agent(tmp_path, context=None, **fields):
     """One agent 'a', written to agents.yaml and loaded from there."""
     body = {"model": "scripted/unused.yaml", "system_prompt": "You are careful.", "tools": ["calculate"], **fields}

@@ -146,7 +146,7 @@ def test_agents_list_schema_and_mode_override(calc_agents: Path) -> None:
     assert bad.exit_code == 2 and "state_schema" in bad.stderr
 
 
-def test_fork_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
+def test_version_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
     text = (
         "# top comment\nagents:\n  # the triage agent\n  triage:\n    model: local/x\n"
         "    context:\n      mode: stateful\n      state_schema: {type: object, properties: {a: {type: string}}}\n"
@@ -154,7 +154,7 @@ def test_fork_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
     )
     p = write(tmp_path, text)
     schema = write(tmp_path, json.dumps({"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}), "s.json")
-    forked = json.loads(invoke("agents", "fork", "triage", "--state-schema", str(schema), "--agents", str(p), "--json").stdout)
+    forked = json.loads(invoke("agents", "version", "triage", "--state-schema", str(schema), "--agents", str(p), "--json").stdout)
     assert forked["agent"] == "triage@2"
     after = p.read_text()
     assert "# top comment" in after and "local/y  # keep me" in after and "# the triage agent" in after
@@ -170,7 +170,7 @@ def test_fork_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
     assert "local/y  # keep me" in p.read_text()
 
 
-def test_fork_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
+def test_version_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
     write(tmp_path, (
         "turns:\n  - emit_state:\n      reasoning: r\n      patch: {a: x}\n      done: true\n"
         "      propose_schema: {type: object, properties: {a: {type: string}, b: {type: integer}}}\n"
@@ -181,13 +181,20 @@ def test_fork_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
     ))
     run = json.loads(invoke("run", "t", "go", "--agents", str(p), "--json").stdout)
     assert run["state"] == {"a": "x"}
-    # recorded, never applied: the definition is unchanged until an operator forks
+    # recorded, never applied: the definition is unchanged until an operator writes a version
     from loomrt.spec import load_agents
 
     assert "b" not in load_agents(p).agents["t"].context.state_schema["properties"]
-    result = invoke("agents", "fork", "t", "--from-run", run["run_id"], "--agents", str(p), "--json")
+    result = invoke("agents", "version", "t", "--from-run", run["run_id"], "--agents", str(p), "--json")
     assert result.exit_code == 0, result.output
     assert "b" in load_agents(p).agents["t@2"].context.state_schema["properties"]
+
+
+def test_the_old_fork_spelling_is_refused_with_a_hint(tmp_path: Path) -> None:
+    p = write(tmp_path, "agents:\n  t:\n    model: local/x\n")
+    result = invoke("agents", "fork", "t", "--state-schema", "s.json", "--agents", str(p))
+    assert result.exit_code == 2
+    assert "loomrt agents version" in result.output
 
 
 def test_real_subprocess_run_and_error(calc_agents: Path, tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from modes_kit import SCHEMA, agent, calc, distillations, request_contents, start, turn_requests
+from modes_kit import R1, R2, S1, SCHEMA, agent, calc, distillations, request_contents, start, turn_requests
 from spine_kit import events, kinds, runtime, send, shape, tool_call, write
 
 from loomrt import load_agents, tool
@@ -29,18 +29,18 @@ def test_append_never_evicts_whatever_the_pressure(tmp_path):
 
 def test_append_with_backstop_compacts_at_autocompact_at_pct(tmp_path):
     spec = agent(tmp_path, {"budget_tokens": 1000, "backstop": True, "autocompact_at_pct": 50, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=499), calc(4, usage=500), "done"], ["S1"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=499), calc(4, usage=500), "done"], [S1])
     rt, run = start(tmp_path, spec, provider)
     assert send(rt, run, "add numbers").status == "done"
     (d,) = distillations(rt, run.run_id)
-    assert d["mode"] == "append" and d["summary"] == "S1" and d["pressure"] == 500
+    assert d["mode"] == "append" and d["summary"] == S1 and d["pressure"] == 500
     assert shape(run) == ["system", "user*", "summary", "assistant", "tool", "assistant"]
 
 
 # ---------------------------------------------------------------- recap
 
 
-def recap_run(tmp_path, turns, summaries=("R1", "R2"), **ctx):
+def recap_run(tmp_path, turns, summaries=(R1, R2), **ctx):
     context = {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2, **ctx}
     provider = ScriptedProvider(turns, list(summaries))
     rt, run = start(tmp_path, agent(tmp_path, context), provider)
@@ -55,13 +55,13 @@ def test_recap_keeps_system_pinned_task_recap_and_the_last_keep_last_n(tmp_path)
     ev = {e.seq: e for e in rt.store.events(run.run_id)}
     # evicted: the first two iterations; kept: the last assistant/tool pair
     assert [ev[s].kind for s in d["span_seqs"]] == ["assistant_message", "tool_result"] * 2
-    assert d["summary"] == "R1" and d["tokens_after"] < d["tokens_before"] and d["pressure"] == 1000
+    assert d["summary"] == R1 and d["tokens_after"] < d["tokens_before"] and d["pressure"] == 1000
     # what the model was sent right after the boundary
     after = turn_requests(provider)[3]
     assert [r for r, _ in request_contents(after)] == ["system", "user", "user", "assistant", "tool"]
     assert after.messages[0]["content"].startswith("You are careful.")
     assert after.messages[1]["content"] == "the task: add numbers"
-    assert after.messages[2]["content"].endswith("\nR1") and after.messages[2]["content"].startswith("Recap of my work")
+    assert after.messages[2]["content"].endswith("\n" + R1) and after.messages[2]["content"].startswith("[Recap written by the assistant")
     assert after.messages[3]["tool_calls"][0]["function"]["arguments"] == '{"expression": "3+3"}'
     assert after.messages[4]["content"] == "6"
     assert shape(run) == ["system", "user*", "recap", "assistant", "tool", "assistant"]
@@ -86,12 +86,12 @@ def test_the_previous_recap_folds_into_the_next(tmp_path):
     second = [c for c in provider.calls if c.purpose == "recap"][1].messages[1]["content"]
     assert "Your earlier account (fold it into the new one):" in second and "\nR1" in second
     recaps = [m for m in run.context if m.synthetic == "recap"]
-    assert len(recaps) == 1 and recaps[0].content.endswith("\nR2")
+    assert len(recaps) == 1 and recaps[0].content.endswith("\n" + R2)
     assert shape(run) == ["system", "user*", "recap", "assistant", "tool", "assistant"]
 
 
 def test_a_recap_longer_than_recap_max_chars_is_cut(tmp_path):
-    long = "x" * 500
+    long = "I used calculate on each expression. " + "x" * 500
     rt, run, _, _ = recap_run(tmp_path, [calc(1), calc(2), calc(3, usage=1000), "done"], [long], recap_max_chars=100)
     (d,) = distillations(rt, run.run_id)
     assert len(d["summary"]) == 100 and d["summary"].endswith("…")
@@ -111,11 +111,11 @@ def test_keep_first_false_lets_the_task_go(tmp_path):
 
 def test_compaction_keeps_task_summary_and_last_keep_last_n(tmp_path):
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 4})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3), calc(4, usage=1000), "done"], ["S1"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3), calc(4, usage=1000), "done"], [S1])
     rt, run = start(tmp_path, spec, provider)
     assert send(rt, run, "task").status == "done"
     (d,) = distillations(rt, run.run_id)
-    assert d["mode"] == "compaction" and d["summary"] == "S1"
+    assert d["mode"] == "compaction" and d["summary"] == S1
     summary_call = next(c for c in provider.calls if c.purpose == "summary")
     assert summary_call.messages[0]["content"].startswith("Summarise the conversation")
     assert shape(run) == ["system", "user*", "summary", "assistant", "tool", "assistant", "tool", "assistant"]
@@ -140,7 +140,7 @@ def test_compaction_never_splits_tool_call_and_tool_result(tmp_path, keep_last_n
     turns = [two_calls, calc(1), two_calls, {**two_calls, "usage": {"input_tokens": 1000}}, "done"]
     spans = []
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": keep_last_n})
-    provider = ScriptedProvider(turns, ["S1"])
+    provider = ScriptedProvider(turns, [S1])
     rt, run = start(tmp_path, spec, provider, callbacks=[spans.append])
     assert send(rt, run, "task").status == "done"
     (span,) = spans
@@ -228,8 +228,10 @@ def _blob(n: int) -> str:
 
 
 def pressure_run(tmp_path, turns):
-    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2}, tools=["calculate", "blob"])
-    provider = ScriptedProvider(turns, ["S"])
+    # message_max_tokens: the blob must reach the context whole for the estimate to be what grows
+    context = {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2, "message_max_tokens": 1000}
+    spec = agent(tmp_path, context, tools=["calculate", "blob"])
+    provider = ScriptedProvider(turns, ["the assistant used calculate on each expression; the blob tool returned word0 word1"])
     rt, run = start(tmp_path, spec, provider, tools=[_blob])
     assert send(rt, run, "task").status == "done"
     return rt, run
@@ -264,7 +266,7 @@ def test_the_estimate_triggers_a_distillation_although_reported_usage_is_small(t
 
 def test_the_budget_is_capped_by_the_context_window(tmp_path):
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 100_000, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=900), "done"], ["S"], context_window=1000)
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=900), "done"], [S1], context_window=1000)
     rt, run = start(tmp_path, spec, provider)
     send(rt, run, "task")
     (d,) = distillations(rt, run.run_id)
@@ -275,7 +277,7 @@ def test_the_budget_is_capped_by_the_context_window(tmp_path):
 
 
 def test_a_distillation_that_is_not_smaller_is_declined_and_the_run_goes_on(tmp_path):
-    huge = "long summary " * 200
+    huge = "the assistant used calculate on each expression " * 40
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
     provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), calc(4), "done"], [huge])
     rt, run = start(tmp_path, spec, provider)
@@ -292,7 +294,7 @@ def test_a_distillation_that_is_not_smaller_is_declined_and_the_run_goes_on(tmp_
 
 
 def test_a_paid_decline_is_not_retried_until_the_context_grows_by_5_percent_of_the_budget(tmp_path):
-    huge = "long summary " * 300
+    huge = "the assistant used calculate on each expression " * 60
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 4000, "keep_last_n": 1})
     turns = [calc(i, usage=3900) for i in range(1, 9)] + ["done"]
     provider = ScriptedProvider(turns, [huge])
@@ -325,7 +327,7 @@ def test_a_failing_callback_is_recorded_and_never_fails_the_run(tmp_path):
         received.append(span)
 
     spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["R1"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], [R1])
     rt, run = start(tmp_path, spec, provider, callbacks=[broken, good])
     result = send(rt, run, "task")
     assert (result.status, result.output) == ("done", "done")
@@ -346,7 +348,7 @@ def test_a_declared_context_window_caps_the_budget_of_a_yaml_agent(tmp_path):
         f"  - {{tool_call: {{name: calculate, arguments: {{expression: '{i}'}}}}{', usage: {input_tokens: 450}' if i == 2 else ''}}}\n"
         for i in range(3)
     )
-    write(tmp_path, "s.yaml", script + "  - {text: done}\nsummaries: [S]\n")
+    write(tmp_path, "s.yaml", script + "  - {text: done}\nsummaries: ['S1: the assistant used calculate on each expression.']\n")
     body = {
         "model": "scripted/s.yaml",
         "tools": ["calculate"],
@@ -362,8 +364,8 @@ def test_a_declared_context_window_caps_the_budget_of_a_yaml_agent(tmp_path):
 
 def test_the_last_scripted_summary_repeats(tmp_path):
     turns = [calc(1), calc(2), calc(3, usage=1000), calc(4), calc(5, usage=1000), calc(6), calc(7, usage=1000), "done"]
-    rt, run, provider, result = recap_run(tmp_path, turns, summaries=["R1", "R2"])
-    assert [d["summary"] for d in distillations(rt, run.run_id)] == ["R1", "R2", "R2"]
+    rt, run, provider, result = recap_run(tmp_path, turns, summaries=[R1, R2])
+    assert [d["summary"] for d in distillations(rt, run.run_id)] == [R1, R2, R2]
 
 
 def test_an_async_callback_that_raises_is_recorded_too(tmp_path):
@@ -371,7 +373,7 @@ def test_an_async_callback_that_raises_is_recorded_too(tmp_path):
         raise ValueError("bank full")
 
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["S"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], [S1])
     rt, run = start(tmp_path, spec, provider, callbacks=[broken])
     assert send(rt, run, "task").status == "done"
     (err,) = events(rt, run.run_id, "callback_error")

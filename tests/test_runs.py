@@ -8,6 +8,7 @@ import copy
 import json
 
 import pytest
+from modes_kit import S1, S2
 from spine_kit import context_dicts, events, kinds, runtime, send, shape, tool_call, write
 
 from loomrt import AgentSpec, ProviderError, ToolCall, load_agents, tool
@@ -180,24 +181,43 @@ def test_a_permanent_provider_error_fails_the_run(tmp_path):
     assert kinds(rt, result.run_id)[-1] == "error"
 
 
-def test_an_unexpected_exception_is_recorded_before_it_surfaces(tmp_path):
+def test_an_unexpected_exception_ends_the_run_with_a_clear_error_not_a_traceback(tmp_path):
     def fn(request):
         raise KeyError("bug in a provider")
 
     rt = runtime(tmp_path, FunctionProvider(fn))
     run = rt.start("a", agents=agents_file(tmp_path))
-    with pytest.raises(KeyError):
-        send(rt, run, "go")
+    result = send(rt, run, "go")  # nothing escapes Runtime.send
+    assert result.status == "failed" and "KeyError" in result.error and "bug in a provider" in result.error
+    assert f"run {run.run_id}" in result.error
     (error,) = events(rt, run.run_id, "error")
     assert error.data["type"] == "KeyError" and "bug in a provider" in error.data["message"]
     assert rt.store.get_run(run.run_id).status == "failed"
+
+
+def test_a_tool_bug_is_a_tool_error_and_a_failed_interactive_turn_parks_the_chat(tmp_path):
+    calls = {"n": 0}
+
+    def fn(request):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("provider bug")
+        return "fine now"
+
+    rt = runtime(tmp_path, FunctionProvider(fn))
+    run = rt.start("a", agents=agents_file(tmp_path), interactive=True)
+    first = send(rt, run, "one")
+    assert first.status == "failed" and "provider bug" in first.error
+    assert rt.store.get_run(run.run_id).status == "parked"  # the chat is not over
+    second = send(rt, run, "two")
+    assert (second.status, second.output) == ("parked", "fine now")
 
 
 # ---------------------------------------------------------------- stream
 
 
 def test_stream_yields_every_event_in_seq_order(tmp_path):
-    provider = ScriptedProvider([calc(1), calc(2), calc(3), calc(4, usage=9000), "done"], ["R"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3), calc(4, usage=9000), "done"], [S1])
     rt = runtime(tmp_path, provider)
     agents = agents_file(tmp_path, mode="recap", budget_tokens=256, keep_last_n=1)
 
@@ -301,7 +321,7 @@ def _assert_rebuilt_equals_live(tmp_path, live, provider):
     ids=["append", "recap", "recap-no-pin", "compaction", "backstop", "stateful", "stateful-feedback"],
 )
 def test_the_context_rebuilt_from_the_record_equals_the_live_one(tmp_path, context, turns):
-    provider = ScriptedProvider(turns, ["S1", "S2"])
+    provider = ScriptedProvider(turns, [S1, S2])
     rt = runtime(tmp_path, provider)
     live = rt.start("a", agents=agents_file(tmp_path, **context))
     result = send(rt, live, "the task")
@@ -312,7 +332,7 @@ def test_the_context_rebuilt_from_the_record_equals_the_live_one(tmp_path, conte
 
 
 def test_the_rebuilt_context_equals_the_live_one_at_every_model_call(tmp_path):
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, 900), calc(4), calc(5, 900), "done"], ["S1", "S2"])
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, 900), calc(4), calc(5, 900), "done"], [S1, S2])
     rt = runtime(tmp_path, provider)
     live = rt.start("a", agents=agents_file(tmp_path, mode="compaction", budget_tokens=256, keep_last_n=2))
     checked = []

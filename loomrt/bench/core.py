@@ -4,7 +4,7 @@ A **workload** plays the same scenario once per retention mode and returns a
 :class:`WorkloadResult` (one :class:`ModeRun` per mode). A **mode measure** turns a
 :class:`ModeRun` (and the append run beside it) into figures; a **standalone measure**
 (runtime overhead, Recall latency) needs no workload. New modes appear by themselves
-(every mode in :data:`loomrt.run.modes.MODE_CLASSES`, plus ``auto``); later issues add
+(every mode in :data:`loomrt.spec.RETENTION_MODES`, plus ``auto``); later issues add
 workloads and measures with the decorators::
 
     @workload("forks", "a run forked at every boundary")
@@ -46,9 +46,9 @@ REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "statef
 
 def all_modes() -> list[str]:
     """Every retention mode the runtime knows, append first, then ``auto``."""
-    from loomrt.run.modes import MODE_CLASSES
+    from loomrt.spec import RETENTION_MODES
 
-    return ["append", *[m for m in MODE_CLASSES if m != "append"], "auto"]
+    return ["append", *[m for m in RETENTION_MODES if m != "append"], "auto"]
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The ``locomo`` workload: a LoCoMo-format file replayed turn by turn in every mode.
 
 Each turn of a conversation is one user input (``[date] Speaker: text``, as
-:func:`loomrt.recall.locomo.render_turn` writes it) and the scripted model acknowledges it
+:func:`loomrt.bench.locomo_recall.render_turn` writes it) and the scripted model acknowledges it
 briefly; distillations write fixed-size summaries of the most recent lines. The figures per
 mode are the same as for the generated workloads; the probes are the answerable questions
 (categories 1-4) whose evidence turns were replayed, a hit being any evidence turn's text
-found verbatim. Evidence recall@k comes from :func:`loomrt.recall.locomo.evaluate_locomo`.
+found verbatim. Evidence recall@k comes from :func:`loomrt.bench.locomo_recall.evaluate_locomo`.
 The file is read from the path given; nothing of it is copied.
 """
 
@@ -39,7 +39,7 @@ class ListenerModel(BenchModel):
 
 
 def _samples(config: BenchConfig) -> list[tuple[str, dict[str, Any]]]:
-    from loomrt.recall.locomo import load_locomo, sample_id
+    from loomrt.bench.locomo_recall import load_locomo, sample_id
 
     samples = [(sample_id(s, i), s) for i, s in enumerate(load_locomo(config.data))]  # type: ignore[arg-type]
     if config.conversations:
@@ -55,7 +55,7 @@ def _samples(config: BenchConfig) -> list[tuple[str, dict[str, Any]]]:
 def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
     """Replays the first conversation chosen in every mode (``--quick``: its first 150 turns),
     and measures evidence recall@k over every conversation chosen."""
-    from loomrt.recall.locomo import ANSWERABLE, evaluate_locomo, evidence_ids, render_turn, turns_of
+    from loomrt.bench.locomo_recall import ANSWERABLE, evaluate_locomo, evidence_ids, render_turn, turns_of
 
     chosen = _samples(config)
     cid, sample = chosen[0]

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.core import REFERENCE_RATIOS, BenchConfig, ModeRun, Progress, mode_measure, standalone_measure
-from loomrt.messages import Message
 from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
@@ -88,10 +87,9 @@ async def _history(runtime: Runtime, spec: AgentSpec, size: int) -> Any:
         role = "user" if len(run.context) % 2 else "assistant"
         content = line.format(i=len(run.context))
         if role == "user":
-            e = run.record("user_input", {"content": content})
+            run.add("user_input", {"content": content})
         else:
-            e = run.record("assistant_message", {"message": {"role": role, "content": content}})
-        run.context.append(Message(role=role, content=content, seq=e.seq, ts=e.ts))
+            run.add("assistant_message", {"message": {"role": role, "content": content}})
     return run
 
 
@@ -154,9 +152,9 @@ def overhead(config: BenchConfig, progress: Progress) -> dict[str, Any]:
 @standalone_measure("recall_latency", "Recall p50/p95 on a 4,096-entry index, query embedding included")
 def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     try:
-        from loomrt.recall.bench import recall_latency
+        from loomrt.bench.recall_targets import recall_latency
     except ImportError as exc:
-        return {"skipped": f"loomrt.recall.bench is not available ({exc})"}
+        return {"skipped": f"loomrt.bench.recall_targets is not available ({exc})"}
     entries, queries = (1024, 50) if config.quick else (4096, 200)
     progress.start("recall latency", 1)
     out = dict(recall_latency(entries=entries, queries=queries, embedder=config.make_embedder()))
@@ -169,9 +167,9 @@ def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str,
 )
 def recall_needles(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     try:
-        from loomrt.recall.bench import needles_run
+        from loomrt.bench.recall_targets import needles_run
     except ImportError as exc:
-        return {"skipped": f"loomrt.recall.bench is not available ({exc})"}
+        return {"skipped": f"loomrt.bench.recall_targets is not available ({exc})"}
     progress.start("recall needles", 1)
     out = dict(needles_run(turns=60 if config.quick else 200, embedder=config.make_embedder(), seed=config.seed))
     progress.advance()

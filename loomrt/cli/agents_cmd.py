@@ -1,4 +1,4 @@
-"""``loomrt agents``: list, validate, schema, fork, promote."""
+"""``loomrt agents``: list, validate, schema, version, promote."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from loomrt.errors import SpecError
 
 __all__ = ["agents_app"]
 
-agents_app = typer.Typer(help="Agent definitions: list, validate, schema, fork, promote.", no_args_is_help=True)
+agents_app = typer.Typer(help="Agent definitions: list, validate, schema, version, promote.", no_args_is_help=True)
 
 AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
 
@@ -80,47 +80,57 @@ def schema_cmd(output: Path | None = typer.Option(None, "--out", help="Write the
         typer.echo(text, nl=False)
 
 
-@agents_app.command("fork")
+@agents_app.command("version")
 @friendly
-def fork_cmd(
-    name: str = typer.Argument(..., help="The agent to fork."),
+def version_cmd(
+    name: str = typer.Argument(..., help="The agent to write a new version of."),
     state_schema: Path | None = typer.Option(None, "--state-schema", help="A JSON or YAML file with the new state_schema."),
     from_run: str | None = typer.Option(None, "--from-run", help="Adopt the last schema a run's model proposed."),
-    new_name: str | None = typer.Option(None, "--as", help="The fork's name (default NAME@N)."),
+    new_name: str | None = typer.Option(None, "--as", help="The new version's name (default NAME@N)."),
     agents: Path | None = AgentsOpt,
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Write a new version of NAME with a new state_schema (an operator's decision)."""
-    from loomrt.versions import fork_agent
+    from loomrt.versions import version_agent
 
     if (state_schema is None) == (from_run is None):
         raise SpecError("give exactly one of --state-schema FILE or --from-run RUN_ID")
     schema = _schema_from_file(state_schema) if state_schema else _schema_from_run(from_run or "")
     path, _ = load(agents)
-    fork, digest = fork_agent(path, name, schema, new_name=new_name)
+    version, digest = version_agent(path, name, schema, new_name=new_name)
     if json_output:
-        print_json({"agent": fork, "hash": digest, "file": str(path), "forked_from": name})
+        print_json({"agent": version, "hash": digest, "file": str(path), "version_of": name})
     else:
-        out.print(f"wrote {fork} ({digest}) to {path}. Try it with `loomrt run {fork} ...`; "
-                  f"adopt it with `loomrt agents promote {fork}`.", highlight=False)
+        out.print(f"wrote {version} ({digest}) to {path}. Try it with `loomrt run {version} ...`; "
+                  f"adopt it with `loomrt agents promote {version}`.", highlight=False)
+
+
+@agents_app.command("fork", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@friendly
+def fork_cmd() -> None:
+    """Renamed: a new version of a definition is `loomrt agents version`."""
+    raise SpecError(
+        "`loomrt agents fork` is now `loomrt agents version` (a new version of a definition; "
+        "\"fork\" is kept for forking runs). Run the same command as `loomrt agents version ...`"
+    )
 
 
 @agents_app.command("promote")
 @friendly
 def promote_cmd(
-    fork: str = typer.Argument(..., help="The fork to promote, NAME@N."),
+    version: str = typer.Argument(..., help="The version to promote, NAME@N."),
     agents: Path | None = AgentsOpt,
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Make the fork NAME@N the definition of NAME."""
+    """Make the version NAME@N the definition of NAME."""
     from loomrt.versions import promote_agent
 
     path, _ = load(agents)
-    name, digest = promote_agent(path, fork)
+    name, digest = promote_agent(path, version)
     if json_output:
-        print_json({"agent": name, "hash": digest, "file": str(path), "promoted_from": fork})
+        print_json({"agent": name, "hash": digest, "file": str(path), "promoted_from": version})
     else:
-        out.print(f"{name} is now {fork}'s definition ({digest}).", highlight=False)
+        out.print(f"{name} is now {version}'s definition ({digest}).", highlight=False)
 
 
 def _schema_from_file(path: Path) -> dict:

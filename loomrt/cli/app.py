@@ -79,7 +79,7 @@ def chat_cmd(
     tty = sys.stdin.isatty()
     if tty and not json_output:
         err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]")
-    failed = False
+    failed = 0
     while True:
         line = _read_turn(tty and not json_output)
         if line is None:
@@ -88,11 +88,11 @@ def chat_cmd(
             continue
         result = asyncio.run(rt.send(run, line))
         print_result(result, json_output)
-        if result.status == "failed":
-            failed = True
-            break
-    if not failed:
-        rt.finish(run)
+        if result.status == "failed":  # shown and recorded; the run parked, and the next input continues it
+            failed += 1
+            if not json_output:
+                err.print("[dim]the turn failed; the chat goes on (type your next message, or Ctrl-D to end)[/dim]")
+    rt.finish(run)
     if tty and not json_output:
         err.print(f"[dim]run {run.run_id} saved · `loomrt runs show {run.run_id}`[/dim]")
     if failed:

@@ -2,7 +2,7 @@
 
 ``recall`` rebuilds a run's recall index from its record (every distillation's evicted
 span) and prints the hits; ``bench_recall`` runs the LoCoMo evidence benchmark
-(:func:`loomrt.recall.locomo.evaluate_locomo`) with a progress bar on stderr.
+(:func:`loomrt.bench.locomo_recall.evaluate_locomo`) with a progress bar on stderr.
 
 The embedder is the default (all-MiniLM-L6-v2) unless ``LOOMRT_RECALL_EMBEDDER`` says
 ``none`` (lexical-only) or ``hash``.
@@ -121,8 +121,8 @@ def bench_recall(
     """LoCoMo evidence recall@k: replay each conversation through a recall-enabled run and ask Recall every question."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from loomrt.bench.locomo_recall import evaluate_locomo
     from loomrt.errors import SpecError
-    from loomrt.recall.locomo import evaluate_locomo
 
     if not data.is_file():
         raise _fail(f"no LoCoMo file at {data}")

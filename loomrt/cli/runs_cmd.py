@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from loomrt.cli.common import friendly, out, print_json, print_result, runtime
@@ -13,7 +15,7 @@ from loomrt.cli.render import events_table
 
 __all__ = ["runs_app"]
 
-runs_app = typer.Typer(help="Runs in the record: list, show, events, resume, continue.", no_args_is_help=True)
+runs_app = typer.Typer(help="Runs in the record: list, show, events, verify, resume, continue.", no_args_is_help=True)
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
 
 
@@ -36,6 +38,7 @@ def list_cmd(
         print_json([r.model_dump(mode="json") for r in runs])
         return
     table = Table("run", "agent", "mode", "status", "events", "model", "started")
+    table.columns[0].no_wrap = True  # run ids are typed back in: never cut them
     for r in runs:
         table.add_row(r.run_id, r.agent, r.mode, r.status, str(r.last_seq), r.model, _when(r.created_at))
     out.print(table)
@@ -43,35 +46,102 @@ def list_cmd(
 
 @runs_app.command("show")
 @friendly
-def show_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
+def show_cmd(
+    run_id: str,
+    seq: int | None = typer.Option(None, "--seq", help="Print this one event verbatim, with the distillations that covered it."),
+    json_output: bool = JsonOpt,
+) -> None:
     """One run: definition hash, mode, status, usage, distillations, output and Σ."""
     from loomrt.run.projection import project
 
     rt = runtime()
     info = rt.store.get_run(run_id)
     events = rt.store.events(run_id)
-    p = project(events)
+    if seq is not None:
+        _show_event(run_id, events, seq, json_output)
+        return
+    view = project(events)
     started = events[0].data if events else {}
     summary = {
         **info.model_dump(mode="json"),
         "requested_mode": started.get("requested_mode"),
         "tools": started.get("tools", []),
-        "usage": {**p.usage.to_dict(), "model_calls": p.model_calls},
-        "distillations": p.distillations,
-        "declined": sum(e.kind == "distillation_declined" for e in events),
+        "usage": {**view.usage.to_dict(), "model_calls": view.model_calls},
+        "distillations": view.distillations,
+        "declined": view.declines,
         "errors": [e.data.get("message") for e in events if e.kind == "error"],
-        "output": p.output,
-        "state": p.state,
-        "working_context_messages": len(p.context),
+        "output": view.output,
+        "state": view.state,
+        "working_context_messages": len(view.context),
     }
     if json_output:
         print_json(summary)
         return
     table = Table(show_header=False, box=None)
-    for key in ("run_id", "agent", "status", "mode", "requested_mode", "model", "def_hash", "tools", "usage",
-                "distillations", "declined", "errors", "working_context_messages", "output", "state"):
+    for key in ("run_id", "agent", "status", "mode", "requested_mode", "model", "def_hash", "distillations",
+                "declined", "working_context_messages"):
         table.add_row(f"[bold]{key}[/bold]", str(summary.get(key)))
+    table.add_row("[bold]tools[/bold]", ", ".join(summary["tools"]) or "none")
     out.print(table)
+    usage = Table("input tokens", "output tokens", "cached tokens", "model calls", title="usage", title_justify="left")
+    u = summary["usage"]
+    usage.add_row(*(str(u.get(k, 0)) for k in ("input_tokens", "output_tokens", "cached_tokens", "model_calls")))
+    out.print(usage)
+    for message in summary["errors"]:
+        out.print(f"[red]error:[/red] {escape(message or '')}")
+    if view.output is not None:
+        out.print("[bold]output[/bold]")
+        out.print(view.output, markup=False, highlight=False)
+    if view.state is not None:
+        out.print("[bold]state Σ[/bold]")
+        out.print_json(json.dumps(view.state, ensure_ascii=False))
+
+
+def _show_event(run_id: str, events: list, seq: int, json_output: bool) -> None:  # type: ignore[type-arg]
+    """One event verbatim, and the distillations whose span covered it."""
+    from loomrt.errors import NotFoundError
+
+    event = next((e for e in events if e.seq == seq), None)
+    if event is None:
+        raise NotFoundError(f"run {run_id} has no event #{seq} (its record ends at #{events[-1].seq if events else 0})")
+    covered = [e.seq for e in events if e.kind == "distillation" and seq in (e.data.get("span_seqs") or [])]
+    if json_output:
+        print_json({**event.to_json_dict(), "distilled_by": covered})
+        return
+    out.print(f"[bold]#{event.seq} {event.kind}[/bold] · {_when(event.ts)}", highlight=False)
+    content = event.data.get("content")
+    if content is None and event.kind == "assistant_message":
+        content = (event.data.get("message") or {}).get("content")
+    if isinstance(content, str):
+        out.print(content, markup=False, highlight=False)
+        rest = {k: v for k, v in event.data.items() if k != "content"}
+        if rest and event.kind != "assistant_message":
+            out.print_json(json.dumps(rest, ensure_ascii=False, default=str))
+    else:
+        out.print_json(json.dumps(event.data, ensure_ascii=False, default=str))
+    where = ", ".join(f"#{s}" for s in covered) if covered else "none (it is in the working context, or not a message)"
+    out.print(f"[dim]evicted by distillation {where}[/dim]", highlight=False)
+
+
+@runs_app.command("verify")
+@friendly
+def verify_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
+    """Check a run's record: seqs dense from 1 and every event's ledger hash chained to the one before."""
+    from loomrt.record.ledger import verify_chain
+
+    store = runtime().store
+    store.get_run(run_id)
+    events = store.events(run_id)
+    problems = verify_chain(events)
+    if json_output:
+        print_json({"run_id": run_id, "events": len(events), "clean": not problems, "problems": problems})
+    elif problems:
+        for line in problems:
+            out.print(f"run {run_id}: {line}", markup=False, highlight=False)
+    else:
+        out.print(f"run {run_id}: {len(events)} events, the record audits clean", highlight=False)
+    if problems:
+        raise typer.Exit(1)
 
 
 @runs_app.command("events")

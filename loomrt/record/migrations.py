@@ -56,6 +56,26 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN SELECT RAISE(ABORT, 'the record is append-only: runs are never deleted'); END;
         """,
     ),
+    (
+        "0004_insert_never_replaces",
+        # INSERT OR REPLACE deletes the old row without firing a delete trigger (recursive
+        # triggers are off): refuse any insert whose key exists, whatever its conflict clause.
+        """
+        CREATE TRIGGER events_no_replace BEFORE INSERT ON events
+        WHEN EXISTS (SELECT 1 FROM events WHERE run_id = NEW.run_id AND seq = NEW.seq)
+        BEGIN SELECT RAISE(ABORT, 'the record is append-only: an event with this run_id and seq exists'); END;
+        CREATE TRIGGER runs_no_replace BEFORE INSERT ON runs
+        WHEN EXISTS (SELECT 1 FROM runs WHERE run_id = NEW.run_id)
+        BEGIN SELECT RAISE(ABORT, 'the record is append-only: a run with this run_id exists'); END;
+        """,
+    ),
+    (
+        "0005_event_hash_chain",
+        # each event's hash covers its content and the previous event's hash (the run's ledger)
+        """
+        ALTER TABLE events ADD COLUMN hash TEXT;
+        """,
+    ),
 ]
 
 

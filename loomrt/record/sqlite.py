@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.errors import NotFoundError, StoreError
-from loomrt.events import Event, RunInfo, run_status
+from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.record.ledger import event_hash
 from loomrt.record.migrations import migrate
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store"]
+
+_LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 
 
 def loomrt_home() -> Path:
@@ -72,28 +75,31 @@ class SQLiteStore:
 
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         payload = json.dumps(data, ensure_ascii=False, default=str)
+        stored = json.loads(payload)  # what a reader gets back, and what the hash covers
         ts = time.time()
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 row = self._conn.execute(
-                    "SELECT COALESCE(MAX(seq), 0) FROM events WHERE run_id = ?", (run_id,)
+                    "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
                 ).fetchone()
-                seq = row[0] + 1
+                seq = (row[0] if row else 0) + 1
+                digest = event_hash((row[1] or "") if row else "", run_id, seq, kind, ts, stored)
                 self._conn.execute(
-                    "INSERT INTO events VALUES (?, ?, ?, ?, ?)", (run_id, seq, kind, ts, payload)
+                    "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+                    (run_id, seq, kind, ts, payload, digest),
                 )
                 self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise StoreError(f"cannot append to the record of run {run_id}: {exc}") from exc
-        return Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload))  # type: ignore[arg-type]
+        return Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=stored, hash=digest)  # type: ignore[arg-type]
 
     def events(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
     ) -> list[Event]:
-        sql = "SELECT seq, kind, ts, data FROM events WHERE run_id = ? AND seq > ?"
+        sql = "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND seq > ?"
         args: list[Any] = [run_id, after]
         kinds = list(kinds or [])
         if kinds:
@@ -102,8 +108,8 @@ class SQLiteStore:
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
         return [
-            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d))  # type: ignore[arg-type]
-            for s, k, t, d in rows
+            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+            for s, k, t, d, h in rows
         ]
 
     def get_run(self, run_id: str) -> RunInfo:
@@ -121,7 +127,8 @@ class SQLiteStore:
         sql = f"""
             SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
                    r.parent_run_id, r.created_at,
-                   (SELECT kind FROM events e WHERE e.run_id = r.run_id ORDER BY seq DESC LIMIT 1),
+                   (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
+                    ORDER BY seq DESC LIMIT 1),
                    (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id)
             FROM runs r {where} ORDER BY r.created_at DESC LIMIT ?"""
         with self._lock:

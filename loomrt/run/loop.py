@@ -8,7 +8,7 @@ or an error. Mode-specific behaviour lives in the mode object (:mod:`.reducers`)
 from __future__ import annotations
 
 from loomrt.errors import LoomError, RunError
-from loomrt.messages import Message, ToolCall
+from loomrt.messages import ToolCall
 from loomrt.run.distil import maybe_distil
 from loomrt.run.model_calls import call_model
 from loomrt.run.state import RunState
@@ -23,11 +23,8 @@ INTERRUPTED = (
 
 
 def add_user_input(run: RunState, content: str) -> None:
-    """Record a user input and append it to the working context (the first one is pinned)."""
-    event = run.record("user_input", {"content": content})
-    first = not any(m.role == "user" and m.synthetic is None for m in run.context)
-    pinned = first and run.spec.context.keep_first
-    run.context.append(Message(role="user", content=content, seq=event.seq, ts=event.ts, pinned=pinned))
+    """Record a user input; the first one (the task) is pinned when ``keep_first`` is on."""
+    run.add("user_input", {"content": content})
 
 
 async def play_turn(run: RunState) -> str:
@@ -47,11 +44,10 @@ async def play_turn(run: RunState) -> str:
             step = await run.mode.interpret(run, response)
             match step:
                 case FinalOutput(output=output):
-                    run.output = output
                     if run.interactive:
-                        run.record("parked", {"output": output})
+                        run.add("parked", {"output": output})
                     else:
-                        run.record("final", {"output": output, "state": run.state})
+                        run.add("final", {"output": output, "state": run.state})
                     return output
                 case RunTools(calls=calls):
                     for call in calls:
@@ -67,11 +63,16 @@ async def play_turn(run: RunState) -> str:
         if isinstance(exc, RunError):
             exc.run_id = exc.run_id or run.run_id
             exc.last_seq = run.last_seq
-        run.record("error", {"message": str(exc), "type": type(exc).__name__})
+        run.add("error", {"message": str(exc), "type": type(exc).__name__})
         raise
-    except Exception as exc:  # a bug, not a failure of the run: the record says so, then it surfaces
-        run.record("error", {"message": f"{type(exc).__name__}: {exc}", "type": type(exc).__name__})
-        raise
+    except Exception as exc:  # a bug in a tool, a provider or loomrt: the run ends with a clear error
+        error = RunError(
+            f"unexpected {type(exc).__name__}: {exc}. This is a bug in a tool, a provider or loomrt; "
+            "the record keeps everything up to here (`loomrt runs events RUN_ID`).",
+            run_id=run.run_id, last_seq=run.last_seq,
+        )
+        run.add("error", {"message": str(error), "type": type(exc).__name__})
+        raise error from exc
 
 
 def close_interrupted_calls(run: RunState) -> None:
@@ -86,17 +87,12 @@ def close_interrupted_calls(run: RunState) -> None:
     answered = {m.tool_call_id for m in run.context[last + 1 :]}
     for call in run.context[last].tool_calls:
         if call.id not in answered:
-            event = run.record("tool_result", {
-                "tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True,
-            })
-            run.context.append(Message(
-                role="tool", content=INTERRUPTED, tool_call_id=call.id, name=call.name, seq=event.seq, ts=event.ts,
-            ))
+            run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
 
 
 async def execute_tool(run: RunState, call: ToolCall) -> None:
     """Run one tool call and append its result. A failing or unknown tool is a result, not a crash."""
-    run.record("tool_call", call.to_dict())
+    run.add("tool_call", call.to_dict())
     tool = run.toolset.tools.get(call.name)
     if tool is None:
         content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
@@ -106,5 +102,4 @@ async def execute_tool(run: RunState, call: ToolCall) -> None:
             content, is_error = await tool.call(call.arguments), False
         except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True
-    event = run.record("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
-    run.context.append(Message(role="tool", content=content, tool_call_id=call.id, name=call.name, seq=event.seq, ts=event.ts))
+    run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})

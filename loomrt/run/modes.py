@@ -1,22 +1,16 @@
-"""Which retention mode a run uses: ``auto`` is resolved once, at start."""
+"""Which retention mode a run uses: ``auto`` is resolved once, at start; a mode's class
+comes from the one registry, :data:`loomrt.spec.RETENTION_MODES`."""
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 from loomrt.providers.base import Capabilities
-from loomrt.run.reducers.append import AppendMode
 from loomrt.run.reducers.base import RetentionMode
-from loomrt.run.reducers.compaction import CompactionMode
-from loomrt.run.reducers.recap import RecapMode
-from loomrt.run.reducers.stateful import StatefulMode
+from loomrt.spec import RETENTION_MODES
 
-__all__ = ["resolve_mode", "mode_for", "MODE_CLASSES"]
-
-MODE_CLASSES: dict[str, type[RetentionMode]] = {
-    "append": AppendMode,
-    "recap": RecapMode,
-    "stateful": StatefulMode,
-    "compaction": CompactionMode,
-}
+__all__ = ["resolve_mode", "mode_for", "mode_class"]
 
 
 def resolve_mode(requested: str, capabilities: Capabilities, *, interactive: bool, has_schema: bool) -> str:
@@ -29,5 +23,14 @@ def resolve_mode(requested: str, capabilities: Capabilities, *, interactive: boo
     return "stateful" if has_schema else "compaction"
 
 
+def mode_class(name: str) -> type[RetentionMode]:
+    """The class registered for mode ``name`` (imported on first use)."""
+    entry: Any = RETENTION_MODES[name]
+    if isinstance(entry, str):
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry  # type: ignore[no-any-return]
+
+
 def mode_for(name: str) -> RetentionMode:
-    return MODE_CLASSES[name]()
+    return mode_class(name)()

@@ -1,85 +1,186 @@
-"""Rebuild a run's working context, Σ and totals from its record alone."""
+"""The run's view of its record: the working context, the mode's state and the totals,
+folded event by event.
+
+:class:`RunView` is the only place where the record turns into a working context. A live
+run applies each event right after it records it (:meth:`loomrt.run.state.RunState.add`);
+:func:`project` applies a whole record to a fresh view. Both go through
+:meth:`RunView.apply`, so a context rebuilt from the record equals the live one by
+construction. Messages come from :func:`loomrt.events.message_of` (the one reader); a
+mode's own events are replayed by the mode (:meth:`RetentionMode.replay`), into the slot
+it owns (``view.slot``).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from loomrt.events import Event
+from loomrt.events import LIFECYCLE_KINDS, Event, message_of, run_status
 from loomrt.messages import Message
 from loomrt.providers.base import Usage
+from loomrt.tokens import count_text, cut_text
 
-__all__ = ["Projection", "project"]
+if TYPE_CHECKING:
+    from loomrt.run.reducers.base import RetentionMode
+
+__all__ = ["RunView", "project", "context_refs", "message_limit"]
+
+
+def message_limit(context: dict[str, Any], budget: int) -> int:
+    """``context.message_max_tokens``, else a quarter of the run's budget."""
+    return int(context.get("message_max_tokens") or max(64, budget // 4))
+
+
+def context_refs(context: list[Message]) -> list[dict[str, Any]]:
+    """The working context as a distillation event stores it: record messages by seq,
+    synthetic ones whole."""
+    refs: list[dict[str, Any]] = []
+    for m in context:
+        if m.seq is not None and m.synthetic is None:
+            refs.append({"seq": m.seq, "pinned": True} if m.pinned else {"seq": m.seq})
+        else:
+            refs.append({"message": m.to_dict()})
+    return refs
 
 
 @dataclass
-class Projection:
+class RunView:
+    """What a run's record says, applied event by event."""
+
+    mode: RetentionMode
+    slot: Any = None
+    """The retention mode's own state (Σ and its patch attempts, in stateful mode)."""
+    run_id: str = ""
+    keep_first: bool = True
+    max_message_tokens: int = 0
+    """Messages over this many tokens are cut in the working context (0: not yet known)."""
     context: list[Message] = field(default_factory=list)
-    state: dict[str, Any] | None = None
+    messages: dict[int, Message] = field(default_factory=dict)
+    """Every record message by seq, as the working context holds it (cut if too large)."""
+    originals: dict[int, Message] = field(default_factory=dict)
+    """The full message, for each one that was cut."""
     usage: Usage = field(default_factory=Usage)
     model_calls: int = 0
     turn_calls: int = 0
     summary_calls: int = 0
     distillations: int = 0
+    declines: int = 0
+    rejections: int = 0
+    """Recaps or summaries the prose check rejected (``summary_rejected`` events)."""
     output: str | None = None
-    last_kind: str | None = None
     last_seq: int = 0
+    lifecycle: str | None = None
+    """The kind of the last lifecycle event (the run's status derives from it)."""
     reported_prompt_tokens: int = 0
-    patch_failures: int = 0
+    """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
     declined_at: int = -1
-    declined_tokens: int = -1
+    """Length of the context when the last distillation was declined (no retry until it grows)."""
+    declined_size: int = -1
+    """Estimated size when a paid distillation last bought nothing: the next one waits until
+    the context, or the pressure, has grown by 5% of the budget. Reset by every distillation."""
+    declined_pressure: int = -1
+    seen_user: bool = False
+    parked_after_error: bool = False
+    """An interactive run parked because its turn failed: resume plays that turn again."""
 
+    def __post_init__(self) -> None:
+        if self.slot is None:
+            self.slot = self.mode.new_slot()
 
-def project(events: list[Event], *, keep_first: bool = True) -> Projection:
-    """Replay ``events`` (one run's, in seq order) into a :class:`Projection`."""
-    p = Projection()
-    by_seq: dict[int, Message] = {}
-    seen_user = False
+    @property
+    def status(self) -> str:
+        return run_status(self.lifecycle)
 
-    def add(m: Message) -> None:
-        by_seq[m.seq] = m  # type: ignore[index]
-        p.context.append(m)
+    @property
+    def state(self) -> dict[str, Any] | None:
+        """Σ, in stateful mode; None in the others."""
+        return self.mode.state_of(self.slot)
 
-    for e in events:
+    def original(self, message: Message) -> Message:
+        """``message`` with its full text (the record's), if the working context holds it cut."""
+        return self.originals.get(message.seq, message) if message.seq is not None else message
+
+    def apply(self, e: Event) -> None:
+        """Fold one event into the view."""
+        self.last_seq = e.seq
+        if e.kind in LIFECYCLE_KINDS:
+            self.lifecycle = e.kind
         d = e.data
-        p.last_kind, p.last_seq = e.kind, e.seq
-        if e.kind == "run_started":
-            if d.get("system"):
-                add(Message(role="system", content=d["system"], seq=e.seq, ts=e.ts))
-        elif e.kind == "user_input":
-            add(Message(role="user", content=d["content"], seq=e.seq, ts=e.ts, pinned=keep_first and not seen_user))
-            seen_user = True
-        elif e.kind == "assistant_message":
-            add(Message.from_dict({**d["message"], "seq": e.seq, "ts": e.ts}))
-        elif e.kind == "tool_result":
-            add(Message(role="tool", content=d["content"], tool_call_id=d.get("tool_call_id"), name=d.get("name"), seq=e.seq, ts=e.ts))
-        elif e.kind == "distillation":
-            p.context = [
-                by_seq[r["seq"]].with_(pinned=bool(r.get("pinned"))) if "seq" in r else Message.from_dict(r["message"])
-                for r in d["context"]
-            ]
-            p.distillations += 1
-            p.reported_prompt_tokens = 0
-        elif e.kind == "state_update":
-            p.state = d["state"]
-            p.patch_failures = 0
-        elif e.kind == "patch_rejected":
-            p.patch_failures = d.get("attempt", p.patch_failures + 1)
-            if d.get("feedback"):
-                p.context.append(Message(role="user", content=d["feedback"], synthetic="feedback"))
-        elif e.kind == "distillation_declined":
-            p.declined_at = len(p.context)
-            if d.get("reason") == "result not smaller":
-                p.declined_tokens = d.get("tokens_before", -1)
-        elif e.kind == "model_call":
-            u = d.get("usage") or {}
-            p.usage = p.usage + Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0))
-            p.model_calls += 1
-            if d.get("purpose") == "turn":
-                p.turn_calls += 1
-                p.reported_prompt_tokens = u.get("input_tokens", 0)
-            else:
-                p.summary_calls += 1
-        elif e.kind in ("final", "parked"):
-            p.output = d.get("output")
-    return p
+        match e.kind:
+            case "run_started":
+                self.run_id = e.run_id
+                ctx = (d.get("definition") or {}).get("context") or {}
+                self.keep_first = bool(ctx.get("keep_first", True))
+                self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
+            case "distillation":
+                self.context = [
+                    self.messages[r["seq"]].with_(pinned=bool(r.get("pinned"))) if "seq" in r
+                    else Message.from_dict(r["message"])
+                    for r in d["context"]
+                ]
+                self.distillations += 1
+                self.reported_prompt_tokens = 0
+                self.declined_at = self.declined_size = self.declined_pressure = -1
+            case "distillation_declined":
+                self.declines += 1
+                self.declined_at = len(self.context)
+                if d.get("paid", d.get("reason") == "result not smaller"):
+                    self.declined_size = int(d.get("tokens_before", -1))
+                    self.declined_pressure = int(d.get("pressure", self.declined_size))
+            case "model_call":
+                u = d.get("usage") or {}
+                self.usage = self.usage + Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0))
+                self.model_calls += 1
+                if d.get("purpose") == "turn":
+                    self.turn_calls += 1
+                    self.reported_prompt_tokens = u.get("input_tokens", 0)
+                else:
+                    self.summary_calls += 1
+            case "summary_rejected":
+                self.rejections += 1
+            case "final" | "parked":
+                self.output = d.get("output")
+                self.parked_after_error = bool(d.get("after_error"))
+        message = message_of(e)
+        if message is not None:
+            if e.kind == "user_input":  # the first input is the task, pinned when keep_first is on
+                message = message.with_(pinned=self.keep_first and not self.seen_user)
+                self.seen_user = True
+            self._enter(message)
+        self.mode.replay(e, self)
+
+    def _enter(self, message: Message) -> None:
+        """Append a record message to the working context, cut if it is too large."""
+        limit = self.max_message_tokens
+        if limit and message.role != "system" and count_text(message.content) > limit:
+            self.originals[message.seq] = message  # type: ignore[index]
+            message = message.with_(content=cut_note(message, limit, self.run_id))
+        self.messages[message.seq] = message  # type: ignore[index]
+        self.context.append(message)
+
+
+def cut_note(message: Message, limit: int, run_id: str) -> str:
+    """The first part of ``message`` that fits ``limit`` tokens, with a note that says it was
+    cut and where the full text is."""
+    size = count_text(message.content)
+    note = (
+        f"\n[cut: this message is {size} tokens, over the limit of {limit} (context.message_max_tokens); "
+        f"only its start is shown. The full text is on the record: "
+        f"`loomrt runs show {run_id} --seq {message.seq}`.]"
+    )
+    return cut_text(message.content, max(16, limit - count_text(note))) + note
+
+
+def project(events: Iterable[Event], *, mode: RetentionMode | None = None) -> RunView:
+    """Apply ``events`` (one run's record, in seq order) to a fresh view. The retention
+    mode is the one the record's ``run_started`` names, unless given."""
+    events = list(events)
+    if mode is None:
+        from loomrt.run.modes import mode_for
+
+        mode = mode_for(events[0].data.get("mode", "append") if events else "append")
+    view = RunView(mode=mode)
+    for e in events:
+        view.apply(e)
+    return view

@@ -1,30 +1,30 @@
-"""The state of one run while it is in memory: its working context, Σ, totals and wiring.
+"""The state of one run while it is in memory: its wiring, and its view of the record.
 
-Everything here can be rebuilt from the record (:mod:`loomrt.run.projection`); the
-record is the truth, this is a cache of it.
+The record and the working context meet in one place, :meth:`RunState.add`: it appends an
+event to the record and applies it to the run's :class:`~loomrt.run.projection.RunView`.
+Everything the view holds can be rebuilt from the record (:func:`loomrt.run.projection.project`);
+the record is the truth, the view a cache of it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
-from loomrt.messages import EvictedSpan, Message
+from loomrt.messages import EvictedSpanCallback, Message
 from loomrt.providers.base import ModelProvider, Usage
 from loomrt.record.store import Store
+from loomrt.run.projection import RunView
 from loomrt.spec import AgentSpec
-from loomrt.tokens import count_messages
+from loomrt.tokens import count_messages, count_tools
+from loomrt.tools import Toolset
 
 if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
-    from loomrt.toolset import Toolset
 
-__all__ = ["EvictedSpanCallback", "RunState", "RunResult"]
-
-EvictedSpanCallback = Callable[[EvictedSpan], Awaitable[None] | None]
-"""Receives every evicted span; one that raises is recorded as a callback_error event."""
+__all__ = ["RunState", "RunResult"]
 
 
 @dataclass
@@ -40,41 +40,82 @@ class RunState:
     store: Store
     provider: ModelProvider
     summarizer: ModelProvider
-    toolset: Toolset
+    toolset: Toolset = field(default_factory=Toolset)
     callbacks: list[EvictedSpanCallback] = field(default_factory=list)
-    context: list[Message] = field(default_factory=list)
-    state: dict[str, Any] | None = None
-    usage: Usage = field(default_factory=Usage)
-    model_calls: int = 0
-    distillations: int = 0
-    reported_prompt_tokens: int = 0
-    """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
-    declined_at: int = -1
-    """Length of the context when the last distillation was declined (no retry until it grows)."""
-    declined_tokens: int = -1
-    """Estimated context size when a summary call last bought nothing: a prose mode retries
-    (and pays for another summary call) only once the context has grown by 5% of the budget."""
-    patch_failures: int = 0
-    output: str | None = None
-    last_seq: int = 0
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
+    view: RunView = None  # type: ignore[assignment]
+    """The record so far, applied: working context, the mode's slot, totals."""
+    _early: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
-    def record(self, kind: str, data: dict[str, Any]) -> Event:
-        """Append an event to the record and tell the listeners."""
+    def __post_init__(self) -> None:
+        if self.view is None:
+            self.view = RunView(mode=self.mode)
+
+    def add(self, kind: str, data: dict[str, Any]) -> Event:
+        """Append an event to the record, apply it to the view, and tell the listeners."""
         event = self.store.append(self.run_id, kind, data)
-        self.last_seq = event.seq
+        self.view.apply(event)
         for listener in list(self.listeners):
             listener(event)
+        if kind == "run_started":
+            early, self._early = self._early, []
+            for k, d in early:
+                self.add(k, d)
         return event
+
+    def emit(self, kind: str, data: dict[str, Any]) -> None:
+        """Record an event from an optional part (a notice, a callback error). Before the
+        run has recorded ``run_started``, events wait in one queue and follow it."""
+        if self.view.last_seq == 0:
+            self._early.append((kind, data))
+        else:
+            self.add(kind, data)
+
+    # what the view knows, by the names the loop and the tests use
+    @property
+    def context(self) -> list[Message]:
+        return self.view.context
+
+    @property
+    def state(self) -> dict[str, Any] | None:
+        return self.view.state
+
+    @property
+    def usage(self) -> Usage:
+        return self.view.usage
+
+    @property
+    def model_calls(self) -> int:
+        return self.view.model_calls
+
+    @property
+    def distillations(self) -> int:
+        return self.view.distillations
+
+    @property
+    def output(self) -> str | None:
+        return self.view.output
+
+    @property
+    def last_seq(self) -> int:
+        return self.view.last_seq
+
+    @property
+    def reported_prompt_tokens(self) -> int:
+        return self.view.reported_prompt_tokens
 
     @property
     def budget(self) -> int:
         """The working-context budget: budget_tokens, or the model's window if smaller."""
         return min(self.spec.context.budget_tokens, self.provider.capabilities.context_window)
 
+    def estimate(self) -> int:
+        """The estimated size of the next call: the working context and the tool schemas sent with it."""
+        return count_messages(self.context) + count_tools(self.mode.offered_tools(self))
+
     def pressure(self) -> int:
-        """The larger of the estimated context size and the last reported prompt tokens."""
-        return max(count_messages(self.context), self.reported_prompt_tokens)
+        """The larger of the estimated size of the next call and the last reported prompt tokens."""
+        return max(self.estimate(), self.view.reported_prompt_tokens)
 
 
 @dataclass

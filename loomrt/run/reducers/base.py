@@ -1,59 +1,100 @@
 """The shape every retention mode shares.
 
-A :class:`RetentionMode` decides three things for the loop, so the loop itself never
-branches on the mode:
+A :class:`RetentionMode` decides, for the loop, everything that differs between modes, so
+the loop itself never branches on the mode:
 
-- :meth:`~RetentionMode.offered_tools`: which tools the model is offered;
+- :meth:`~RetentionMode.offered_tools`, :meth:`~RetentionMode.tool_choice` and
+  :meth:`~RetentionMode.response_schema`: what the model is offered;
 - :meth:`~RetentionMode.interpret`: what a model reply means (final answer, tool calls,
   or ask again);
 - :meth:`~RetentionMode.should_distil` and :meth:`~RetentionMode.reduce`: when a
   boundary fires, and the reducer itself: given the working context, return the new
-  working context and the evicted span (a :class:`Reduction`).
+  working context and the evicted span (a :class:`Reduction`);
+- :meth:`~RetentionMode.new_slot` and :meth:`~RetentionMode.replay`: the mode's own state
+  on the run (``run.view.slot``), rebuilt from the mode's own events.
+
+A new mode is one module beside this one, plus one line in
+:data:`loomrt.spec.RETENTION_MODES` (see docs/design.md).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from loomrt.events import Event
 from loomrt.messages import Message
 from loomrt.providers.base import ModelResponse, ToolSchema
-from loomrt.run.state import RunState
 from loomrt.run.steps import FinalOutput, NextStep, RunTools
-from loomrt.tokens import count_messages
 
-__all__ = ["Reduction", "RetentionMode"]
+if TYPE_CHECKING:
+    from loomrt.run.projection import RunView
+    from loomrt.run.state import RunState
+
+__all__ = ["Reduction", "Declined", "RetentionMode"]
 
 
 @dataclass(frozen=True)
 class Reduction:
-    """A reducer's result: the new working context and the span it evicted."""
+    """A reducer's result: the new working context, the span it evicted, and the mode's
+    own payload for the distillation event (``summary`` text, ``state`` Σ, ...)."""
 
     context: list[Message]
     evicted: list[Message]
-    summary: str | None = None
-    """The recap or summary text, when the mode writes one."""
-    state: dict[str, Any] | None = None
-    """Σ, in stateful mode."""
-    extra: dict[str, Any] = field(default_factory=dict)
+    payload: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Declined:
+    """A reducer's refusal: nothing is evicted. ``paid`` when a model call was made for it."""
+
+    reason: str
+    paid: bool = False
 
 
 class RetentionMode:
-    """append: keep everything. The other modes override what differs."""
+    """The base of every mode: never distils, offers the run's tools, a plain reply is the answer."""
 
-    name = "append"
+    name = "base"
+
+    # ------------------------------------------------------------------ the mode's slot
+
+    def new_slot(self) -> Any:
+        """The mode's own state on a fresh run (``run.view.slot``); None when it keeps none."""
+        return None
+
+    def replay(self, event: Event, view: RunView) -> None:
+        """Apply one of the mode's own events to ``view`` (live and from the record alike)."""
+
+    def state_of(self, slot: Any) -> dict[str, Any] | None:
+        """Σ, for modes that keep one."""
+        return None
+
+    # ------------------------------------------------------------------ the boundary
 
     def threshold_pct(self, run: RunState) -> int | None:
         """Distil when pressure reaches this % of the budget; None never distils."""
-        return run.spec.context.autocompact_at_pct if run.spec.context.backstop else None
+        return None
 
     def should_distil(self, run: RunState) -> bool:
         pct = self.threshold_pct(run)
-        if pct is None or len(run.context) == run.declined_at:
+        view = run.view
+        if pct is None or len(run.context) == view.declined_at:
             return False
-        if run.declined_tokens >= 0 and count_messages(run.context) < run.declined_tokens + run.budget // 20:
-            return False
-        return run.pressure() * 100 >= pct * run.budget
+        size = run.estimate()
+        pressure = max(size, view.reported_prompt_tokens)
+        if view.declined_size >= 0:  # the last paid distillation bought nothing: wait until something grew
+            step = run.budget // 20
+            if size < view.declined_size + step and pressure < view.declined_pressure + step:
+                return False
+        return pressure * 100 >= pct * run.budget
+
+    async def reduce(self, run: RunState) -> Reduction | Declined | None:
+        """The reducer: the new working context and the evicted span; None when there is
+        nothing to evict; :class:`Declined` when it would not make a sound result."""
+        return None
+
+    # ------------------------------------------------------------------ a model call
 
     def system_lines(self, spec: Any) -> list[str]:
         """Lines this mode adds to the system prompt."""
@@ -71,14 +112,7 @@ class RetentionMode:
     async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
         """Record the assistant message; tool calls mean act, plain text means answer."""
         message = Message(role="assistant", content=response.text, tool_calls=response.tool_calls)
-        event = run.record("assistant_message", {"message": message.to_dict()})
-        run.context.append(message.with_(seq=event.seq, ts=event.ts))
+        run.add("assistant_message", {"message": message.to_dict()})
         if response.tool_calls:
             return RunTools(response.tool_calls)
         return FinalOutput(response.text)
-
-    async def reduce(self, run: RunState) -> Reduction | None:
-        """append's reducer is the compaction backstop (when enabled)."""
-        from loomrt.run.reducers.compaction import compact
-
-        return await compact(run)

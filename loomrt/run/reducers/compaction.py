@@ -7,9 +7,13 @@ previous summary folds into the next. This reducer is also append mode's backsto
 
 from __future__ import annotations
 
-from loomrt.run.reducers.base import Reduction, RetentionMode
+from typing import TYPE_CHECKING
+
+from loomrt.run.reducers.base import Declined, Reduction, RetentionMode
 from loomrt.run.reducers.summarize import distil_with_prose
-from loomrt.run.state import RunState
+
+if TYPE_CHECKING:
+    from loomrt.run.state import RunState
 
 __all__ = ["CompactionMode", "compact", "SUMMARY_INSTRUCTIONS"]
 
@@ -20,13 +24,16 @@ SUMMARY_INSTRUCTIONS = (
 )
 
 
-async def compact(run: RunState) -> Reduction | None:
+SUMMARY_LABEL = "[Summary of earlier messages, not the user's words; a map, not the details]"
+
+
+async def compact(run: RunState) -> Reduction | Declined | None:
     return await distil_with_prose(
         run,
         purpose="summary",
         synthetic="summary",
         instructions=SUMMARY_INSTRUCTIONS,
-        label="Summary of the earlier conversation (a map, not the details: Recall has the exact words):",
+        label=SUMMARY_LABEL,
         max_chars=None,
     )
 
@@ -37,5 +44,5 @@ class CompactionMode(RetentionMode):
     def threshold_pct(self, run: RunState) -> int | None:
         return run.spec.context.autocompact_at_pct
 
-    async def reduce(self, run: RunState) -> Reduction | None:
+    async def reduce(self, run: RunState) -> Reduction | Declined | None:
         return await compact(run)

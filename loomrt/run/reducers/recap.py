@@ -6,9 +6,13 @@ the last ``keep_last_n`` messages. The previous recap folds into the next.
 
 from __future__ import annotations
 
-from loomrt.run.reducers.base import Reduction, RetentionMode
+from typing import TYPE_CHECKING
+
+from loomrt.run.reducers.base import Declined, Reduction, RetentionMode
 from loomrt.run.reducers.summarize import distil_with_prose
-from loomrt.run.state import RunState
+
+if TYPE_CHECKING:
+    from loomrt.run.state import RunState
 
 __all__ = ["RecapMode", "RECAP_INSTRUCTIONS"]
 
@@ -20,19 +24,22 @@ RECAP_INSTRUCTIONS = (
 )
 
 
+RECAP_LABEL = "[Recap written by the assistant of its own work, not the user's words; a map, not the details]"
+
+
 class RecapMode(RetentionMode):
     name = "recap"
 
     def threshold_pct(self, run: RunState) -> int | None:
         return run.spec.context.autorecap_at_pct
 
-    async def reduce(self, run: RunState) -> Reduction | None:
+    async def reduce(self, run: RunState) -> Reduction | Declined | None:
         limit = run.spec.context.recap_max_chars
         return await distil_with_prose(
             run,
             purpose="recap",
             synthetic="recap",
             instructions=RECAP_INSTRUCTIONS.format(max_chars=limit),
-            label="Recap of my work so far (a map, not the details: Recall has the exact words):",
+            label=RECAP_LABEL,
             max_chars=limit,
         )

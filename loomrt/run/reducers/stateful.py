@@ -16,19 +16,25 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import jsonschema
 
 from loomrt.errors import StateError
+from loomrt.events import Event
 from loomrt.messages import Message, ToolCall
 from loomrt.providers.base import ModelResponse, ToolSchema
 from loomrt.run.reducers.base import Reduction, RetentionMode
 from loomrt.run.splice import splice
-from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, NextStep, RunTools
+from loomrt.tokens import count_text
 
-__all__ = ["StatefulMode", "merge_patch", "validate_state", "initial_state", "emit_state_schema", "STATEFUL_PROMPT"]
+if TYPE_CHECKING:
+    from loomrt.run.projection import RunView
+    from loomrt.run.state import RunState
+
+__all__ = ["StatefulMode", "StatefulSlot", "state_share", "merge_patch", "validate_state", "initial_state", "emit_state_schema", "STATEFUL_PROMPT"]
 
 EMIT_STATE = "emit_state"
 
@@ -104,8 +110,31 @@ def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str], *, pr
     return params
 
 
+@dataclass
+class StatefulSlot:
+    """Stateful mode's own state on the run: Σ and the attempts at the current patch."""
+
+    state: dict[str, Any] | None = None
+    patch_failures: int = 0
+
+
 class StatefulMode(RetentionMode):
     name = "stateful"
+
+    def new_slot(self) -> StatefulSlot:
+        return StatefulSlot()
+
+    def state_of(self, slot: Any) -> dict[str, Any] | None:
+        return slot.state if isinstance(slot, StatefulSlot) else None
+
+    def replay(self, event: Event, view: RunView) -> None:
+        slot: StatefulSlot = view.slot
+        if event.kind == "state_update":
+            slot.state, slot.patch_failures = event.data["state"], 0
+        elif event.kind == "patch_rejected":
+            slot.patch_failures = event.data.get("attempt", slot.patch_failures + 1)
+            if event.data.get("feedback"):  # shown as a user message: there was no call to answer
+                view.context.append(Message(role="user", content=event.data["feedback"], synthetic="feedback"))
 
     def system_lines(self, spec: Any) -> list[str]:
         schema = spec.context.state_schema or {"type": "object"}
@@ -124,13 +153,12 @@ class StatefulMode(RetentionMode):
 
     def should_distil(self, run: RunState) -> bool:
         # every completed step, and every new turn, is a boundary: Σ and O are all that survive
-        return bool(_plan(run)[2]) and len(run.context) != run.declined_at
+        return bool(_plan(run)[2]) and len(run.context) != run.view.declined_at
 
     async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
         emit = next((c for c in response.tool_calls if c.name == EMIT_STATE), None)
         message = Message(role="assistant", content=response.text, tool_calls=(emit,) if emit else ())
-        event = run.record("assistant_message", {"message": message.to_dict()})
-        run.context.append(message.with_(seq=event.seq, ts=event.ts))
+        run.add("assistant_message", {"message": message.to_dict()})
         if emit is None:
             return self._reject(run, None, "you must act by calling emit_state (reasoning, patch, ...)")
         args = emit.arguments
@@ -142,15 +170,20 @@ class StatefulMode(RetentionMode):
         problem = validate_state(new_state, schema)
         if problem:
             return self._reject(run, emit, f"the patched state is invalid: {problem}", patch=patch)
-        run.patch_failures = 0
-        run.state = new_state
+        size, share = count_text(json.dumps(new_state, ensure_ascii=False)), state_share(run)
+        if size > share:
+            return self._reject(run, emit, (
+                f"the patched state would be {size} tokens, over its share of the budget ({share} tokens, "
+                "context.stateful.state_max_tokens). Keep only what you need later: shorten or remove entries "
+                "(a null deletes a key)"
+            ), patch=patch)
         action = args.get("action") if isinstance(args.get("action"), dict) else None
-        run.record("state_update", {
+        run.add("state_update", {
             "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
             "action": action, "done": bool(args.get("done")),
         })
         if run.spec.context.propose_schema and isinstance(args.get("propose_schema"), dict) and args["propose_schema"]:
-            run.record("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
+            run.add("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
         if args.get("done"):
             self._observe(run, emit, "State accepted. Done.")
             final = args.get("final")
@@ -160,31 +193,27 @@ class StatefulMode(RetentionMode):
         self._observe(run, emit, "State accepted.")
         return AskAgain()
 
-    def _observe(self, run: RunState, emit: ToolCall, content: str) -> None:
-        event = run.record("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": False})
-        run.context.append(Message(role="tool", content=content, tool_call_id=emit.id, name=EMIT_STATE, seq=event.seq, ts=event.ts))
+    def _observe(self, run: RunState, emit: ToolCall, content: str, *, is_error: bool = False) -> None:
+        run.add("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": is_error})
 
     def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
-        run.patch_failures += 1
+        attempt = run.view.slot.patch_failures + 1
         spec = run.spec.context
-        fails = spec.on_invalid_patch == "fail" or run.patch_failures > spec.max_patch_retries
+        fails = spec.on_invalid_patch == "fail" or attempt > spec.max_patch_retries
         feedback = f"Rejected: {error}. Call emit_state again with a corrected patch."
-        data: dict[str, Any] = {"patch": patch, "error": error, "attempt": run.patch_failures}
+        data: dict[str, Any] = {"patch": patch, "error": error, "attempt": attempt}
         if emit is None and not fails:
-            data["feedback"] = feedback  # shown as a user message: there is no call to answer
-        run.record("patch_rejected", data)
+            data["feedback"] = feedback
+        run.add("patch_rejected", data)
         if fails:
             raise StateError(
-                f"stateful mode: {error} (after {run.patch_failures} attempt(s); on_invalid_patch="
+                f"stateful mode: {error} (after {attempt} attempt(s); on_invalid_patch="
                 f"{spec.on_invalid_patch}, max_patch_retries={spec.max_patch_retries}). "
                 "Fix the state_schema or the prompt, or raise max_patch_retries.",
                 run_id=run.run_id,
             )
         if emit is not None:
-            event = run.record("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": feedback, "is_error": True})
-            run.context.append(Message(role="tool", content=feedback, tool_call_id=emit.id, name=EMIT_STATE, seq=event.seq, ts=event.ts))
-        else:
-            run.context.append(Message(role="user", content=feedback, synthetic="feedback"))
+            self._observe(run, emit, feedback, is_error=True)
         return AskAgain()
 
     async def reduce(self, run: RunState) -> Reduction | None:
@@ -197,7 +226,12 @@ class StatefulMode(RetentionMode):
         if last is not None:
             content = last.content if last.synthetic else f"Last observation ({last.name or 'tool'}):\n{last.content}"
             kept.append(Message(role="user", content=content, synthetic="observation", seq=last.seq))
-        return Reduction(context=[*head, sigma, *kept], evicted=span, state=state)
+        return Reduction(context=[*head, sigma, *kept], evicted=span, payload={"state": state})
+
+
+def state_share(run: RunState) -> int:
+    """The most tokens Σ may take: ``context.stateful.state_max_tokens``, else half the budget."""
+    return run.spec.context.stateful.state_max_tokens or run.budget // 2
 
 
 def _plan(run: RunState) -> tuple[list[Message], Message | None, list[Message], Message | None]:

@@ -1,38 +1,84 @@
 """What recap and compaction share: splice the context, have a model write prose about
-the middle, and put that prose between the head and the tail."""
+the middle, check it, and put it between the head and the tail.
+
+Every part of the span reaches the summariser: a span too large for one call is split on
+message boundaries into parts that fit the summariser's own window, each part is
+summarised, and the parts' accounts are merged. Each account is checked
+(:mod:`loomrt.run.reducers.prose_check`); a rejected one is retried once with a stricter
+prompt, then the distillation is declined and the span stays in the context.
+"""
 
 from __future__ import annotations
 
+import re
+from typing import TYPE_CHECKING
+
 from loomrt.messages import Message
 from loomrt.run.model_calls import call_model
-from loomrt.run.reducers.base import Reduction
+from loomrt.run.reducers.base import Declined, Reduction
+from loomrt.run.reducers.prose_check import check_prose
 from loomrt.run.splice import splice
-from loomrt.run.state import RunState
+from loomrt.tokens import count_text, cut_text
 
-__all__ = ["transcript", "distil_with_prose"]
+if TYPE_CHECKING:
+    from loomrt.run.state import RunState
 
-_MAX_TRANSCRIPT_CHARS = 24000
+__all__ = ["transcript", "transcript_parts", "distil_with_prose", "keep_pointers"]
+
+_PROMPT_OVERHEAD = 400
+"""Tokens a summariser call spends besides the transcript (instructions, task, earlier account)."""
 
 
-def transcript(messages: list[Message], *, limit: int = _MAX_TRANSCRIPT_CHARS) -> str:
+def _line(m: Message) -> str:
+    ref = f"[#{m.seq}] " if m.seq is not None else ""
+    who = f"tool {m.name or ''}".strip() if m.role == "tool" else (m.name or m.role)
+    return f"{ref}{who}: {m.text_for_search()}"
+
+
+def transcript(messages: list[Message]) -> str:
     """The messages as plain text, each line marked with its record pointer ``[#seq]``."""
-    lines = []
+    return "\n".join(_line(m) for m in messages)
+
+
+def transcript_parts(messages: list[Message], limit: int) -> list[list[str]]:
+    """The transcript lines split on message boundaries into parts of at most ``limit``
+    tokens each. A single line longer than a part is cut to fit (its start is kept)."""
+    parts: list[list[str]] = [[]]
+    size = 0
     for m in messages:
-        ref = f"[#{m.seq}] " if m.seq is not None else ""
-        who = m.name or m.role
-        body = m.text_for_search()
-        if m.role == "tool":
-            who = f"tool {m.name or ''}".strip()
-        lines.append(f"{ref}{who}: {body}")
-    text = "\n".join(lines)
-    if len(text) > limit:  # keep the end: it is what the next step builds on
-        text = "[... earlier lines are in the record]\n" + text[-limit:]
-    return text
+        line = _line(m)
+        n = count_text(line)
+        if n > limit:
+            line = cut_text(line, limit - 12) + " [... cut]"
+            n = count_text(line)
+        if parts[-1] and size + n > limit:
+            parts.append([])
+            size = 0
+        parts[-1].append(line)
+        size += n
+    return parts
+
+
+_POINTER = re.compile(r"\[#(\d+)\]")
+
+
+def keep_pointers(text: str, allowed: set[int]) -> tuple[str, int]:
+    """``text`` with every ``[#seq]`` pointer outside ``allowed`` dropped; and how many were."""
+    dropped = 0
+
+    def sub(m: re.Match[str]) -> str:
+        nonlocal dropped
+        if int(m.group(1)) in allowed:
+            return m.group(0)
+        dropped += 1
+        return ""
+
+    return _POINTER.sub(sub, text), dropped
 
 
 async def distil_with_prose(
     run: RunState, *, purpose: str, synthetic: str, instructions: str, label: str, max_chars: int | None
-) -> Reduction | None:
+) -> Reduction | Declined | None:
     """Replace the middle of the context with a model-written block (a recap or a summary).
 
     An earlier block of the same kind sits in the middle and is folded into the new one.
@@ -41,24 +87,79 @@ async def distil_with_prose(
     span = [m for m in cut.middle if m.synthetic is None]
     if not span:
         return None
-    previous = [m.content for m in cut.middle if m.synthetic == synthetic]
-    parts = []
-    if previous:
-        parts.append("Your earlier account (fold it into the new one):\n" + "\n\n".join(previous))
-    parts.append("The part of the conversation to distil:\n" + transcript(span))
+    previous = "\n\n".join(m.content for m in cut.middle if m.synthetic == synthetic)
     task = next((m.content for m in cut.head if m.role == "user"), "")
-    if task:
-        parts.insert(0, f"The task: {task}")
-    prompt = [
-        Message(role="system", content=instructions),
-        Message(role="user", content="\n\n".join(parts)),
-    ]
-    response = await call_model(
-        run, prompt, purpose=purpose, provider=run.summarizer,  # type: ignore[arg-type]
-        max_tokens=max(256, (max_chars or 4000) // 3),
-    )
-    text = response.text.strip()
+    max_tokens = max(256, (max_chars or 4000) // 3)
+    window = run.summarizer.capabilities.context_window
+    room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
+    parts = transcript_parts([run.view.original(m) for m in span], room)
+    writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens)
+    accounts: list[str] = []
+    for i, lines in enumerate(parts):
+        text = await writer.write("\n".join(lines), previous if i == 0 else "", part=(i + 1, len(parts)))
+        if text is None:
+            return Declined(writer.reason, paid=True)
+        accounts.append(text)
+    text = accounts[0]
+    if len(accounts) > 1:
+        merged = await writer.merge(accounts)
+        text = merged if merged is not None else "\n\n".join(accounts)
+    allowed = {m.seq for m in span if m.seq is not None} | {int(s) for s in _POINTER.findall(previous)}
+    text, dropped = keep_pointers(text, allowed)
     if max_chars and len(text) > max_chars:
         text = text[: max_chars - 1].rstrip() + "…"
     block = Message(role="user", content=f"{label}\n{text}", synthetic=synthetic)
-    return Reduction(context=[*cut.head, block, *cut.tail], evicted=span, summary=text)
+    payload: dict[str, object] = {"summary": text, "parts": len(parts)}
+    if dropped:
+        payload["pointers_dropped"] = dropped
+    return Reduction(context=[*cut.head, block, *cut.tail], evicted=span, payload=payload)
+
+
+class _Writer:
+    """One summariser conversation: write (and check, and retry once) an account of a part."""
+
+    def __init__(self, run: RunState, *, purpose: str, instructions: str, task: str, max_tokens: int):
+        self.run, self.purpose, self.instructions, self.task = run, purpose, instructions, task
+        self.max_tokens = max_tokens
+        self.reason = ""
+
+    async def write(self, text: str, previous: str, *, part: tuple[int, int]) -> str | None:
+        """An accepted account of the transcript ``text``, or None (``self.reason`` says why)."""
+        what = "summary" if self.purpose == "summary" else "recap"
+        where = f" (part {part[0]} of {part[1]} of the span)" if part[1] > 1 else ""
+        body = []
+        if self.task:
+            body.append(f"The task: {self.task}")
+        if previous:
+            body.append("Your earlier account (fold it into the new one):\n" + previous)
+        body.append(f"TRANSCRIPT{where} START\n{text}\nTRANSCRIPT END")
+        restated = (
+            f"Now write the {what} of the whole transcript above, from its first line to its last. "
+            "Do not answer or continue the conversation; do not reply to its last message. " + self.instructions
+        )
+        for attempt in (1, 2):
+            ask = restated if attempt == 1 else (
+                f"Your previous attempt was rejected: {self.reason}. Write the {what} again, covering every part "
+                "of the transcript, using its own names, numbers and words. " + restated
+            )
+            prompt = [
+                Message(role="system", content=self.instructions),
+                Message(role="user", content="\n\n".join([*body, ask])),
+            ]
+            response = await call_model(
+                self.run, prompt, purpose=self.purpose, provider=self.run.summarizer,  # type: ignore[arg-type]
+                max_tokens=self.max_tokens,
+            )
+            account = response.text.strip()
+            problem = check_prose(account, text)
+            if problem is None:
+                return account
+            self.reason = problem
+            self.run.add("summary_rejected", {"purpose": self.purpose, "reason": problem, "attempt": attempt,
+                                              "text": account[:500]})
+        return None
+
+    async def merge(self, accounts: list[str]) -> str | None:
+        """One account of several parts' accounts, or None if the merge was rejected."""
+        joined = "\n\n".join(f"Part {i}:\n{a}" for i, a in enumerate(accounts, 1))
+        return await self.write(joined, "", part=(1, 1))

@@ -130,7 +130,6 @@ def evidence_ids(evidence: Any) -> set[str]:
     return set()
 
 
-_SUMMARY = "Summary: the conversation goes on; the exact turns are in Recall."
 
 
 async def replay(
@@ -143,15 +142,16 @@ async def replay(
     """
     from loomrt.providers.base import ModelRequest, ModelResponse, Usage
     from loomrt.spec import AgentSpec
-    from loomrt.testing import FunctionProvider, scripted_runtime
-    from loomrt.tokens import count_dicts
+    from loomrt.testing import FunctionProvider, extractive_summary, scripted_runtime
+    from loomrt.tokens import count_dicts, count_text
 
     turns = turns_of(sample)
     force = {"next": False}
 
     def reply(request: ModelRequest) -> ModelResponse:
         if request.purpose != "turn":
-            return ModelResponse(text=_SUMMARY, usage=Usage(count_dicts(request.messages), 16))
+            text = extractive_summary(request, max_chars=300, words_per_line=6)  # knows no question
+            return ModelResponse(text=text, usage=Usage(count_dicts(request.messages), count_text(text)))
         # The prompt tokens as reported; the last turn reports a full window, so the
         # closing input makes one more boundary and the last turns are evicted too.
         reported = budget_tokens if force["next"] else count_dicts(request.messages)

@@ -1,0 +1,72 @@
+"""Checks on a recap or summary before it may replace a span.
+
+"Not smaller" is no guard against a small model, which may answer the last message,
+write a pleasantry, or restate one message of many. :func:`check_prose` rejects, with a
+reason a person can read:
+
+- an empty account;
+- one that is mostly not about the span (few of its content words occur in the span);
+- one that covers only one message of a span of many;
+- one that answers the last message (or the user) instead of summarising.
+
+Content words are lower-cased words of three or more letters or any token with a digit,
+less a short list of English stopwords; the rules need no model and no answers.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["check_prose", "content_words"]
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z'_-]{2,}|[A-Za-z0-9_./:-]*\d[A-Za-z0-9_./:-]*")
+_STOP = frozenset(
+    """the and for are but not you your yours with this that these those from have has had was were will
+    would could should can may might must shall into onto over under about above below than then them they
+    their there here what when where which who whom whose why how all any each few more most other some such
+    only own same very just also its it's our ours out off once again further too been being does did doing
+    done able like want wants need needs make made let lets get got yes okay sure please thanks thank well
+    now one two her his him she he we us me my mine i'm i've i'd you're we're it is an as at be by do if in
+    of on or so to up""".split()
+)
+_ANSWERING = re.compile(
+    r"^\s*(sure|certainly|of course|absolutely|okay|ok|yes|no problem|great question|i'd be happy|i would be happy|"
+    r"happy to help|here is|here's|hello|hi)\b[!,.:]?",
+    re.IGNORECASE,
+)
+_ASKS_USER = re.compile(
+    r"(what would you like|would you like me to|how can i help|let me know if|anything else|is there anything)",
+    re.IGNORECASE,
+)
+MIN_SHARE = 0.35
+"""The least share of an account's content words that must occur in its span."""
+MANY = 4
+"""A span of at least this many messages must be covered beyond one of them."""
+
+
+def content_words(text: str) -> set[str]:
+    return {w for w in (t.lower().strip("'-_.:/") for t in _WORD.findall(text)) if w and w not in _STOP}
+
+
+def check_prose(account: str, transcript: str) -> str | None:
+    """None if ``account`` may stand for ``transcript`` (its lines ``[#seq] who: text``),
+    else the reason it may not."""
+    if not account.strip():
+        return "empty"
+    words = content_words(account)
+    span_words = content_words(transcript)
+    if not words:
+        return "no content words: it says nothing about the span"
+    share = len(words & span_words) / len(words)
+    if _ANSWERING.match(account) or _ASKS_USER.search(account):
+        if share < 0.6 or len(account) < 200:
+            return "it answers the conversation instead of summarising it"
+    if share < MIN_SHARE:
+        return f"mostly not about the span (only {share:.0%} of its content words occur in it)"
+    messages = [content_words(line) for line in transcript.splitlines() if line.strip()]
+    messages = [m for m in messages if len(m) >= 3]
+    if len(messages) >= MANY:
+        covered = sum(1 for m in messages if len(words & m) >= min(3, max(2, len(m) // 10)))
+        if covered <= 1:
+            return f"it covers only one of the span's {len(messages)} messages"
+    return None
