@@ -187,8 +187,11 @@ class AgentSpec(_Strict):
     """The provider endpoint, for self-hosted or proxied models."""
     api_key_env: str | None = None
     """The environment variable holding the API key (never put a key in this file)."""
-    timeout_s: float = Field(120, gt=0)
-    """Seconds before one model call times out."""
+    timeout_s: float | None = Field(None, gt=0)
+    """Seconds before one model call times out. Default: 120 on a hosted model; on a local
+    model, a limit scaled to the call (60 s + 1 s per 8 prompt tokens + 1 s per token asked
+    for), since CPU generation is slow. A local model that times out is retried once, with
+    the limit doubled."""
     retries: int = Field(3, ge=0, le=10)
     """Retries on 429, 5xx and timeouts, with exponential backoff and jitter."""
     capabilities: Capabilities = Field(default_factory=Capabilities)

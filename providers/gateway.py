@@ -57,6 +57,9 @@ _MIN_DECISION_TOKENS = 512
 """A JSON decision cut off by max_tokens is invalid even under a grammar: give it room."""
 
 
+DEFAULT_TIMEOUT_S = 120.0
+"""One call's limit on a hosted model when the definition sets no timeout_s."""
+
 CUT_OFF_NOTE = "\n\n[The answer was cut off at max_tokens={max_tokens}; raise max_tokens in the agent definition for longer answers.]"
 
 
@@ -78,7 +81,7 @@ class LiteLLMProvider:
         *,
         api_base: str | None = None,
         api_key_env: str | None = None,
-        timeout_s: float = 120,
+        timeout_s: float | None = None,
         capabilities: Capabilities | None = None,
         litellm_params: Mapping[str, Any] | None = None,
     ):
@@ -119,16 +122,19 @@ class LiteLLMProvider:
     # ------------------------------------------------------------------ the call
 
     def call_timeout(self, request: ModelRequest) -> float:
-        """Seconds one call may take. On a local model this scales with the work asked for
-        (CPU prefill and generation run at a few tokens a second on a busy machine): at least
-        ``timeout_s``, else 60 s + 1 s per 8 prompt tokens + 1 s per token asked for, times
+        """Seconds one call may take: ``timeout_s`` when the definition sets it; else 120 s on
+        a hosted model, and on a local model a limit that scales with the work asked for (CPU
+        prefill and generation run at a few tokens a second on a busy machine): 60 s + 1 s per
+        8 prompt tokens + 1 s per token asked for, at least 120 s. Times
         :meth:`raise_timeout`'s factor."""
+        if self.timeout_s is not None:
+            return self.timeout_s * self._timeout_factor
         if not self.capabilities.local:
-            return self.timeout_s
+            return DEFAULT_TIMEOUT_S * self._timeout_factor
         from loomrt.tokens import count_dicts
 
         scaled = 60 + count_dicts(request.messages) / 8 + request.max_tokens
-        return max(self.timeout_s, scaled) * self._timeout_factor
+        return max(DEFAULT_TIMEOUT_S, scaled) * self._timeout_factor
 
     def raise_timeout(self) -> float:
         """Double the timeout of later calls (a local model's one retry after a timeout)."""

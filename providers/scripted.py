@@ -12,6 +12,7 @@ From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the ag
     summaries:             # recap / compaction calls take these in order; the last one repeats
       - "Recap: ..."
       - extractive: 600    # or: the leading sentence of each message of the span, up to 600 characters
+        words: 12          #   (optional) at most 12 words of each
 
 From Python, ``ScriptedProvider(turns=[...], summaries=[...])`` takes the same items.
 A run that asks for more turns than the script has fails with
@@ -35,7 +36,7 @@ from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usa
 
 __all__ = ["ScriptedProvider", "FunctionProvider", "load_script", "extractive_summary"]
 
-_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive"}
+_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive", "words"}
 
 
 class ScriptedProvider:
@@ -101,7 +102,7 @@ class ScriptedProvider:
             calls.append(ToolCall(id=f"call_{call_no}_state", name="emit_state", arguments=dict(item["emit_state"])))
         text = str(item.get("text") or "")
         if item.get("extractive"):
-            text = extractive_summary(request, max_chars=int(item["extractive"]))
+            text = extractive_summary(request, max_chars=int(item["extractive"]), words_per_line=int(item.get("words", 40)))
         usage = dict(item.get("usage") or {})
         prompt = usage.get("input_tokens")
         if prompt is None:

@@ -1,0 +1,224 @@
+"""Distillations that cannot silently lose the span: the prose check, the whole span
+summarised in parts, pointers checked, the decline gate reset, tool schemas counted, Σ held
+to its share, and one oversized message never able to stick a run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from modes_kit import S1, SCHEMA, agent, calc, distillations, emit, start
+from spine_kit import events, send, tool_call
+
+from loomrt import tool
+from loomrt.run.reducers.prose_check import check_prose
+from loomrt.testing import ScriptedProvider
+from loomrt.tokens import count_messages, count_text, count_tools
+
+SPAN = "\n".join([
+    "[#3] user: We deploy the billing service to node-7 on Friday.",
+    "[#5] assistant: Noted: billing on node-7, Friday, with the canary first.",
+    "[#7] user: The rollback script lives at /opt/billing/rollback.sh.",
+    "[#9] assistant: I will keep /opt/billing/rollback.sh ready during the deploy.",
+    "[#11] user: Explain MVCC in two sentences.",
+    "[#13] assistant: MVCC keeps several versions of each row so readers never block writers; "
+    "each transaction sees a snapshot of committed versions.",
+])
+
+
+@pytest.mark.parametrize(
+    "account,reason",
+    [
+        ("", "empty"),
+        ("   ", "empty"),
+        ("Sure! What would you like me to do next?", "answers the conversation"),
+        ("The weather in Lisbon is mild in spring and autumn, with rain in winter.", "mostly not about the span"),
+        ("MVCC keeps several versions of each row so readers never block writers; each transaction sees a "
+         "snapshot of committed versions.", "covers only one of the span's 6 messages"),
+    ],
+)
+def test_the_prose_check_rejects_what_a_small_model_writes_instead_of_a_summary(account, reason):
+    assert reason in (check_prose(account, SPAN) or "accepted")
+
+
+def test_the_prose_check_accepts_a_summary_of_the_span():
+    account = ("The user deploys the billing service to node-7 on Friday, canary first [#3] [#5]; the rollback "
+               "script is /opt/billing/rollback.sh [#7]. The assistant explained MVCC: row versions, snapshots [#13].")
+    assert check_prose(account, SPAN) is None
+
+
+def test_a_rejected_summary_is_retried_once_with_a_stricter_prompt_then_declined(tmp_path):
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["Sure! What would you like me to do next?"])
+    rt, run = start(tmp_path, spec, provider)
+    assert send(rt, run, "task").status == "done"
+    rejected = events(rt, run.run_id, "summary_rejected")
+    assert [e.data["attempt"] for e in rejected] == [1, 2]
+    assert "answers the conversation" in rejected[0].data["reason"]
+    calls = [c for c in provider.calls if c.purpose == "summary"]
+    assert len(calls) == 2 and "Your previous attempt was rejected" in calls[1].messages[-1]["content"]
+    (declined,) = events(rt, run.run_id, "distillation_declined")
+    assert declined.data["paid"] and "answers the conversation" in declined.data["reason"]
+    assert distillations(rt, run.run_id) == [] and not any(m.synthetic for m in run.context)  # the span stayed
+    assert run.view.rejections == 2
+
+
+def test_the_instruction_is_restated_after_the_transcript(tmp_path):
+    spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["I used calculate on each expression."])
+    rt, run = start(tmp_path, spec, provider)
+    send(rt, run, "task")
+    prompt = next(c for c in provider.calls if c.purpose == "recap").messages[-1]["content"]
+    assert prompt.index("TRANSCRIPT END") < prompt.index("Now write the recap of the whole transcript above")
+    assert "do not reply to its last message" in prompt
+
+
+def test_every_part_of_a_large_span_reaches_the_summariser(tmp_path):
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 8192, "keep_last_n": 2, "message_max_tokens": 4000})
+
+    @tool("note", "Return a long note.", {"type": "object", "properties": {"i": {"type": "integer"}}})
+    def note(i: int) -> str:
+        return f"note {i} begins. " + " ".join(f"fact{i}_{j}" for j in range(300))
+
+    turns = [tool_call("note", i=i) for i in range(8)] + [{**tool_call("note", i=8), "usage": {"input_tokens": 8000}}, "done"]
+    # the summariser's window holds about two notes: the span must be split into parts
+    provider = ScriptedProvider(turns, [{"extractive": 300}], context_window=8192)
+    small = ScriptedProvider([], [{"extractive": 300}], context_window=1800)
+    rt, run = start(tmp_path, spec.model_copy(update={"tools": ["note"]}), provider, tools=[note])
+    run.summarizer = small
+    assert send(rt, run, "task").status == "done"
+    d = distillations(rt, run.run_id)[0]
+    assert d["parts"] >= 3
+    first = small.calls[: d["parts"] + 1]  # one account per part, then the merge
+    assert first[-1].messages[-1]["content"].count("Part ") >= d["parts"]
+    prompts = "\n".join(c.messages[-1]["content"] for c in first)
+    for seq in d["span_seqs"]:  # the start of the span as well as its end
+        assert f"[#{seq}]" in prompts
+
+
+def test_pointers_outside_the_span_are_dropped(tmp_path):
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
+    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"],
+                                ["The assistant used calculate on each expression [#4] [#6] [#999]."])
+    rt, run = start(tmp_path, spec, provider)
+    send(rt, run, "task")
+    (d,) = distillations(rt, run.run_id)
+    assert "[#4]" in d["summary"] and "[#999]" not in d["summary"] and d["pointers_dropped"] == 1
+
+
+def test_reported_pressure_counts_again_after_a_distillation_that_followed_a_decline(tmp_path):
+    huge = "the assistant used calculate on each expression " * 40
+    spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2})
+    turns = [calc(1), calc(2), calc(3, usage=900), calc(4), calc(5), calc(6), calc(7), calc(8), calc(9),
+             calc(10, usage=950), "done"]
+    provider = ScriptedProvider(turns, [huge, S1, S1])
+    rt, run = start(tmp_path, spec, provider)
+    assert send(rt, run, "task").status == "done"
+    kinds = [e.kind for e in rt.store.events(run.run_id) if e.kind.startswith("distillation")]
+    assert kinds[0] == "distillation_declined"
+    pressures = [d["pressure"] for d in distillations(rt, run.run_id)]
+    assert 950 in pressures  # the report of 95% was not ignored after the earlier decline
+
+
+def test_the_estimate_counts_the_tool_schemas_sent_with_every_call(tmp_path):
+    spec = agent(tmp_path, {"mode": "compaction", "recall": True})
+    rt, run = start(tmp_path, spec, ScriptedProvider(["ok"]))
+    tools = run.mode.offered_tools(run)
+    assert {t.name for t in tools} == {"calculate", "Recall"}
+    assert run.estimate() == count_messages(run.context) + count_tools(tools) > count_messages(run.context) + 100
+
+
+def test_stateful_refuses_a_patch_that_would_push_sigma_past_its_share(tmp_path):
+    ctx = {"mode": "stateful", "state_schema": SCHEMA, "budget_tokens": 1000, "stateful": {"state_max_tokens": 200}}
+    big = {"step": 1, "notes": {f"k{i}": "a fairly long note about what the user said" for i in range(40)}}
+    provider = ScriptedProvider([emit(big), emit({"step": 1, "notes": {"k": "short"}}, done=True, final="ok")])
+    rt, run = start(tmp_path, agent(tmp_path, ctx), provider)
+    result = send(rt, run, "task")
+    assert result.status == "done" and result.state == {"step": 1, "notes": {"k": "short"}, "found": []}
+    (rejected,) = events(rt, run.run_id, "patch_rejected")
+    assert "over its share of the budget (200 tokens" in rejected.data["error"]
+    feedback = next(e for e in events(rt, run.run_id, "tool_result") if e.data["is_error"])
+    assert "state_max_tokens" in feedback.data["content"]  # the model saw why
+
+
+def test_sigma_defaults_to_half_the_budget(tmp_path):
+    ctx = {"mode": "stateful", "state_schema": SCHEMA, "budget_tokens": 600}
+    big = {"step": 1, "notes": {f"k{i}": "a fairly long note about what the user said" for i in range(40)}}
+    provider = ScriptedProvider([emit(big), emit({"step": 2}, done=True)])
+    rt, run = start(tmp_path, agent(tmp_path, ctx), provider)
+    send(rt, run, "task")
+    (rejected,) = events(rt, run.run_id, "patch_rejected")
+    assert "(300 tokens" in rejected.data["error"]
+
+
+@tool("read_big", "Return a very large file.", {"type": "object", "properties": {}})
+def read_big() -> str:
+    return "HEADER line one\n" + "\n".join(f"row {i}: value-{i:05d}" for i in range(2500)) + "\nTAIL-MARKER-77"
+
+
+@pytest.mark.parametrize("mode", ["append", "recap", "compaction"])
+def test_an_oversized_message_is_cut_in_the_context_and_kept_whole_on_the_record(tmp_path, mode):
+    ctx = {"mode": mode, "budget_tokens": 4096, "keep_last_n": 6, "recall": mode != "append"}
+    provider = ScriptedProvider([tool_call("read_big"), "I read it."] + ["fine"] * 10,
+                                ["I read a large file with read_big; it has a header, rows and a tail."])
+    spec = agent(tmp_path, ctx, tools=["read_big"])
+    rt, run = start(tmp_path, spec, provider, tools=[read_big])
+    assert send(rt, run, "read the file").status == "done"
+    (result,) = events(rt, run.run_id, "tool_result")
+    assert result.data["content"].endswith("TAIL-MARKER-77")  # the record holds it whole
+    in_context = next(m for m in run.context if m.seq == result.seq)
+    assert count_text(in_context.content) <= 1024
+    assert "context.message_max_tokens" in in_context.content
+    assert f"loomrt runs show {run.run_id} --seq {result.seq}" in in_context.content
+    sent = provider.calls[1].messages[-1]["content"]
+    assert "TAIL-MARKER-77" not in sent and "HEADER line one" in sent
+    rebuilt = rt.open(run.run_id)
+    assert [m.to_dict() for m in rebuilt.context] == [m.to_dict() for m in run.context]
+
+
+def test_recall_indexes_the_full_text_of_a_cut_message(tmp_path):
+    from loomrt.testing import HashEmbedder
+
+    ctx = {"mode": "compaction", "budget_tokens": 4096, "keep_last_n": 2, "recall": True}
+    turns = [tool_call("read_big"), "I read it."] + ["ok"] * 6
+    provider = ScriptedProvider(turns, [{"extractive": 400}])
+    spec = agent(tmp_path, ctx, tools=["read_big"])
+    rt, run = start(tmp_path, spec, provider, tools=[read_big], embedder=HashEmbedder())
+    run.interactive = True
+    send(rt, run, "read the file")
+    for i in range(6):
+        send(rt, run, f"next question {i} " + "padding words " * 200)
+    assert distillations(rt, run.run_id)
+    hits = run.toolset.recall.search("TAIL-MARKER-77", top_k=5)
+    assert any("TAIL-MARKER-77" in h.text for h in hits)
+
+
+def test_runs_show_seq_prints_the_full_text(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path))
+    spec = agent(tmp_path, {"budget_tokens": 4096}, tools=["read_big"])
+    from loomrt import Runtime
+
+    rt = Runtime(providers=lambda s, m: ScriptedProvider([tool_call("read_big"), "done"]), tools=[read_big])
+    run = rt.start(spec)
+    send(rt, run, "go")
+    (result,) = events(rt, run.run_id, "tool_result")
+    shown = CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", str(result.seq)])
+    assert shown.exit_code == 0 and "TAIL-MARKER-77" in shown.stdout
+    as_json = json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", str(result.seq), "--json"]).stdout)
+    assert as_json["data"]["content"].endswith("TAIL-MARKER-77") and as_json["distilled_by"] == []
+    missing = CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", "999"])
+    assert missing.exit_code == 2 and "has no event #999" in missing.output
+
+
+def test_scripted_output_tokens_count_tool_call_arguments():
+    import asyncio
+
+    from loomrt.providers.base import ModelRequest
+
+    provider = ScriptedProvider([emit({"step": 1, "notes": {"a": "x" * 400}})])
+    response = asyncio.run(provider.complete(ModelRequest(messages=[{"role": "user", "content": "go"}])))
+    assert response.usage.output_tokens >= 100
