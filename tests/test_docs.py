@@ -91,3 +91,36 @@ def test_readme_main_job_runs_offline_on_the_local_model(tmp_path: Path) -> None
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == "done" and len(result["output"].strip()) > 20
+
+
+def _demo(agent: str, prompt: str, tmp_path: Path) -> tuple[dict, list[dict]]:
+    """Run a scripted demo of agents.yaml as a user would; its result and its record."""
+    env = {**os.environ, "LOOMRT_HOME": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-m", "loomrt", "run", agent, prompt, "--json"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    events = subprocess.run([sys.executable, "-m", "loomrt", "runs", "events", result["run_id"], "--json"], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=120)
+    return result, [json.loads(line) for line in events.stdout.splitlines()]
+
+
+def test_demo_recap_shows_a_recap_boundary_and_recalls_an_evicted_value(tmp_path: Path) -> None:
+    """agents.yaml: "shows a recap boundary and a Recall of an evicted value"."""
+    result, events = _demo("demo-recap", "Plan the staging migration", tmp_path)
+    recaps = [e for e in events if e["kind"] == "distillation"]
+    assert recaps and recaps[0]["data"]["mode"] == "recap" and recaps[0]["data"]["summary"]
+    evicted = set(recaps[0]["data"]["span_seqs"])
+    (recalled,) = [json.loads(e["data"]["content"]) for e in events if e["kind"] == "tool_result" and e["data"]["name"] == "Recall"]
+    assert recalled["results"] and recalled["results"][0]["text"] == "5433"
+    assert recalled["results"][0]["seq"] in evicted  # the value came back from an evicted span
+    assert "5433" in result["output"]
+
+
+def test_demo_triage_shows_stateful_steps_a_retried_patch_and_a_final_sigma(tmp_path: Path) -> None:
+    """agents.yaml: "shows stateful steps, an invalid patch retried, and a final Σ"."""
+    result, events = _demo("demo-triage", "Users report data loss on save", tmp_path)
+    kinds = [e["kind"] for e in events]
+    assert kinds.count("state_update") >= 2 and "patch_rejected" in kinds and "distillation" in kinds
+    assert result["mode"] == "stateful" and result["state"]["severity"] in ("low", "medium", "high", "critical")
+    assert result["usage"]["output_tokens"] > 4 * kinds.count("state_update")  # tool-call arguments count as output

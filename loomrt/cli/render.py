@@ -49,6 +49,8 @@ def describe(e: Event) -> str:
                     f"{len(d.get('span_seqs') or [])} messages evicted")
         case "distillation_declined":
             return f"distillation declined ({d.get('mode')}): {d.get('reason')} ({d.get('tokens_before')} → {d.get('tokens_after')})"
+        case "summary_rejected":
+            return f"{d.get('purpose')} rejected (attempt {d.get('attempt')}): {d.get('reason')}"
         case "retry":
             return f"retry {d.get('attempt')} in {d.get('delay_s')}s: {_short(d.get('error'))}"
         case "callback_error":
@@ -61,7 +63,7 @@ def describe(e: Event) -> str:
             return f"{e.kind}: {_short(d)}"
 
 
-_STYLE = {"error": "red", "callback_error": "red", "patch_rejected": "yellow", "retry": "yellow",
+_STYLE = {"error": "red", "callback_error": "red", "patch_rejected": "yellow", "retry": "yellow", "summary_rejected": "yellow",
           "distillation": "cyan", "distillation_declined": "cyan", "final": "green", "parked": "green"}
 
 

@@ -48,13 +48,14 @@ def content_words(text: str) -> set[str]:
     return {w for w in (t.lower().strip("'-_.:/") for t in _WORD.findall(text)) if w and w not in _STOP}
 
 
-def check_prose(account: str, transcript: str) -> str | None:
+def check_prose(account: str, transcript: str, context: str = "") -> str | None:
     """None if ``account`` may stand for ``transcript`` (its lines ``[#seq] who: text``),
-    else the reason it may not."""
+    else the reason it may not. Words of ``context`` (the task, the earlier account) count
+    as on topic, though only the transcript's messages count as covered."""
     if not account.strip():
         return "empty"
     words = content_words(account)
-    span_words = content_words(transcript)
+    span_words = content_words(transcript) | content_words(context)
     if not words:
         return "no content words: it says nothing about the span"
     share = len(words & span_words) / len(words)

@@ -151,7 +151,7 @@ class _Writer:
                 max_tokens=self.max_tokens,
             )
             account = response.text.strip()
-            problem = check_prose(account, text)
+            problem = check_prose(account, text, context=f"{self.task}\n{previous}")
             if problem is None:
                 return account
             self.reason = problem
