@@ -13,7 +13,7 @@ from typing import Any
 
 from loomrt.messages import Message
 
-__all__ = ["count_messages", "count_text", "count_tools", "cut_text", "MESSAGE_OVERHEAD"]
+__all__ = ["count_messages", "count_text", "count_tools", "cut_text", "MESSAGE_OVERHEAD", "count_dicts"]
 
 MESSAGE_OVERHEAD = 4
 """Tokens a chat template adds around each message (role markers)."""

@@ -51,7 +51,7 @@ from loomrt.providers.registry import capabilities_for, is_embedded, runs_locall
 if TYPE_CHECKING:
     from loomrt.spec import AgentSpec
 
-__all__ = ["LiteLLMProvider", "map_litellm_error", "requests_allowed"]
+__all__ = ["LiteLLMProvider", "map_litellm_error", "requests_allowed", "alternating"]
 
 _MIN_DECISION_TOKENS = 512
 """A JSON decision cut off by max_tokens is invalid even under a grammar: give it room."""

@@ -34,7 +34,7 @@ from loomrt.errors import ProviderError
 from loomrt.providers.models import INSTALL_HINT, get_model, model_path
 from loomrt.providers.offline import import_litellm
 
-__all__ = ["register", "prepare", "generate", "load", "n_threads", "Generation", "LOCAL_PROVIDER"]
+__all__ = ["register", "prepare", "generate", "load", "n_threads", "Generation", "LOCAL_PROVIDER", "LocalError", "grammar_for"]
 
 LOCAL_PROVIDER = "local"
 # Llama.create_chat_completion's defaults, so a reply matches what bare llama-cpp-python gives

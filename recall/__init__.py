@@ -4,7 +4,7 @@ Every evicted message is indexed by the run's :class:`RunRecall` (dense MiniLM v
 faiss, and BM25), and the ``Recall(query, top_k=5)`` tool returns the original words
 verbatim with their source, score, record seq and timestamp. See ``docs/recall.md``.
 
-Heavy parts (torch, sentence-transformers, faiss, bm25s) load on first use.
+Heavy parts (torch, sentence-transformers, faiss) load on first use.
 """
 
 from __future__ import annotations

@@ -6,15 +6,15 @@ each point at their message). Each entry is matched two ways, on two texts:
 - dense: all-MiniLM-L6-v2 vectors (normalised, inner product = cosine) in a faiss
   ``IndexIDMap2(IndexFlatIP)``; ids only increase, so the FIFO cap is ``remove_ids`` of
   the oldest ids;
-- lexical: BM25 (``bm25s``) over tokens that keep exact values whole (paths, ids, numbers,
+- lexical: BM25 (:class:`~loomrt.recall.bm25.IncrementalBM25`) over tokens that keep exact values whole (paths, ids, numbers,
   ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
 
 Lexical matching scores the entry itself (speaker and text), its *window* (the message
 before it, then the entry, because a message often only makes sense as an answer to the
 one before: "where did you go?" / "Lisbon") and its *neighbourhood* (a few entries on each
 side). The four signals are scaled per query and fused by weight (:class:`Fusion`);
-results come back best first. Tokens are computed once, when an entry is added; the BM25 indexes
-are rebuilt from them on the first query after a change.
+results come back best first. Tokens are computed once, when an entry is added, and every
+BM25 index is updated entry by entry (an eviction never makes the next query rebuild).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from loomrt.recall.bm25 import IncrementalBM25
 from loomrt.recall.embedders import Embedder
 
 __all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text"]
@@ -187,32 +188,6 @@ def _faiss() -> Any:
     return faiss
 
 
-@dataclass
-class _Lexical:
-    """A BM25 index over some texts; rebuilt lazily when entries change."""
-
-    bm25: Any = None
-    size: int = 0
-
-    def build(self, tokens: list[list[str]]) -> None:
-        import bm25s
-
-        self.size = len(tokens)
-        if not any(tokens):
-            self.bm25 = None
-            return
-        self.bm25 = bm25s.BM25()
-        self.bm25.index(tokens, show_progress=False)
-
-    def scores(self, query_tokens: list[str]) -> np.ndarray:
-        """BM25 of every text (in build order), scaled so the best is 1 (all 0: no match)."""
-        if self.bm25 is None or not query_tokens:
-            return np.zeros(self.size, dtype=np.float32)
-        scores = np.asarray(self.bm25.get_scores(query_tokens), dtype=np.float32)
-        best = float(scores.max()) if scores.size else 0.0
-        return scores / best if best > 0 else np.zeros_like(scores)
-
-
 class RecallIndex:
     """Entries of one run, searchable densely (when an embedder is set) and lexically.
 
@@ -227,13 +202,13 @@ class RecallIndex:
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self._next_id = 0
         self._dense: Any = None
-        self._lexical = _Lexical()
-        self._lexical_window = _Lexical()
-        self._lexical_context = _Lexical()
-        self._order: list[int] = []
+        # BM25 on each entry, on the entry with the end of the message before it, and on the
+        # entry's neighbourhood; all three are updated entry by entry, never rebuilt
+        self._lexical = IncrementalBM25()
+        self._lexical_window = IncrementalBM25()
+        self._lexical_context = IncrementalBM25()
         self._tokens: dict[int, tuple[list[str], list[str]]] = {}
-        self._order_array = np.zeros(0, dtype=np.int64)
-        self._dirty = False
+        self._context_tokens: dict[int, list[str]] = {}
         self.evicted_total = 0
         """How many entries the FIFO cap has dropped."""
         if embedder is not None:
@@ -268,10 +243,30 @@ class RecallIndex:
         for e in entries:
             self.entries[e.id] = e
             label = tokenize(e.label)
-            self._tokens[e.id] = (label, tokenize(e.before) + label if e.before else label)
+            window = tokenize(e.before) + label if e.before else label
+            self._tokens[e.id] = (label, window)
+            self._lexical.add(e.id, label)
+            self._lexical_window.add(e.id, window)
+        r = self.fusion.context_radius
         self._enforce_cap()
-        self._dirty = True
+        self._refresh_context(range(entries[0].id - r, self._next_id))
         return entries
+
+    def _refresh_context(self, ids: range) -> None:
+        """Recompute the neighbourhood document of each entry in ``ids`` (a new or dropped
+        neighbour changes it)."""
+        if self.fusion.lexical_context <= 0:
+            return
+        r = self.fusion.context_radius
+        for i in ids:
+            if i not in self.entries:
+                continue
+            tokens = [t for j in range(i - r, i + r + 1) if j in self._tokens for t in self._tokens[j][0]]
+            old = self._context_tokens.get(i)
+            if old is not None:
+                self._lexical_context.remove(i, old)
+            self._context_tokens[i] = tokens
+            self._lexical_context.add(i, tokens)
 
     def _enforce_cap(self) -> None:
         over = len(self.entries) - self.max_entries
@@ -279,29 +274,20 @@ class RecallIndex:
             return
         old = [self.entries.popitem(last=False)[0] for _ in range(over)]
         for i in old:
-            del self._tokens[i]
+            label, window = self._tokens.pop(i)
+            self._lexical.remove(i, label)
+            self._lexical_window.remove(i, window)
+            context = self._context_tokens.pop(i, None)
+            if context is not None:
+                self._lexical_context.remove(i, context)
         self.evicted_total += over
         if self._dense is not None:
             self._dense.remove_ids(np.array(old, dtype=np.int64))
+        first = next(iter(self.entries))
+        self._refresh_context(range(first, first + self.fusion.context_radius))
 
     def refresh(self) -> None:
-        """Rebuild the BM25 indexes if entries changed (else the first query does it)."""
-        self._refresh_lexical()
-
-    def _refresh_lexical(self) -> None:
-        if not self._dirty:
-            return
-        self._order = list(self.entries)
-        self._order_array = np.array(self._order, dtype=np.int64)
-        self._lexical.build([self._tokens[i][0] for i in self._order])
-        self._lexical_window.build([self._tokens[i][1] for i in self._order])
-        if self.fusion.lexical_context > 0:
-            labels = [self._tokens[i][0] for i in self._order]
-            r = self.fusion.context_radius
-            self._lexical_context.build(
-                [[t for ts in labels[max(0, j - r) : j + r + 1] for t in ts] for j in range(len(labels))]
-            )
-        self._dirty = False
+        """Nothing to do: every index is updated as entries come and go (kept for callers)."""
 
     def dense_size(self) -> int:
         """Vectors in the dense index; 0 when dense is off."""
@@ -311,11 +297,10 @@ class RecallIndex:
         """Cosine of every entry (in ``_order``), scaled so the mean is 0 and the best 1."""
         assert self.embedder is not None
         q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
-        n = len(self._order)
+        n = len(self.entries)
         sims, ids = self._dense.search(q, n)
-        order = self._order_array  # ascending: ids only increase
         found = ids[0] >= 0
-        at = np.searchsorted(order, ids[0][found])
+        at = ids[0][found] - next(iter(self.entries))  # ids are contiguous: only the oldest are dropped
         out = np.zeros(n, dtype=np.float32)
         out[at] = sims[0][found]
         mean, best = float(out.mean()), float(out.max())
@@ -329,19 +314,21 @@ class RecallIndex:
         """
         if not self.entries or not query.strip():
             return []
-        self._refresh_lexical()
         f = self.fusion
         tokens = tokenize(query)
-        total = np.zeros(len(self._order), dtype=np.float32)
+        n, first = len(self.entries), next(iter(self.entries))
+        total = np.zeros(n, dtype=np.float32)
         weight = 0.0
-        matched = np.zeros(len(self._order), dtype=bool)
+        matched = np.zeros(n, dtype=bool)
         for w, lex in (
             (f.lexical, self._lexical),
             (f.lexical_window, self._lexical_window),
             (f.lexical_context, self._lexical_context),
         ):
             if w > 0:
-                scores = lex.scores(tokens)
+                scores = lex.scores(tokens, None, n, first=first)
+                best = float(scores.max()) if n else 0.0
+                scores = scores / best if best > 0 else scores  # scaled so the best is 1
                 total += w * scores
                 matched |= scores > 0
                 weight += w
@@ -355,4 +342,4 @@ class RecallIndex:
         if len(candidates) > k:  # the k best without sorting them all
             candidates = candidates[np.argpartition(-total[candidates], k - 1)[:k]]
         top = candidates[np.argsort(-total[candidates], kind="stable")]
-        return [Hit(self.entries[self._order[j]], round(float(np.clip(total[j] / weight, 0.0, 1.0)), 6)) for j in top]
+        return [Hit(self.entries[first + int(j)], round(float(np.clip(total[j] / weight, 0.0, 1.0)), 6)) for j in top]

@@ -203,3 +203,33 @@ def test_a_bad_assembly_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -
     with pytest.raises(ProviderError, match="refusing to load local/bad-chunks"):
         models.model_path(name, progress=False)
     assert not list(models.model_cache_dir().glob("bad-chunks*"))
+
+
+@pytest.mark.slow
+def test_with_tools_offered_a_long_answer_is_free_text_cut_with_a_note_never_a_failure() -> None:
+    """The model decides first (a short constrained step), then writes its answer as free
+    text under its own limit; an answer cut off at max_tokens comes back with a note."""
+    request = ModelRequest(
+        messages=[{"role": "user", "content": "Explain in detail how a write-ahead log works, in about 300 words."}],
+        tools=(WEATHER,), temperature=0, max_tokens=48,
+    )
+    response = asyncio.run(LiteLLMProvider(SMOL).complete(request))
+    if response.tool_calls:  # a 135M model may still pick the tool: then it is a valid call
+        assert response.tool_calls[0].name == "weather"
+        return
+    assert response.text.strip() and not response.text.lstrip().startswith("{")
+    assert "The answer was cut off at max_tokens=48" in response.text
+    assert response.usage.output_tokens > 0
+
+
+@pytest.mark.slow
+def test_a_local_timeout_is_retried_once_with_the_timeout_raised_then_fails_clearly() -> None:
+    from loomrt.providers.retry import call_with_retries
+
+    provider = LiteLLMProvider(SMOL, timeout_s=0.001)
+    seen: list[str] = []
+    request = ModelRequest(messages=[{"role": "user", "content": "Count to one hundred."}], max_tokens=200)
+    with pytest.raises(ProviderError, match="retried once after a timeout") as info:
+        asyncio.run(call_with_retries(provider, request, retries=3, on_retry=lambda a, e, d: seen.append(str(e))))
+    assert len(seen) == 1 and "retrying once with the timeout raised" in seen[0]
+    assert info.value.status == 408 and not info.value.retryable

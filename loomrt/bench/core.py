@@ -37,8 +37,7 @@ __all__ = [
     "mode_measure",
     "standalone_measure",
     "all_modes",
-    "REFERENCE_RATIOS",
-]
+    "REFERENCE_RATIOS", "timed"]
 
 REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "stateful": 0.20}
 """Input-token ratios to append at 200 turns, from the design this project follows."""

@@ -22,7 +22,7 @@ from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.run.state import RunState
 from loomrt.runtime import Runtime
 
-__all__ = ["locomo"]
+__all__ = ["locomo", "ListenerModel"]
 
 SYSTEM = (
     "You are listening to a long conversation between two friends, turn by turn. Acknowledge each turn "

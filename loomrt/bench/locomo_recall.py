@@ -34,8 +34,7 @@ __all__ = [
     "replay",
     "evaluate_locomo",
     "evaluate_locomo_async",
-    "ANSWERABLE",
-]
+    "ANSWERABLE", "sample_id"]
 
 ANSWERABLE = (1, 2, 3, 4)
 """Question categories with an answer in the conversation (1 multi-hop, 2 temporal,

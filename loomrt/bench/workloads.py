@@ -22,7 +22,7 @@ from loomrt.runtime import Runtime
 from loomrt.tokens import count_text
 from loomrt.tools import Tool
 
-__all__ = ["chat_script", "agentic_script", "ChatTurn", "Step"]
+__all__ = ["chat_script", "agentic_script", "ChatTurn", "Step", "with_append", "ChatModel", "chat200", "raise_failed", "agentic_tools", "AgenticModel", "agentic"]
 
 
 def with_append(modes: list[str]) -> list[str]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from loomrt.events import Event
 
-__all__ = ["event_hash", "verify_chain"]
+__all__ = ["event_hash", "verify_chain", "canonical"]
 
 
 def canonical(data: Any) -> str:

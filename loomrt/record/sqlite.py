@@ -40,18 +40,33 @@ class SQLiteStore:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA busy_timeout=5000")
-            self._conn.execute("PRAGMA foreign_keys=ON")  # no event without its run
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            migrate(self._conn)
+            self._conn = self._open()
         except sqlite3.Error as exc:
             raise StoreError(
                 f"cannot open the record at {self.path}: {exc}. "
                 "Check the path and its permissions, or set LOOMRT_HOME to another folder."
             ) from exc
         self._lock = threading.Lock()
+
+    def _open(self) -> sqlite3.Connection:
+        """Connect, set the pragmas and migrate. Switching a fresh file to WAL takes a lock
+        that the busy timeout does not cover, so two processes opening one new file at once
+        retry here for a while instead of failing with "database is locked"."""
+        deadline = time.monotonic() + 30
+        while True:
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            try:
+                conn.execute("PRAGMA busy_timeout=5000")
+                conn.execute("PRAGMA foreign_keys=ON")  # no event without its run
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+                migrate(conn)
+                return conn
+            except sqlite3.OperationalError as exc:
+                conn.close()
+                if "locked" not in str(exc) and "busy" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def create_run(self, info: RunInfo) -> None:
         row = (

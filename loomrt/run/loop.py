@@ -14,7 +14,7 @@ from loomrt.run.model_calls import call_model
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 
-__all__ = ["play_turn", "add_user_input", "close_interrupted_calls"]
+__all__ = ["play_turn", "add_user_input", "close_interrupted_calls", "execute_tool"]
 
 INTERRUPTED = (
     "Error: the run stopped before this tool call returned, and it was resumed from the record. "

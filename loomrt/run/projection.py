@@ -24,7 +24,7 @@ from loomrt.tokens import count_text, cut_text
 if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
 
-__all__ = ["RunView", "project", "context_refs", "message_limit"]
+__all__ = ["RunView", "project", "context_refs", "message_limit", "cut_note"]
 
 
 def message_limit(context: dict[str, Any], budget: int) -> int:
