@@ -19,7 +19,7 @@ from pydantic import BaseModel
 
 from loomrt.spec import AgentsFile, AgentSpec, Capabilities, ContextSpec, agents_json_schema
 
-__all__ = ["configuration_markdown", "cli_markdown", "generated_files", "main"]
+__all__ = ["configuration_markdown", "cli_markdown", "generated_files", "main", "events_json_schema"]
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 
@@ -118,11 +118,18 @@ def cli_markdown() -> str:
     return "\n".join(out)
 
 
+def events_json_schema() -> dict:  # type: ignore[type-arg]
+    from loomrt.payloads import events_json_schema as schema
+
+    return schema()
+
+
 def generated_files() -> dict[Path, str]:
     return {
         DOCS / "configuration.md": configuration_markdown(),
         DOCS / "cli.md": cli_markdown(),
         DOCS / "agents.schema.json": json.dumps(agents_json_schema(), indent=2) + "\n",
+        DOCS / "events.schema.json": json.dumps(events_json_schema(), indent=2) + "\n",
     }
 
 

@@ -2,7 +2,8 @@
 
 An event is a value, not a log line: the record stores it, the CLI renders it, and
 (in a later issue) MCP streams it. Each event has a ``kind`` from :data:`EVENT_KINDS`
-and a JSON ``data`` payload whose keys are listed beside the kind.
+and a JSON ``data`` payload whose shape :mod:`loomrt.payloads` defines (one typed model
+per kind, published as ``docs/events.schema.json``).
 """
 
 from __future__ import annotations
@@ -13,31 +14,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from loomrt.messages import Message
+from loomrt.payloads import PAYLOADS
 
 __all__ = ["EventKind", "EVENT_KINDS", "LIFECYCLE_KINDS", "Event", "RunInfo", "run_status", "message_of"]
 
-EventKind = Literal[
-    "run_started",  # agent, def_hash, definition, requested_mode, mode, model, interactive, tools
-    "user_input",  # content
-    "model_call",  # purpose (turn|recap|summary|state), model, usage{input_tokens,output_tokens,cached_tokens}, seconds
-    "assistant_message",  # message
-    "tool_call",  # id, name, arguments
-    "tool_result",  # tool_call_id, name, content, is_error
-    "state_update",  # state, patch, reasoning, action
-    "patch_rejected",  # patch, error, attempt
-    "schema_proposed",  # schema (recorded, never applied)
-    "distillation",  # mode, span_seqs, tokens_before, tokens_after, summary | state, context
-    "distillation_declined",  # mode, tokens_before, tokens_after, pressure, paid, reason
-    "summary_rejected",  # purpose, reason, attempt, text (the rejected recap or summary, cut)
-    "retry",  # attempt, error, status, delay_s
-    "callback_error",  # callback, error, distillation_seq
-    "notice",  # message, source (e.g. recall degraded to lexical-only)
-    "parked",  # waiting for the next user input
-    "resumed",  # from_seq
-    "error",  # message, type
-    "final",  # output, state
-]
-EVENT_KINDS: tuple[str, ...] = EventKind.__args__  # type: ignore[attr-defined]
+EVENT_KINDS: tuple[str, ...] = tuple(p.model_fields["kind"].annotation.__args__[0] for p in PAYLOADS)  # type: ignore[union-attr]
+"""Every kind of event, in the order :data:`loomrt.payloads.PAYLOADS` lists their payloads."""
+EventKind = Literal[EVENT_KINDS]  # type: ignore[valid-type]
 
 
 class Event(BaseModel):

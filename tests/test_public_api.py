@@ -48,3 +48,16 @@ def test_every_module_declares_its_public_surface_both_ways() -> None:
             if getattr(value, "__module__", None) == module.__name__ and name not in exported:
                 problems.append(f"{module.__name__}.{name}: public but not in __all__")
     assert problems == []
+
+
+def test_every_event_kind_has_a_typed_payload_and_a_drifting_payload_is_refused(tmp_path) -> None:
+    import pytest
+
+    from loomrt.events import EVENT_KINDS
+    from loomrt.payloads import PAYLOADS, check_payload, events_json_schema
+
+    assert len(EVENT_KINDS) == len(PAYLOADS) == len(set(EVENT_KINDS))
+    assert set(events_json_schema()["discriminator"]["mapping"]) == set(EVENT_KINDS)
+    check_payload("user_input", {"content": "hello"})
+    with pytest.raises(ValueError, match="a tool_result event's payload is invalid at content"):
+        check_payload("tool_result", {"tool_call_id": "c1", "name": "calc", "content": 4})

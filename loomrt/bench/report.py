@@ -152,8 +152,13 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             "",
             f"{r['entries']:,}-entry index, {r['queries']} queries, query embedding "
             f"included: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms.",
-            "",
         ]
+        if "after_eviction_p50_ms" in r:
+            lines.append(
+                f"The first query after a new eviction (the index just changed): p50 "
+                f"{r['after_eviction_p50_ms']:.2f} ms, p95 {r['after_eviction_p95_ms']:.2f} ms."
+            )
+        lines.append("")
     if "recall_needles" in m:
         r = m["recall_needles"]
         lines += [

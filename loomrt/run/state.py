@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback, Message
+from loomrt.payloads import check_payload
 from loomrt.providers.base import ModelProvider, Usage
 from loomrt.record.store import Store
 from loomrt.run.projection import RunView
@@ -53,6 +54,7 @@ class RunState:
 
     def add(self, kind: str, data: dict[str, Any]) -> Event:
         """Append an event to the record, apply it to the view, and tell the listeners."""
+        check_payload(kind, data)  # a payload that drifts from its documented shape is a bug, caught here
         event = self.store.append(self.run_id, kind, data)
         self.view.apply(event)
         for listener in list(self.listeners):

@@ -1,0 +1,219 @@
+"""The payload of every event kind, as typed, tagged models behind one ``TypeAdapter``.
+
+The record stores ``data`` as JSON; these models say what each kind carries, so the
+record, the CLI and (soon) MCP share one schema, published as
+``docs/events.schema.json``. Every append is checked against it
+(:func:`check_payload`): a payload that drifts from its documented shape is a bug caught
+where it is written. Unknown extra keys are allowed, so a newer writer's additions never
+break an older reader.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+__all__ = [
+    "EventPayload", "PAYLOADS", "check_payload", "events_json_schema",
+    "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
+    "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
+    "CallbackError", "Notice", "Parked", "Resumed", "Error", "Final",
+]
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="allow", use_attribute_docstrings=True)
+
+
+class RunStarted(_Payload):
+    kind: Literal["run_started"]
+    agent: str
+    def_hash: str
+    definition: dict[str, Any]
+    """The run's own clone of the agent definition, as loaded."""
+    requested_mode: str
+    mode: str
+    """The retention mode after ``auto`` was resolved."""
+    model: str
+    interactive: bool
+    tools: list[str]
+    system: str
+    local: bool | None = None
+    budget: int | None = None
+    message_max_tokens: int | None = None
+
+
+class UserInput(_Payload):
+    kind: Literal["user_input"]
+    content: str
+
+
+class ModelCall(_Payload):
+    kind: Literal["model_call"]
+    purpose: str
+    """turn, recap, summary or state."""
+    model: str
+    usage: dict[str, int]
+    seconds: float
+    finish_reason: str | None = None
+
+
+class AssistantMessage(_Payload):
+    kind: Literal["assistant_message"]
+    message: dict[str, Any]
+    """role, content and tool_calls, as :meth:`loomrt.messages.Message.to_dict` writes them."""
+
+
+class ToolCallPayload(_Payload):
+    kind: Literal["tool_call"]
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ToolResult(_Payload):
+    kind: Literal["tool_result"]
+    tool_call_id: str | None
+    name: str | None
+    content: str
+    is_error: bool = False
+
+
+class StateUpdate(_Payload):
+    kind: Literal["state_update"]
+    state: dict[str, Any]
+    patch: dict[str, Any]
+    reasoning: Any = ""
+    action: dict[str, Any] | None = None
+    done: bool = False
+
+
+class PatchRejected(_Payload):
+    kind: Literal["patch_rejected"]
+    patch: Any = None
+    error: str
+    attempt: int
+    feedback: str | None = None
+
+
+class SchemaProposed(_Payload):
+    kind: Literal["schema_proposed"]
+    schema_: dict[str, Any] = Field(alias="schema")
+    note: str = ""
+
+
+class Distillation(_Payload):
+    kind: Literal["distillation"]
+    mode: str
+    span_seqs: list[int]
+    tokens_before: int
+    tokens_after: int
+    pressure: int
+    budget: int
+    context: list[dict[str, Any]]
+    """The working context after it: record messages by ``{seq}``, synthetic ones whole."""
+    summary: str | None = None
+    state: dict[str, Any] | None = None
+    parts: int | None = None
+    pointers_dropped: int | None = None
+
+
+class DistillationDeclined(_Payload):
+    kind: Literal["distillation_declined"]
+    mode: str
+    tokens_before: int
+    tokens_after: int
+    pressure: int | None = None
+    paid: bool | None = None
+    reason: str
+
+
+class SummaryRejected(_Payload):
+    kind: Literal["summary_rejected"]
+    purpose: str
+    reason: str
+    attempt: int
+    text: str
+
+
+class Retry(_Payload):
+    kind: Literal["retry"]
+    attempt: int
+    error: str
+    delay_s: float
+    status: int | None = None
+    purpose: str | None = None
+
+
+class CallbackError(_Payload):
+    kind: Literal["callback_error"]
+    callback: str
+    error: str
+    distillation_seq: int | None = None
+
+
+class Notice(_Payload):
+    kind: Literal["notice"]
+    message: str
+    source: str = ""
+    """Which part says it (recall, harvest, ...)."""
+
+
+class Parked(_Payload):
+    kind: Literal["parked"]
+    output: str | None = None
+    after_error: str | None = None
+    """Set when the turn failed: the chat parks for the next input instead of ending."""
+
+
+class Resumed(_Payload):
+    kind: Literal["resumed"]
+    from_seq: int
+    input: str | None = None
+
+
+class Error(_Payload):
+    kind: Literal["error"]
+    message: str
+    type: str
+
+
+class Final(_Payload):
+    kind: Literal["final"]
+    output: str | None = None
+    state: dict[str, Any] | None = None
+
+
+PAYLOADS: tuple[type[_Payload], ...] = (
+    RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
+    SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, Notice, Parked,
+    Resumed, Error, Final,
+)
+
+EventPayload = Annotated[
+    RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
+    | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
+    | CallbackError | Notice | Parked | Resumed | Error | Final,
+    Field(discriminator="kind"),
+]
+"""Any event's payload, tagged by its ``kind``."""
+
+_ADAPTER: TypeAdapter[Any] = TypeAdapter(EventPayload)
+
+
+def check_payload(kind: str, data: dict[str, Any]) -> None:
+    """Raise ``ValueError`` naming the kind and the key when ``data`` is not a valid payload."""
+    try:
+        _ADAPTER.validate_python({**data, "kind": kind})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"][1:]) or "(payload)"
+        raise ValueError(f"a {kind} event's payload is invalid at {where}: {err['msg']}") from None
+
+
+def events_json_schema() -> dict[str, Any]:
+    """The JSON Schema of an event payload (one branch per kind)."""
+    schema = _ADAPTER.json_schema(by_alias=True)
+    schema["title"] = "loomrt event payload"
+    return schema
