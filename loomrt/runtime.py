@@ -1,7 +1,9 @@
 """The runtime: start, play, resume and continue runs.
 
-One async core (:meth:`Runtime.run`, :meth:`Runtime.send`); :meth:`Runtime.run_sync` and
-:meth:`Runtime.stream` are thin wrappers over it. Every run works on a deep clone of its
+One async core (:meth:`Runtime.astart`, :meth:`Runtime.send`, :meth:`Runtime.aopen`, ...);
+:meth:`Runtime.run_sync`, :meth:`Runtime.stream`, and the sync :meth:`Runtime.start`,
+:meth:`Runtime.open` and :meth:`Runtime.finish` are thin wrappers over it. The store is
+awaited (:class:`loomrt.record.Store`'s async face). Every run works on a deep clone of its
 agent definition, resolves its retention mode once, and resolves its toolset in
 :func:`loomrt.toolset.resolve_toolset`.
 """
@@ -10,12 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from loomrt.errors import LoomError, NotFoundError, SpecError
+from loomrt.errors import LoomError, NotFoundError, SpecError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.log import get_logger
 from loomrt.messages import EvictedSpanCallback
@@ -31,7 +33,7 @@ from loomrt.spec import AgentsFile, AgentSpec, definition_hash
 from loomrt.tools import Tool
 from loomrt.toolset import resolve_toolset
 
-__all__ = ["Runtime"]
+__all__ = ["Runtime", "drive"]
 
 HARVEST_NOTICE = (
     "context.harvest_to_memory is on, but harvest is not installed in this version of loomrt: "
@@ -39,10 +41,29 @@ HARVEST_NOTICE = (
 )
 
 
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from code that is not async (``start``, ``finish``).
+
+    With a store whose writes complete inline (SQLite), the coroutine never suspends, so
+    this works inside or outside an event loop. A store that must wait (a network
+    database) makes it suspend: then the caller is told to use the async method instead.
+    """
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise StoreError(
+        "this store waits on I/O, so this call cannot complete synchronously: "
+        "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
+    )
+
+
 def _noticed(history: list[Event] | None, message: str) -> bool:
     return any(e.kind == "notice" and e.data.get("message") == message for e in history or [])
 
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
+T = TypeVar("T")
 
 
 class Runtime:
@@ -76,7 +97,11 @@ class Runtime:
 
     # ------------------------------------------------------------------ starting
 
-    def start(
+    def start(self, agent: AgentSpec | str, **kw: Any) -> RunState:
+        """:meth:`astart` for code that is not async (with a store that completes inline)."""
+        return drive(self.astart(agent, **kw))
+
+    async def astart(
         self,
         agent: AgentSpec | str,
         *,
@@ -98,7 +123,7 @@ class Runtime:
             err = exc.errors()[0]
             raise SpecError(err["msg"].removeprefix("Value error, "), path=".".join(map(str, err["loc"]))) from None
         run_id = uuid.uuid4().hex[:12]
-        return self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None)
+        return await self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None)
 
     def _definition(self, agent: AgentSpec | str, agents: AgentsFile | None, name: str | None) -> tuple[str, AgentSpec]:
         if isinstance(agent, AgentSpec):
@@ -108,7 +133,7 @@ class Runtime:
             raise NotFoundError(f"no agent named {agent!r}. Known agents: {known}")
         return agent, agents.agents[agent]
 
-    def _assemble(
+    async def _assemble(
         self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
         history: list[Event] | None,
     ) -> RunState:
@@ -136,11 +161,12 @@ class Runtime:
             run.emit("notice", {"message": HARVEST_NOTICE, "source": "harvest"})
         if history is None:
             system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
-            self.store.create_run(RunInfo(
+            info = RunInfo(
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
                 interactive=interactive, agents_file=agents_file,
-            ))
-            run.add("run_started", {
+            )
+            await self.store.write_run(info)
+            await run.add("run_started", {
                 "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
                 "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
                 "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
@@ -152,7 +178,7 @@ class Runtime:
 
     async def send(self, run: RunState, text: str) -> RunResult:
         """Add one user input to ``run`` and play until it answers (or parks)."""
-        add_user_input(run, text)
+        await add_user_input(run, text)
         return await self._play(run)
 
     async def _play(self, run: RunState) -> RunResult:
@@ -162,15 +188,15 @@ class Runtime:
         except LoomError as exc:
             log.info("turn failed", error=str(exc), last_seq=run.last_seq)
             if run.interactive:  # one failed turn never ends a chat: the run parks for the next input
-                close_interrupted_calls(run)
-                run.add("parked", {"output": run.output, "after_error": str(exc)})
+                await close_interrupted_calls(run)
+                await run.add("parked", {"output": run.output, "after_error": str(exc)})
             return self.result(run, error=str(exc))
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
 
     async def run(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
         """A one-shot run: start, send ``prompt``, return the result (status done or failed)."""
-        return await self.send(self.start(agent, **kw), prompt)
+        return await self.send(await self.astart(agent, **kw), prompt)
 
     def run_sync(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
         """:meth:`run` for code that is not async."""
@@ -178,9 +204,9 @@ class Runtime:
 
     async def stream(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> AsyncIterator[Event]:
         """A one-shot run that yields each event as it is recorded."""
-        run = self.start(agent, **kw)
+        run = await self.astart(agent, **kw)
         queue: asyncio.Queue[Event | None] = asyncio.Queue()
-        for e in self.store.events(run.run_id):
+        for e in await self.store.read(run.run_id):
             queue.put_nowait(e)
         run.listeners.append(queue.put_nowait)
 
@@ -196,20 +222,30 @@ class Runtime:
         await task
 
     def finish(self, run: RunState) -> RunResult:
+        """:meth:`afinish` for code that is not async."""
+        return drive(self.afinish(run))
+
+    async def afinish(self, run: RunState) -> RunResult:
         """End an interactive run: record ``final`` with its last answer."""
-        run.add("final", {"output": run.output, "state": run.state})
+        await run.add("final", {"output": run.output, "state": run.state})
         return self.result(run)
 
     # ------------------------------------------------------------------ from the record
 
     def open(self, run_id: str) -> RunState:
+        """:meth:`aopen` for code that is not async."""
+        return drive(self.aopen(run_id))
+
+    async def aopen(self, run_id: str) -> RunState:
         """Rebuild a run from its record alone (definition, mode, context, Σ, recall index)."""
         info = self.store.get_run(run_id)
-        events = self.store.events(run_id)
+        events = await self.store.read(run_id)
         if not events or events[0].kind != "run_started":
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
         spec = AgentSpec.model_validate(events[0].data["definition"])
-        run = self._assemble(run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events)
+        run = await self._assemble(
+            run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events
+        )
         for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
             advance = getattr(provider, "advance", None)
             if callable(advance):  # a scripted model picks up where the record left off
@@ -218,20 +254,20 @@ class Runtime:
 
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
-        run = self.open(run_id)
+        run = await self.aopen(run_id)
         if run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error):
             return self.result(run)
-        run.add("resumed", {"from_seq": run.last_seq})
-        close_interrupted_calls(run)
+        await run.add("resumed", {"from_seq": run.last_seq})
+        await close_interrupted_calls(run)
         return await self._play(run)
 
     async def continue_run(self, run_id: str, prompt: str, *, interactive: bool | None = None) -> RunResult:
         """Add a new user input to an existing run (done, parked or failed) and play it."""
-        run = self.open(run_id)
+        run = await self.aopen(run_id)
         if interactive is not None:
             run.interactive = interactive
-        run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
-        close_interrupted_calls(run)
+        await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
+        await close_interrupted_calls(run)
         return await self.send(run, prompt)
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:

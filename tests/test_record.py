@@ -55,7 +55,7 @@ def test_runs_can_never_be_updated_or_deleted(tmp_path, store):
 
 def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
-    assert public == {"append", "close", "create_run", "events", "get_run", "list_runs"}
+    assert public == {"append", "close", "create_run", "events", "get_run", "list_runs", "read", "write", "write_run"}
 
 
 def test_seqs_are_monotonic_per_run_and_independent_across_runs(store):
@@ -277,3 +277,40 @@ def test_events_of_a_run_that_was_never_created_are_refused(store):
     with pytest.raises(StoreError, match="cannot append to the record of run ghost"):
         store.append("ghost", "notice", {})
     assert store.events("ghost") == []
+
+
+def test_the_run_core_awaits_the_store_and_a_store_that_waits_needs_the_async_entry_points(tmp_path):
+    import asyncio
+
+    from loomrt import AgentSpec, Runtime
+
+    class WaitingStore(SQLiteStore):
+        """A store whose writes wait on I/O, as a network database's do."""
+
+        async def write(self, run_id, kind, data):
+            await asyncio.sleep(0)
+            return self.append(run_id, kind, data)
+
+    store = WaitingStore(tmp_path / "record.sqlite")
+    rt = Runtime(store, providers=lambda spec, model: ScriptedProvider(["hello", "again"]))
+    spec = AgentSpec(model="scripted/x")
+    with pytest.raises(StoreError, match="use the async form"):
+        rt.start(spec)
+
+    async def play():
+        run = await rt.astart(spec, interactive=True)
+        first = await rt.send(run, "hi")
+        reopened = await rt.aopen(run.run_id)
+        second = await rt.send(reopened, "hi again")
+        return first, second, await rt.afinish(reopened)
+
+    first, second, done = asyncio.run(play())
+    assert (first.output, second.output, done.status) == ("hello", "again", "done")
+
+
+def test_the_store_is_chosen_in_one_place_from_configuration(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOMRT_DB_URL", f"sqlite:{tmp_path / 'elsewhere.sqlite'}")
+    assert default_store().path == tmp_path / "elsewhere.sqlite"
+    monkeypatch.setenv("LOOMRT_DB_URL", "postgresql://db.example/loomrt")
+    with pytest.raises(StoreError, match="only sqlite:PATH"):
+        default_store()

@@ -81,15 +81,15 @@ def fidelity(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[st
 
 async def _history(runtime: Runtime, spec: AgentSpec, size: int) -> Any:
     """An append-mode run whose working context and record hold ``size`` messages."""
-    run = runtime.start(spec, name="overhead", interactive=True)
+    run = await runtime.astart(spec, name="overhead", interactive=True)
     line = "A message of ordinary length that stands for one turn of a long conversation, number {i}."
     while len(run.context) < size:
         role = "user" if len(run.context) % 2 else "assistant"
         content = line.format(i=len(run.context))
         if role == "user":
-            run.add("user_input", {"content": content})
+            await run.add("user_input", {"content": content})
         else:
-            run.add("assistant_message", {"message": {"role": role, "content": content}})
+            await run.add("assistant_message", {"message": {"role": role, "content": content}})
     return run
 
 

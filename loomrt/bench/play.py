@@ -179,7 +179,7 @@ def play_mode(
     started = time.perf_counter()
 
     async def go() -> None:
-        run = runtime.start(spec, name=name, interactive=interactive)
+        run = await runtime.astart(spec, name=name, interactive=interactive)
         out.resolved = run.mode.name
         try:
             await drive(runtime, run, model, out)

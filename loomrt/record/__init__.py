@@ -3,4 +3,7 @@
 from loomrt.record.sqlite import SQLiteStore, default_store, loomrt_home
 from loomrt.record.store import Store
 
-__all__ = ["Store", "SQLiteStore", "default_store", "loomrt_home"]
+open_store = default_store
+"""The one place a process's store is chosen (``$LOOMRT_DB_URL``, else ``$LOOMRT_HOME``)."""
+
+__all__ = ["Store", "SQLiteStore", "default_store", "open_store", "loomrt_home"]

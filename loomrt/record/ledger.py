@@ -24,8 +24,10 @@ def canonical(data: Any) -> str:
 
 
 def event_hash(prev: str, run_id: str, seq: int, kind: str, ts: float, data: Any) -> str:
-    """The hash of one event, chained to ``prev`` (the previous event's hash, or "")."""
-    blob = "\x1f".join([prev, run_id, str(seq), kind, repr(float(ts)), canonical(data)])
+    """The hash of one event, chained to ``prev`` (the previous event's hash, or "").
+    ``data`` is the payload, or its :func:`canonical` text already made."""
+    text = data if isinstance(data, str) else canonical(data)
+    blob = "\x1f".join([prev, run_id, str(seq), kind, repr(float(ts)), text])
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from loomrt.errors import NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
-from loomrt.record.ledger import event_hash
+from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.migrations import migrate
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store"]
@@ -29,8 +29,18 @@ def loomrt_home() -> Path:
 
 
 def default_store() -> SQLiteStore:
-    """The store at ``$LOOMRT_HOME/record.sqlite``."""
-    return SQLiteStore(loomrt_home() / "record.sqlite")
+    """The store this process uses, chosen in one place from configuration:
+    ``$LOOMRT_DB_URL`` (``sqlite:PATH``), else ``$LOOMRT_HOME/record.sqlite``."""
+    url = os.environ.get("LOOMRT_DB_URL", "").strip()
+    if not url:
+        return SQLiteStore(loomrt_home() / "record.sqlite")
+    if url.startswith("sqlite:"):
+        return SQLiteStore(Path(url.removeprefix("sqlite:").removeprefix("//")).expanduser())
+    scheme = url.split(":", 1)[0]
+    raise StoreError(
+        f"LOOMRT_DB_URL={scheme}:... is not a store this version of loomrt has (only sqlite:PATH). "
+        "Unset LOOMRT_DB_URL to use $LOOMRT_HOME/record.sqlite."
+    )
 
 
 class SQLiteStore:
@@ -68,6 +78,19 @@ class SQLiteStore:
                     raise
                 time.sleep(0.05)
 
+    # the async face (the run core awaits these): inline, see loomrt.record.store
+
+    async def write_run(self, info: RunInfo) -> None:
+        self.create_run(info)
+
+    async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+        return self.append(run_id, kind, data)
+
+    async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
+        return self.events(run_id, after=after, kinds=kinds)
+
+    # the sync face
+
     def create_run(self, info: RunInfo) -> None:
         row = (
             info.run_id,
@@ -89,8 +112,8 @@ class SQLiteStore:
                 raise StoreError(f"cannot record run {info.run_id} in {self.path}: {exc}") from exc
 
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
-        payload = json.dumps(data, ensure_ascii=False, default=str)
-        stored = json.loads(payload)  # what a reader gets back, and what the hash covers
+        payload = canonical(data)  # stored as the ledger hashes it: sorted keys, no spaces
+        stored = json.loads(payload)  # what a reader gets back
         ts = time.time()
         with self._lock:
             try:
@@ -99,7 +122,7 @@ class SQLiteStore:
                     "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
                 ).fetchone()
                 seq = (row[0] if row else 0) + 1
-                digest = event_hash((row[1] or "") if row else "", run_id, seq, kind, ts, stored)
+                digest = event_hash((row[1] or "") if row else "", run_id, seq, kind, ts, payload)
                 self._conn.execute(
                     "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
                     (run_id, seq, kind, ts, payload, digest),

@@ -1,8 +1,19 @@
 """The store interface behind the record.
 
-The record is append-only: a store can add runs and events and read them back; it
-can never change or delete one. SQLite implements this now (:mod:`.sqlite`); a
-PostgreSQL store will implement the same protocol.
+The record is append-only: a store can add runs and events and read them back; it can
+never change or delete one. Two faces of one protocol:
+
+- the **async** face, which the run core awaits (:meth:`Store.write_run`,
+  :meth:`Store.write`, :meth:`Store.read`): a store on a network database must never
+  block the event loop that plays many runs at once;
+- the **sync** face, for inspection (the CLI, tests, reports): :meth:`Store.events`,
+  :meth:`Store.get_run`, :meth:`Store.list_runs`, and the writes ``create_run`` and
+  ``append`` that tools and tests use directly.
+
+SQLite implements both (:mod:`.sqlite`; its async face completes inline, since a WAL
+append on a local file takes tens of microseconds, which a thread hop would only double).
+A PostgreSQL store will implement the same protocol with an async driver. Which store a
+process uses is chosen in one place, :func:`loomrt.record.open_store`.
 """
 
 from __future__ import annotations
@@ -19,16 +30,23 @@ __all__ = ["Store"]
 class Store(Protocol):
     """Where records live."""
 
-    def create_run(self, info: RunInfo) -> None:
+    async def write_run(self, info: RunInfo) -> None:
         """Register a new run (written once)."""
 
-    def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+    async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         """Append one event, assigning the next ``seq`` of that run, and return it."""
 
-    def events(
-        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
-    ) -> list[Event]:
+    async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
         """The run's events with ``seq > after``, oldest first, optionally of some kinds."""
+
+    def create_run(self, info: RunInfo) -> None:
+        """:meth:`write_run`, for code that is not async."""
+
+    def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+        """:meth:`write`, for code that is not async."""
+
+    def events(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
+        """:meth:`read`, for code that is not async."""
 
     def get_run(self, run_id: str) -> RunInfo:
         """One run; raises :class:`~loomrt.errors.NotFoundError` for an unknown id."""

@@ -29,13 +29,13 @@ async def maybe_distil(run: RunState) -> bool:
         else:  # a distillation call was made for nothing when a span was evicted but the result is not smaller
             paid = reduction is not None and bool(reduction.evicted)
             reason = "result not smaller" if paid else "nothing to evict"
-        run.add("distillation_declined", {
+        await run.add("distillation_declined", {
             "mode": run.mode.name, "tokens_before": before, "tokens_after": after, "pressure": pressure,
             "paid": paid, "reason": reason,
         })
         return False
     evicted = tuple(run.view.original(m) for m in reduction.evicted)  # full text, as the record holds it
-    event = run.add("distillation", {
+    event = await run.add("distillation", {
         "mode": run.mode.name,
         "span_seqs": [m.seq for m in evicted if m.seq is not None],
         "tokens_before": before,
@@ -60,7 +60,7 @@ async def notify(run: RunState, span: EvictedSpan) -> None:
             if inspect.isawaitable(out):
                 await out
         except Exception as exc:  # noqa: BLE001 - optional parts never fail a run
-            run.add("callback_error", {
+            await run.add("callback_error", {
                 "callback": getattr(callback, "__qualname__", repr(callback)),
                 "error": f"{type(exc).__name__}: {exc}",
                 "distillation_seq": span.distillation_seq,

@@ -22,9 +22,9 @@ INTERRUPTED = (
 )
 
 
-def add_user_input(run: RunState, content: str) -> None:
+async def add_user_input(run: RunState, content: str) -> None:
     """Record a user input; the first one (the task) is pinned when ``keep_first`` is on."""
-    run.add("user_input", {"content": content})
+    await run.add("user_input", {"content": content})
 
 
 async def play_turn(run: RunState) -> str:
@@ -45,9 +45,9 @@ async def play_turn(run: RunState) -> str:
             match step:
                 case FinalOutput(output=output):
                     if run.interactive:
-                        run.add("parked", {"output": output})
+                        await run.add("parked", {"output": output})
                     else:
-                        run.add("final", {"output": output, "state": run.state})
+                        await run.add("final", {"output": output, "state": run.state})
                     return output
                 case RunTools(calls=calls):
                     for call in calls:
@@ -63,7 +63,7 @@ async def play_turn(run: RunState) -> str:
         if isinstance(exc, RunError):
             exc.run_id = exc.run_id or run.run_id
             exc.last_seq = run.last_seq
-        run.add("error", {"message": str(exc), "type": type(exc).__name__})
+        await run.add("error", {"message": str(exc), "type": type(exc).__name__})
         raise
     except Exception as exc:  # a bug in a tool, a provider or loomrt: the run ends with a clear error
         error = RunError(
@@ -71,11 +71,11 @@ async def play_turn(run: RunState) -> str:
             "the record keeps everything up to here (`loomrt runs events RUN_ID`).",
             run_id=run.run_id, last_seq=run.last_seq,
         )
-        run.add("error", {"message": str(error), "type": type(exc).__name__})
+        await run.add("error", {"message": str(error), "type": type(exc).__name__})
         raise error from exc
 
 
-def close_interrupted_calls(run: RunState) -> None:
+async def close_interrupted_calls(run: RunState) -> None:
     """Give every tool call of the last assistant message that has no result an error result.
 
     A run stopped inside a tool (a crash, Ctrl-C) leaves a call without a result; a model
@@ -87,12 +87,12 @@ def close_interrupted_calls(run: RunState) -> None:
     answered = {m.tool_call_id for m in run.context[last + 1 :]}
     for call in run.context[last].tool_calls:
         if call.id not in answered:
-            run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
+            await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
 
 
 async def execute_tool(run: RunState, call: ToolCall) -> None:
     """Run one tool call and append its result. A failing or unknown tool is a result, not a crash."""
-    run.add("tool_call", call.to_dict())
+    await run.add("tool_call", call.to_dict())
     tool = run.toolset.tools.get(call.name)
     if tool is None:
         content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
@@ -102,4 +102,4 @@ async def execute_tool(run: RunState, call: ToolCall) -> None:
             content, is_error = await tool.call(call.arguments), False
         except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True
-    run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
+    await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})

@@ -36,14 +36,14 @@ async def call_model(
     )
 
     def on_retry(attempt: int, error: Exception, delay: float) -> None:
-        run.add("retry", {
+        run.emit("retry", {
             "attempt": attempt, "error": str(error), "delay_s": round(delay, 3),
             "status": getattr(error, "status", None), "purpose": purpose,
         })
 
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
-    run.add("model_call", {
+    await run.add("model_call", {
         "purpose": purpose,
         "model": response.model or provider.model,
         "usage": response.usage.to_dict(),

@@ -153,7 +153,8 @@ class RunView:
     def _enter(self, message: Message) -> None:
         """Append a record message to the working context, cut if it is too large."""
         limit = self.max_message_tokens
-        if limit and message.role != "system" and count_text(message.content) > limit:
+        # a token is at least one character: a message no longer than the limit in characters fits
+        if limit and message.role != "system" and len(message.content) > limit and count_text(message.content) > limit:
             self.originals[message.seq] = message  # type: ignore[index]
             message = message.with_(content=cut_note(message, limit, self.run_id))
         self.messages[message.seq] = message  # type: ignore[index]

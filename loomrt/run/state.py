@@ -1,7 +1,8 @@
 """The state of one run while it is in memory: its wiring, and its view of the record.
 
 The record and the working context meet in one place, :meth:`RunState.add`: it appends an
-event to the record and applies it to the run's :class:`~loomrt.run.projection.RunView`.
+event to the record (awaiting the store) and applies it to the run's
+:class:`~loomrt.run.projection.RunView`.
 Everything the view holds can be rebuilt from the record (:func:`loomrt.run.projection.project`);
 the record is the truth, the view a cache of it.
 """
@@ -46,32 +47,43 @@ class RunState:
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
     view: RunView = None  # type: ignore[assignment]
     """The record so far, applied: working context, the mode's slot, totals."""
-    _early: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    _queue: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    """Events queued by :meth:`emit`, recorded by the next :meth:`add` (or :meth:`flush`)."""
 
     def __post_init__(self) -> None:
         if self.view is None:
             self.view = RunView(mode=self.mode)
 
-    def add(self, kind: str, data: dict[str, Any]) -> Event:
-        """Append an event to the record, apply it to the view, and tell the listeners."""
+    async def add(self, kind: str, data: dict[str, Any]) -> Event:
+        """Append an event to the record, apply it to the view, and tell the listeners.
+        Events that optional parts queued (:meth:`emit`) are written first, in order."""
+        if kind != "run_started":
+            await self.flush()
+        event = await self._write(kind, data)
+        if kind == "run_started":
+            await self.flush()
+        return event
+
+    async def _write(self, kind: str, data: dict[str, Any]) -> Event:
         check_payload(kind, data)  # a payload that drifts from its documented shape is a bug, caught here
-        event = self.store.append(self.run_id, kind, data)
+        event = await self.store.write(self.run_id, kind, data)
         self.view.apply(event)
         for listener in list(self.listeners):
             listener(event)
-        if kind == "run_started":
-            early, self._early = self._early, []
-            for k, d in early:
-                self.add(k, d)
         return event
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
-        """Record an event from an optional part (a notice, a callback error). Before the
-        run has recorded ``run_started``, events wait in one queue and follow it."""
+        """Queue an event from an optional part (a notice, a callback error), from code that
+        is not async; it is recorded before the run's next event (never before ``run_started``)."""
+        self._queue.append((kind, data))
+
+    async def flush(self) -> None:
+        """Record the queued events (once the run has started)."""
         if self.view.last_seq == 0:
-            self._early.append((kind, data))
-        else:
-            self.add(kind, data)
+            return
+        while self._queue:
+            kind, data = self._queue.pop(0)
+            await self._write(kind, data)
 
     # what the view knows, by the names the loop and the tests use
     @property

@@ -112,7 +112,7 @@ class RetentionMode:
     async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
         """Record the assistant message; tool calls mean act, plain text means answer."""
         message = Message(role="assistant", content=response.text, tool_calls=response.tool_calls)
-        run.add("assistant_message", {"message": message.to_dict()})
+        await run.add("assistant_message", {"message": message.to_dict()})
         if response.tool_calls:
             return RunTools(response.tool_calls)
         return FinalOutput(response.text)

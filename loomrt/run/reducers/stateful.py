@@ -158,45 +158,45 @@ class StatefulMode(RetentionMode):
     async def interpret(self, run: RunState, response: ModelResponse) -> NextStep:
         emit = next((c for c in response.tool_calls if c.name == EMIT_STATE), None)
         message = Message(role="assistant", content=response.text, tool_calls=(emit,) if emit else ())
-        run.add("assistant_message", {"message": message.to_dict()})
+        await run.add("assistant_message", {"message": message.to_dict()})
         if emit is None:
-            return self._reject(run, None, "you must act by calling emit_state (reasoning, patch, ...)")
+            return await self._reject(run, None, "you must act by calling emit_state (reasoning, patch, ...)")
         args = emit.arguments
         patch = args.get("patch", {})
         if not isinstance(patch, dict):
-            return self._reject(run, emit, f"patch must be a JSON object, got {type(patch).__name__}")
+            return await self._reject(run, emit, f"patch must be a JSON object, got {type(patch).__name__}")
         schema = run.spec.context.state_schema or {"type": "object"}
         new_state = merge_patch(run.state if run.state is not None else initial_state(schema), patch)
         problem = validate_state(new_state, schema)
         if problem:
-            return self._reject(run, emit, f"the patched state is invalid: {problem}", patch=patch)
+            return await self._reject(run, emit, f"the patched state is invalid: {problem}", patch=patch)
         size, share = count_text(json.dumps(new_state, ensure_ascii=False)), state_share(run)
         if size > share:
-            return self._reject(run, emit, (
+            return await self._reject(run, emit, (
                 f"the patched state would be {size} tokens, over its share of the budget ({share} tokens, "
                 "context.stateful.state_max_tokens). Keep only what you need later: shorten or remove entries "
                 "(a null deletes a key)"
             ), patch=patch)
         action = args.get("action") if isinstance(args.get("action"), dict) else None
-        run.add("state_update", {
+        await run.add("state_update", {
             "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
             "action": action, "done": bool(args.get("done")),
         })
         if run.spec.context.propose_schema and isinstance(args.get("propose_schema"), dict) and args["propose_schema"]:
-            run.add("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
+            await run.add("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
         if args.get("done"):
-            self._observe(run, emit, "State accepted. Done.")
+            await self._observe(run, emit, "State accepted. Done.")
             final = args.get("final")
             return FinalOutput(str(final) if final is not None else json.dumps(new_state, ensure_ascii=False))
         if action and action.get("tool"):
             return RunTools((ToolCall(id=emit.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})),))
-        self._observe(run, emit, "State accepted.")
+        await self._observe(run, emit, "State accepted.")
         return AskAgain()
 
-    def _observe(self, run: RunState, emit: ToolCall, content: str, *, is_error: bool = False) -> None:
-        run.add("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": is_error})
+    async def _observe(self, run: RunState, emit: ToolCall, content: str, *, is_error: bool = False) -> None:
+        await run.add("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": is_error})
 
-    def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
+    async def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
         attempt = run.view.slot.patch_failures + 1
         spec = run.spec.context
         fails = spec.on_invalid_patch == "fail" or attempt > spec.max_patch_retries
@@ -204,7 +204,7 @@ class StatefulMode(RetentionMode):
         data: dict[str, Any] = {"patch": patch, "error": error, "attempt": attempt}
         if emit is None and not fails:
             data["feedback"] = feedback
-        run.add("patch_rejected", data)
+        await run.add("patch_rejected", data)
         if fails:
             raise StateError(
                 f"stateful mode: {error} (after {attempt} attempt(s); on_invalid_patch="
@@ -213,7 +213,7 @@ class StatefulMode(RetentionMode):
                 run_id=run.run_id,
             )
         if emit is not None:
-            self._observe(run, emit, feedback, is_error=True)
+            await self._observe(run, emit, feedback, is_error=True)
         return AskAgain()
 
     async def reduce(self, run: RunState) -> Reduction | None:

@@ -155,7 +155,7 @@ class _Writer:
             if problem is None:
                 return account
             self.reason = problem
-            self.run.add("summary_rejected", {"purpose": self.purpose, "reason": problem, "attempt": attempt,
+            await self.run.add("summary_rejected", {"purpose": self.purpose, "reason": problem, "attempt": attempt,
                                               "text": account[:500]})
         return None
 
