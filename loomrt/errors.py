@@ -74,10 +74,13 @@ class RunError(LoomError):
 class ProviderError(RunError):
     """The model provider failed permanently (or its retries ran out)."""
 
-    def __init__(self, message: str, *, status: int | None = None, retryable: bool = False, **kw):
+    def __init__(
+        self, message: str, *, status: int | None = None, retryable: bool = False,
+        run_id: str | None = None, last_seq: int | None = None,
+    ) -> None:
         self.status = status
         self.retryable = retryable
-        super().__init__(message, **kw)
+        super().__init__(message, run_id=run_id, last_seq=last_seq)
 
 
 class ScriptExhaustedError(RunError):

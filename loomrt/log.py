@@ -47,4 +47,5 @@ def _stderr_logger(*_args: object) -> structlog.PrintLogger:
 
 def get_logger(**bind: object) -> structlog.typing.FilteringBoundLogger:
     configure_logging()
-    return structlog.get_logger("loomrt").bind(**bind)
+    logger: structlog.typing.FilteringBoundLogger = structlog.get_logger("loomrt").bind(**bind)
+    return logger

@@ -253,11 +253,11 @@ def _handler_class() -> type:
     class LocalLLM(CustomLLM):
         """litellm's ``local`` provider: the embedded llama.cpp model."""
 
-        def completion(self, model: str, messages: list, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+        def completion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:  # type: ignore[override]
             call = self._prepare(model, messages, kw)
             return self._respond(kw["model_response"], model, self._run(call, None))
 
-        async def acompletion(self, model: str, messages: list, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+        async def acompletion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:  # type: ignore[override]
             call = self._prepare(model, messages, kw)
             cancel = threading.Event()
             try:
@@ -267,11 +267,11 @@ def _handler_class() -> type:
                 raise
             return self._respond(kw["model_response"], model, generation)
 
-        def _prepare(self, model: str, messages: list, kw: dict[str, Any]) -> dict[str, Any]:
+        def _prepare(self, model: str, messages: list[dict[str, Any]], kw: dict[str, Any]) -> dict[str, Any]:
             params = dict(kw.get("optional_params") or {})
             name = f"{LOCAL_PROVIDER}/{model}"
             if params.get("tools"):
-                raise CustomLLMError(400, (
+                raise CustomLLMError(400, (  # type: ignore[no-untyped-call]
                     f"{name} has no native tool calling; call it through loomrt's gateway "
                     "(LiteLLMProvider), which turns tools into a constrained JSON decision"
                 ))
@@ -280,7 +280,7 @@ def _handler_class() -> type:
             try:
                 grammar = grammar_for(params.get("response_format"))
             except LocalError as exc:
-                raise CustomLLMError(exc.status, str(exc)) from None
+                raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]
             return {
                 "name": name, "messages": messages, "n_ctx": params.get("n_ctx"),
                 "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 512),
@@ -296,9 +296,9 @@ def _handler_class() -> type:
                     grammar=call["grammar"], deadline=call["deadline"], cancel=cancel,
                 )
             except LocalError as exc:
-                raise CustomLLMError(exc.status, str(exc)) from None
+                raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]
             except ProviderError as exc:
-                raise CustomLLMError(400, exc.detail) from None
+                raise CustomLLMError(400, exc.detail) from None  # type: ignore[no-untyped-call]
 
         def _respond(self, response: Any, model: str, g: Generation) -> Any:
             response.choices[0].message.content = g.text
@@ -321,8 +321,8 @@ def register() -> None:
     """Register the embedded model in litellm as provider ``local`` (idempotent)."""
     litellm = import_litellm()
     with _REGISTER_LOCK:
-        if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):
+        if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):  # type: ignore[attr-defined]
             return
-        litellm.custom_provider_map = [
+        litellm.custom_provider_map = [  # type: ignore[attr-defined]
             *litellm.custom_provider_map, {"provider": LOCAL_PROVIDER, "custom_handler": _handler_class()()}
         ]

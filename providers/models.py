@@ -164,7 +164,7 @@ def _stamp_matches(model: LocalModel, path: Path) -> bool:
         stamp = json.loads(_stamp_path(model).read_text())
     except (OSError, ValueError):
         return False
-    return stamp == {**_stamp_of(path), "sha256": model.sha256}
+    return bool(stamp == {**_stamp_of(path), "sha256": model.sha256})
 
 
 def _write_stamp(model: LocalModel, path: Path) -> None:

@@ -181,4 +181,5 @@ def resolve_embedder(embedder: Any) -> Embedder | None:
         return HashEmbedder()
     if not (hasattr(embedder, "embed") and hasattr(embedder, "dim")):
         raise TypeError(f"not an embedder: {embedder!r} (it needs .dim and .embed(texts))")
-    return embedder
+    resolved: Embedder = embedder
+    return resolved

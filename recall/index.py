@@ -143,7 +143,7 @@ def _stemmer() -> Any:
 def _stem(word: str) -> str:
     stemmer = _stemmer()
     if stemmer is not None:
-        return stemmer.stemWord(word)
+        return str(stemmer.stemWord(word))
     for suffix in ("ing", "edly", "ed", "ies", "es", "s", "ly"):
         if len(word) > len(suffix) + 3 and word.endswith(suffix):
             return word[: -len(suffix)]

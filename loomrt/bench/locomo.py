@@ -109,6 +109,7 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
         progress.advance(done - last["done"])
         last["done"] = done
 
+    assert config.data is not None  # the workload runs only with --data
     result.extra["evidence_recall"] = evaluate_locomo(
         config.data,
         conversations=[c for c, _ in chosen],

@@ -15,6 +15,7 @@ The file is read from the path given; nothing of it is copied anywhere.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import time
@@ -228,7 +229,7 @@ async def evaluate_locomo_async(
     per_conv: dict[str, dict[str, Any]] = {}
     n = 0
     for cid, sample in chosen:
-        _, run, seq_to_dia = await replay(sample, embedder=embedder, on_turn=lambda cid=cid: tick(f"{cid}: replay"))
+        _, run, seq_to_dia = await replay(sample, embedder=embedder, on_turn=functools.partial(tick, f"{cid}: replay"))
         tool = run.toolset.tools["Recall"]
         conv_hits = {k: 0 for k in ks}
         for q in questions[cid]:

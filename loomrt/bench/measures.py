@@ -48,7 +48,7 @@ def tokens(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str,
 @mode_measure("cache", "input cost with the cached prefix of each prompt priced at the discount")
 def cache(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
     def cost(r: ModeRun) -> float:
-        return sum(c["input_tokens"] - c["cached_prefix_tokens"] * (1 - config.cache_discount) for c in r.calls)
+        return float(sum(c["input_tokens"] - c["cached_prefix_tokens"] * (1 - config.cache_discount) for c in r.calls))
 
     cached = sum(c["cached_prefix_tokens"] for c in run.calls)
     total = sum(c["input_tokens"] for c in run.calls)

@@ -261,7 +261,7 @@ async def _needles_run(
                 {"tool_call": {"name": "Recall", "arguments": {"query": needle.query, "top_k": top_k}}},
                 {"text": "Answered from Recall."},
             ]
-    provider = ScriptedProvider(turns=script, summaries=[{"extractive": 600, "words": 4}])
+    provider = ScriptedProvider(turns=list[Any](script), summaries=[{"extractive": 600, "words": 4}])
     shell_tool = Tool(
         "shell",
         "Run a shell command.",

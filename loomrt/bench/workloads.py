@@ -262,8 +262,8 @@ class AgenticModel(BenchModel):
     def turn(self, request: ModelRequest) -> ModelResponse:
         plan = self.plan or []
         if self.step >= len(plan):
-            have = "; ".join(f"{n.key}: {n.value}" for n in self.visible(request))
-            return self.act(request, text=f"Root cause found. Values I relied on: {have or 'none at hand'}.")
+            relied = "; ".join(f"{n.key}: {n.value}" for n in self.visible(request))
+            return self.act(request, text=f"Root cause found. Values I relied on: {relied or 'none at hand'}.")
         s = plan[self.step]
         args = dict(s.arguments)
         if s.needs is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import typer
 import yaml
@@ -133,7 +134,7 @@ def promote_cmd(
         out.print(f"{name} is now {version}'s definition ({digest}).", highlight=False)
 
 
-def _schema_from_file(path: Path) -> dict:
+def _schema_from_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -145,7 +146,7 @@ def _schema_from_file(path: Path) -> dict:
     return data
 
 
-def _schema_from_run(run_id: str) -> dict:
+def _schema_from_run(run_id: str) -> dict[str, Any]:
     from loomrt.record import default_store
 
     store = default_store()
@@ -153,4 +154,5 @@ def _schema_from_run(run_id: str) -> dict:
     proposals = store.events(run_id, kinds=["schema_proposed"])
     if not proposals:
         raise SpecError(f"run {run_id} proposed no schema (no schema_proposed event)")
-    return proposals[-1].data["schema"]
+    schema: dict[str, Any] = proposals[-1].data["schema"]
+    return schema

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from loomrt.messages import Message
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Purpose, ToolSchema
@@ -18,7 +19,7 @@ async def call_model(
     *,
     purpose: Purpose = "turn",
     tools: tuple[ToolSchema, ...] = (),
-    response_schema: dict | None = None,
+    response_schema: dict[str, Any] | None = None,
     tool_choice: str = "auto",
     provider: ModelProvider | None = None,
     max_tokens: int | None = None,
