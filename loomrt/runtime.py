@@ -17,9 +17,9 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
+from loomrt._log import get_logger
 from loomrt.errors import LoomError, NotFoundError, SpecError, StoreError
 from loomrt.events import Event, RunInfo
-from loomrt.log import get_logger
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider

@@ -10,7 +10,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from loomrt.cli.common import err, friendly, load, out, print_json
+from loomrt.cli._common import err, friendly, load, out, print_json
 from loomrt.errors import SpecError
 
 __all__ = ["agents_app"]

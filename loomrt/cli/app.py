@@ -13,9 +13,9 @@ from typing import Any
 
 import typer
 
+from loomrt.cli._common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_cmd import bench_app
-from loomrt.cli.common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.doctor import doctor
 from loomrt.cli.recall_cmd import recall
 from loomrt.cli.runs_cmd import runs_app
@@ -117,7 +117,7 @@ app.add_typer(bench_app, name="bench")
 
 def main(argv: Any = None) -> None:
     """The console script."""
-    from loomrt.log import configure_logging
+    from loomrt._log import configure_logging
     from loomrt.providers.offline import configure_offline
 
     configure_offline()

@@ -288,7 +288,7 @@ def _register_recall() -> None:
         from loomrt.cli.recall_cmd import bench_recall
     except ImportError:
         return
-    from loomrt.cli.common import friendly
+    from loomrt.cli._common import friendly
 
     bench_app.command("recall")(friendly(bench_recall))
 

@@ -42,7 +42,7 @@ def _version(dist: str) -> str | None:
 
 
 def _agents(explicit: Path | None) -> tuple[str | None, dict[str, Any], str | None]:
-    from loomrt.cli.common import agents_path
+    from loomrt.cli._common import agents_path
     from loomrt.spec import load_agents
 
     try:
@@ -122,7 +122,7 @@ def _mark(ok: bool) -> str:
 def _print(report: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from loomrt.cli.common import out
+    from loomrt.cli._common import out
 
     out.print(f"[bold]agents file[/bold]: {report['agents_file'] or 'none'}")
     if report.get("agents_problem"):
@@ -164,7 +164,7 @@ def doctor(json_output: bool = _JSON, agents: Path | None = _AGENTS, verify: boo
     """Show configured providers, which API keys are set, the embedded models and versions."""
     report = diagnose(agents, verify=verify)
     if json_output:
-        from loomrt.cli.common import print_json
+        from loomrt.cli._common import print_json
 
         print_json(report)
     else:

@@ -17,7 +17,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from loomrt.cli.common import err, out, print_json
+from loomrt.cli._common import err, out, print_json
 
 __all__ = ["recall", "bench_recall"]
 

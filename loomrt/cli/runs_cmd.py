@@ -10,8 +10,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from loomrt.cli.common import friendly, out, print_json, print_result, runtime
-from loomrt.cli.render import events_table
+from loomrt.cli._common import friendly, out, print_json, print_result, runtime
+from loomrt.cli._render import events_table
 
 __all__ = ["runs_app"]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from loomrt.errors import LoomError, RunError
 from loomrt.messages import ToolCall
+from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
-from loomrt.run.model_calls import call_model
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 

@@ -14,7 +14,7 @@ import re
 from typing import TYPE_CHECKING
 
 from loomrt.messages import Message
-from loomrt.run.model_calls import call_model
+from loomrt.run._model_calls import call_model
 from loomrt.run.reducers.base import Declined, Reduction
 from loomrt.run.reducers.prose_check import check_prose
 from loomrt.run.splice import splice

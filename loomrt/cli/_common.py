@@ -46,7 +46,7 @@ def load(explicit: Path | None) -> tuple[Path, Any]:
 
 def runtime(*, show_events: bool = False) -> Any:
     """The runtime on the default record; ``show_events`` renders each event live on stderr."""
-    from loomrt.cli.render import EventPrinter
+    from loomrt.cli._render import EventPrinter
     from loomrt.runtime import Runtime
 
     return Runtime(listeners=[EventPrinter(err)] if show_events else [])
