@@ -1,0 +1,85 @@
+"""The layers hold: no import cycle (imports made at module level; TYPE_CHECKING ones are
+type-only), and recall/ stands on the bottom floor (nothing from run/, the runtime,
+testing or bench)."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = {"loomrt": REPO / "loomrt", "loomrt.providers": REPO / "providers", "loomrt.recall": REPO / "recall",
+            "loomrt.harvest": REPO / "harvest"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg, folder in PACKAGES.items():
+        for f in folder.rglob("*.py"):
+            parts = [p for p in f.relative_to(folder).with_suffix("").parts if p != "__init__"]
+            out[".".join([pkg, *parts])] = f
+    return out
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue  # type-only
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # imported when called, not when the module loads
+            if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("loomrt"):
+                names = [f"{child.module}.{a.name}" for a in child.names]
+                found.update(n for n in names if n in known)
+                if not any(n in known for n in names):
+                    found.add(child.module)
+            elif isinstance(child, ast.Import):
+                found.update(a.name for a in child.names if a.name.startswith("loomrt"))
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    known = set(modules)
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path, known) if m != name and m in known and not name.startswith(m + ".")}
+    return graph
+
+
+def test_no_module_level_import_cycle() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def walk(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                walk(nxt, [*stack, nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name, [name])
+    # a package's __init__ re-exporting its submodules is not a cycle of concerns
+    real = [c for c in cycles if not any(c[i].startswith(c[i + 1] + ".") or c[i + 1].startswith(c[i] + ".")
+                                          for i in range(len(c) - 1))]
+    assert real == []
+
+
+def test_recall_stands_on_the_bottom_floor() -> None:
+    graph = _graph()
+    outside = {m for n, deps in graph.items() if n.startswith("loomrt.recall") for m in deps
+               if not m.startswith("loomrt.recall")}
+    forbidden = {m for m in outside if m.startswith(("loomrt.run", "loomrt.runtime", "loomrt.testing", "loomrt.bench"))}
+    assert forbidden == set()
+    assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools"}
