@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 __all__ = ["Role", "ToolCall", "Message", "EvictedSpan", "EvictedSpanCallback"]
@@ -59,7 +60,12 @@ class Message:
     pinned: bool = False
 
     def to_litellm(self) -> dict[str, Any]:
-        """The message as litellm / OpenAI chat format."""
+        """The message as litellm / OpenAI chat format (a fresh dict each call; the message
+        is immutable, so the work is done once)."""
+        return dict(self._wire)
+
+    @cached_property
+    def _wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         if self.tool_calls:
             out["tool_calls"] = [tc.to_litellm() for tc in self.tool_calls]

@@ -517,3 +517,17 @@ def test_events_the_toolset_emits_while_it_is_resolved_land_after_run_started(tm
     assert send(rt, run, "go").status == "done"
     reopened = runtime(tmp_path, ScriptedProvider(["ok"])).open(run.run_id)  # open() needs run_started first
     assert reopened.run_id == run.run_id
+
+
+def test_harvest_to_memory_says_once_per_run_that_harvest_is_not_installed(tmp_path):
+    rt = runtime(tmp_path, ScriptedProvider(["one", "two"]))
+    run = rt.start("a", agents=agents_file(tmp_path, harvest_to_memory=True), interactive=True)
+    send(rt, run, "first")
+    reopened = runtime(tmp_path, ScriptedProvider(["two"])).open(run.run_id)
+    asyncio.run(reopened_send(reopened, tmp_path))
+    notices = [e.data for e in events(rt, run.run_id, "notice") if e.data.get("source") == "harvest"]
+    assert len(notices) == 1 and "harvest is not installed" in notices[0]["message"]
+
+
+async def reopened_send(run, tmp_path):
+    return await runtime(tmp_path, ScriptedProvider(["two"])).send(run, "second")

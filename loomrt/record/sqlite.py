@@ -21,6 +21,7 @@ __all__ = ["SQLiteStore", "loomrt_home", "default_store"]
 _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 
 
+
 def loomrt_home() -> Path:
     """``$LOOMRT_HOME``, else ``~/.loomrt`` (created on first use)."""
     home = Path(os.environ.get("LOOMRT_HOME") or Path.home() / ".loomrt").expanduser()
@@ -116,7 +117,7 @@ class SQLiteStore:
         stored = json.loads(payload)  # what a reader gets back
         ts = time.time()
         with self._lock:
-            try:
+            try:  # the next seq and its hash are taken under the write lock
                 self._conn.execute("BEGIN IMMEDIATE")
                 row = self._conn.execute(
                     "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
