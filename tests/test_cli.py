@@ -125,6 +125,21 @@ def test_chat_json_one_object_per_stdin_line(tmp_path: Path) -> None:
     assert shown["status"] == "done" and shown["interactive"] is True
 
 
+def test_a_failed_turn_never_ends_the_chat(tmp_path: Path) -> None:
+    # the script has one reply: the second and third turns fail (it ran out), and the chat goes on
+    write(tmp_path, "turns:\n  - text: hello\n", "chat.yaml")
+    p = write(tmp_path, "agents:\n  c:\n    model: scripted/chat.yaml\n")
+    result = invoke("chat", "c", "--agents", str(p), "--json", input="one\ntwo\nthree\n")
+    turns = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert [t["status"] for t in turns] == ["parked", "failed", "failed"]
+    assert "chat.yaml" in turns[1]["error"]  # the error names the script
+    assert result.exit_code == 1  # a turn failed; the chat still read every line
+    shown = json.loads(invoke("runs", "show", turns[0]["run_id"], "--json").stdout)
+    assert shown["status"] == "done"
+    kinds = [json.loads(line)["kind"] for line in invoke("runs", "events", turns[0]["run_id"], "--json").stdout.splitlines()]
+    assert kinds.count("user_input") == 3 and kinds.count("error") == 2
+
+
 def test_continue_adds_a_turn(tmp_path: Path) -> None:
     write(tmp_path, "turns:\n  - text: one\n  - text: two\n", "s.yaml")
     p = write(tmp_path, "agents:\n  a:\n    model: scripted/s.yaml\n")

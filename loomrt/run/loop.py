@@ -68,7 +68,7 @@ async def play_turn(run: RunState) -> str:
     except Exception as exc:  # a bug in a tool, a provider or loomrt: the run ends with a clear error
         error = RunError(
             f"unexpected {type(exc).__name__}: {exc}. This is a bug in a tool, a provider or loomrt; "
-            "the record keeps everything up to here (`loomrt runs events RUN_ID`).",
+            f"the record keeps everything up to here (`loomrt runs events {run.run_id}`).",
             run_id=run.run_id, last_seq=run.last_seq,
         )
         await run.add("error", {"message": str(error), "type": type(exc).__name__})
