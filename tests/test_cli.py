@@ -140,6 +140,14 @@ def test_a_failed_turn_never_ends_the_chat(tmp_path: Path) -> None:
     assert kinds.count("user_input") == 3 and kinds.count("error") == 2
 
 
+def test_runs_list_never_cuts_a_run_id(tmp_path: Path) -> None:
+    write(tmp_path, "turns:\n  - text: ok\n", "s.yaml")
+    p = write(tmp_path, "agents:\n  a-long-agent-name-for-a-narrow-terminal:\n    model: scripted/s.yaml\n")
+    run_id = json.loads(invoke("run", "a-long-agent-name-for-a-narrow-terminal", "go", "--agents", str(p), "--json").stdout)["run_id"]
+    listed = invoke("runs", "list")
+    assert listed.exit_code == 0 and run_id in listed.stdout
+
+
 def test_continue_adds_a_turn(tmp_path: Path) -> None:
     write(tmp_path, "turns:\n  - text: one\n  - text: two\n", "s.yaml")
     p = write(tmp_path, "agents:\n  a:\n    model: scripted/s.yaml\n")

@@ -39,6 +39,7 @@ def list_cmd(
         return
     table = Table("run", "agent", "mode", "status", "events", "model", "started")
     table.columns[0].no_wrap = True  # run ids are typed back in: never cut them
+    table.columns[0].min_width = 12
     for r in runs:
         table.add_row(r.run_id, r.agent, r.mode, r.status, str(r.last_seq), r.model, _when(r.created_at))
     out.print(table)
