@@ -63,6 +63,8 @@ class ModelRequest:
     ``purpose`` says why the loop calls: ``turn`` (an iteration of the agent),
     ``recap`` or ``summary`` (a distillation). ``response_schema`` asks for a JSON reply
     that follows the schema (constrained decoding where the provider supports it).
+    ``messages`` may share its dicts with the run's working context: a provider copies a
+    message before it changes it (the litellm gateway does).
     """
 
     messages: list[dict[str, Any]]

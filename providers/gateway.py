@@ -294,7 +294,7 @@ def alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             joined = "\n\n".join(x for x in (prev.get("content") or "", m.get("content") or "") if x)
             out[-1] = {**prev, "content": joined}
         else:
-            out.append(m)
+            out.append(dict(m))  # a copy: litellm may change what it is given
     return out
 
 

@@ -28,7 +28,12 @@ class IncrementalBM25:
         self.k1, self.b = k1, b
         self._postings: dict[str, dict[int, int]] = {}
         self._lengths: dict[int, int] = {}
+        self._doclen = np.zeros(1024, dtype=np.float32)
+        """Document lengths by id (ids are non-negative ints), for vectorised scoring."""
         self._total = 0
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        """Per term: its documents, their tf and their lengths as arrays, built on first use
+        and dropped when a document with the term comes or goes."""
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -37,12 +42,18 @@ class IncrementalBM25:
         return doc in self._lengths
 
     def add(self, doc: int, tokens: Sequence[str]) -> None:
-        """Add (or replace) document ``doc``."""
+        """Add (or replace) document ``doc`` (a non-negative int)."""
         if doc in self._lengths:
             self.remove(doc)
         for term, tf in Counter(tokens).items():
             self._postings.setdefault(term, {})[doc] = tf
+            self._arrays.pop(term, None)
         self._lengths[doc] = len(tokens)
+        if doc >= len(self._doclen):
+            grown = np.zeros(max(doc + 1, 2 * len(self._doclen)), dtype=np.float32)
+            grown[: len(self._doclen)] = self._doclen
+            self._doclen = grown
+        self._doclen[doc] = len(tokens)
         self._total += len(tokens)
 
     def remove(self, doc: int, tokens: Iterable[str] | None = None) -> None:
@@ -53,6 +64,7 @@ class IncrementalBM25:
         self._total -= length
         terms = set(tokens) if tokens is not None else [t for t, p in self._postings.items() if doc in p]
         for term in terms:
+            self._arrays.pop(term, None)
             posting = self._postings.get(term)
             if posting is not None:
                 posting.pop(doc, None)
@@ -74,10 +86,17 @@ class IncrementalBM25:
                 continue
             df = len(posting)
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+            docs, tf, lengths = self._term_arrays(term, posting)
+            gain = (count * idf) * tf / (tf + k1 * (1 - b + b * lengths / avgdl))
+            at = docs - first if position is None else np.fromiter((position[d] for d in docs.tolist()), dtype=np.int64, count=df)
+            np.add.at(out, at, gain)
+        return out
+
+    def _term_arrays(self, term: str, posting: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        arrays = self._arrays.get(term)
+        if arrays is None:
+            df = len(posting)
             docs = np.fromiter(posting.keys(), dtype=np.int64, count=df)
             tf = np.fromiter(posting.values(), dtype=np.float32, count=df)
-            lengths = np.fromiter((self._lengths[d] for d in posting), dtype=np.float32, count=df)
-            gain = count * idf * tf / (tf + k1 * (1 - b + b * lengths / avgdl))
-            at = docs - first if position is None else np.fromiter((position[d] for d in posting), dtype=np.int64, count=df)
-            np.add.at(out, at, gain.astype(np.float32))
-        return out
+            arrays = self._arrays[term] = (docs, tf, self._doclen[docs])
+        return arrays

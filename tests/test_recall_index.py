@@ -109,3 +109,37 @@ def test_an_embedder_that_raises_leaves_the_index_unchanged() -> None:
     index.disable_dense()
     index.add([entry("x marks the spot", 1)])
     assert index.search("spot")[0].entry.seq == 1
+
+
+def test_incremental_bm25_equals_a_fresh_build_after_adds_and_removes() -> None:
+    import random
+
+    import numpy as np
+
+    from loomrt.recall.bm25 import IncrementalBM25
+
+    rng = random.Random(3)
+    vocab = [f"w{i}" for i in range(40)]
+    docs = {i: [rng.choice(vocab) for _ in range(rng.randint(1, 12))] for i in range(300)}
+    live = IncrementalBM25()
+    for i, tokens in docs.items():
+        live.add(i, tokens)
+    for i in range(0, 120):  # drop the oldest, replace a few
+        live.remove(i, docs.pop(i))
+    for i in (200, 250):
+        docs[i] = ["w1", "w2", "w2"]
+        live.add(i, docs[i])
+    fresh = IncrementalBM25()
+    for i, tokens in docs.items():
+        fresh.add(i, tokens)
+    for query in (["w1"], ["w2", "w7"], ["w3", "w3", "w39"], ["nothing"]):
+        a = live.scores(query, None, 300, first=0)
+        b = fresh.scores(query, None, 300, first=0)
+        assert np.allclose(a, b)
+    # a term's score follows the formula: idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))
+    one = IncrementalBM25()
+    one.add(0, ["a", "b"])
+    one.add(1, ["b", "b", "c"])
+    avgdl = 2.5
+    idf = np.log(1 + (2 - 1 + 0.5) / (1 + 0.5))
+    assert np.isclose(one.scores(["a"], None, 2)[0], idf * 1 / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / avgdl)))

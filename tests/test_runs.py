@@ -531,3 +531,30 @@ def test_harvest_to_memory_says_once_per_run_that_harvest_is_not_installed(tmp_p
 
 async def reopened_send(run, tmp_path):
     return await runtime(tmp_path, ScriptedProvider(["two"])).send(run, "second")
+
+
+@pytest.mark.parametrize("mode", ["append", "recap", "compaction", "stateful"])
+def test_the_wire_form_the_view_keeps_is_the_working_context_in_every_mode(tmp_path, mode):
+    from modes_kit import SCHEMA, emit
+
+    if mode == "stateful":
+        ctx = {"mode": "stateful", "state_schema": SCHEMA}
+        turns = ["no emit", emit({"step": 1}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
+                 emit({"step": 2}, done=True)]
+    else:
+        ctx = {"mode": mode, "budget_tokens": 256, "keep_last_n": 2, "backstop": True}
+        turns = [calc(1), calc(2), calc(3, 900), calc(4), "done"]
+    provider = ScriptedProvider(turns, [S1, S2])
+    rt = runtime(tmp_path, provider)
+    run = rt.start("a", agents=agents_file(tmp_path, **ctx))
+    in_step, as_sent = [], []
+
+    def check(event):
+        in_step.append(run.view.wire == [m.to_litellm() for m in run.context])
+        if event.kind == "model_call" and event.data["purpose"] == "turn":  # the context it was sent is complete
+            as_sent.append(provider.calls[-1].messages == [m.to_litellm() for m in run.context])
+
+    run.listeners.append(check)
+    send(rt, run, "the task")
+    assert in_step and all(in_step)
+    assert as_sent and all(as_sent)

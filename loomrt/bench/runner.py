@@ -17,6 +17,7 @@ DEFAULT_TARGETS = ["chat200", "agentic", "locomo", "overhead", "recall_latency",
 
 def _load() -> None:
     # registration happens on import
+    import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401
     import loomrt.bench.measures  # noqa: F401
     import loomrt.bench.workloads  # noqa: F401

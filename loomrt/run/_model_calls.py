@@ -27,7 +27,8 @@ async def call_model(
     """One model call on behalf of ``run``, recorded as a ``model_call`` event."""
     provider = provider or run.provider
     request = ModelRequest(
-        messages=[m.to_litellm() for m in messages],
+        # the working context's wire form is kept by the view; other prompts are built here
+        messages=list(run.view.wire) if messages is run.context else [m.to_litellm() for m in messages],
         tools=tools,
         max_tokens=max_tokens or run.spec.max_tokens,
         temperature=run.spec.temperature,

@@ -56,6 +56,9 @@ class RunView:
     max_message_tokens: int = 0
     """Messages over this many tokens are cut in the working context (0: not yet known)."""
     context: list[Message] = field(default_factory=list)
+    wire: list[dict[str, Any]] = field(default_factory=list)
+    """The working context in the provider's format, kept in step with ``context`` (append
+    :meth:`push`, replace :meth:`replace`), so a turn's request costs no rebuild."""
     messages: dict[int, Message] = field(default_factory=dict)
     """Every record message by seq, as the working context holds it (cut if too large)."""
     originals: dict[int, Message] = field(default_factory=dict)
@@ -114,11 +117,11 @@ class RunView:
                 self.keep_first = bool(ctx.get("keep_first", True))
                 self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
             case "distillation":
-                self.context = [
+                self.replace([
                     self.messages[r["seq"]].with_(pinned=bool(r.get("pinned"))) if "seq" in r
                     else Message.from_dict(r["message"])
                     for r in d["context"]
-                ]
+                ])
                 self.distillations += 1
                 self.reported_prompt_tokens = 0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
@@ -158,7 +161,17 @@ class RunView:
             self.originals[message.seq] = message  # type: ignore[index]
             message = message.with_(content=cut_note(message, limit, self.run_id))
         self.messages[message.seq] = message  # type: ignore[index]
+        self.push(message)
+
+    def push(self, message: Message) -> None:
+        """Append ``message`` to the working context (a mode's replay adds its own this way)."""
         self.context.append(message)
+        self.wire.append(message.to_litellm())
+
+    def replace(self, context: list[Message]) -> None:
+        """Make ``context`` the working context (a distillation)."""
+        self.context = context
+        self.wire = [m.to_litellm() for m in context]
 
 
 def cut_note(message: Message, limit: int, run_id: str) -> str:

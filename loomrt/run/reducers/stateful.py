@@ -134,7 +134,7 @@ class StatefulMode(RetentionMode):
         elif event.kind == "patch_rejected":
             slot.patch_failures = event.data.get("attempt", slot.patch_failures + 1)
             if event.data.get("feedback"):  # shown as a user message: there was no call to answer
-                view.context.append(Message(role="user", content=event.data["feedback"], synthetic="feedback"))
+                view.push(Message(role="user", content=event.data["feedback"], synthetic="feedback"))
 
     def system_lines(self, spec: Any) -> list[str]:
         schema = spec.context.state_schema or {"type": "object"}
