@@ -173,7 +173,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
-    if images:
+    if images and results["workloads"]:
         lines += [
             f"![cumulative input tokens]({images}/tokens.png)",
             "",
