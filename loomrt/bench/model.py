@@ -1,4 +1,4 @@
-"""The benchmarks' scripted model: deterministic replies and summaries of fixed size.
+"""The benchmarks' scripted model: deterministic replies, and extractive summaries blind to the probes.
 
 A :class:`BenchModel` answers through a :class:`~loomrt.testing.FunctionProvider`, so the
 runs it drives are real runs of the runtime: the loop, the reducers, the record and
@@ -12,10 +12,10 @@ It behaves as a cooperative model would in each mode:
   into Σ each needle it can see that it has not patched yet;
 - when it needs a needle that is not in its prompt and ``Recall`` is offered, it calls
   Recall first (once), and uses the value only if the result holds it verbatim;
-- its summaries and recaps have a fixed size: the needle values visible in the span come
-  first (as a careful summariser keeps values; earliest first, up to half the size), then
-  the most recent lines of the span, then prose, until the size is reached. A recap also respects the ``At most N characters``
-  of its instructions.
+- its summaries and recaps are extractive and blind to the needles: the leading sentence
+  of each message of the span (at most 24 words of it), earliest first, up to a fixed size
+  (and the ``At most N characters`` of a recap's instructions). A value survives a
+  boundary only if a leading sentence happens to carry it.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrt.bench.textgen import prose
 from loomrt.messages import ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
+from loomrt.providers.scripted import extractive_summary
 from loomrt.tokens import count_dicts, count_text
 
 __all__ = ["Needle", "BenchModel", "prompt_text"]
@@ -164,31 +164,13 @@ class BenchModel(abc.ABC):
         """What a workload's model answers to an ordinary (turn) call."""
 
     def summarize(self, request: ModelRequest) -> str:
-        """A summary or recap of fixed size: visible needles, recent lines, then prose."""
+        """A summary or recap any reader could write without knowing what will be asked:
+        the leading sentence of each message of the span, in order, with its ``[#seq]``
+        pointer, up to a fixed size (earliest first; what does not fit is left out). It
+        never looks at the workload's needles, so a value survives only where the span's
+        own leading sentences carry it."""
         instructions = str(request.messages[0].get("content") or "")
-        body = str(request.messages[-1].get("content") or "")
         target = self.recap_tokens if request.purpose == "recap" else self.summary_tokens
         limit = re.search(r"At most (\d+) characters", instructions)
-        max_chars = int(limit.group(1)) if limit else None
-        found = sorted((body.find(n.value), n) for n in self.needles if n.value in body)
-        lines = ["Where things stand: the conversation so far, condensed."]
-        size = count_text(lines[0])
-        for _, n in found:  # values first, earliest first, up to half the size
-            line = f"- {n.key}: {n.value}"
-            if size + count_text(line) > target // 2:
-                break
-            lines.append(line)
-            size += count_text(line) + 1
-        recent = [ln for ln in body.splitlines() if ln.startswith("[#")]
-        for ln in reversed(recent):
-            if size >= target * 0.8:
-                break
-            short = ln[:240]
-            lines.append(short)
-            size += count_text(short) + 1
-        text = "\n".join(lines)
-        if size < target:
-            text += "\n" + prose(target - size, self.rng, advice=True)
-        if max_chars and len(text) > max_chars:
-            text = text[:max_chars].rsplit("\n", 1)[0] if "\n" in text[:max_chars] else text[:max_chars]
-        return text
+        max_chars = min(int(limit.group(1)) if limit else 10**9, target * 4)
+        return extractive_summary(request, max_chars=max_chars, words_per_line=24) or "The conversation went on."
