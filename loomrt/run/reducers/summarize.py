@@ -23,7 +23,7 @@ from loomrt.tokens import count_text, cut_text
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
-__all__ = ["transcript", "transcript_parts", "distil_with_prose", "keep_pointers"]
+__all__ = ["transcript_parts", "distil_with_prose", "keep_pointers"]
 
 _PROMPT_OVERHEAD = 400
 """Tokens a summariser call spends besides the transcript (instructions, task, earlier account)."""
@@ -33,11 +33,6 @@ def _line(m: Message) -> str:
     ref = f"[#{m.seq}] " if m.seq is not None else ""
     who = f"tool {m.name or ''}".strip() if m.role == "tool" else (m.name or m.role)
     return f"{ref}{who}: {m.text_for_search()}"
-
-
-def transcript(messages: list[Message]) -> str:
-    """The messages as plain text, each line marked with its record pointer ``[#seq]``."""
-    return "\n".join(_line(m) for m in messages)
 
 
 def transcript_parts(messages: list[Message], limit: int) -> list[list[str]]:
