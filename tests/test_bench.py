@@ -198,3 +198,39 @@ def test_locomo_without_data_is_skipped_or_refused(monkeypatch: pytest.MonkeyPat
         run_bench(["locomo"], BenchConfig(quick=True))
     with pytest.raises(ValueError, match="unknown workload"):
         run_bench(["nope"], BenchConfig(quick=True))
+
+
+def test_a_summary_that_does_not_know_the_probes_loses_values_from_the_context(quick: dict) -> None:
+    """The bench can say no: the scripted summariser is blind to the planted values, so a
+    distilling mode keeps fewer of them in its working context than the no-distillation
+    control, and what it still produces comes partly through Recall."""
+    for name in ("chat200", "agentic"):
+        modes = quick["workloads"][name]["modes"]
+        control = modes["append"]
+        for mode in ("recap", "compaction"):
+            f = modes[mode]
+            assert f["in_context"] < control["in_context"], (name, mode)
+            assert f["via_recall"] > 0, (name, mode)
+
+
+def test_the_scripted_summary_is_extractive_and_never_lists_the_planted_values_first() -> None:
+    from loomrt.bench.model import BenchModel, Needle
+    from loomrt.providers.base import ModelRequest
+
+    class Model(BenchModel):
+        def turn(self, request):  # pragma: no cover - not called here
+            raise AssertionError
+
+    needle = Needle("door code", "7319-44")
+    transcript = "\n".join([
+        "[#3] user: We talked about the weather for a while. Then other things.",
+        "[#5] assistant: Yes, it rained all week. Later the door code came up: 7319-44.",
+    ])
+    request = ModelRequest(
+        messages=[{"role": "system", "content": "Summarise."},
+                  {"role": "user", "content": f"TRANSCRIPT START\n{transcript}\nTRANSCRIPT END"}],
+        purpose="summary",
+    )
+    text = Model(needles=[needle]).summarize(request)
+    assert text.splitlines() == ["[#3] We talked about the weather for a while.", "[#5] Yes, it rained all week."]
+    assert "7319-44" not in text  # the value was not in a leading sentence, so it is lost
