@@ -172,12 +172,7 @@ class LiteLLMProvider:
         answer, the answer as free text under the request's own max_tokens, so that a long
         answer never has to fit inside a JSON string."""
         decide = dataclasses.replace(request, max_tokens=max(request.max_tokens, _MIN_DECISION_TOKENS))
-        kwargs = self._kwargs(decide, "decision")
-        kwargs["messages"] = plain_history(request.messages, decision_instructions(request.tools, required=False, answer_text=False))
-        if self.capabilities.structured_output:
-            schema = decision_schema(request.tools, required=False, answer_text=False)
-            kwargs["response_format"] = _json_format(schema, self.embedded)
-        raw = await self._acompletion(kwargs)
+        raw = await self._acompletion(self._kwargs(decide, "decision", answer_text=False))
         choice = raw.choices[0]
         text, finish = choice.message.content or "", choice.finish_reason
         value = parse_json_reply(text, model=self.model, finish_reason=finish, max_tokens=decide.max_tokens)
@@ -202,7 +197,9 @@ class LiteLLMProvider:
             return "json"
         return "text"
 
-    def _kwargs(self, request: ModelRequest, shape: str) -> dict[str, Any]:
+    def _kwargs(self, request: ModelRequest, shape: str, *, answer_text: bool = True) -> dict[str, Any]:
+        """litellm's arguments; ``answer_text=False`` asks a decision for no answer text
+        (the answer is written afterwards, see :meth:`_decide_then_answer`)."""
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": request.messages,
@@ -219,10 +216,11 @@ class LiteLLMProvider:
             kwargs["messages"] = alternating(request.messages)
         if shape == "decision":
             required = request.tool_choice == "required"
-            instructions = decision_instructions(request.tools, required=required)
+            instructions = decision_instructions(request.tools, required=required, answer_text=answer_text)
             kwargs["messages"] = plain_history(request.messages, instructions)
             if self.capabilities.structured_output:  # else the instructions alone ask for the JSON
-                kwargs["response_format"] = _json_format(decision_schema(request.tools, required=required), self.embedded)
+                schema = decision_schema(request.tools, required=required, answer_text=answer_text)
+                kwargs["response_format"] = _json_format(schema, self.embedded)
         elif shape == "tools":
             kwargs["tools"] = [t.to_litellm() for t in request.tools]
             kwargs["tool_choice"] = request.tool_choice

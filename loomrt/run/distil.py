@@ -9,7 +9,7 @@ from loomrt.messages import EvictedSpan
 from loomrt.run.projection import context_refs
 from loomrt.run.reducers.base import Declined, Reduction
 from loomrt.run.state import RunState
-from loomrt.tokens import count_messages, count_tools
+from loomrt.tokens import count_messages
 
 __all__ = ["maybe_distil", "notify"]
 
@@ -18,11 +18,11 @@ async def maybe_distil(run: RunState) -> bool:
     """Distil if the mode says pressure calls for it. True if the context was reduced."""
     if not run.mode.should_distil(run):
         return False
-    tools = count_tools(run.mode.offered_tools(run))  # sent with every call: part of the size
-    before = count_messages(run.context) + tools
-    pressure = max(before, run.view.reported_prompt_tokens)
+    before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
     reduction = await run.mode.reduce(run)
-    after = count_messages(reduction.context) + tools if isinstance(reduction, Reduction) else before
+    after = before
+    if isinstance(reduction, Reduction):  # the same tools go with the smaller context
+        after = before - count_messages(run.context) + count_messages(reduction.context)
     if not isinstance(reduction, Reduction) or not reduction.evicted or after >= before:
         if isinstance(reduction, Declined):
             paid, reason = reduction.paid, reduction.reason
