@@ -37,10 +37,38 @@ __all__ = [
     "mode_measure",
     "standalone_measure",
     "all_modes",
+    "VARIANTS",
+    "DEFAULT_VARIANTS",
+    "split_variant",
+    "known_variant",
     "REFERENCE_RATIOS", "timed"]
 
 REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "stateful": 0.20}
 """Input-token ratios to append at 200 turns, from the design this project follows."""
+
+
+VARIANTS: dict[str, str] = {
+    "no-recall": "the mode with context.recall off: what its working context alone keeps",
+    "backstop": "append with the compaction backstop in the model's window (append only)",
+}
+"""Options a workload can play a mode with, written ``MODE/OPTION``."""
+
+DEFAULT_VARIANTS = ["append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall"]
+"""The variants ``loomrt bench run`` plays besides the modes (chat200 and agentic)."""
+
+
+def split_variant(name: str) -> tuple[str, str | None]:
+    """``"recap/no-recall"`` → ``("recap", "no-recall")``; a plain mode → ``(mode, None)``."""
+    base, _, option = name.partition("/")
+    return base, option or None
+
+
+def known_variant(name: str) -> bool:
+    """Whether ``name`` is a mode, or a mode with a known option (``backstop`` only on append)."""
+    base, option = split_variant(name)
+    if base not in all_modes():
+        return False
+    return option is None or option in VARIANTS and (option != "backstop" or base == "append")
 
 
 def all_modes() -> list[str]:
@@ -54,13 +82,16 @@ def all_modes() -> list[str]:
 class BenchConfig:
     """What to run and how. Every workload reads the fields it needs."""
 
-    modes: list[str] = field(default_factory=all_modes)
-    """The modes each workload is played in (append is always added: ratios need it)."""
+    modes: list[str] = field(default_factory=lambda: [*all_modes(), *DEFAULT_VARIANTS])
+    """The modes (and variants, ``MODE/OPTION``) each workload is played in (append is
+    always added: ratios need it)."""
     quick: bool = False
     """A small, fast configuration (fewer turns and steps): the CI smoke test."""
     seed: int = 7
     """The seed every generated workload derives from."""
     budget_tokens: int = 8192
+    window_tokens: int = 32768
+    """The model's window: the budget of ``append/backstop`` (the scripted model's own window is unbounded)."""
     keep_last_n: int = 6
     recall: bool = True
     """context.recall for every mode (fidelity counts what Recall returns)."""

@@ -60,19 +60,27 @@ def cache(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, 
     }
 
 
-@mode_measure("fidelity", "planted values the run can still produce: in the working context, or via Recall top 5")
+@mode_measure(
+    "fidelity",
+    "questions the model answered right from what it saw (answered), and planted values still "
+    "retrievable at the end: in the working context, or via Recall top 5, not from its own answers",
+)
 def fidelity(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
     n = len(run.found)
     ctx, rec = run.found.count("context"), run.found.count("recall")
+    recalls = sum(
+        1 for c in run.calls if c["purpose"] == "turn" and c.get("recall_call")
+    )
     out: dict[str, Any] = {
+        "answered": _ratio(sum(run.answered), len(run.answered)) if run.answered else None,
+        "questions": len(run.answered),
+        "recall_calls": recalls,
         "probes": n,
         "in_context": ctx,
         "via_recall": rec,
         "lost": n - ctx - rec,
-        "fidelity": _ratio(ctx + rec, n) if n else None,
+        "retrievable": _ratio(ctx + rec, n) if n else None,
     }
-    if run.answered:
-        out["answered"] = _ratio(sum(run.answered), len(run.answered))
     return out
 
 

@@ -1,21 +1,24 @@
-"""The benchmarks' scripted model: deterministic replies, and extractive summaries blind to the probes.
+"""The benchmarks' scripted model: deterministic replies, and reading rules blind to the gold values.
 
 A :class:`BenchModel` answers through a :class:`~loomrt.testing.FunctionProvider`, so the
 runs it drives are real runs of the runtime: the loop, the reducers, the record and
-Recall all do their work; only the model's words are generated. Its usage is exact:
-``input_tokens`` is the estimated size of the prompt it was sent (:mod:`loomrt.tokens`),
-``output_tokens`` the size of what it wrote.
+Recall all do their work; only the model's words are generated.
 
-It behaves as a cooperative model would in each mode:
+It never looks at the gold values (the workload grades what it says). It behaves as a
+cooperative but uninformed model would:
 
-- in stateful mode (``emit_state`` offered) it acts only through ``emit_state``, patching
-  into Σ each needle it can see that it has not patched yet;
-- when it needs a needle that is not in its prompt and ``Recall`` is offered, it calls
-  Recall first (once), and uses the value only if the result holds it verbatim;
-- its summaries and recaps are extractive and blind to the needles: the leading sentence
-  of each message of the span (at most 24 words of it), earliest first, up to a fixed size
-  (and the ``At most N characters`` of a recap's instructions). A value survives a
-  boundary only if a leading sentence happens to carry it.
+- to answer a question it quotes the line of its prompt that shares the most content words
+  with the question (:mod:`loomrt.bench.reader`); if no line shares enough and ``Recall``
+  is offered, it calls Recall once with the question's own words, then quotes the best
+  line of context and results (wrong, if a lossy summary kept a related line instead);
+- in stateful mode (``emit_state`` offered) it acts only through ``emit_state``, noting in Σ
+  what any model would note without knowing the questions (the workload's
+  :meth:`BenchModel.worth_noting`: in a chat, the sentences the user asked it to note);
+- its summaries and recaps are extractive: the leading sentence of each message of the
+  span (at most 24 words of it), earliest first, up to a fixed size;
+- its usage is counted with another tokenizer than the runtime's estimate (words and
+  punctuation marks, ×1.1), so the runtime's ``max(estimate, reported)`` pressure rule is
+  exercised: reported input runs ~10-20% above the estimate on the workloads' prose.
 """
 
 from __future__ import annotations
@@ -27,12 +30,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrt.bench.reader import ANSWER_OVERLAP, best_line
 from loomrt.messages import ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.providers.scripted import extractive_summary
-from loomrt.tokens import count_dicts, count_text
 
-__all__ = ["Needle", "BenchModel", "prompt_text"]
+__all__ = ["Needle", "BenchModel", "prompt_text", "readable", "reported_tokens", "recall_texts"]
 
 EMIT_STATE = "emit_state"
 
@@ -60,15 +63,42 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
     return "\n".join(parts)
 
 
+def readable(message: dict[str, Any]) -> str:
+    """What a model reads in one message as a source of answers: its content, and the
+    arguments of its tool calls other than Recall (a query is not an answer)."""
+    calls = [tc for tc in message.get("tool_calls") or () if tc.get("function", {}).get("name") != "Recall"]
+    return prompt_text([{"content": message.get("content"), "tool_calls": calls}])
+
+
+_PIECE = re.compile(r"\w+|[^\w\s]")
+
+
+def reported_tokens(text: str) -> int:
+    """The scripted provider's own token count: words and punctuation marks, ×1.1 (not cl100k)."""
+    return max(1, round(len(_PIECE.findall(text)) * 1.1))
+
+
+def recall_texts(content: str) -> list[str]:
+    """The ``text`` of each result in a Recall tool result (JSON); the content itself if it is not one."""
+    try:
+        answer = json.loads(content[content.index("{") :])
+    except ValueError:
+        return [content]
+    return [str(r.get("text", "")) for r in answer.get("results", [])] if isinstance(answer, dict) else [content]
+
+
 @dataclass
 class BenchModel(abc.ABC):
-    """The model side of a workload. Subclasses decide what a ``turn`` call answers."""
+    """The model side of a workload. Subclasses decide what a ``turn`` call answers.
 
-    needles: list[Needle] = field(default_factory=list)
+    It holds no gold values: the workload's needles grade its replies from outside.
+    """
+
     summary_tokens: int = 400
     recap_tokens: int = 450
     seed: int = 0
     patched: set[str] = field(default_factory=set)
+    """The values noted in Σ so far (stateful mode)."""
     _calls: int = 0
 
     def __post_init__(self) -> None:
@@ -83,13 +113,14 @@ class BenchModel(abc.ABC):
         return self.turn(request)
 
     def respond(self, request: ModelRequest, text: str = "", calls: tuple[ToolCall, ...] = ()) -> ModelResponse:
-        """A reply whose usage is the exact estimated size of prompt and reply."""
-        out = count_text(text) + sum(count_text(json.dumps(c.arguments)) for c in calls)
+        """A reply whose usage the provider's own tokenizer counted (see :func:`reported_tokens`)."""
+        out = reported_tokens(text) + sum(reported_tokens(json.dumps(c.arguments)) for c in calls)
+        prompt = sum(4 + reported_tokens(prompt_text([m])) for m in request.messages)
         return ModelResponse(
             text=text,
             tool_calls=calls,
             model="bench/scripted",
-            usage=Usage(count_dicts(request.messages), max(1, out), 0),
+            usage=Usage(prompt, max(1, out), 0),
             finish_reason="tool_calls" if calls else "stop",
         )
 
@@ -100,9 +131,9 @@ class BenchModel(abc.ABC):
     def offers(request: ModelRequest, name: str) -> bool:
         return any(t.name == name for t in request.tools)
 
-    def visible(self, request: ModelRequest) -> list[Needle]:
-        text = prompt_text(request.messages)
-        return [n for n in self.needles if n.value in text]
+    def worth_noting(self, request: ModelRequest) -> dict[str, str]:
+        """What a cooperative model keeps in Σ from the newest message (the workload decides; none here)."""
+        return {}
 
     def act(
         self,
@@ -111,15 +142,14 @@ class BenchModel(abc.ABC):
         text: str = "",
         tool: str | None = None,
         arguments: dict[str, Any] | None = None,
-        final: bool = False,
     ) -> ModelResponse:
         """Reply with ``text`` or call ``tool``: directly, or through emit_state in stateful mode."""
         if not self.offers(request, EMIT_STATE):
             if tool:
                 return self.respond(request, "", (self.call(tool, arguments or {}),))
             return self.respond(request, text)
-        new = {n.key: n.value for n in self.visible(request) if n.key not in self.patched}
-        self.patched.update(new)
+        new = {k: v for k, v in self.worth_noting(request).items() if v not in self.patched}
+        self.patched.update(new.values())
         emit: dict[str, Any] = {
             "reasoning": "Noting what I learned and deciding the next step.",
             "patch": {"notes": new} if new else {},
@@ -130,24 +160,40 @@ class BenchModel(abc.ABC):
             emit.update(done=True, final=text)
         return self.respond(request, "", (self.call(EMIT_STATE, emit),))
 
-    def recalled(self, request: ModelRequest, needle: Needle) -> bool | None:
-        """True/False if the last message is a Recall result for ``needle`` (holding it or not)."""
+    @staticmethod
+    def recall_result(request: ModelRequest) -> list[str] | None:
+        """The result texts if the newest message is a Recall result, else None."""
         last = request.messages[-1] if request.messages else {}
         content = str(last.get("content") or "")
-        is_tool = last.get("role") == "tool" and last.get("name") == "Recall"
-        is_obs = last.get("role") == "user" and content.startswith("Last observation (Recall)")
-        if not (is_tool or is_obs):
-            return None
-        return needle.value in content
+        if last.get("role") == "tool" and last.get("name") == "Recall":
+            return recall_texts(content)
+        if last.get("role") == "user" and content.startswith("Last observation (Recall)"):
+            return recall_texts(content)
+        return None
 
-    def need(self, request: ModelRequest, needle: Needle) -> tuple[bool, ModelResponse | None]:
-        """Whether ``needle`` is available now; if not and Recall can find it, the Recall call to make."""
-        if needle.value in prompt_text(request.messages):
-            return True, None
-        if self.offers(request, "Recall") or self.offers(request, EMIT_STATE) and self._state_can_recall(request):
-            if self.recalled(request, needle) is None:
-                return False, self.act(request, tool="Recall", arguments={"query": needle.search, "top_k": 5})
-        return False, None
+    def look_up(
+        self, request: ModelRequest, question: str, query: str, *, asked_in: str = ""
+    ) -> tuple[str, ModelResponse | None]:
+        """The line this model would answer ``question`` from, or the Recall call it makes first.
+
+        It reads its whole prompt but its own Recall queries (and the sentence ``asked_in``,
+        where the question was put to it: a question is not its own answer). A line
+        sharing :data:`~loomrt.bench.reader.ANSWER_OVERLAP` content words is an answer; if
+        none does and Recall is offered (and was not just called), it recalls with ``query``;
+        after a Recall it quotes the best line of context and results, if one shares enough.
+        """
+        recalled = self.recall_result(request)
+        texts = [readable(m) for m in request.messages]
+        if asked_in:
+            texts = [t.replace(asked_in, "") for t in texts]
+        if recalled is not None:
+            texts[-1:] = recalled
+        line, score = best_line(question, texts)
+        if score >= ANSWER_OVERLAP:
+            return line, None
+        if recalled is None and (self.offers(request, "Recall") or self._state_can_recall(request)):
+            return "", self.act(request, tool="Recall", arguments={"query": query, "top_k": 5})
+        return "", None
 
     @staticmethod
     def _state_can_recall(request: ModelRequest) -> bool:

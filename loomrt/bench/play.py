@@ -8,11 +8,12 @@ drive it, and reads the figures back from the record and the provider's requests
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loomrt.bench.core import BenchConfig, ModeRun, Probe
+from loomrt.bench.core import BenchConfig, ModeRun, Probe, split_variant
 from loomrt.bench.model import BenchModel, prompt_text
 from loomrt.errors import LoomError
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
@@ -73,9 +74,18 @@ class Recorder:
                 "output_tokens": response.usage.output_tokens,
                 "cached_prefix_tokens": min(cached, response.usage.input_tokens),
                 "messages": len(messages),
+                "recall_call": any(_calls_recall(c) for c in response.tool_calls),
             }
         )
         return response
+
+
+def _calls_recall(call: Any) -> bool:
+    """A Recall call, directly or as the action of an ``emit_state`` call."""
+    if call.name == "Recall":
+        return True
+    action = call.arguments.get("action") if isinstance(call.arguments, dict) else None
+    return isinstance(action, dict) and action.get("tool") == "Recall"
 
 
 def recall_available() -> bool:
@@ -96,7 +106,14 @@ def bench_spec(
     max_iterations: int = 20,
     max_tokens: int = 1024,
 ) -> AgentSpec:
-    """The definition every mode of a workload shares; only ``context.mode`` differs."""
+    """The definition every mode of a workload shares; only the context block differs.
+
+    ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
+    ``MODE/no-recall`` turns Recall off, ``append/backstop`` is append with the compaction
+    backstop in the model's window (``config.window_tokens``): the baseline that could run.
+    """
+    base, option = split_variant(mode)
+    backstop = option == "backstop"
     return AgentSpec(
         model=config.model or "bench/scripted",
         system_prompt=system,
@@ -104,10 +121,11 @@ def bench_spec(
         max_iterations=max_iterations,
         max_tokens=max_tokens,
         context={
-            "mode": mode,
-            "budget_tokens": config.budget_tokens,
+            "mode": base,
+            "budget_tokens": config.window_tokens if backstop else config.budget_tokens,
+            "backstop": backstop,
             "keep_last_n": config.keep_last_n,
-            "recall": config.recall and recall_available(),
+            "recall": config.recall and option != "no-recall" and recall_available(),
             "state_schema": STATE_SCHEMA,
         },
     )
@@ -115,7 +133,7 @@ def bench_spec(
 
 def _provider(config: BenchConfig, spec: AgentSpec, model: BenchModel | None, *, local: bool) -> ModelProvider:
     if model is not None:
-        return FunctionProvider(model, local=local, context_window=10**7, name="bench/scripted")
+        return FunctionProvider(model, local=local, context_window=10**7, name="bench/scripted")  # append unbounded
     from loomrt.providers import resolve_provider
 
     return resolve_provider(spec, config.model)
@@ -123,7 +141,8 @@ def _provider(config: BenchConfig, spec: AgentSpec, model: BenchModel | None, *,
 
 async def probe_run(run: RunState, probes: list[Probe]) -> list[str]:
     """For each probe: ``context`` if a needle is in the final working context verbatim,
-    ``recall`` if Recall (top 5) returns it verbatim, else ``lost``."""
+    ``recall`` if Recall (top 5, the probe's paraphrased query) returns it verbatim in a
+    result that is not one of the run's own answers (role ``assistant``), else ``lost``."""
     context = prompt_text([m.to_litellm() for m in run.context])
     tool = run.toolset.tools.get("Recall")
     found: list[str] = []
@@ -132,8 +151,9 @@ async def probe_run(run: RunState, probes: list[Probe]) -> list[str]:
             found.append("context")
             continue
         if tool is not None:
-            out = await tool.call({"query": p.query, "top_k": 5})
-            if any(n in out for n in p.needles):
+            out = json.loads(await tool.call({"query": p.query, "top_k": 5}))
+            sources = [r.get("text", "") for r in out.get("results", []) if r.get("role") != "assistant"]
+            if any(n in text for n in p.needles for text in sources):
                 found.append("recall")
                 continue
         found.append("lost")

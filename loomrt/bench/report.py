@@ -33,11 +33,13 @@ COLUMNS: list[tuple[str, str]] = [
     ("distillations", "boundaries"),
     ("distillation_input_tokens", "distil input"),
     ("peak_prompt_tokens", "peak prompt"),
+    ("ratio_backstop", "× append/backstop"),
     ("cache_ratio", "cache-adj. × append"),
-    ("fidelity", "fidelity"),
+    ("answered", "answered"),
+    ("recall_calls", "Recall calls"),
+    ("retrievable", "retrievable"),
     ("in_context", "in context"),
     ("via_recall", "via Recall"),
-    ("answered", "answered"),
 ]
 
 
@@ -48,10 +50,10 @@ SHORT: list[tuple[str, str]] = [
     ("ratio", "×app"),
     ("reference_ratio", "ref"),
     ("distillations", "bnd"),
-    ("cache_ratio", "cache×"),
-    ("fidelity", "fid"),
-    ("via_recall", "recall"),
+    ("ratio_backstop", "×bkst"),
     ("answered", "ans"),
+    ("recall_calls", "rcl"),
+    ("retrievable", "retr"),
 ]
 """The columns of the terminal table (the full set goes to report.md)."""
 
@@ -186,7 +188,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
 
 
 def plot(results: dict[str, Any], folder: Path) -> list[Path]:
-    """PNG plots: cumulative input tokens per mode, fidelity against ratio, overhead."""
+    """PNG plots: cumulative input tokens per mode, answers against ratio, overhead."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -216,10 +218,10 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         modes = list(dict.fromkeys(m for w in workloads.values() for m in w["modes"]))
         for i, (name, w) in enumerate(workloads.items()):
             for mode, f in w["modes"].items():
-                if f.get("ratio") is not None and f.get("fidelity") is not None:
+                if f.get("ratio") is not None and f.get("answered") is not None:
                     ax.scatter(
                         f["ratio"],
-                        f["fidelity"],
+                        f["answered"],
                         marker=markers[i % len(markers)],
                         s=60,
                         alpha=0.8,
@@ -231,7 +233,7 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
             ax.annotate(f"{mode} ref", (ref, 0.02), fontsize=7, rotation=90)
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         ax.set_xlabel("input tokens × append")
-        ax.set_ylabel("fidelity (context or Recall top 5)")
+        ax.set_ylabel("questions answered right by the model")
         ax.set_ylim(-0.05, 1.05)
         fig.tight_layout()
         written.append(_save(fig, folder / "fidelity.png"))

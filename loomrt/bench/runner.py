@@ -7,7 +7,16 @@ import platform
 import time
 from typing import Any
 
-from loomrt.bench.core import MEASURES, REFERENCE_RATIOS, WORKLOADS, BenchConfig, NullProgress, Progress, WorkloadResult
+from loomrt.bench.core import (
+    MEASURES,
+    REFERENCE_RATIOS,
+    WORKLOADS,
+    BenchConfig,
+    ModeRun,
+    NullProgress,
+    Progress,
+    WorkloadResult,
+)
 
 __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figures"]
 
@@ -34,6 +43,7 @@ def available_targets() -> dict[str, str]:
 def workload_figures(result: WorkloadResult, config: BenchConfig) -> dict[str, Any]:
     """Apply every mode measure to every run of ``result``."""
     base = result.runs.get("append")
+    backstop = result.runs.get("append/backstop")
     modes: dict[str, Any] = {}
     for mode, run in result.runs.items():
         figures: dict[str, Any] = {
@@ -46,6 +56,8 @@ def workload_figures(result: WorkloadResult, config: BenchConfig) -> dict[str, A
         for m in MEASURES.values():
             if m.kind == "mode":
                 figures.update(m.fn(run, base, config))
+        if backstop is not None:
+            figures["ratio_backstop"] = _ratio(_input(run), _input(backstop))
         run.figures = figures
         modes[mode] = figures
     return {
@@ -55,6 +67,14 @@ def workload_figures(result: WorkloadResult, config: BenchConfig) -> dict[str, A
         "series": {mode: run.series for mode, run in result.runs.items()},
         **result.extra,
     }
+
+
+def _input(run: ModeRun) -> int:
+    return sum(c["input_tokens"] for c in run.calls)
+
+
+def _ratio(a: int, b: int) -> float | None:
+    return round(a / b, 4) if b else None
 
 
 def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress | None = None) -> dict[str, Any]:

@@ -72,25 +72,27 @@ _ADVICE = [
     "A quick call is often faster than a long thread of messages for a decision like this.",
 ]
 
-_OWNERS = [
-    "my sister Ana",
-    "my landlord",
-    "the Halden project",
-    "my dentist",
-    "my neighbour Tomas",
-    "the book club",
-    "my manager Priya",
-    "the rental agency",
-    "my cousin Leo",
-    "the football team",
+_OWNERS: list[tuple[str, str]] = [
+    # (how the fact is stated, how it is asked about later: a paraphrase sharing one word)
+    ("my sister Ana", "Ana"),
+    ("my landlord", "the landlord"),
+    ("the Halden project", "Halden"),
+    ("my dentist", "the dentist"),
+    ("my neighbour Tomas", "Tomas"),
+    ("the book club", "the club"),
+    ("my manager Priya", "Priya"),
+    ("the rental agency", "the agency"),
+    ("my cousin Leo", "Leo"),
+    ("the football team", "the team"),
 ]
-_THINGS: list[tuple[str, str]] = [
-    ("booking reference", "ref"),
-    ("door code", "code"),
-    ("account number", "num"),
-    ("meeting room", "room"),
-    ("backup folder", "path"),
-    ("contact person", "name"),
+_THINGS: list[tuple[str, str, str]] = [
+    # (the thing, how it is asked about: a paraphrase sharing one word, the kind of value)
+    ("booking reference", "reference for the reservation", "ref"),
+    ("door code", "code to get in", "code"),
+    ("account number", "account digits", "num"),
+    ("meeting room", "room we meet in", "room"),
+    ("backup folder", "folder the backups go to", "path"),
+    ("contact person", "person to get in touch with", "name"),
 ]
 _FIRST = ["Ingrid", "Mateo", "Yusuf", "Keiko", "Bartosz", "Olena", "Rafael", "Sunniva", "Dmitri", "Amara"]
 _LAST = ["Halvorsen", "Quintero", "Okafor", "Lindqvist", "Marchetti", "Nakamura", "Brennan", "Vasquez"]
@@ -98,20 +100,29 @@ _LAST = ["Halvorsen", "Quintero", "Okafor", "Lindqvist", "Marchetti", "Nakamura"
 
 @dataclass(frozen=True)
 class Fact:
-    """One planted fact: stated once early, asked about later, found again by its ``value``."""
+    """One planted fact: stated once early, asked about later (in other words), found again by its ``value``."""
 
     key: str
     """What the fact is about, e.g. ``"my landlord's door code"``."""
     value: str
     """The exact value, unique in the workload (the needle)."""
+    asked: str = ""
+    """The paraphrase the question uses, e.g. ``"the landlord's code to get in"``: it shares
+    only the owner's name and one word of the thing with the statement."""
+    style: int = 0
+    """How the fact is stated: 0 says to note it; 1 and 2 mention it in passing."""
 
     @property
     def statement(self) -> str:
+        if self.style == 1:
+            return f"It turns out {self.key} is {self.value}, which I had forgotten."
+        if self.style == 2:
+            return f"By the way, {self.key} changed to {self.value} last month."
         return f"Please note that {self.key} is {self.value}."
 
     @property
     def question(self) -> str:
-        return f"Remind me: what is {self.key}?"
+        return f"Remind me: what was {self.asked or self.key}?"
 
 
 def _value(kind: str, rng: random.Random) -> str:
@@ -131,17 +142,17 @@ def _value(kind: str, rng: random.Random) -> str:
 
 
 def make_facts(n: int, rng: random.Random) -> list[Fact]:
-    """``n`` facts with distinct keys and distinct values (at most 60)."""
+    """``n`` facts with distinct keys and distinct values (at most 60); one in three is stated as one to note."""
     pairs = [(o, t) for o in _OWNERS for t in _THINGS]
     rng.shuffle(pairs)
     facts: list[Fact] = []
     seen: set[str] = set()
-    for owner, (thing, kind) in pairs[:n]:
+    for i, ((owner, owner_asked), (thing, thing_asked, kind)) in enumerate(pairs[:n]):
         value = _value(kind, rng)
         while value in seen:
             value = _value(kind, rng)
         seen.add(value)
-        facts.append(Fact(key=f"{owner}'s {thing}", value=value))
+        facts.append(Fact(f"{owner}'s {thing}", value, f"{owner_asked}'s {thing_asked}", style=i % 3))
     return facts
 
 

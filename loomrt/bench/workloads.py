@@ -14,6 +14,7 @@ from typing import Any
 
 from loomrt.bench.core import BenchConfig, ModeRun, Probe, Progress, WorkloadResult, workload
 from loomrt.bench.model import BenchModel, Needle
+from loomrt.bench.reader import lines_of, value_after_key
 from loomrt.bench.play import bench_spec, play_mode
 from loomrt.bench.textgen import make_facts, prose, system_prompt
 from loomrt.providers.base import ModelRequest, ModelResponse
@@ -37,11 +38,15 @@ class ChatTurn:
     text: str
     reply: str
     asks: Needle | None = None
+    """The fact this turn asks about (its gold value grades the reply; the model never sees it)."""
+    question: str = ""
+    """The question sentence of the turn (in ``text``): what the model answers."""
 
 
 def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, list[ChatTurn], list[Needle]]:
     """The chat: a ~500-token system prompt and ``turns`` turns of ~300 tokens (user ~120,
-    reply ~180). Fact *i* is stated in the first 30% of the turns and asked in the last 40%."""
+    reply ~180). Fact *i* is stated in the first 30% of the turns (one in three as a fact to
+    note, the rest in passing) and asked in the last 40%, in other words than it was stated."""
     rng = random.Random(seed)
     planted = make_facts(facts, rng)
     needles = [Needle(f.key, f.value, f.question) for f in planted]
@@ -57,7 +62,7 @@ def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, l
             script.append(ChatTurn(text + prose(95, rng), reply))
         elif t in asked:
             f = planted[asked[t]]
-            script.append(ChatTurn(f"{f.question} {prose(105, rng)}", reply, needles[asked[t]]))
+            script.append(ChatTurn(f"{f.question} {prose(105, rng)}", reply, needles[asked[t]], f.question))
         elif t in stated:
             f = planted[stated[t]]
             script.append(ChatTurn(f"{prose(60, rng)} {f.statement} {prose(45, rng)}", reply))
@@ -66,10 +71,14 @@ def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, l
     return system, script, needles
 
 
+_NOTE_CUES = ("note", "remember", "keep track")
+
+
 @dataclass
 class ChatModel(BenchModel):
-    """Answers the turn the workload set in ``current``: its fixed reply, headed by the
-    asked value when the model has it (in its prompt, or via Recall)."""
+    """Answers the turn the workload set in ``current``: its fixed reply, headed by the line
+    it answers the turn's question from (:meth:`BenchModel.look_up`), if it asks one. In
+    stateful mode it notes in Σ each sentence the user asked it to note."""
 
     current: ChatTurn | None = None
 
@@ -77,12 +86,19 @@ class ChatModel(BenchModel):
         t = self.current
         assert t is not None
         head = "Noted."
-        if t.asks is not None:
-            have, recall = self.need(request, t.asks)
+        if t.question:
+            line, recall = self.look_up(request, t.question, t.question, asked_in=t.question)
             if recall is not None:
                 return recall
-            head = f"{t.asks.key} is {t.asks.value}." if have else "I am not sure: I no longer have that detail."
+            head = f"You told me: {line}" if line else "I am not sure: I no longer have that detail."
         return self.act(request, text=f"{head} {t.reply}")
+
+    def worth_noting(self, request: ModelRequest) -> dict[str, str]:
+        t = self.current
+        if t is None:
+            return {}
+        said = [s for s in lines_of([t.text]) if any(c in s.lower() for c in _NOTE_CUES)]
+        return {f"said {len(self.patched) + i + 1}": s for i, s in enumerate(said)}
 
 
 @workload("chat200", "a 200-turn chat: ~300-token turns, 40 facts stated early and asked late")
@@ -121,7 +137,7 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
             spec=bench_spec(config, mode, system=system),
             drive=drive,
             probes=probes,
-            make_model=lambda: ChatModel(needles=needles, seed=config.seed),
+            make_model=lambda: ChatModel(seed=config.seed),
             unit="turn",
             interactive=True,
             local=True,
@@ -164,6 +180,19 @@ def _needle(i: int, rng: random.Random) -> Needle:
     return Needle(f"the ticket tracking the {svc} outage", v, f"{svc} outage ticket")
 
 
+def _distractor(svc: str, rng: random.Random) -> str:
+    """An ERROR line no step will need (noise a model keeping every error line keeps too)."""
+    what, value = rng.choice(
+        [
+            (f"the retry queue of the {svc} worker", f"{rng.randint(2, 400)} pending"),
+            (f"the last healthy build of {svc}", f"b{rng.randint(1000, 9999)}"),
+            (f"the disk usage of {svc}-db", f"{rng.randint(60, 99)}%"),
+            (f"the slowest query of {svc}", f"q{rng.randint(100, 999)} at {rng.randint(2, 90)}s"),
+        ]
+    )
+    return f"2026-03-1{rng.randint(0, 9)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}:07Z ERROR {svc}: {what}: {value}"
+
+
 @dataclass(frozen=True)
 class Step:
     tool: str
@@ -189,7 +218,8 @@ def agentic_script(
 ) -> tuple[str, str, list[Step], list[Needle]]:
     """A tool-using investigation: ``steps`` tool calls whose results range from ~80 to
     ~1,500 tokens, ``huge`` of ~5,000; needle *i* appears in a result in the first 40% of the
-    steps and is needed (as a tool argument) in the last 30%."""
+    steps and is needed (as a tool argument) in the last 30%. About half the other early
+    results carry an ERROR line that is never needed."""
     rng = random.Random(seed + 1)
     planted = [_needle(i, rng) for i in range(needles)]
     system = system_prompt(400, rng, role="a site-reliability agent that investigates incidents with tools")
@@ -226,6 +256,8 @@ def agentic_script(
         if s in stated:
             n = planted[stated[s]]
             lines.insert(rng.randint(0, len(lines)), f"2026-03-14T02:11:07Z ERROR {svc}: {n.key}: {n.value}")
+        elif s < early and rng.random() < 0.5:
+            lines.insert(rng.randint(0, len(lines)), _distractor(svc, rng))
         tool = ["run_command", "open_file", "search_logs"][s % 3]
         arg = {
             "run_command": {"cmd": f"journalctl -u {svc} --since -{s + 1}h | tail -n {size // 10}"},
@@ -252,8 +284,11 @@ def agentic_tools(script: list[Step]) -> list[Tool]:
 
 @dataclass
 class AgenticModel(BenchModel):
-    """Follows the plan; at a step that needs a needle it uses the value if it has it,
-    calls Recall first if not, and otherwise goes on with a placeholder (a miss)."""
+    """Follows the plan; at a step that needs a value it looks for the line that names what
+    it needs (:meth:`BenchModel.look_up`, Recall first if none does) and takes what that
+    line says after its last colon. It goes on with what it found, right or wrong (graded
+    by the workload), or with ``UNKNOWN``. In stateful mode it notes every ERROR line of the
+    newest tool result in Σ, as an engineer on call would."""
 
     plan: list[Step] | None = None
     step: int = 0
@@ -262,20 +297,26 @@ class AgenticModel(BenchModel):
     def turn(self, request: ModelRequest) -> ModelResponse:
         plan = self.plan or []
         if self.step >= len(plan):
-            relied = "; ".join(f"{n.key}: {n.value}" for n in self.visible(request))
-            return self.act(request, text=f"Root cause found. Values I relied on: {relied or 'none at hand'}.")
+            return self.act(request, text="Root cause found; the values I relied on are in the commands above.")
         s = plan[self.step]
         args = dict(s.arguments)
         if s.needs is not None:
-            have, recall = self.need(request, s.needs)
+            line, recall = self.look_up(request, s.needs.key, s.needs.search)
             if recall is not None:
                 return recall
+            found = value_after_key(line) if line else "UNKNOWN"
             if self.hits is not None:
-                self.hits.append(have)
-            if not have:
-                args = {k: v.replace(s.needs.value, "UNKNOWN") for k, v in args.items()}
+                self.hits.append(found == s.needs.value)
+            args = {k: v.replace(s.needs.value, found) for k, v in args.items()}
         self.step += 1
         return self.act(request, tool=s.tool, arguments=args)
+
+    def worth_noting(self, request: ModelRequest) -> dict[str, str]:
+        last = request.messages[-1] if request.messages else {}
+        if last.get("role") not in ("tool", "user"):
+            return {}
+        lines = [ln for ln in str(last.get("content") or "").splitlines() if " ERROR " in ln]
+        return {ln.split(" ERROR ", 1)[1].rsplit(": ", 1)[0]: value_after_key(ln) for ln in lines}
 
 
 @workload("agentic", "a long tool-using run: results of varied size (a few very large), needles needed late")
@@ -326,7 +367,7 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
             interactive=False,
             local=False,
             tools=tools,
-            make_model=lambda: AgenticModel(needles=needles, seed=config.seed, plan=script),
+            make_model=lambda: AgenticModel(seed=config.seed, plan=script),
             name="agentic",
         )
     return result

@@ -65,7 +65,7 @@ def run_cmd(
     ] = None,
     modes: Annotated[
         list[str] | None,
-        typer.Option("--modes", help="Modes to play, comma-separated or repeated (default: every mode and auto)."),
+        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful/no-recall, append/backstop)."),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure.")] = False,
     out: Annotated[
@@ -108,7 +108,7 @@ def run_cmd(
     ] = None,
 ) -> None:
     """Play the workloads in every mode and print the figures."""
-    from loomrt.bench.core import BenchConfig, all_modes
+    from loomrt.bench.core import DEFAULT_VARIANTS, VARIANTS, BenchConfig, all_modes, known_variant
     from loomrt.bench.report import mode_rows
     from loomrt.bench.runner import run_bench
 
@@ -116,11 +116,13 @@ def run_cmd(
         model = LOCAL_DEFAULT
     if embedder not in ("default", "hash", "none"):
         raise typer.BadParameter("use default, hash or none", param_hint="--embedder")
-    chosen = _split(modes) or all_modes()
-    unknown = [m for m in chosen if m not in all_modes()]
+    chosen = _split(modes) or [*all_modes(), *DEFAULT_VARIANTS]
+    unknown = [m for m in chosen if not known_variant(m)]
     if unknown:
         raise typer.BadParameter(
-            f"unknown mode {', '.join(unknown)}; known: {', '.join(all_modes())}", param_hint="--modes"
+            f"unknown mode {', '.join(unknown)}; known: {', '.join(all_modes())}, "
+            f"each optionally as MODE/{'|'.join(VARIANTS)} (backstop: append only)",
+            param_hint="--modes",
         )
     if model and not _model_allowed(model):
         _err.print(f"[yellow]note:[/yellow] {model} makes real model calls; this is slow.")
