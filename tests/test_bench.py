@@ -188,9 +188,12 @@ def test_locomo_workload_replays_the_file_in_every_mode() -> None:
     # summary is not smaller than so short a span (declined, and still paid for)
     assert compaction["distillations"] + compaction["declined"] >= 1 and compaction["ratio"] > 0
     assert compaction["status"] == "done" and 0 <= compaction["retrievable"] <= 1
-    ev = w["evidence_recall"]
-    assert ev["questions"] > 0 and set(ev["recall_at"]) == {"1", "3", "5", "10"}
-    assert 0 <= ev["recall_at"]["1"] <= ev["recall_at"]["5"] <= ev["recall_at"]["10"] <= 1
+    for key, replay in (("evidence_recall", "observer"), ("evidence_recall_chat", "chat")):
+        ev = w[key]
+        assert ev["replay"] == replay
+        assert ev["questions"] > 0 and set(ev["recall_at"]) == {"1", "3", "5", "10"}
+        assert 0 <= ev["recall_at"]["1"] <= ev["recall_at"]["5"] <= ev["recall_at"]["10"] <= 1
+        assert all(ev["recall_all_at"][k] <= ev["recall_at"][k] for k in ev["recall_at"])  # all ⊂ any
 
 
 def test_locomo_without_data_is_skipped_or_refused(monkeypatch: pytest.MonkeyPatch) -> None:

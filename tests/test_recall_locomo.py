@@ -137,3 +137,16 @@ def test_cli_recall_rebuilds_a_run_from_the_record(monkeypatch: pytest.MonkeyPat
     assert res.exit_code == 0 and "loom-2.4.1.tar.gz" in res.stdout and f"#{hits[0]['seq']}" in res.stdout
     res = runner.invoke(_app(), ["recall", "no-such-run", "x"])
     assert res.exit_code == 1 and "no run 'no-such-run'" in res.output
+
+
+def test_a_chat_replay_indexes_the_replies_between_the_turns() -> None:
+    """With a reply after each turn, the acknowledgements are indexed too; a question still
+    counts only the turns themselves as evidence, and "all evidence" is never above "any"."""
+    observer = evaluate_locomo(MINI, embedder=False)
+    chat = evaluate_locomo(MINI, embedder=False, replies=True)
+    assert (observer["replay"], chat["replay"]) == ("observer", "chat")
+    assert chat["questions"] == observer["questions"]
+    for result in (observer, chat):
+        assert all(result["recall_all_at"][k] <= result["recall_at"][k] for k in result["recall_at"])
+    entries = sum(c["entries"] for c in chat["conversations"].values())
+    assert entries > sum(c["entries"] for c in observer["conversations"].values())  # the replies are indexed

@@ -101,19 +101,21 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
             name="locomo",
         )
 
-    total = sum(len(turns_of(s)) + len(s["qa"]) for _, s in chosen)
-    progress.start("locomo evidence recall@k", total)
-    last = {"done": 0}
-
-    def tick(done: int, _total: int, _what: str) -> None:
-        progress.advance(done - last["done"])
-        last["done"] = done
-
     assert config.data is not None  # the workload runs only with --data
-    result.extra["evidence_recall"] = evaluate_locomo(
-        config.data,
-        conversations=[c for c, _ in chosen],
-        embedder=config.make_embedder(),
-        progress=tick,  # type: ignore[arg-type]
-    )
+    total = sum(len(turns_of(s)) + len(s["qa"]) for _, s in chosen)
+    for key, replies in (("evidence_recall", False), ("evidence_recall_chat", True)):
+        progress.start(f"locomo evidence recall@k · {'chat' if replies else 'observer'} replay", total)
+        last = {"done": 0}
+
+        def tick(done: int, _total: int, _what: str) -> None:
+            progress.advance(done - last["done"])
+            last["done"] = done
+
+        result.extra[key] = evaluate_locomo(
+            config.data,
+            conversations=[c for c, _ in chosen],
+            embedder=config.make_embedder(),
+            progress=tick,  # type: ignore[arg-type]
+            replies=replies,
+        )
     return result

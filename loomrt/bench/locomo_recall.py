@@ -7,7 +7,9 @@ reaches the index through the evicted-span callback, as in any run. Each turn is
 user input, ``[session date] Speaker: text`` (a shared photo adds its caption). Then
 every question of categories 1-4 (5 is adversarial: no answer exists) is put to the
 run's Recall tool, and a question counts as found at k when any of its evidence
-``dia_id`` is among the top k results.
+``dia_id`` is among the top k results (``recall_at``), or all of them (``recall_all_at``).
+A conversation is replayed as an observer (no replies) or as a chat (a short fixed
+acknowledgement after each turn, which changes what sits beside each turn in the index).
 
 The file is read from the path given; nothing of it is copied anywhere.
 """
@@ -132,10 +134,21 @@ def evidence_ids(evidence: Any) -> set[str]:
 
 
 
+ACKNOWLEDGEMENT = "I see, thanks for telling me."
+"""The reply after each turn in a ``chat`` replay (an ``observer`` replay gives none)."""
+
+
 async def replay(
-    sample: dict[str, Any], *, embedder: Any = None, on_turn: Callable[[], None] | None = None, budget_tokens: int = 512
+    sample: dict[str, Any],
+    *,
+    embedder: Any = None,
+    on_turn: Callable[[], None] | None = None,
+    budget_tokens: int = 512,
+    replies: bool = False,
 ) -> tuple[Any, Any, dict[int, str]]:
-    """Replay one conversation through a recall-enabled run.
+    """Replay one conversation through a recall-enabled run: as an observer (empty replies,
+    which are not indexed), or with ``replies`` as a chat (:data:`ACKNOWLEDGEMENT` after each
+    turn, indexed like any assistant message, so it sits between the turns).
 
     Returns ``(runtime, run, seq_to_dia)``: the run's record seq of each turn's user
     input, mapped to its ``dia_id``.
@@ -155,7 +168,7 @@ async def replay(
         # The prompt tokens as reported; the last turn reports a full window, so the
         # closing input makes one more boundary and the last turns are evicted too.
         reported = budget_tokens if force["next"] else count_dicts(request.messages)
-        return ModelResponse(text="", usage=Usage(reported, 1))
+        return ModelResponse(text=ACKNOWLEDGEMENT if replies else "", usage=Usage(reported, 1))
 
     rt = scripted_runtime(FunctionProvider(reply, name="function/locomo-replay"), embedder=embedder)
     spec = AgentSpec(
@@ -196,6 +209,7 @@ async def evaluate_locomo_async(
     ks: Sequence[int] = (1, 3, 5, 10),
     embedder: Any = None,
     progress: Progress | None = None,
+    replies: bool = False,
 ) -> dict[str, Any]:
     """:func:`evaluate_locomo` for code that is already async."""
     started = time.perf_counter()
@@ -225,11 +239,14 @@ async def evaluate_locomo_async(
             progress(done, total, what)
 
     hits = {k: 0 for k in ks}
+    hits_all = {k: 0 for k in ks}
     by_cat: dict[int, dict[str, Any]] = {}
     per_conv: dict[str, dict[str, Any]] = {}
     n = 0
     for cid, sample in chosen:
-        _, run, seq_to_dia = await replay(sample, embedder=embedder, on_turn=functools.partial(tick, f"{cid}: replay"))
+        _, run, seq_to_dia = await replay(
+            sample, embedder=embedder, on_turn=functools.partial(tick, f"{cid}: replay"), replies=replies
+        )
         tool = run.toolset.tools["Recall"]
         conv_hits = {k: 0 for k in ks}
         for q in questions[cid]:
@@ -243,6 +260,8 @@ async def evaluate_locomo_async(
                     hits[k] += 1
                     conv_hits[k] += 1
                     cat["hits"][k] += 1
+                if gold <= set(found[:k]):
+                    hits_all[k] += 1
             n += 1
             tick(f"{cid}: questions")
         per_conv[cid] = {
@@ -253,8 +272,10 @@ async def evaluate_locomo_async(
             "recall_at": _rate(conv_hits, len(questions[cid])),
         }
     return {
+        "replay": "chat" if replies else "observer",
         "questions": n,
         "recall_at": _rate(hits, n),
+        "recall_all_at": _rate(hits_all, n),
         "by_category": {
             str(c): {
                 "name": CATEGORY_NAMES.get(c, str(c)),
@@ -275,15 +296,20 @@ def evaluate_locomo(
     ks: Sequence[int] = (1, 3, 5, 10),
     embedder: Any = None,
     progress: Progress | None = None,
+    replies: bool = False,
 ) -> dict[str, Any]:
     """Replay each conversation of the LoCoMo file at ``path`` through a recall-enabled
     run, ask Recall every answerable question, and measure evidence recall@k.
 
     ``conversations`` picks sample ids (default all); ``embedder`` as for
-    :class:`~loomrt.recall.RunRecall` (None: MiniLM; False: lexical-only). Returns
-    ``{"questions", "recall_at": {"1": x, ...}, "by_category": {"1": {...}, ...},
-    "conversations": {...}, "seconds"}``.
+    :class:`~loomrt.recall.RunRecall` (None: MiniLM; False: lexical-only); ``replies``
+    replays as a chat (a short acknowledgement after each turn) instead of an observer.
+    Returns ``{"replay", "questions", "recall_at": {"1": x, ...}`` (any evidence turn in
+    the top k), ``"recall_all_at"`` (every evidence turn in the top k), ``"by_category",
+    "conversations", "seconds"}``.
     """
     return asyncio.run(
-        evaluate_locomo_async(path, conversations=conversations, ks=ks, embedder=embedder, progress=progress)
+        evaluate_locomo_async(
+            path, conversations=conversations, ks=ks, embedder=embedder, progress=progress, replies=replies
+        )
     )

@@ -101,6 +101,53 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _evidence(ev: dict[str, Any]) -> list[str]:
+    at, every = ev["recall_at"], ev.get("recall_all_at", {})
+    lines = [
+        "",
+        f"Evidence recall, {ev.get('replay', 'observer')} replay, over {ev['questions']} questions: "
+        + ", ".join(f"R@{k} {at[k]:.3f}" for k in at)
+        + " (any evidence turn in the top k)"
+        + ("; " + ", ".join(f"R@{k} {every[k]:.3f}" for k in every) + " (all of them)" if every else "")
+        + ".",
+    ]
+    cats = [
+        [f"{c} {v['name']}", str(v["questions"]), *(f"{x:.3f}" for x in v["recall_at"].values())]
+        for c, v in ev["by_category"].items()
+    ]
+    return [*lines, "", *_table(["category", "questions", *(f"R@{k}" for k in at)], cats)]
+
+
+def _curves(c: dict[str, Any]) -> list[str]:
+    """The ratio curves as two tables (× append / × append-with-backstop, and answers)."""
+
+    def table(points: dict[str, Any], axis: str) -> list[str]:
+        modes = list(next(iter(points.values())))
+        rows = [
+            [mode, *(f"{p[mode]['ratio']:.3f} / {p[mode]['ratio_backstop']:.3f} · {_fmt(p[mode]['answered'])}"
+                     for p in points.values())]
+            for mode in modes
+        ]
+        return _table(["mode", *(f"{k} {axis}" for k in points)], rows)
+
+    return [
+        "### Ratio curves",
+        "",
+        "Each cell: input tokens × append / × append-with-backstop (budget = the "
+        f"{c['window_tokens']:,}-token window) · share of questions answered right. "
+        f"Chat script, one fact per five turns, Recall embedder {c['embedder']}.",
+        "",
+        f"Over run length (budget {c['budget_tokens']:,}):",
+        "",
+        *table(c["by_length"], "turns"),
+        "",
+        f"Over budget ({c['turns_for_budgets']} turns):",
+        "",
+        *table(c["by_budget"], "budget"),
+        "",
+    ]
+
+
 def markdown(results: dict[str, Any], *, command: str | None = None, images: str | None = None) -> str:
     """The figures as Markdown: a table per workload, then the standalone measures."""
     cfg = results["config"]
@@ -124,20 +171,9 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _table([h for _, h in COLUMNS], mode_rows(w))
         failed = [f"- {m}: {f['error']}" for m, f in w["modes"].items() if f.get("error")]
         lines += ["", *failed] if failed else []
-        ev = w.get("evidence_recall")
-        if ev:
-            at = ev["recall_at"]
-            lines += [
-                "",
-                f"Evidence recall over {ev['questions']} questions: "
-                + ", ".join(f"R@{k} {at[k]:.3f}" for k in at)
-                + ".",
-            ]
-            cats = [
-                [f"{c} {v['name']}", str(v["questions"]), *(f"{x:.3f}" for x in v["recall_at"].values())]
-                for c, v in ev["by_category"].items()
-            ]
-            lines += ["", *_table(["category", "questions", *(f"R@{k}" for k in at)], cats)]
+        for key in ("evidence_recall", "evidence_recall_chat"):
+            if w.get(key):
+                lines += _evidence(w[key])
         lines.append("")
     m = results["measures"]
     if "overhead" in m:
@@ -170,8 +206,10 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             f"and evicted were returned verbatim by Recall in its top 5.",
             "",
         ]
+    if "curves" in m:
+        lines += _curves(m["curves"])
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_needles"):
+        if name not in ("overhead", "recall_latency", "recall_needles", "curves"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
@@ -179,11 +217,13 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += [
             f"![cumulative input tokens]({images}/tokens.png)",
             "",
-            f"![fidelity against token ratio]({images}/fidelity.png)",
+            f"![answers against token ratio]({images}/fidelity.png)",
             "",
         ]
         if "overhead" in m:
             lines += [f"![overhead against history length]({images}/overhead.png)", ""]
+        if "curves" in m:
+            lines += [f"![ratio curves]({images}/curves.png)", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -248,6 +288,20 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         ax.legend()
         fig.tight_layout()
         written.append(_save(fig, folder / "overhead.png"))
+    if "curves" in results["measures"]:
+        c = results["measures"]["curves"]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, (key, label) in zip(axes, (("by_length", "turns"), ("by_budget", "budget (tokens)")), strict=True):
+            points = c[key]
+            xs = [int(k) for k in points]
+            for i, mode in enumerate(next(iter(points.values()))):
+                ax.plot(xs, [p[mode]["ratio_backstop"] for p in points.values()], marker="o", color=f"C{i}", label=mode)
+            ax.set_xscale("log")
+            ax.set_xlabel(label)
+            ax.set_ylabel("input tokens × append/backstop")
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, folder / "curves.png"))
     plt.close("all")
     return written
 

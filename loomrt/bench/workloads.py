@@ -23,7 +23,7 @@ from loomrt.runtime import Runtime
 from loomrt.tokens import count_text
 from loomrt.tools import Tool
 
-__all__ = ["chat_script", "agentic_script", "ChatTurn", "Step", "with_append", "ChatModel", "chat200", "raise_failed", "agentic_tools", "AgenticModel", "agentic"]
+__all__ = ["chat_script", "agentic_script", "ChatTurn", "play_chat", "Step", "with_append", "ChatModel", "chat200", "raise_failed", "agentic_tools", "AgenticModel", "agentic"]
 
 
 def with_append(modes: list[str]) -> list[str]:
@@ -105,6 +105,11 @@ class ChatModel(BenchModel):
 def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
     """Every mode plays the same chat as an interactive run; facts are probed at the end."""
     turns, facts = (60, 12) if config.quick else (200, 40)
+    return play_chat(config, progress, turns=turns, facts=facts)
+
+
+def play_chat(config: BenchConfig, progress: Progress, *, turns: int, facts: int, label: str = "chat200") -> WorkloadResult:
+    """The chat of ``turns`` turns and ``facts`` facts, played in each of ``config.modes``."""
     system, script, needles = chat_script(config.seed, turns=turns, facts=facts)
     result = WorkloadResult(
         "chat200",
@@ -130,7 +135,7 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
                 out.answered.append(t.asks.value in (res.output or ""))
 
     for mode in with_append(config.modes):
-        progress.start(f"chat200 · {mode}", len(script))
+        progress.start(f"{label} · {mode}", len(script))
         result.runs[mode] = play_mode(
             config,
             mode,

@@ -247,12 +247,16 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
         for row in mode_rows(w, SHORT):
             table.add_row(*row)
         _out.print(table)
-        ev = w.get("evidence_recall")
-        if ev:
-            _out.print(
-                f"evidence recall ({ev['questions']} questions): "
-                + ", ".join(f"R@{k} {v:.3f}" for k, v in ev["recall_at"].items())
-            )
+        for key in ("evidence_recall", "evidence_recall_chat"):
+            ev = w.get(key)
+            if ev:
+                _out.print(
+                    f"evidence recall, {ev.get('replay', 'observer')} replay ({ev['questions']} questions): "
+                    + ", ".join(f"R@{k} {v:.3f}" for k, v in ev["recall_at"].items())
+                    + " any; "
+                    + ", ".join(f"R@{k} {v:.3f}" for k, v in ev.get("recall_all_at", {}).items())
+                    + " all"
+                )
     m = results["measures"]
     if "overhead" in m:
         table = Table(title="runtime overhead per turn (no model, no embedding)", title_justify="left")

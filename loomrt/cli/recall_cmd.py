@@ -11,7 +11,7 @@ The embedder is the default (all-MiniLM-L6-v2) unless ``LOOMRT_RECALL_EMBEDDER``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -98,7 +98,10 @@ def recall(
 
 def _table(result: dict[str, Any]) -> Table:
     ks = list(result["recall_at"])
-    table = Table(title=f"LoCoMo evidence recall@k · {result['questions']} questions · {result['seconds']} s")
+    table = Table(
+        title=f"LoCoMo evidence recall@k · {result.get('replay', 'observer')} replay · "
+        f"{result['questions']} questions · {result['seconds']} s"
+    )
     table.add_column("category")
     table.add_column("questions", justify="right")
     for k in ks:
@@ -108,8 +111,12 @@ def _table(result: dict[str, Any]) -> Table:
             f"{cat} {row.get('name', '')}", str(row["questions"]), *(f"{row['recall_at'][k]:.3f}" for k in ks)
         )
     table.add_row(
-        "[bold]all[/bold]", str(result["questions"]), *(f"[bold]{result['recall_at'][k]:.3f}[/bold]" for k in ks)
+        "[bold]any evidence[/bold]",
+        str(result["questions"]),
+        *(f"[bold]{result['recall_at'][k]:.3f}[/bold]" for k in ks),
     )
+    if "recall_all_at" in result:
+        table.add_row("all evidence", str(result["questions"]), *(f"{result['recall_all_at'][k]:.3f}" for k in ks))
     return table
 
 
@@ -117,6 +124,10 @@ def bench_recall(
     data: Path = _DATA,
     conversations: list[str] = _CONVERSATIONS,
     json_output: bool = _JSON,
+    replay: Annotated[
+        str,
+        typer.Option("--replay", help="observer (no replies) or chat (a short acknowledgement after each turn)."),
+    ] = "observer",
 ) -> None:
     """LoCoMo evidence recall@k: replay each conversation through a recall-enabled run and ask Recall every question."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -126,6 +137,8 @@ def bench_recall(
 
     if not data.is_file():
         raise _fail(f"no LoCoMo file at {data}")
+    if replay not in ("observer", "chat"):
+        raise _fail(f"--replay is observer or chat, not {replay!r}")
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -140,7 +153,9 @@ def bench_recall(
             bar.update(task, completed=done, total=total, description=what)
 
         try:
-            result = evaluate_locomo(data, conversations=conversations or None, progress=progress)
+            result = evaluate_locomo(
+                data, conversations=conversations or None, progress=progress, replies=replay == "chat"
+            )
         except SpecError as exc:
             raise _fail(str(exc)) from None
     if json_output:
