@@ -272,6 +272,7 @@ def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
     from loomrt.bench.reader import best_line, content_words, value_after_key
 
     assert content_words("Remind me: what was the landlord's code to get in?") == {"landlord", "code", "get"}
+    assert content_words("adopted greyhounds") == {"adopt", "greyhound"}
     texts = [
         "Please note that my landlord's door code is 4417#23. The garden needs another look.",
         "Remind me: what was the landlord's code to get in?",  # a question is never an answer

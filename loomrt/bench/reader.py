@@ -12,7 +12,8 @@ makes the model answer wrongly, without Recall: the bench can come out badly.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import lru_cache
 
 __all__ = ["content_words", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key"]
 
@@ -31,9 +32,20 @@ _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+|\\n|\"\s*[,}\]]\s*|[{\[]\s*\"")
 """Sentence ends, line breaks (also JSON-escaped ones) and JSON string boundaries."""
 
 
+@lru_cache(maxsize=1)
+def _stem() -> Callable[[str], str]:
+    try:
+        import Stemmer  # PyStemmer, a dependency of recall
+    except ImportError:  # pragma: no cover - recall is a core dependency
+        return lambda w: w
+    return Stemmer.Stemmer("porter").stemWord  # type: ignore[no-any-return]
+
+
 def content_words(text: str) -> set[str]:
-    """The words of ``text`` that carry meaning: lower case, three letters or more, no stop words."""
-    return {w for w in _WORD.findall(text.lower()) if len(w) >= 3 and w not in _STOP}
+    """The words of ``text`` that carry meaning: lower case, three letters or more, no stop
+    words, Porter-stemmed (so *adopted* meets *adopt*)."""
+    stem = _stem()
+    return {stem(w) for w in _WORD.findall(text.lower()) if len(w) >= 3 and w not in _STOP}
 
 
 def lines_of(texts: Iterable[str]) -> list[str]:

@@ -1,0 +1,99 @@
+"""Grading an answer against LoCoMo's gold answer, as LoCoMo's own evaluation does.
+
+- **F1**: token-level F1 after normalisation (lower case, punctuation and the articles
+  *a, an, the* and the word *and* dropped) and Porter stemming.
+- Category 1 (multi-hop): the gold answer and the prediction are split at commas; each
+  gold part takes its best F1 against the predicted parts, and the parts are averaged.
+- Category 3 (open-domain): only the gold answer's text before the first ``;`` counts.
+- Category 5 (adversarial: the conversation holds no answer): 1 if the model abstained
+  (its answer says *no information available* or *not mentioned*), else 0.
+- **contains**: whether the normalised gold answer appears, word for word, in the
+  normalised prediction (category 5: abstention again).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["normalize_answer", "f1", "f1_multi", "contains", "abstained", "grade", "gold_answer", "ABSTENTIONS"]
+
+ABSTENTIONS = ("no information available", "not mentioned")
+"""The phrases that count as abstaining (LoCoMo's category-5 rule)."""
+
+_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize_answer(text: Any) -> str:
+    """Lower case, no punctuation, no articles, single spaces (LoCoMo's normalisation)."""
+    s = str(text).lower().replace(",", "")
+    s = s.translate(_PUNCT)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+@lru_cache(maxsize=1)
+def _stemmer() -> Any:
+    import Stemmer  # PyStemmer, a dependency of recall
+
+    return Stemmer.Stemmer("porter")
+
+
+def _tokens(text: Any) -> list[str]:
+    words = normalize_answer(text).split()
+    return list(_stemmer().stemWords(words)) if words else []
+
+
+def f1(prediction: Any, truth: Any) -> float:
+    """Token-level F1 of ``prediction`` against ``truth`` (stemmed, normalised)."""
+    pred, gold = _tokens(prediction), _tokens(truth)
+    same = sum((Counter(pred) & Counter(gold)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_multi(prediction: Any, truth: Any) -> float:
+    """Multi-hop F1: each comma-separated gold part against its best predicted part, averaged."""
+    preds = [p for p in str(prediction).split(",") if p.strip()] or [""]
+    golds = [g for g in str(truth).split(",") if g.strip()]
+    if not golds:
+        return 0.0
+    return sum(max(f1(p, g) for p in preds) for g in golds) / len(golds)
+
+
+def contains(prediction: Any, truth: Any) -> bool:
+    """Whether the normalised gold answer appears in the normalised prediction, on word boundaries."""
+    gold, pred = normalize_answer(truth), normalize_answer(prediction)
+    return bool(gold) and f" {gold} " in f" {pred} "
+
+
+def abstained(prediction: Any) -> bool:
+    """Whether the answer says the conversation does not hold one."""
+    text = str(prediction).lower()
+    return any(a in text for a in ABSTENTIONS)
+
+
+def gold_answer(question: dict[str, Any]) -> str:
+    """The gold answer of a LoCoMo question (category 5 has none: its ``adversarial_answer``
+    is the trap, not the answer)."""
+    if int(question.get("category", 0)) == 5:
+        return "No information available"
+    return str(question.get("answer", ""))
+
+
+def grade(category: int, prediction: str, truth: Any) -> dict[str, Any]:
+    """``{"f1": float, "contains": bool}`` for one answer, by LoCoMo's rules for ``category``."""
+    if category == 5:
+        ok = abstained(prediction)
+        return {"f1": 1.0 if ok else 0.0, "contains": ok}
+    gold = str(truth)
+    if category == 3:
+        gold = gold.split(";")[0].strip()
+    score = f1_multi(prediction, gold) if category == 1 else f1(prediction, gold)
+    return {"f1": round(score, 4), "contains": contains(prediction, gold)}

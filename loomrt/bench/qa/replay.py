@@ -1,0 +1,137 @@
+"""Replaying a LoCoMo conversation through a real run, and asking a question of a fork of it.
+
+:func:`replay_mode` plays every turn of a conversation into an interactive run of the
+given retention mode on the real model: each turn is one user input (``[date] Speaker:
+text``), acknowledged without a model call (:class:`~loomrt.bench.qa.parts.Acknowledging`),
+and every boundary is distilled by the real model through the real code paths (summary,
+recap, prose check, recall indexing). The run lives in the output folder's record, so an
+interrupted benchmark picks the finished replay up again.
+
+:func:`ask` copies the replayed run into a throwaway record (a fork: same events, a new run
+id, ``parent_run_id`` set), opens it, and sends the question: every question meets the
+same final working context, with Recall available where the mode has it, and the model
+decides whether to use it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from loomrt.bench.locomo_recall import render_turn, turns_of
+from loomrt.bench.qa.parts import QUESTION_PREFIX
+from loomrt.events import RunInfo
+from loomrt.providers.base import ModelProvider
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+from loomrt.tokens import count_messages
+
+__all__ = ["QA_INSTRUCTION", "QA_SYSTEM", "qa_spec", "replay_mode", "ask", "Asked"]
+
+QA_INSTRUCTION = (
+    "Answer with a short phrase (a few words: a name, a date, a place, a number), not a "
+    "sentence. Give dates as absolute dates, using the dates of the conversation. If the "
+    "conversation does not say, answer exactly: No information available."
+)
+QA_SYSTEM = (
+    "You are listening to a long conversation between two people, turn by turn. Later you "
+    "will be asked questions about it. " + QA_INSTRUCTION
+)
+
+
+def qa_spec(model: str, mode: str, *, budget_tokens: int, recall: bool, window: int | None) -> AgentSpec:
+    """The agent of a replay: ``mode`` on ``budget_tokens``, Recall on or off."""
+    return AgentSpec(
+        model=model,
+        system_prompt=QA_SYSTEM,
+        max_tokens=64,
+        temperature=0,
+        max_iterations=4,
+        capabilities={"context_window": window} if window else {},
+        context={
+            "mode": mode,
+            "budget_tokens": budget_tokens,
+            "keep_last_n": 4,
+            "recall": recall,
+            "recall_max_entries": 8192,
+        },
+    )
+
+
+async def replay_mode(
+    store: SQLiteStore,
+    sample: dict[str, Any],
+    spec: AgentSpec,
+    provider: ModelProvider,
+    *,
+    name: str,
+    embedder: Any,
+    on_turn: Callable[[], None] | None = None,
+) -> str:
+    """Replay ``sample`` into a new run of ``spec`` in ``store``; its run id."""
+    runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)
+    run = await runtime.astart(spec, name=name, interactive=True)
+    for turn in turns_of(sample):
+        result = await runtime.send(run, render_turn(turn))
+        if result.status == "failed":
+            raise RuntimeError(f"the replay of {name} failed at {turn.dia_id}: {result.error}")
+        if on_turn is not None:
+            on_turn()
+    return run.run_id
+
+
+@dataclass
+class Asked:
+    """One question put to a fork of a replayed run."""
+
+    answer: str
+    status: str
+    """``done`` (the fork answered and parked for the next input) or ``failed``."""
+    context_tokens: int
+    """The working context the question met (estimated tokens, before the question)."""
+    recall_calls: int
+    error: str | None = None
+
+
+def _without_recall(data: dict[str, Any]) -> dict[str, Any]:
+    """A ``run_started`` payload whose definition has Recall off (and whose system text no longer offers it)."""
+    from loomrt.recall import RECALL_PROMPT
+
+    definition = {**data["definition"], "context": {**data["definition"]["context"], "recall": False}}
+    system = str(data.get("system", "")).replace(f"\n\n{RECALL_PROMPT}", "").replace(RECALL_PROMPT, "")
+    tools = [t for t in data.get("tools", []) if t != "Recall"]
+    return {**data, "definition": definition, "system": system, "tools": tools}
+
+
+async def ask(
+    source: SQLiteStore,
+    run_id: str,
+    question: str,
+    provider: ModelProvider,
+    *,
+    embedder: Any,
+    recall: bool = True,
+) -> Asked:
+    """Fork ``run_id`` into a throwaway record and send ``question`` to the fork. With
+    ``recall`` off the fork's definition turns Recall off: the question meets the same
+    working context with nothing but what the distillations kept."""
+    fork = SQLiteStore(":memory:")
+    info = source.get_run(run_id)
+    fork_id = f"{run_id}-{uuid.uuid4().hex[:6]}"
+    await fork.write_run(RunInfo(**{**info.model_dump(), "run_id": fork_id, "parent_run_id": run_id, "status": "active"}))
+    for e in source.events(run_id):
+        data = _without_recall(e.data) if e.kind == "run_started" and not recall else e.data
+        await fork.write(fork_id, e.kind, data)
+    runtime = Runtime(fork, providers=lambda s, m: provider, embedder=embedder)
+    run = await runtime.aopen(fork_id)
+    start, context = run.last_seq, count_messages(run.context)
+    result = await runtime.send(run, f"{QUESTION_PREFIX}{question}")
+    after = fork.events(fork_id)
+    recalls = sum(1 for e in after if e.seq > start and e.kind == "tool_call" and e.data.get("name") == "Recall")
+    fork.close()
+    status = "failed" if result.status == "failed" else "done"
+    return Asked(result.output or "", status, context, recalls, result.error)
+

@@ -1,0 +1,144 @@
+"""``loomrt bench qa``: the grading on known answer pairs, and the harness end to end with the
+scripted reader on tests/data (the CI configuration: no real model)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from loomrt.bench.qa import QAConfig, abstained, contains, f1, f1_multi, grade, normalize_answer, run_qa
+from loomrt.bench.qa.runner import select_questions
+from loomrt.cli.app import app
+
+MINI = Path(__file__).parent / "data" / "locomo-mini.json"
+
+
+# ---------------------------------------------------------------------- grading
+
+
+def test_normalisation_drops_case_punctuation_and_articles() -> None:
+    assert normalize_answer("The Shelter, on Maple Street!") == "shelter on maple street"
+    assert normalize_answer("a cat and an owl") == "cat owl"
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold", "expected"),
+    [
+        ("7 May 2023", "7 May 2023", 1.0),
+        ("on 7 May", "7 May 2023", 2 / 3),  # precision 2/3 (on, 7, may), recall 2/3 (7, may, 2023)
+        ("7 May", "7 May 2023", 0.8),  # precision 1, recall 2/3: 2·1·(2/3)/(1+2/3)
+        ("Paris", "London", 0.0),
+        ("running", "runs", 1.0),  # Porter stemming: run = run
+        ("", "Pepper", 0.0),
+    ],
+)
+def test_token_f1_on_known_pairs(prediction: str, gold: str, expected: float) -> None:
+    assert f1(prediction, gold) == pytest.approx(expected, abs=1e-4)
+
+
+def test_multi_hop_f1_takes_each_gold_part_at_its_best() -> None:
+    assert f1_multi("cello, Mira", "cello, Mira") == 1.0
+    assert f1_multi("Mira", "cello, Mira") == 0.5
+    assert f1_multi("the cello and Mira", "cello, Mira") == pytest.approx((2 / 3 + 2 / 3) / 2)
+
+
+def test_contains_is_on_word_boundaries() -> None:
+    assert contains("She adopted it at the shelter on Maple Street.", "the shelter on Maple Street")
+    assert not contains("Mapleton", "Maple")
+    assert not contains("anything", "")
+
+
+def test_category_rules() -> None:
+    assert grade(5, "No information available.", "ignored") == {"f1": 1.0, "contains": True}
+    assert grade(5, "Tosca", "ignored") == {"f1": 0.0, "contains": False}
+    assert abstained("That is not mentioned in the conversation.")
+    assert grade(3, "likely yes", "Likely yes; because she said so")["f1"] == 1.0  # the part before ';'
+    assert grade(1, "cello, Mira", "cello, Mira")["f1"] == 1.0
+    assert grade(2, "April 2024", "April 2024") == {"f1": 1.0, "contains": True}
+
+
+def test_questions_are_spread_over_the_list() -> None:
+    sample = json.loads(MINI.read_text())[0]
+    picked = select_questions(sample, 3)
+    assert [i for i, _ in picked] == [0, 2, 4]
+    assert len(select_questions(sample, None)) == len(sample["qa"])
+
+
+# ---------------------------------------------------------------------- the harness
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    out = tmp_path_factory.mktemp("qa")
+    config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=400, questions=None, out=out)
+    return run_qa(config), out
+
+
+def test_every_configuration_answers_every_question(tiny: tuple[dict, Path]) -> None:
+    results, _ = tiny
+    summary = results["summary"]
+    assert list(summary) == ["full", "recall", "recap", "compaction", "recap/no-recall", "compaction/no-recall"]
+    for name, s in summary.items():
+        assert s["questions"] == 7 and s["failed"] == 0, name
+        assert 0 <= s["f1"] <= 1 and 0 <= s["contains"] <= 1
+        assert set(s["by_category"]) == {"1", "2", "3", "4", "5"}
+        assert s["input_tokens_per_question"] > 0 and s["folded_size"] > 0
+    assert summary["recall"]["recall_calls_per_question"] == 1.0
+    assert summary["recap/no-recall"]["recall_calls_per_question"] == 0.0
+    assert summary["recap"]["recall_calls_per_question"] > 0  # the reader recalled where its context fell short
+
+
+def test_answers_are_graded_against_the_gold(tiny: tuple[dict, Path]) -> None:
+    results, _ = tiny
+    rows = {(r["config"], r["question"]): r for r in results["answers"]}
+    shelter = rows[("full", "Where did Ana adopt the greyhound?")]
+    assert "Maple Street" in shelter["answer"] and shelter["contains"]  # the line that shares the most words
+    opera = rows[("full", "What is Ana's favourite opera?")]
+    assert opera["gold"] == "No information available" and opera["f1"] == 1.0  # abstained on category 5
+
+
+def test_the_replays_distil_through_the_real_code_paths(tiny: tuple[dict, Path]) -> None:
+    results, _ = tiny
+    setup = results["setups"]["mini-1:recap"]
+    assert setup["distillations"] >= 1 and setup["distil_calls"] >= setup["distillations"]
+    assert setup["distil_input_tokens"] > 0
+    assert results["setups"]["mini-1:recap/no-recall"]["run_id"] == setup["run_id"]  # one replay, two ways to ask
+
+
+def test_an_interrupted_benchmark_continues_from_its_cache(tiny: tuple[dict, Path]) -> None:
+    results, out = tiny
+    lines = (out / "answers.jsonl").read_text().splitlines()
+    assert len(lines) == 6 * 7
+    (out / "answers.jsonl").write_text("\n".join(lines[:-5]) + "\n{\"cut off", encoding="utf-8")
+    again = run_qa(QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=400, questions=None, out=out))
+    assert again["summary"] == results["summary"]
+    assert again["setups"]["mini-1:recap"]["run_id"] == results["setups"]["mini-1:recap"]["run_id"]  # not replayed
+    assert {"answers.jsonl", "runs.db", "replays.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_the_cli_writes_the_report_and_the_docs_block(tmp_path: Path) -> None:
+    from loomrt.bench.qa.report import QA_BEGIN, QA_END
+
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text(f"# Benchmarks\n\n{QA_BEGIN}\n{QA_END}\n")
+    result = CliRunner().invoke(app, [
+        "bench", "qa", "--data", str(MINI), "--model", "scripted", "--embedder", "hash", "--budget", "400",
+        "--questions", "3", "--configs", "full,recall", "--out", str(tmp_path / "out"), "--docs", str(doc),
+    ])
+    assert result.exit_code == 0, result.output
+    assert {"report.md", "results.json", "qa.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
+    text = doc.read_text()
+    assert "| full | 3 |" in text and "| recall | 3 |" in text
+
+
+def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
+    runner = CliRunner()
+    r = runner.invoke(app, ["bench", "qa", "--data", str(tmp_path / "nope.json"), "--model", "scripted"])
+    assert r.exit_code == 2 and "no LoCoMo file" in r.output
+    r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--configs", "fold"])
+    assert r.exit_code == 2 and "unknown configuration fold" in r.output
+    r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--conversations", "x"])
+    assert r.exit_code == 2 and "no conversation x" in r.output
