@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from loomrt.crashpoints import reached
 from loomrt.events import Event, message_of
 from loomrt.messages import EvictedSpan, Message
 from loomrt.recall.embedders import resolve_embedder
@@ -159,7 +160,9 @@ class RunRecall:
             if span.run_id != self.run_id:
                 return  # another run's span: never indexed here
             self._catch_up()
-            self._add(self._drafts(span.distillation_seq, span.messages))
+            drafts = self._drafts(span.distillation_seq, span.messages)
+            reached("in_recall_index")
+            self._add(drafts)
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._record(
                 "callback_error",

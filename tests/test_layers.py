@@ -82,4 +82,4 @@ def test_recall_stands_on_the_bottom_floor() -> None:
                if not m.startswith("loomrt.recall")}
     forbidden = {m for m in outside if m.startswith(("loomrt.run", "loomrt.runtime", "loomrt.testing", "loomrt.bench"))}
     assert forbidden == set()
-    assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools"}
+    assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools", "loomrt.crashpoints"}

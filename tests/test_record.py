@@ -55,7 +55,10 @@ def test_runs_can_never_be_updated_or_deleted(tmp_path, store):
 
 def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
-    assert public == {"append", "close", "create_run", "events", "get_run", "list_runs", "read", "write", "write_run"}
+    assert public == {
+        "append", "append_many", "close", "create_run", "events", "get_run", "list_runs", "read", "write",
+        "transaction", "write_many", "write_run",
+    }
 
 
 def test_seqs_are_monotonic_per_run_and_independent_across_runs(store):
@@ -287,9 +290,9 @@ def test_the_run_core_awaits_the_store_and_a_store_that_waits_needs_the_async_en
     class WaitingStore(SQLiteStore):
         """A store whose writes wait on I/O, as a network database's do."""
 
-        async def write(self, run_id, kind, data):
+        async def write_many(self, run_id, items):
             await asyncio.sleep(0)
-            return self.append(run_id, kind, data)
+            return self.append_many(run_id, items)
 
     store = WaitingStore(tmp_path / "record.sqlite")
     rt = Runtime(store, providers=lambda spec, model: ScriptedProvider(["hello", "again"]))

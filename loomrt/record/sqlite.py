@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,8 @@ class SQLiteStore:
                 f"cannot open the record at {self.path}: {exc}. "
                 "Check the path and its permissions, or set LOOMRT_HOME to another folder."
             ) from exc
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._atomic = 0  # open transaction() blocks: appends join their transaction
 
     def _open(self) -> sqlite3.Connection:
         """Connect, set the pragmas and migrate. Switching a fresh file to WAL takes a lock
@@ -87,8 +89,35 @@ class SQLiteStore:
     async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         return self.append(run_id, kind, data)
 
+    async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
+        return self.append_many(run_id, items)
+
     async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
         return self.events(run_id, after=after, kinds=kinds)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """Everything appended inside is committed together at the end (also when the block
+        raises: what was appended is what the run saw); a process killed inside commits
+        nothing. Blocks nest; the write lock is held throughout, so keep them short (no
+        model or tool calls inside)."""
+        with self._lock:
+            outer = self._atomic == 0
+            if outer:
+                try:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
+                    raise StoreError(f"cannot open a transaction on {self.path}: {exc}") from exc
+            self._atomic += 1
+            try:
+                yield
+            finally:
+                self._atomic -= 1
+                if outer and self._conn.in_transaction:
+                    try:
+                        self._conn.execute("COMMIT")
+                    except sqlite3.Error as exc:
+                        raise StoreError(f"cannot commit to {self.path}: {exc}") from exc
 
     # the sync face
 
@@ -113,27 +142,36 @@ class SQLiteStore:
                 raise StoreError(f"cannot record run {info.run_id} in {self.path}: {exc}") from exc
 
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
-        payload = canonical(data)  # stored as the ledger hashes it: sorted keys, no spaces
-        stored = json.loads(payload)  # what a reader gets back
+        return self.append_many(run_id, [(kind, data)])[0]
+
+    def append_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
+        """Append ``items`` (kind, data) as consecutive events in one transaction: all or none."""
+        prepared = [(kind, canonical(data)) for kind, data in items]  # stored as the ledger hashes it
         ts = time.time()
+        out: list[Event] = []
         with self._lock:
             try:  # the next seq and its hash are taken under the write lock
-                self._conn.execute("BEGIN IMMEDIATE")
+                if not self._atomic:
+                    self._conn.execute("BEGIN IMMEDIATE")
                 row = self._conn.execute(
                     "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
                 ).fetchone()
-                seq = (row[0] if row else 0) + 1
-                digest = event_hash((row[1] or "") if row else "", run_id, seq, kind, ts, payload)
-                self._conn.execute(
-                    "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
-                    (run_id, seq, kind, ts, payload, digest),
-                )
-                self._conn.execute("COMMIT")
+                seq, prev = (row[0] if row else 0), ((row[1] or "") if row else "")
+                for kind, payload in prepared:
+                    seq += 1
+                    prev = event_hash(prev, run_id, seq, kind, ts, payload)
+                    self._conn.execute(
+                        "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+                        (run_id, seq, kind, ts, payload, prev),
+                    )
+                    out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+                if not self._atomic:
+                    self._conn.execute("COMMIT")
             except sqlite3.Error as exc:
-                if self._conn.in_transaction:
+                if self._conn.in_transaction and not self._atomic:
                     self._conn.execute("ROLLBACK")
                 raise StoreError(f"cannot append to the record of run {run_id}: {exc}") from exc
-        return Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=stored, hash=digest)  # type: ignore[arg-type]
+        return out
 
     def events(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None

@@ -19,6 +19,7 @@ process uses is chosen in one place, :func:`loomrt.record.open_store`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from loomrt.events import Event, RunInfo
@@ -36,8 +37,15 @@ class Store(Protocol):
     async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         """Append one event, assigning the next ``seq`` of that run, and return it."""
 
+    async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
+        """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or none."""
+
     async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
         """The run's events with ``seq > after``, oldest first, optionally of some kinds."""
+
+    def transaction(self) -> AbstractAsyncContextManager[None]:
+        """``async with store.transaction():`` everything written inside is recorded together,
+        at the end, or (the process killed inside) not at all."""
 
     def create_run(self, info: RunInfo) -> None:
         """:meth:`write_run`, for code that is not async."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from loomrt.crashpoints import reached
 from loomrt.messages import Message
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Purpose, ToolSchema
 from loomrt.providers.retry import call_with_retries
@@ -45,7 +46,8 @@ async def call_model(
 
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
-    await run.add("model_call", {
+    reached("model_answered")
+    run.emit("model_call", {  # recorded with what the loop makes of the answer, in one transaction
         "purpose": purpose,
         "model": response.model or provider.model,
         "usage": response.usage.to_dict(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 
+from loomrt.crashpoints import reached
 from loomrt.messages import EvictedSpan
 from loomrt.run.projection import context_refs
 from loomrt.run.reducers.base import Declined, Reduction
@@ -35,6 +36,7 @@ async def maybe_distil(run: RunState) -> bool:
         })
         return False
     evicted = tuple(run.view.original(m) for m in reduction.evicted)  # full text, as the record holds it
+    reached("in_distillation")
     event = await run.add("distillation", {
         "mode": run.mode.name,
         "span_seqs": [m.seq for m in evicted if m.seq is not None],
@@ -48,6 +50,7 @@ async def maybe_distil(run: RunState) -> bool:
     span = EvictedSpan(
         run_id=run.run_id, agent=run.agent, mode=run.mode.name, distillation_seq=event.seq, messages=evicted,
     )
+    reached("after_distillation")
     await notify(run, span)
     return True
 

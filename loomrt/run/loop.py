@@ -1,12 +1,13 @@
 """The run loop: one async core that plays one turn.
 
-build the working context → call the model → execute tool calls → append to the record
-→ check the budget → distil if needed → repeat, until a final answer, max_iterations,
-or an error. Mode-specific behaviour lives in the mode object (:mod:`.reducers`).
+build the working context → call the model → record its answer and what the mode makes
+of it (one transaction) → execute tool calls → check the budget → distil if needed →
+repeat, until a final answer, max_iterations, or an error. Mode-specific behaviour lives in the mode object (:mod:`.reducers`).
 """
 
 from __future__ import annotations
 
+from loomrt.crashpoints import reached
 from loomrt.errors import LoomError, RunError
 from loomrt.messages import ToolCall
 from loomrt.run._model_calls import call_model
@@ -41,13 +42,15 @@ async def play_turn(run: RunState) -> str:
                 response_schema=run.mode.response_schema(run),
                 tool_choice=run.mode.tool_choice(run),
             )
-            step = await run.mode.interpret(run, response)
+            async with run.atomic():  # the answer, what the mode made of it, and the turn's end: all or nothing
+                step = await run.mode.interpret(run, response)
+                if isinstance(step, FinalOutput):
+                    if run.interactive:
+                        await run.add("parked", {"output": step.output})
+                    else:
+                        await run.add("final", {"output": step.output, "state": run.state})
             match step:
                 case FinalOutput(output=output):
-                    if run.interactive:
-                        await run.add("parked", {"output": output})
-                    else:
-                        await run.add("final", {"output": output, "state": run.state})
                     return output
                 case RunTools(calls=calls):
                     for call in calls:
@@ -76,18 +79,26 @@ async def play_turn(run: RunState) -> str:
 
 
 async def close_interrupted_calls(run: RunState) -> None:
-    """Give every tool call of the last assistant message that has no result an error result.
+    """Settle every tool call of the last assistant message that has no result.
 
-    A run stopped inside a tool (a crash, Ctrl-C) leaves a call without a result; a model
-    would be sent a malformed conversation. The call is not run again: it may have acted.
+    A call whose ``tool_call`` event is recorded was running when the run stopped (a crash,
+    Ctrl-C): it may have acted, so it is not run again; it gets an error result that says
+    so. A call that was never started (the run stopped between the answer and the tool) is
+    run now: otherwise the model would be sent a malformed conversation.
     """
     last = next((i for i in range(len(run.context) - 1, -1, -1) if run.context[i].role != "tool"), None)
     if last is None or run.context[last].role != "assistant":
         return
     answered = {m.tool_call_id for m in run.context[last + 1 :]}
-    for call in run.context[last].tool_calls:
-        if call.id not in answered:
+    pending = [c for c in run.context[last].tool_calls if c.id not in answered]
+    if not pending:
+        return
+    started = {e.data.get("id") for e in await run.store.read(run.run_id, kinds=["tool_call"])}
+    for call in pending:
+        if call.id in started:
             await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
+        else:
+            await execute_tool(run, call)
 
 
 async def execute_tool(run: RunState, call: ToolCall) -> None:
@@ -99,6 +110,7 @@ async def execute_tool(run: RunState, call: ToolCall) -> None:
         is_error = True
     else:
         try:
+            reached("in_tool")
             content, is_error = await tool.call(call.arguments), False
         except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True

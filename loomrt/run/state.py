@@ -9,10 +9,12 @@ the record is the truth, the view a cache of it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loomrt.crashpoints import reached
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback, Message
 from loomrt.payloads import check_payload
@@ -48,7 +50,10 @@ class RunState:
     view: RunView = None  # type: ignore[assignment]
     """The record so far, applied: working context, the mode's slot, totals."""
     _queue: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    """Events queued by :meth:`emit`, recorded by the next :meth:`add` (or :meth:`flush`)."""
+    """Events queued by :meth:`emit`, recorded with the next :meth:`add` (or by :meth:`flush`)."""
+    _atomic: int = 0
+    _unheard: list[Event] = field(default_factory=list)
+    """Events of the open :meth:`atomic` block, told to the listeners once it commits."""
 
     def __post_init__(self) -> None:
         if self.view is None:
@@ -56,34 +61,67 @@ class RunState:
 
     async def add(self, kind: str, data: dict[str, Any]) -> Event:
         """Append an event to the record, apply it to the view, and tell the listeners.
-        Events that optional parts queued (:meth:`emit`) are written first, in order."""
-        if kind != "run_started":
-            await self.flush()
-        event = await self._write(kind, data)
-        if kind == "run_started":
-            await self.flush()
-        return event
 
-    async def _write(self, kind: str, data: dict[str, Any]) -> Event:
+        Events queued with :meth:`emit` are written first, in the same transaction: a
+        ``model_call`` and what the loop made of its answer are recorded together or not at
+        all, so a crash between them cannot keep the cost of a reply and lose the reply."""
         check_payload(kind, data)  # a payload that drifts from its documented shape is a bug, caught here
-        event = await self.store.write(self.run_id, kind, data)
-        self.view.apply(event)
-        for listener in list(self.listeners):
-            listener(event)
-        return event
+        if kind == "run_started":
+            (event,) = await self._write([(kind, data)])
+            await self.flush()
+            return event
+        if self.view.last_seq == 0:  # nothing may precede run_started: the queue waits for it
+            (event,) = await self._write([(kind, data)])
+            return event
+        batch, self._queue = [*self._queue, (kind, data)], []
+        return (await self._write(batch))[-1]
+
+    async def _write(self, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
+        reached("before_append")
+        events = await self.store.write_many(self.run_id, items)
+        reached("after_append")
+        for event in events:
+            self.view.apply(event)
+        if self._atomic:  # a listener hears of committed events only, with the view as a reader would rebuild it
+            self._unheard.extend(events)
+        else:
+            self._tell(events)
+        return events
+
+    @contextlib.asynccontextmanager
+    async def atomic(self) -> AsyncIterator[None]:
+        """``async with run.atomic():`` the events added inside are committed together (a
+        process killed inside records none of them). The loop wraps each step in one: the
+        model's answer, what the mode made of it, and the turn's end when it is the last.
+        The view applies each event at once; listeners hear of them once they are committed."""
+        self._atomic += 1
+        try:
+            async with self.store.transaction():
+                yield
+        finally:
+            self._atomic -= 1
+            if not self._atomic:
+                pending, self._unheard = self._unheard, []
+                self._tell(pending)
+
+    def _tell(self, events: list[Event]) -> None:
+        for event in events:
+            for listener in list(self.listeners):
+                listener(event)
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
-        """Queue an event from an optional part (a notice, a callback error), from code that
-        is not async; it is recorded before the run's next event (never before ``run_started``)."""
+        """Queue an event (a notice, a callback error, a model call) from code that is not
+        async or that must not record it alone; it is recorded with the run's next event,
+        in one transaction (never before ``run_started``)."""
+        check_payload(kind, data)
         self._queue.append((kind, data))
 
     async def flush(self) -> None:
-        """Record the queued events (once the run has started)."""
-        if self.view.last_seq == 0:
+        """Record the queued events now (once the run has started)."""
+        if self.view.last_seq == 0 or not self._queue:
             return
-        while self._queue:
-            kind, data = self._queue.pop(0)
-            await self._write(kind, data)
+        batch, self._queue = self._queue, []
+        await self._write(batch)
 
     # what the view knows, by the names the loop and the tests use
     @property
