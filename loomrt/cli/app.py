@@ -16,6 +16,7 @@ import typer
 from loomrt.cli._common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_cmd import bench_app
+from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
 from loomrt.cli.doctor import doctor
 from loomrt.cli.recall_cmd import recall

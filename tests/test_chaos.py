@@ -1,0 +1,89 @@
+"""Kill it anywhere and lose nothing: the chaos harness in CI (21 kills over the seven named
+points), the checks it applies can fail, and two processes share one record."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from loomrt.bench.chaos import CHAT_INPUTS, SCENARIOS, Outcome, check, plan_kills, play, run_chaos, write_scenarios
+from loomrt.crashpoints import POINTS, parse_crash_at
+from loomrt.record.ledger import verify_chain
+from loomrt.record.sqlite import SQLiteStore
+
+
+def test_twenty_kills_at_every_point_lose_nothing() -> None:
+    result = run_chaos(3)
+    assert result["kills"] == 3 * len(POINTS) >= 20
+    assert result["landed"] == result["kills"]  # every planned kill happened (SIGKILL, exit -9)
+    assert result["violations"] == 0, result["failures"]
+    assert all(f["kills"] == 3 for f in result["points"].values())
+
+
+def test_the_checks_can_fail() -> None:
+    """A record with a duplicated input, a lost answer and a second result for one call is caught."""
+    scenario = SCENARIOS[0]
+    good = Outcome("r", ["a", "b"], None, list(scenario.inputs), ["x"], [{"role": "user"}])
+
+    class E:
+        def __init__(self, seq: int, kind: str, data: dict) -> None:
+            self.seq, self.kind, self.data, self.hash, self.run_id, self.ts = seq, kind, data, None, "r", 0.0
+
+    events = [E(1, "tool_call", {"id": "c1"}), E(2, "tool_result", {"tool_call_id": "c1"}),
+              E(3, "tool_result", {"tool_call_id": "c1"}), E(5, "distillation", {"span_seqs": [2]}),
+              E(6, "distillation", {"span_seqs": [2]})]
+    bad = Outcome("r", ["a"], {"step": 1}, [*scenario.inputs, scenario.inputs[0]], ["y"], [{"role": "assistant"}])
+    problems = check(bad, good, events, scenario, good)
+    text = "\n".join(problems)
+    for expected in ("expected seq 4", "inputs differ", "tool call c1 has 2 results", "message #2 evicted 2 times",
+                     "answers differ", "final Σ differs", "context rebuilt from the record differs",
+                     "recall index rebuilt from the record differs"):
+        assert expected in text, expected
+
+
+def test_a_crash_point_is_named_and_counted() -> None:
+    assert parse_crash_at("in_tool:3") == ("in_tool", 3)
+    for bad in ("in_tool", "nowhere:1", "in_tool:0", "in_tool:x"):
+        with pytest.raises(ValueError, match="POINT:N"):
+            parse_crash_at(bad)
+    plan = plan_kills({"a": {"in_tool": 2, "after_append": 9}, "b": {"after_append": 4}}, per_point=3)
+    assert [p for _, p, _ in plan] == ["after_append"] * 3 + ["in_tool"] * 3
+    assert all(n <= 2 for s, p, n in plan if p == "in_tool")
+
+
+def test_a_killed_process_leaves_a_record_that_resumes(tmp_path: Path) -> None:
+    folder = tmp_path / "s"
+    write_scenarios(folder)
+    db = tmp_path / "kill.db"
+    code = play(folder, SCENARIOS[1], db, LOOMRT_CRASH_AT="in_distillation:1")
+    assert code == -9  # SIGKILL: no cleanup ran
+    store = SQLiteStore(db)
+    (run,) = store.list_runs()
+    events = store.events(run.run_id)
+    assert verify_chain(events) == []
+    assert not any(e.kind == "distillation" for e in events)  # killed before it was recorded
+    inputs = [e.data["content"] for e in events if e.kind == "user_input"]
+    assert inputs == list(CHAT_INPUTS[: len(inputs)])
+
+
+def test_two_processes_share_one_record_without_locking_errors(tmp_path: Path) -> None:
+    folder = tmp_path / "s"
+    write_scenarios(folder)
+    db = tmp_path / "shared.db"
+    env_cmd = [sys.executable, "-c",
+               "import sys; from loomrt.bench.chaos import SCENARIOS, play; from pathlib import Path; "
+               "sys.exit(play(Path(sys.argv[1]), SCENARIOS[int(sys.argv[2])], Path(sys.argv[3])))"]
+    procs = [subprocess.Popen([*env_cmd, str(folder), str(i), str(db)], stderr=subprocess.PIPE, text=True)
+             for i in (0, 1, 2)]
+    outs = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
+    assert all(code == 0 for code, _ in outs), outs
+    store = SQLiteStore(db)
+    runs = store.list_runs()
+    assert len(runs) == 3
+    for info in runs:
+        events = store.events(info.run_id)
+        assert verify_chain(events) == []  # dense seqs, one chain per run: never interleaved
+        assert [e.data["content"] for e in events if e.kind == "user_input"] == list(CHAT_INPUTS)
