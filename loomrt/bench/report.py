@@ -13,6 +13,7 @@ __all__ = [
     "SHORT",
     "describe",
     "mode_rows",
+    "fmt",
     "markdown",
     "write_report",
     "plot",
@@ -72,11 +73,12 @@ def _load(machine: dict[str, Any]) -> str:
     return ", load average " + " → ".join(f"{x:.1f}" for x in loads if x is not None)
 
 
-def _fmt(v: Any) -> str:
+def fmt(v: Any, digits: int = 3) -> str:
+    """A figure as a table cell: – for none, floats to ``digits`` places, ints with thousands separators."""
     if v is None:
         return "–"
     if isinstance(v, float):
-        return f"{v:.3f}"
+        return f"{v:.{digits}f}"
     if isinstance(v, int):
         return f"{v:,}"
     return str(v)
@@ -86,7 +88,7 @@ def mode_rows(workload: dict[str, Any], columns: list[tuple[str, str]] = COLUMNS
     """One row per mode of a workload's figures, in ``columns`` order."""
     rows = []
     for mode, f in workload["modes"].items():
-        row = [_fmt({**f, "mode": mode}.get(key)) for key, _ in columns]
+        row = [fmt({**f, "mode": mode}.get(key)) for key, _ in columns]
         if f.get("error"):
             row[1] += " (failed)"
         rows.append(row)
@@ -124,7 +126,7 @@ def _curves(c: dict[str, Any]) -> list[str]:
     def table(points: dict[str, Any], axis: str) -> list[str]:
         modes = list(next(iter(points.values())))
         rows = [
-            [mode, *(f"{p[mode]['ratio']:.3f} / {p[mode]['ratio_backstop']:.3f} · {_fmt(p[mode]['answered'])}"
+            [mode, *(f"{p[mode]['ratio']:.3f} / {p[mode]['ratio_backstop']:.3f} · {fmt(p[mode]['answered'])}"
                      for p in points.values())]
             for mode in modes
         ]
