@@ -312,3 +312,11 @@ def test_reported_usage_is_another_tokenizer_than_the_estimate() -> None:
 
     text = prose(2000, random.Random(1))
     assert 1.03 < reported_tokens(text) / count_text(text) < 1.4  # the pressure rule sees the larger
+
+
+def test_many_runs_at_once_all_finish() -> None:
+    out = run_bench(["concurrency"], BenchConfig(quick=True))
+    c = out["measures"]["concurrency"]
+    assert c["finished"] == c["runs"] == 20
+    assert 0 < c["p50_ms"] <= c["p99_ms"] and c["turns_without_boundary"] > 0
+    assert c["wall_s"] < c["serial_model_wait_s"] * 20  # the runs overlapped their model waits

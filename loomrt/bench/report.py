@@ -210,8 +210,20 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         ]
     if "curves" in m:
         lines += _curves(m["curves"])
+    if "concurrency" in m:
+        c = m["concurrency"]
+        lines += [
+            "### Concurrency",
+            "",
+            f"{c['runs']} recap chats of {c['turns_per_run']} turns at once in one process (model latency "
+            f"{c['model_latency_ms']:.0f} ms): {c['finished']} finished in {c['wall_s']} s (the model waits alone, "
+            f"one after another, would take {c['serial_model_wait_s']} s). Runtime time per turn: p50 "
+            f"{c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms (×{c['p99_over_p50']}); turns without a boundary "
+            f"({c['turns_without_boundary']}): p50 {c['plain_p50_ms']:.2f} ms, p99 {c['plain_p99_ms']:.2f} ms.",
+            "",
+        ]
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_needles", "curves"):
+        if name not in ("overhead", "recall_latency", "recall_needles", "curves", "concurrency"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]

@@ -20,13 +20,16 @@ from loomrt.bench.core import (
 
 __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figures"]
 
-DEFAULT_TARGETS = ["chat200", "agentic", "locomo", "curves", "overhead", "recall_latency", "recall_needles"]
+DEFAULT_TARGETS = [
+    "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_needles",
+]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
 
 def _load() -> None:
     # registration happens on import
     import loomrt.bench.curves  # noqa: F401
+    import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401
     import loomrt.bench.measures  # noqa: F401
