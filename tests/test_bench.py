@@ -318,5 +318,4 @@ def test_many_runs_at_once_all_finish() -> None:
     out = run_bench(["concurrency"], BenchConfig(quick=True))
     c = out["measures"]["concurrency"]
     assert c["finished"] == c["runs"] == 20
-    assert 0 < c["p50_ms"] <= c["p99_ms"] and c["turns_without_boundary"] > 0
-    assert c["wall_s"] < c["serial_model_wait_s"] * 20  # the runs overlapped their model waits
+    assert 0 < c["p50_ms"] <= c["p99_ms"] and 0 < c["turns_without_boundary"] < 100
