@@ -321,6 +321,16 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
         mark = exc.problem_mark
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
         raise SpecError(f"not valid YAML: {exc.problem}", where=where) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow (a control character)
+        line = text[: exc.position].count("\n") + 1
+        raise SpecError(
+            f"not valid YAML: character {exc.character!r} (code {ord(exc.character) if isinstance(exc.character, str) else exc.character}) "
+            "is not allowed in a YAML file; remove it", where=f"{filename}:{line}",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SpecError(f"not valid YAML: {exc}", where=filename) from None
+    except RecursionError:
+        raise SpecError("the file nests too deeply to read (thousands of levels); flatten it", where=filename) from None
     loc = _Located(filename, node)
     if not isinstance(raw, dict) or "agents" not in raw:
         raise SpecError("the top level must be a mapping with an 'agents:' key", where=loc.where(()))

@@ -187,16 +187,27 @@ def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]
         raise SpecError(f"the scripted model's script does not exist: {p}", where=str(p)) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"the script is not valid YAML: {exc}", where=str(p)) from None
+    except UnicodeDecodeError:
+        raise SpecError("the script is not UTF-8 text; save it as UTF-8", where=str(p)) from None
     if not isinstance(data, dict):
         raise SpecError("a script must be a mapping with 'turns:' and optionally 'summaries:'", where=str(p))
     unknown = set(data) - {"turns", "summaries", "local", "context_window"}
     if unknown:
         raise SpecError(f"unknown script keys {sorted(unknown)}; known: turns, summaries, local, context_window", where=str(p))
+    for key in ("turns", "summaries"):
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise SpecError(f"'{key}:' must be a list of items, got {type(data[key]).__name__}", where=f"{p}: {key}")
+    local, window = data.get("local", True), data.get("context_window", 32768)
+    if not isinstance(local, bool):
+        raise SpecError(f"'local:' must be true or false, got {local!r}", where=f"{p}: local")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 256:
+        raise SpecError(f"'context_window:' must be a whole number of tokens (at least 256), got {window!r}",
+                        where=f"{p}: context_window")
     return ScriptedProvider(
         turns=data.get("turns") or [],
         summaries=data.get("summaries") or [],
-        local=bool(data.get("local", True)),
-        context_window=int(data.get("context_window", 32768)),
+        local=local,
+        context_window=window,
         name=f"scripted/{p}",
         count_tokens=count_tokens,
     )
