@@ -33,6 +33,7 @@ from loomrt.errors import SpecError
 
 __all__ = [
     "RETENTION_MODES",
+    "AGENTS_FILE_MAX_BYTES",
     "mode_names",
     "StatefulSpec",
     "ContextSpec",
@@ -289,10 +290,20 @@ class _Located:
         return self.filename
 
 
+AGENTS_FILE_MAX_BYTES = 2 * 1024 * 1024
+"""The largest agents file loomrt reads (2 MiB): definitions, not data; put long prompts in
+``system_prompt_file`` files."""
+
+
 def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
     """Load and validate a definitions file; raise :class:`SpecError` naming file:line:col and key."""
     p = Path(path)
     try:
+        if p.is_file() and p.stat().st_size > AGENTS_FILE_MAX_BYTES:
+            raise SpecError(
+                f"the agents file is {p.stat().st_size:,} bytes, over the {AGENTS_FILE_MAX_BYTES:,}-byte limit; "
+                "move long prompts into system_prompt_file files", where=str(p),
+            )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(

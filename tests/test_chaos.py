@@ -87,3 +87,49 @@ def test_two_processes_share_one_record_without_locking_errors(tmp_path: Path) -
         events = store.events(info.run_id)
         assert verify_chain(events) == []  # dense seqs, one chain per run: never interleaved
         assert [e.data["content"] for e in events if e.kind == "user_input"] == list(CHAT_INPUTS)
+
+
+def test_an_unusable_home_is_one_clear_error_before_the_run(tmp_path: Path) -> None:
+    import os
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    folder = tmp_path / "s"
+    write_scenarios(folder)
+    env = {**os.environ, "LOOMRT_HOME": str(blocker / "home"), "LOOMRT_RECALL_EMBEDDER": "hash"}
+    env.pop("LOOMRT_DB_URL", None)
+    done = subprocess.run([sys.executable, "-m", "loomrt", "run", "tools-compaction", "go", "--agents",
+                           str(folder / "agents.yaml")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "LOOMRT_HOME" in done.stderr and str(blocker) in done.stderr, done.stderr
+
+
+def test_a_full_disk_fails_the_run_cleanly_and_the_record_stays_consistent(tmp_path: Path) -> None:
+    """A file-size limit stands in for a full disk (tests run as root): the write fails, the
+    process says so in one error, and the record audits clean and resumes once there is room."""
+    import os
+    import resource
+    import signal
+
+    folder = tmp_path / "s"
+    write_scenarios(folder)
+    db = tmp_path / "full.db"
+    assert play(folder, SCENARIOS[1], db) == 0  # a first chat: the file exists, with room used
+    wal = tmp_path / "full.db-wal"
+    limit = max(db.stat().st_size, wal.stat().st_size if wal.exists() else 0) + 20_000
+
+    def full_disk() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG), as on a full disk
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    env = {**os.environ, "LOOMRT_DB_URL": f"sqlite:{db}", "LOOMRT_RECALL_EMBEDDER": "hash"}
+    done = subprocess.run([sys.executable, "-m", "loomrt", "chat", "chat-recap", "--agents", str(folder / "agents.yaml")],
+                          input="\n".join(CHAT_INPUTS * 4) + "\n", env=env, capture_output=True, text=True,
+                          timeout=120, preexec_fn=full_disk)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "record" in done.stderr.lower(), done.stderr[-2000:]
+    store = SQLiteStore(db)
+    for info in store.list_runs():
+        assert verify_chain(store.events(info.run_id)) == []

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -92,6 +93,8 @@ def test_a_deeply_nested_or_huge_agents_file_says_why(tmp_path: Path) -> None:
             load_agents(path)
         except Exception as exc:  # noqa: BLE001
             _assert_own_error(exc, str(path))
+    with pytest.raises(SpecError, match="over the 2,097,152-byte limit"):
+        load_agents(huge)
 
 
 @FAST

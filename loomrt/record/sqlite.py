@@ -26,7 +26,16 @@ _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 def loomrt_home() -> Path:
     """``$LOOMRT_HOME``, else ``~/.loomrt`` (created on first use)."""
     home = Path(os.environ.get("LOOMRT_HOME") or Path.home() / ".loomrt").expanduser()
-    home.mkdir(parents=True, exist_ok=True)
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot use {home} as LOOMRT_HOME: {exc.strerror or exc}"
+            + (f" ({exc.filename} is in the way)" if exc.filename and str(exc.filename) != str(home) else "")
+            + ". Set LOOMRT_HOME to a folder you can write, or LOOMRT_DB_URL=sqlite:PATH."
+        ) from None
+    if not os.access(home, os.W_OK):
+        raise StoreError(f"LOOMRT_HOME {home} is not writable. Set LOOMRT_HOME to a folder you can write.")
     return home
 
 
