@@ -194,9 +194,6 @@ def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]
     unknown = set(data) - {"turns", "summaries", "local", "context_window"}
     if unknown:
         raise SpecError(f"unknown script keys {sorted(unknown)}; known: turns, summaries, local, context_window", where=str(p))
-    for key in ("turns", "summaries"):
-        if data.get(key) is not None and not isinstance(data[key], list):
-            raise SpecError(f"'{key}:' must be a list of items, got {type(data[key]).__name__}", where=f"{p}: {key}")
     local, window = data.get("local", True), data.get("context_window", 32768)
     if not isinstance(local, bool):
         raise SpecError(f"'local:' must be true or false, got {local!r}", where=f"{p}: local")
