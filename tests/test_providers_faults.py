@@ -64,3 +64,31 @@ def test_retries_zero_means_one_attempt() -> None:
     rt = scripted_runtime(FaultyProvider(["429"]))
     result = rt.run_sync(AgentSpec(model="scripted/x", retries=0), "hello")
     assert result.status == "failed" and "retry" not in kinds(rt, result.run_id)
+
+
+def test_a_chat_survives_a_provider_outage_and_continues_afterwards() -> None:
+    """An outage longer than the retries: the turn fails and is recorded, the chat parks
+    (nothing lost), the next input works once the provider is back, and so does
+    `runs continue` on the same run later."""
+    then = ScriptedProvider(turns=["first", "after the outage", "later still"])
+    provider = FaultyProvider(["503"] * 4, then=then)  # retries=2: the second turn's three attempts all fail
+    rt = scripted_runtime(provider)
+    spec = AgentSpec(model="scripted/x", retries=2)
+
+    async def chat() -> list:
+        run = await rt.astart(spec, interactive=True)
+        provider.faults, queued = [], list(provider.faults)
+        first = await rt.send(run, "hello")
+        provider.faults = queued
+        down = await rt.send(run, "are you there?")
+        up = await rt.send(run, "and now?")
+        later = await rt.continue_run(run.run_id, "one more")
+        return [first, down, up, later]
+
+    first, down, up, later = asyncio.run(chat())
+    assert (first.output, up.output, later.output) == ("first", "after the outage", "later still")
+    assert down.status == "failed" and "503" in (down.error or "")
+    events = rt.store.events(first.run_id)
+    assert sum(e.kind == "retry" for e in events) >= 2
+    assert [e.data["content"] for e in events if e.kind == "user_input"] == ["hello", "are you there?", "and now?", "one more"]
+    assert any(e.kind == "parked" and e.data.get("after_error") for e in events)
