@@ -86,6 +86,8 @@ def test_every_configuration_answers_every_question(tiny: tuple[dict, Path]) -> 
         assert 0 <= s["f1"] <= 1 and 0 <= s["contains"] <= 1
         assert set(s["by_category"]) == {"1", "2", "3", "4", "5"}
         assert s["input_tokens_per_question"] > 0 and s["folded_size"] > 0
+        assert sum(s["misses"].values()) == sum(1 for r in results["answers"]
+                                                if r["config"] == name and r["category"] != 5 and not r["contains"])
     assert summary["recall"]["recall_calls_per_question"] == 1.0
     assert summary["recap/no-recall"]["recall_calls_per_question"] == 0.0
     assert summary["recap"]["recall_calls_per_question"] > 0  # the reader recalled where its context fell short

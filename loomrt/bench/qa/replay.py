@@ -94,6 +94,10 @@ class Asked:
     """The working context the question met (estimated tokens, before the question)."""
     recall_calls: int
     error: str | None = None
+    context_text: str = ""
+    """The working context the question met, as text (for the analysis of what it kept)."""
+    recall_queries: tuple[str, ...] = ()
+    recall_results: tuple[str, ...] = ()
 
 
 def _without_recall(data: dict[str, Any]) -> dict[str, Any]:
@@ -128,10 +132,13 @@ async def ask(
     runtime = Runtime(fork, providers=lambda s, m: provider, embedder=embedder)
     run = await runtime.aopen(fork_id)
     start, context = run.last_seq, count_messages(run.context)
+    text = "\n".join(str(m.content or "") for m in run.context)
     result = await runtime.send(run, f"{QUESTION_PREFIX}{question}")
-    after = fork.events(fork_id)
-    recalls = sum(1 for e in after if e.seq > start and e.kind == "tool_call" and e.data.get("name") == "Recall")
+    after = [e for e in fork.events(fork_id) if e.seq > start]
+    queries = tuple(str(e.data.get("arguments", {}).get("query", "")) for e in after
+                    if e.kind == "tool_call" and e.data.get("name") == "Recall")
+    results = tuple(str(e.data.get("content", "")) for e in after if e.kind == "tool_result" and e.data.get("name") == "Recall")
     fork.close()
     status = "failed" if result.status == "failed" else "done"
-    return Asked(result.output or "", status, context, recalls, result.error)
+    return Asked(result.output or "", status, context, len(queries), result.error, text, queries, results)
 

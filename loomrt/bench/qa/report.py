@@ -53,6 +53,13 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
             by = s.get("by_category", {})
             cells = [f"{fmt(by[c]['f1'])} ({by[c]['questions']})" if c in by else "–" for c in cats]
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    misses = [(n, s["misses"]) for n, s in summary.items() if s.get("misses")]
+    if misses:
+        kinds = list(misses[0][1])
+        lines += ["", "Why answers missed (categories 1-4, gold not contained in the answer; where the gold was, "
+                  "word for word):", "", "| configuration | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+        for name, m in misses:
+            lines.append(f"| {name} | " + " | ".join(str(m[k]) for k in kinds) + " |")
     replays = [(k, v) for k, v in results["setups"].items() if "run_id" in v and not k.endswith("/no-recall")]
     if replays:
         lines += ["", "The replays (every distillation written by the model):", ""]

@@ -28,7 +28,7 @@ from typing import Any
 
 from loomrt.bench.core import NullProgress, Progress
 from loomrt.bench.locomo_recall import load_locomo, render_turn, replay, sample_id, turns_of
-from loomrt.bench.qa.grade import gold_answer, grade
+from loomrt.bench.qa.grade import contains, gold_answer, grade
 from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, CachingEmbedder, Meter, Metered, QAReader
 from loomrt.bench.qa.replay import QA_INSTRUCTION, ask, qa_spec, replay_mode
 from loomrt.errors import SpecError
@@ -236,13 +236,22 @@ async def _answer_config(session: _Session, cid: str, sample: dict[str, Any], co
         question = str(q["question"])
         started = time.perf_counter()
         recall_calls, context_tokens, status = 0, 0, "done"
+        category = int(q.get("category", 0))
+        gold = gold_answer(q)
+        seen: dict[str, Any] = {}  # where the gold answer was, word for word (never shown to the model)
+
+        def has(text: str) -> bool | None:
+            return None if category == 5 else contains(text, gold.split(";")[0])
+
         if base == "full":
             answer, calls = await _direct(session, FULL_SYSTEM, f"Conversation:\n{conversation}", question)
+            seen["gold_in_context"] = has(conversation)
         elif base == "recall":
             hits = recall_index.search(question, top_k=session.config.top_k)
             excerpts = "\n".join(h.text for h in hits) or "(nothing found)"
             answer, calls = await _direct(session, RECALL_SYSTEM, f"Excerpts:\n{excerpts}", question)
             recall_calls = 1
+            seen["gold_in_recall"] = has(excerpts)
         else:
             assert setup is not None
             provider = Metered(session.provider(session.spec(base)), session.meter)
@@ -251,8 +260,9 @@ async def _answer_config(session: _Session, cid: str, sample: dict[str, Any], co
                               recall=option != "no-recall")
             answer, calls, status = asked.answer.strip(), session.meter.since(mark), asked.status
             recall_calls, context_tokens = asked.recall_calls, asked.context_tokens
-        category = int(q.get("category", 0))
-        gold = gold_answer(q)
+            seen["gold_in_context"] = has(asked.context_text)
+            seen["recall_queries"] = list(asked.recall_queries)
+            seen["gold_in_recall"] = has("\n".join(asked.recall_results)) if asked.recall_results else None
         row = {
             "conversation": cid, "config": config, "qid": qid, "category": category,
             "question": question, "gold": gold, "answer": answer, "status": status,
@@ -262,6 +272,7 @@ async def _answer_config(session: _Session, cid: str, sample: dict[str, Any], co
             "context_tokens": context_tokens,
             "seconds": round(time.perf_counter() - started, 2),
             **Meter.totals(calls),
+            **seen,
         }
         session.answers.add(row)
         session.progress.advance()

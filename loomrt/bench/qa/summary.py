@@ -14,6 +14,31 @@ def _mean(xs: list[float]) -> float | None:
     return round(statistics.fmean(xs), 4) if xs else None
 
 
+def _misses(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Why answers were wrong (not contained, categories 1-4), from where the gold answer was,
+    word for word: in the context the question met; Recall not called; called and the
+    results did not hold it; called, held, and still answered wrongly. Gold answers that no
+    text holds verbatim (a date the conversation gives relatively, a paraphrase) count as
+    ``not verbatim anywhere``."""
+    out = {"in context, answered wrongly": 0, "not in context, Recall not called": 0,
+           "Recall called, results missed it": 0, "Recall found it, answered wrongly": 0, "not verbatim anywhere": 0}
+    for r in rows:
+        if r["category"] == 5 or r["contains"]:
+            continue
+        in_context, in_recall = r.get("gold_in_context"), r.get("gold_in_recall")
+        if in_context:
+            out["in context, answered wrongly"] += 1
+        elif in_recall:
+            out["Recall found it, answered wrongly"] += 1
+        elif r["recall_calls"] and in_recall is False:
+            out["Recall called, results missed it"] += 1
+        elif not r["recall_calls"] and in_context is False and r["config"] not in ("full", "recall"):
+            out["not in context, Recall not called"] += 1
+        else:
+            out["not verbatim anywhere"] += 1
+    return out
+
+
 def summarize(
     rows: list[dict[str, Any]], setups: dict[str, dict[str, Any]], sizes: dict[str, int], configs: list[str]
 ) -> dict[str, Any]:
@@ -63,6 +88,7 @@ def summarize(
             "seconds_per_question": round(statistics.fmean(seconds), 2),
             "recall_calls_per_question": _mean([float(r["recall_calls"]) for r in mine]),
             "failed": sum(r["status"] != "done" for r in mine),
+            "misses": _misses(mine),
             "abstained": sum("no information available" in r["answer"].lower() for r in mine),
         }
     return out
