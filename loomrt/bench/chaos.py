@@ -371,6 +371,7 @@ async def run_chaos_async(
     points = {
         p: {
             "kills": sum(k.point == p for k in kills),
+            "places": len({(k.scenario, k.n) for k in kills if k.point == p}),
             "landed": sum(k.point == p and k.killed for k in kills),
             "violations": sum(len(k.violations) for k in kills if k.point == p),
         }

@@ -28,11 +28,12 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
         f"Produced by `{command}` in {r['seconds']} s: **{r['kills']} kills** ({r['landed']} landed), "
         f"**{r['violations']} violations**.",
         "",
-        "| point | where | kills | landed | violations |",
-        "|---|---|---:|---:|---:|",
+        "| point | where | kills | distinct places | landed | violations |",
+        "|---|---|---:|---:|---:|---:|",
     ]
     for point, f in r["points"].items():
-        lines.append(f"| `{point}` | {POINTS[point]} | {f['kills']} | {f['landed']} | {f['violations']} |")
+        lines.append(f"| `{point}` | {POINTS[point]} | {f['kills']} | {f.get('places', '–')} | {f['landed']} "
+                     f"| {f['violations']} |")
     for fail in r["failures"]:
         lines.append(f"\n- {fail['scenario']} at {fail['point']}:{fail['n']} (run {fail['run_id']}): "
                      + "; ".join(fail["violations"]))
