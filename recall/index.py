@@ -298,11 +298,19 @@ class RecallIndex:
         assert self.embedder is not None
         q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
         n = len(self.entries)
-        sims, ids = self._dense.search(q, n)
-        found = ids[0] >= 0
-        at = ids[0][found] - next(iter(self.entries))  # ids are contiguous: only the oldest are dropped
-        out = np.zeros(n, dtype=np.float32)
-        out[at] = sims[0][found]
+        faiss = _faiss()
+        flat = faiss.downcast_index(self._dense.index)
+        if flat.ntotal == n:
+            # every entry has its vector, stored in id order (ids only grow; the oldest are dropped
+            # first): one matrix-vector product over FAISS's own storage, with no top-n sort
+            xb = faiss.rev_swig_ptr(flat.get_xb(), n * flat.d).reshape(n, flat.d)
+            out = np.ascontiguousarray(xb @ q[0], dtype=np.float32)
+        else:
+            sims, ids = self._dense.search(q, n)
+            found = ids[0] >= 0
+            at = ids[0][found] - next(iter(self.entries))  # ids are contiguous: only the oldest are dropped
+            out = np.zeros(n, dtype=np.float32)
+            out[at] = sims[0][found]
         mean, best = float(out.mean()), float(out.max())
         return (out - mean) / (best - mean) if best > mean else np.zeros_like(out)
 

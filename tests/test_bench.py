@@ -172,9 +172,11 @@ def test_overhead_is_measured_per_history_length() -> None:
 
 
 def test_recall_measures() -> None:
-    out = run_bench(["recall_latency"], BenchConfig(quick=True, embedder="hash"))
+    out = run_bench(["recall_latency", "recall_scale"], BenchConfig(quick=True, embedder="hash"))
     r = out["measures"]["recall_latency"]
     assert r["entries"] == 1024 and 0 < r["p50_ms"] <= r["p95_ms"]
+    big = out["measures"]["recall_scale"]
+    assert big["entries"] == 20_000 and 0 < big["p50_ms"] <= big["p95_ms"]  # the index kept every entry
 
 
 def test_locomo_workload_replays_the_file_in_every_mode() -> None:

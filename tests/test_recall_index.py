@@ -143,3 +143,19 @@ def test_incremental_bm25_equals_a_fresh_build_after_adds_and_removes() -> None:
     avgdl = 2.5
     idf = np.log(1 + (2 - 1 + 0.5) / (1 + 0.5))
     assert np.isclose(one.scores(["a"], None, 2)[0], idf * 1 / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / avgdl)))
+
+
+def test_dense_scores_read_faiss_storage_in_entry_order_after_fifo_drops() -> None:
+    """The dense side scores every entry with one product over FAISS's storage; it must agree
+    with FAISS's own search, also after the oldest entries were dropped."""
+    index = RecallIndex(HashEmbedder(), max_entries=40)
+    for batch in range(10):
+        index.add([entry(f"entry {i} about deploy {i % 7} and billing {i % 3}", i)
+                   for i in range(batch * 10, batch * 10 + 10)])
+    fast = index._dense_scores("deploy 3 billing")
+    q = np.ascontiguousarray(index.embedder.embed(["deploy 3 billing"]), dtype=np.float32)
+    sims, ids = index._dense.search(q, len(index.entries))
+    slow = np.zeros(len(index.entries), dtype=np.float32)
+    slow[ids[0] - next(iter(index.entries))] = sims[0]
+    mean, best = float(slow.mean()), float(slow.max())
+    assert np.allclose(fast, (slow - mean) / (best - mean), atol=1e-5)

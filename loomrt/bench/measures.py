@@ -17,7 +17,9 @@ from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
 
-__all__ = ["tokens", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_needles", "local_overhead"]
+__all__ = [
+    "tokens", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
+]
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -166,6 +168,22 @@ def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str,
     entries, queries = (1024, 50) if config.quick else (4096, 200)
     progress.start("recall latency", 1)
     out = dict(recall_latency(entries=entries, queries=queries, embedder=config.make_embedder()))
+    progress.advance()
+    return {"entries": entries, "queries": queries, **out}
+
+
+@standalone_measure("recall_scale", "Recall p50/p95 on a 100,000-entry index, the query embedded by the real embedder")
+def recall_scale(config: BenchConfig, progress: Progress) -> dict[str, Any]:
+    """The entries get cheap vectors (:class:`~loomrt.bench.recall_targets.QueryEmbedder`: a
+    flat index costs the same whatever they hold); each query is embedded by the real one."""
+    try:
+        from loomrt.bench.recall_targets import QueryEmbedder, recall_latency
+    except ImportError as exc:
+        return {"skipped": f"loomrt.bench.recall_targets is not available ({exc})"}
+    entries, queries = (20_000, 30) if config.quick else (100_000, 200)
+    embedder = QueryEmbedder("hash" if config.embedder == "hash" else None) if config.embedder != "none" else False
+    progress.start("recall at scale", 1)
+    out = dict(recall_latency(entries=entries, queries=queries, embedder=embedder))
     progress.advance()
     return {"entries": entries, "queries": queries, **out}
 

@@ -19,7 +19,8 @@ from typing import Any
 
 from loomrt.messages import EvictedSpan, Message
 
-__all__ = ["recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
+__all__ = [
+    "QueryEmbedder","recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
 
 _TOPICS = ["deploy", "billing", "search", "auth", "cache", "queue", "metrics", "backup", "frontend", "mailer"]
 _VERBS = ["restarted", "rolled back", "patched", "profiled", "migrated", "rebuilt", "reviewed", "retried"]
@@ -132,6 +133,25 @@ def make_needles(seed: int = 7) -> list[Needle]:
     return [Needle(kind, s.format(v=v), q, v) for kind, s, q, v in table]
 
 
+class QueryEmbedder:
+    """For latency at scale: the index's entries get cheap deterministic vectors (the hash
+    embedder, at the query embedder's dimension) and every single-text call (a query) the
+    real embedder. The dense side is a flat inner-product index, whose search costs the
+    same whatever the vectors hold; the lexical side reads the real texts."""
+
+    def __init__(self, inner: Any = None):
+        from loomrt.recall.embedders import HashEmbedder, resolve_embedder
+
+        self.inner = resolve_embedder(inner)
+        if self.inner is None:
+            raise ValueError("QueryEmbedder needs an embedder for the queries")
+        self.name, self.dim = f"{self.inner.name}+hash-entries", self.inner.dim
+        self._cheap = HashEmbedder(dim=self.dim)
+
+    def embed(self, texts: list[str]) -> Any:
+        return self.inner.embed(texts) if len(texts) == 1 else self._cheap.embed(texts)
+
+
 def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = None, seed: int = 1) -> dict[str, Any]:
     """Recall p50/p95 in ms over ``queries`` queries on an index of ``entries`` entries
     (dense + BM25 + fusion + the tool's token cap; query embedding included), warm and as
@@ -141,8 +161,11 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
     """
     from loomrt.recall.run_recall import RunRecall
 
+    from loomrt.spec import ContextSpec
+
     rng = random.Random(seed)
-    recall = RunRecall(run_id="bench", embedder=embedder)
+    recall = RunRecall(run_id="bench", embedder=embedder,
+                       context=ContextSpec(recall=True, recall_max_entries=max(4096, entries)))
     needles = make_needles(seed)
     batch = 256
     seq = 1

@@ -199,6 +199,16 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
                 f"{r['after_eviction_p50_ms']:.2f} ms, p95 {r['after_eviction_p95_ms']:.2f} ms."
             )
         lines.append("")
+    if "recall_scale" in m:
+        r = m["recall_scale"]
+        lines += [
+            "### Recall at scale",
+            "",
+            f"{r['entries']:,}-entry index (built in {r['build_s']} s), {r['queries']} queries, each embedded by the "
+            f"real embedder: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms; first query after an eviction p95 "
+            f"{r['after_eviction_p95_ms']:.2f} ms.",
+            "",
+        ]
     if "recall_needles" in m:
         r = m["recall_needles"]
         lines += [
@@ -223,7 +233,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             "",
         ]
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_needles", "curves", "concurrency"):
+        if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
