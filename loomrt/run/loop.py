@@ -2,7 +2,8 @@
 
 build the working context → call the model → record its answer and what the mode makes
 of it (one transaction) → execute tool calls → check the budget → distil if needed →
-repeat, until a final answer, max_iterations, or an error. Mode-specific behaviour lives in the mode object (:mod:`.reducers`).
+repeat, until a final answer, max_iterations, or an error. Mode-specific behaviour lives
+in the mode object (:mod:`.reducers`).
 """
 
 from __future__ import annotations
