@@ -39,7 +39,8 @@ from loomrt.tokens import count_text
 
 __all__ = ["QAConfig", "DEFAULT_CONFIGS", "KNOWN_CONFIGS", "run_qa", "run_qa_async", "select_questions", "SCRIPTED"]
 
-DEFAULT_CONFIGS = ["full", "recall", "recap", "compaction", "recap/no-recall", "compaction/no-recall"]
+DEFAULT_CONFIGS = ["full", "recall", "recap", "recap/no-recall", "compaction", "compaction/no-recall"]
+"""Each replay's configurations together, so an interrupted benchmark has whole ones."""
 KNOWN_CONFIGS = [*DEFAULT_CONFIGS, "stateful", "stateful/no-recall"]
 SCRIPTED = "scripted"
 """``--model scripted``: the scripted reader (:class:`~loomrt.bench.qa.parts.QAReader`), for tests."""
