@@ -91,6 +91,15 @@ def test_token_counts_are_exact_and_repeatable(quick: dict) -> None:
         )
 
 
+def test_the_longest_curve_point_can_be_generated() -> None:
+    from loomrt.bench.curves import LENGTHS, _facts
+
+    _, script, needles = chat_script(7, turns=max(LENGTHS), facts=_facts(max(LENGTHS)))
+    assert len(script) == max(LENGTHS) and len(needles) == 60
+    with pytest.raises(ValueError, match="61 facts asked"):
+        chat_script(7, turns=400, facts=61)
+
+
 def test_generated_workloads_have_the_advertised_shape() -> None:
     system, script, needles = chat_script(3, turns=200, facts=40)
     assert len(script) == 200 and len(needles) == 40 == len({n.value for n in needles})
@@ -321,3 +330,18 @@ def test_many_runs_at_once_all_finish() -> None:
     c = out["measures"]["concurrency"]
     assert c["finished"] == c["runs"] == 20
     assert 0 < c["p50_ms"] <= c["p99_ms"] and 0 < c["turns_without_boundary"] < 100
+
+
+def test_a_target_that_raises_is_reported_and_the_others_still_run() -> None:
+    from loomrt.bench.core import standalone_measure
+
+    @standalone_measure("broken-test", "raises")
+    def broken(config, progress) -> dict:
+        raise RuntimeError("boom")
+
+    try:
+        out = run_bench(["broken-test", "overhead"], BenchConfig(quick=True, overhead_sizes=[10]))
+        assert out["failed"] == {"broken-test": "RuntimeError: boom"}
+        assert "overhead" in out["measures"]
+    finally:
+        MEASURES.pop("broken-test")

@@ -7,7 +7,7 @@ unbounded window) and ``append/backstop`` (append that compacts in the model's w
 ``window_tokens``: a baseline that could actually run). Beside each ratio: the share of
 questions the scripted model answered right, so a ratio bought by forgetting shows.
 
-The chat is the ``chat200`` script at each length (one fact per five turns). Recall uses the
+The chat is the ``chat200`` script at each length (one fact per five turns, at most 60). Recall uses the
 hash embedder here, whatever ``--embedder`` says: 30-odd runs with MiniLM would take most of
 an hour on two cores, and the curve is about tokens.
 """
@@ -24,6 +24,11 @@ __all__ = ["LENGTHS", "BUDGETS", "CURVE_MODES", "curves"]
 LENGTHS = [50, 100, 200, 400]
 BUDGETS = [4096, 8192, 32768]
 CURVE_MODES = ["append", "append/backstop", "recap", "compaction", "stateful"]
+
+
+def _facts(turns: int) -> int:
+    """One fact per five turns, at least 4 and at most 60 (the facts the generator has)."""
+    return min(60, max(4, turns // 5))
 
 
 def _point(runs: dict[str, ModeRun]) -> dict[str, Any]:
@@ -51,7 +56,7 @@ def curves(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     base = dataclasses.replace(config, modes=list(CURVE_MODES), embedder="hash", quick=False)
     by_length: dict[str, Any] = {}
     for turns in lengths:
-        result = play_chat(base, progress, turns=turns, facts=max(4, turns // 5), label=f"curves {turns} turns")
+        result = play_chat(base, progress, turns=turns, facts=_facts(turns), label=f"curves {turns} turns")
         by_length[str(turns)] = _point(result.runs)
     middle = 100 if config.quick else 200
     by_budget: dict[str, Any] = {}
@@ -60,7 +65,7 @@ def curves(config: BenchConfig, progress: Progress) -> dict[str, Any]:
             by_budget[str(budget)] = by_length[str(middle)]
             continue
         played = dataclasses.replace(base, budget_tokens=budget)
-        result = play_chat(played, progress, turns=middle, facts=middle // 5, label=f"curves {budget} budget")
+        result = play_chat(played, progress, turns=middle, facts=_facts(middle), label=f"curves {budget} budget")
         by_budget[str(budget)] = _point(result.runs)
     return {
         "budget_tokens": config.budget_tokens,

@@ -237,6 +237,8 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
+    if results.get("failed"):
+        lines += ["**Failed**: " + "; ".join(f"{k} ({v})" for k, v in results["failed"].items()) + ".", ""]
     if images and results["workloads"]:
         lines += [
             f"![cumulative input tokens]({images}/tokens.png)",

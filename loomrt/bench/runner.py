@@ -86,7 +86,8 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
     """Run ``targets`` (workload and standalone-measure names; default :data:`DEFAULT_TARGETS`).
 
     A workload whose input is missing (locomo without ``--data``) or a measure whose
-    dependency is not installed is reported under ``skipped`` with the reason.
+    dependency is not installed is reported under ``skipped`` with the reason; one that
+    raises is reported under ``failed`` (with the error), and the others still run.
     """
     _load()
     progress = progress or NullProgress()
@@ -113,6 +114,7 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
         "workloads": {},
         "measures": {},
         "skipped": {},
+        "failed": {},
     }
     for name in targets:
         if name in WORKLOADS:
@@ -124,10 +126,19 @@ def run_bench(targets: list[str] | None, config: BenchConfig, progress: Progress
                 out["skipped"][name] = why
                 continue
             progress.note(f"workload {name}")
-            out["workloads"][name] = workload_figures(w.play(config, progress), config)
+            try:
+                out["workloads"][name] = workload_figures(w.play(config, progress), config)
+            except Exception as exc:  # noqa: BLE001 - one broken target never loses the others' figures
+                out["failed"][name] = f"{type(exc).__name__}: {exc}"
+                progress.note(f"{name} failed: {out['failed'][name]}")
         else:
             progress.note(f"measure {name}")
-            figures = MEASURES[name].fn(config, progress)
+            try:
+                figures = MEASURES[name].fn(config, progress)
+            except Exception as exc:  # noqa: BLE001
+                out["failed"][name] = f"{type(exc).__name__}: {exc}"
+                progress.note(f"{name} failed: {out['failed'][name]}")
+                continue
             if "skipped" in figures:
                 out["skipped"][name] = figures["skipped"]
             else:

@@ -49,6 +49,8 @@ def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, l
     note, the rest in passing) and asked in the last 40%, in other words than it was stated."""
     rng = random.Random(seed)
     planted = make_facts(facts, rng)
+    if len(planted) < facts:
+        raise ValueError(f"chat_script: {facts} facts asked, the generator has {len(planted)}")
     needles = [Needle(f.key, f.value, f.question) for f in planted]
     system = system_prompt(500, rng, role="a personal assistant who keeps track of what the user says")
     stated = {1 + (i * max(1, int(turns * 0.3) - 1)) // facts: i for i in range(facts)}

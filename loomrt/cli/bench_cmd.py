@@ -152,8 +152,12 @@ def run_cmd(
         import sys
 
         sys.stdout.write(json.dumps(results, ensure_ascii=False) + "\n")
-        return
-    _print_tables(results, mode_rows)
+    else:
+        _print_tables(results, mode_rows)
+    if results.get("failed"):
+        for name, why in results["failed"].items():
+            _err.print(f"[red]error:[/red] {name} failed: {why}", highlight=False)
+        raise typer.Exit(1)
 
 
 def _write(results: dict[str, Any], out: Path | None, docs: Path | None) -> None:
