@@ -142,10 +142,11 @@ class QueryEmbedder:
     def __init__(self, inner: Any = None):
         from loomrt.recall.embedders import HashEmbedder, resolve_embedder
 
-        self.inner = resolve_embedder(inner)
-        if self.inner is None:
+        resolved = resolve_embedder(inner)
+        if resolved is None:
             raise ValueError("QueryEmbedder needs an embedder for the queries")
-        self.name, self.dim = f"{self.inner.name}+hash-entries", self.inner.dim
+        self.inner = resolved
+        self.name, self.dim = f"{resolved.name}+hash-entries", resolved.dim
         self._cheap = HashEmbedder(dim=self.dim)
 
     def embed(self, texts: list[str]) -> Any:
