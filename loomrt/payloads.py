@@ -18,7 +18,7 @@ __all__ = [
     "EventPayload", "PAYLOADS", "check_payload", "events_json_schema",
     "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
-    "CallbackError", "Notice", "Parked", "Resumed", "Error", "Final",
+    "CallbackError", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
 ]
 
 
@@ -185,16 +185,24 @@ class Final(_Payload):
     state: dict[str, Any] | None = None
 
 
+class Cancelled(_Payload):
+    kind: Literal["cancelled"]
+    reason: str
+    """Who cancelled it and how (an MCP client's cancel_run, a cancelled request)."""
+    output: str | None = None
+    """The last answer before the cancellation, if any."""
+
+
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, Notice, Parked,
-    Resumed, Error, Final,
+    Resumed, Error, Final, Cancelled,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
-    | CallbackError | Notice | Parked | Resumed | Error | Final,
+    | CallbackError | Notice | Parked | Resumed | Error | Final | Cancelled,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

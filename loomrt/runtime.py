@@ -25,6 +25,7 @@ from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
+from loomrt.run.distil import maybe_distil
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.projection import message_limit, project
@@ -255,20 +256,48 @@ class Runtime:
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
         run = await self.aopen(run_id)
-        if run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error):
+        if run.view.status in ("done", "cancelled") or (run.view.status == "parked" and not run.view.parked_after_error):
             return self.result(run)
         await run.add("resumed", {"from_seq": run.last_seq})
         await close_interrupted_calls(run)
         return await self._play(run)
 
     async def continue_run(self, run_id: str, prompt: str, *, interactive: bool | None = None) -> RunResult:
-        """Add a new user input to an existing run (done, parked or failed) and play it."""
+        """Add a new user input to an existing run (done, parked, failed or cancelled) and play it."""
+        return await self.send(await self.reopen(run_id, interactive=interactive), prompt)
+
+    async def reopen(self, run_id: str, *, interactive: bool | None = None) -> RunState:
+        """Open a run to take a new input: ``resumed`` is recorded, interrupted tool calls closed."""
         run = await self.aopen(run_id)
         if interactive is not None:
             run.interactive = interactive
         await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         await close_interrupted_calls(run)
-        return await self.send(run, prompt)
+        return run
+
+    async def cancel(self, run: RunState | str, *, reason: str) -> RunResult:
+        """Record ``cancelled`` on a run that has not ended (idempotent: a run that is done or
+        already cancelled is left as it is). The caller stops any turn in flight first."""
+        if isinstance(run, str):
+            run = await self.aopen(run)
+        if run.view.status not in ("done", "cancelled"):
+            await run.add("cancelled", {"reason": reason, "output": run.output})
+        return self.result(run)
+
+    async def compact(self, run_id: str) -> dict[str, Any]:
+        """Distil a run that is not playing now, whatever its pressure: the tokens of its
+        working context before and after, or why it was declined."""
+        run = await self.aopen(run_id)
+        before = run.estimate()
+        if run.mode.name == "append" and run.mode.threshold_pct(run) is None:
+            return {"run_id": run_id, "mode": run.mode.name, "distilled": False, "tokens_before": before,
+                    "tokens_after": before, "reason": "append mode keeps everything (context.backstop is off)"}
+        heard: list[Event] = []
+        run.listeners.append(heard.append)
+        distilled = await maybe_distil(run, force=True)
+        reason = None if distilled else next((e.data.get("reason") for e in heard if e.kind == "distillation_declined"), None)
+        return {"run_id": run_id, "mode": run.mode.name, "distilled": distilled, "tokens_before": before,
+                "tokens_after": run.estimate(), "reason": reason}
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:
         return RunResult(

@@ -9,6 +9,7 @@ From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the ag
       - tool_call: {name: Recall, arguments: {query: "staging db port"}}
       - emit_state: {patch: {step: 2}, done: false}
         usage: {input_tokens: 7000}      # optional: simulate reported prompt tokens
+        delay_s: 0.5                     # optional: simulate a slow model (seconds before the reply)
     summaries:             # recap / compaction calls take these in order; the last one repeats
       - "Recap: ..."
       - extractive: 600    # or: the leading sentence of each message of the span, up to 600 characters
@@ -21,6 +22,7 @@ A run that asks for more turns than the script has fails with
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
 import re
@@ -36,7 +38,7 @@ from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usa
 
 __all__ = ["ScriptedProvider", "FunctionProvider", "load_script", "extractive_summary"]
 
-_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive", "words"}
+_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive", "words", "delay_s"}
 
 
 class ScriptedProvider:
@@ -83,6 +85,8 @@ class ScriptedProvider:
                 )
             item = self.turns[self._turn]
             self._turn += 1
+            if item.get("delay_s"):
+                await asyncio.sleep(float(item["delay_s"]))
             return self._reply(item, request, call_no=self._turn)
         if not self.summaries:
             raise ScriptExhaustedError(
@@ -131,7 +135,7 @@ class ScriptedProvider:
 def _turn_problem(turn: dict[str, Any]) -> str | None:
     """What is wrong with one scripted turn, or None."""
     unknown = set(turn) - _TURN_KEYS
-    if unknown or not (set(turn) - {"usage"}):
+    if unknown or not (set(turn) - {"usage", "delay_s"}):
         return f"must have one of text, tool_call, tool_calls, emit_state (got {sorted(turn)})"
     if "tool_call" in turn and not _is_call(turn["tool_call"]):
         return "tool_call must be a mapping with a name, like {name: calculate, arguments: {expression: '1+1'}}"
@@ -142,6 +146,9 @@ def _turn_problem(turn: dict[str, Any]) -> str | None:
         return "emit_state must be a mapping, like {reasoning: ..., patch: {step: 2}}"
     if "usage" in turn and not isinstance(turn["usage"], dict):
         return "usage must be a mapping like {input_tokens: 7000}"
+    delay = turn.get("delay_s", 0)
+    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 600:
+        return "delay_s must be a number of seconds between 0 and 600"
     return None
 
 

@@ -13,7 +13,6 @@ much the runs overlapped).
 from __future__ import annotations
 
 import asyncio
-import statistics
 import tempfile
 import time
 from pathlib import Path

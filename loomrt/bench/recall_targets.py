@@ -161,7 +161,6 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
     Building the index embeds every entry (MiniLM: about a minute for 4,096 entries on 2 cores).
     """
     from loomrt.recall.run_recall import RunRecall
-
     from loomrt.spec import ContextSpec
 
     rng = random.Random(seed)

@@ -14,8 +14,8 @@ from typing import Any
 
 from loomrt.bench.core import BenchConfig, ModeRun, Probe, Progress, WorkloadResult, workload
 from loomrt.bench.model import BenchModel, Needle
-from loomrt.bench.reader import lines_of, value_after_key
 from loomrt.bench.play import bench_spec, play_mode
+from loomrt.bench.reader import lines_of, value_after_key
 from loomrt.bench.textgen import make_facts, prose, system_prompt
 from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.run.state import RunState

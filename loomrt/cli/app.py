@@ -1,7 +1,7 @@
 """``loomrt``: run agents, chat with them, and inspect what happened.
 
 Commands: run, chat, agents (list, validate, schema, fork, promote), runs (list, show,
-events, resume, continue), recall, bench, doctor. Every inspection command takes --json.
+events, resume, continue), recall, bench, mcp, doctor. Every inspection command takes --json.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ import typer
 
 from loomrt.cli._common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.agents_cmd import agents_app
-from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
+from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
 from loomrt.cli.doctor import doctor
+from loomrt.cli.mcp_cmd import mcp_cmd
 from loomrt.cli.recall_cmd import recall
 from loomrt.cli.runs_cmd import runs_app
 
@@ -111,9 +112,10 @@ def _read_turn(prompt: bool) -> str | None:
         return None
 
 
-# recall, doctor and bench import their heavy libraries (torch, litellm) only when they run.
+# recall, doctor, mcp and bench import their heavy libraries (torch, litellm) only when they run.
 app.command("recall")(friendly(recall))
 app.command("doctor")(friendly(doctor))
+app.command("mcp")(mcp_cmd)
 app.add_typer(bench_app, name="bench")
 
 

@@ -54,6 +54,7 @@ def show_cmd(
 ) -> None:
     """One run: definition hash, mode, status, usage, distillations, output and Σ."""
     from loomrt.run.projection import project
+    from loomrt.run.summary import run_summary
 
     rt = runtime()
     info = rt.store.get_run(run_id)
@@ -61,20 +62,8 @@ def show_cmd(
     if seq is not None:
         _show_event(run_id, events, seq, json_output)
         return
+    summary = run_summary(info, events)
     view = project(events)
-    started = events[0].data if events else {}
-    summary = {
-        **info.model_dump(mode="json"),
-        "requested_mode": started.get("requested_mode"),
-        "tools": started.get("tools", []),
-        "usage": {**view.usage.to_dict(), "model_calls": view.model_calls},
-        "distillations": view.distillations,
-        "declined": view.declines,
-        "errors": [e.data.get("message") for e in events if e.kind == "error"],
-        "output": view.output,
-        "state": view.state,
-        "working_context_messages": len(view.context),
-    }
     if json_output:
         print_json(summary)
         return

@@ -15,9 +15,10 @@ from loomrt.tokens import count_messages
 __all__ = ["maybe_distil", "notify"]
 
 
-async def maybe_distil(run: RunState) -> bool:
-    """Distil if the mode says pressure calls for it. True if the context was reduced."""
-    if not run.mode.should_distil(run):
+async def maybe_distil(run: RunState, *, force: bool = False) -> bool:
+    """Distil if the mode says pressure calls for it (or now, with ``force``: a client's
+    ``compact_run``). True if the context was reduced."""
+    if not (force or run.mode.should_distil(run)):
         return False
     before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
     reduction = await run.mode.reduce(run)

@@ -9,14 +9,14 @@ in the mode object (:mod:`.reducers`).
 from __future__ import annotations
 
 from loomrt.crashpoints import reached
-from loomrt.errors import LoomError, RunError
+from loomrt.errors import LoomError, RunError, SpecError
 from loomrt.messages import ToolCall
 from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 
-__all__ = ["play_turn", "add_user_input", "close_interrupted_calls", "execute_tool"]
+__all__ = ["play_turn", "add_user_input", "check_input", "INPUT_MAX_CHARS", "close_interrupted_calls", "execute_tool"]
 
 INTERRUPTED = (
     "Error: the run stopped before this tool call returned, and it was resumed from the record. "
@@ -24,8 +24,25 @@ INTERRUPTED = (
 )
 
 
+INPUT_MAX_CHARS = 1_000_000
+"""The longest user input (a prompt) a run takes, in characters: about 250k tokens, more
+than any context window loomrt targets. A longer one is refused before it is recorded."""
+
+
+def check_input(content: str) -> None:
+    """Raise SpecError unless ``content`` is a user input a run can take."""
+    if not isinstance(content, str):
+        raise SpecError(f"a prompt must be text, not {type(content).__name__}")
+    if len(content) > INPUT_MAX_CHARS:
+        raise SpecError(
+            f"the prompt is {len(content):,} characters, over the limit of {INPUT_MAX_CHARS:,}. "
+            "Put the material in a file and give the agent read_file, or split the task."
+        )
+
+
 async def add_user_input(run: RunState, content: str) -> None:
     """Record a user input; the first one (the task) is pinned when ``keep_first`` is on."""
+    check_input(content)
     await run.add("user_input", {"content": content})
 
 

@@ -1,0 +1,133 @@
+"""`loomrt mcp --http`: streamable HTTP behind loomrt's own guard.
+
+The guard runs before the SDK sees a request, so nothing a refused request says reaches a
+tool. In order:
+
+1. ``Host`` must name this server (127.0.0.1, localhost or the bound host, with its port),
+   and an ``Origin``, when sent, must be one of the allowed origins: a web page a browser
+   opened on another site cannot reach a server on the loopback (DNS rebinding).
+2. With a token configured, ``Authorization: Bearer TOKEN`` must match it, compared in
+   constant time (:func:`hmac.compare_digest`). Tokens are never logged.
+
+:func:`check_listen` refuses to start on a non-loopback address without a token, and
+refuses a token shorter than :data:`TOKEN_MIN_CHARS`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from loomrt.errors import SpecError
+
+__all__ = ["Guard", "check_listen", "read_token", "allowed_origins", "TOKEN_MIN_CHARS", "TOKEN_ENV"]
+
+TOKEN_MIN_CHARS = 32
+TOKEN_ENV = "LOOMRT_MCP_TOKEN"
+
+Scope = dict[str, Any]
+
+
+def read_token(token_file: Path | None) -> str | None:
+    """The bearer token: from ``--token-file`` (its first line), else $LOOMRT_MCP_TOKEN, else None."""
+    if token_file is not None:
+        try:
+            text = token_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecError(f"cannot read the token file: {exc}", where=str(token_file)) from None
+        token = text.strip().splitlines()[0].strip() if text.strip() else ""
+        if not token:
+            raise SpecError("the token file is empty", where=str(token_file))
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(host: str, token: str | None) -> None:
+    """Refuse a configuration that would expose runs: no token off the loopback, or a short token."""
+    if token is not None and len(token) < TOKEN_MIN_CHARS:
+        raise SpecError(
+            f"the MCP token is {len(token)} characters; it must have at least {TOKEN_MIN_CHARS}. "
+            "Make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))'"
+        )
+    if token is None and not is_loopback(host):
+        raise SpecError(
+            f"refusing to serve on {host} without a token: anyone who can reach it could run agents. "
+            f"Set ${TOKEN_ENV} or pass --token-file, or serve on 127.0.0.1."
+        )
+
+
+def allowed_origins(host: str, port: int, extra: Iterable[str] = ()) -> set[str]:
+    """The origins a browser may send: this server's own, and any given with --allow-origin."""
+    names = {"127.0.0.1", "localhost", host}
+    return {f"{scheme}://{name}:{port}" for name in names for scheme in ("http", "https")} | set(extra)
+
+
+class Guard:
+    """ASGI middleware: Host, Origin and bearer-token checks before ``app`` sees a request."""
+
+    def __init__(self, app: Any, *, host: str, port: int, token: str | None, origins: set[str]):
+        self.app = app
+        self.hosts = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", host)}
+        self.origins = origins
+        self.token = token.encode() if token else None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        refusal = self.refusal(headers)
+        if refusal is not None:
+            status, message = refusal
+            await _respond(send, status, message, bearer=status == 401)
+            return
+        await self.app(scope, receive, send)
+
+    def refusal(self, headers: dict[str, str]) -> tuple[int, str] | None:
+        """Why a request with ``headers`` is refused (status, message), or None."""
+        if headers.get("host") not in self.hosts:
+            return 421, "this server does not answer for that Host"
+        origin = headers.get("origin")
+        if origin is not None and origin not in self.origins:
+            return 403, "origin not allowed (pass --allow-origin to permit it)"
+        if self.token is not None:
+            scheme, _, given = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self.token):
+                return 401, "a valid bearer token is required (Authorization: Bearer TOKEN)"
+        return None
+
+
+async def _respond(send: Any, status: int, message: str, *, bearer: bool) -> None:
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if bearer:
+        headers.append((b"www-authenticate", b'Bearer realm="loomrt"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def serve_http(server: Any, *, host: str, port: int, token: str | None, origins: set[str]) -> None:
+    """Serve ``server`` (a :class:`~loomrt.mcp.server.LoomMCPServer`) on http://HOST:PORT/mcp until stopped."""
+    import uvicorn
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    inner = server.streamable_http_app(
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False), host=host,
+    )  # the Guard checks Host and Origin itself, before the token
+    app = Guard(inner, host=host, port=port, token=token, origins=origins)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    await uvicorn.Server(config).serve()
