@@ -18,7 +18,7 @@ __all__ = [
     "EventPayload", "PAYLOADS", "check_payload", "events_json_schema",
     "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
-    "CallbackError", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
+    "CallbackError", "ToolSourceError", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
 ]
 
 
@@ -153,6 +153,15 @@ class CallbackError(_Payload):
     distillation_seq: int | None = None
 
 
+class ToolSourceError(_Payload):
+    kind: Literal["tool_source_error"]
+    server: str
+    """The MCP server (its name in mcp_servers)."""
+    phase: str
+    """start (it could not start) or call (it died during a call)."""
+    error: str
+
+
 class Notice(_Payload):
     kind: Literal["notice"]
     message: str
@@ -195,14 +204,15 @@ class Cancelled(_Payload):
 
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
-    SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, Notice, Parked,
+    SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
+    Notice, Parked,
     Resumed, Error, Final, Cancelled,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
-    | CallbackError | Notice | Parked | Resumed | Error | Final | Cancelled,
+    | CallbackError | ToolSourceError | Notice | Parked | Resumed | Error | Final | Cancelled,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

@@ -192,6 +192,9 @@ class Runtime:
                 await close_interrupted_calls(run)
                 await run.add("parked", {"output": run.output, "after_error": str(exc)})
             return self.result(run, error=str(exc))
+        finally:
+            if run.view.status != "parked":  # the run ended (or failed): its tool sources stop
+                await run.toolset.close_sources()
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
 
@@ -229,6 +232,7 @@ class Runtime:
     async def afinish(self, run: RunState) -> RunResult:
         """End an interactive run: record ``final`` with its last answer."""
         await run.add("final", {"output": run.output, "state": run.state})
+        await run.toolset.close_sources()
         return self.result(run)
 
     # ------------------------------------------------------------------ from the record

@@ -32,6 +32,7 @@ from pydantic_core import PydanticCustomError
 from loomrt.errors import SpecError
 
 __all__ = [
+    "McpServerSpec",
     "RETENTION_MODES",
     "AGENTS_FILE_MAX_BYTES",
     "mode_names",
@@ -165,6 +166,43 @@ class Capabilities(_Strict):
     """The model honours a JSON Schema response_format."""
 
 
+MCP_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
+
+
+class McpServerSpec(_Strict):
+    """An MCP server whose tools an agent may use: ``{name, command, args?, env?}`` (stdio)
+    or ``{name, url, token_env?}`` (streamable HTTP)."""
+
+    name: str
+    """How ``tools:`` names it (``NAME.TOOL`` or ``NAME.*``): letters, digits, ``_`` and ``-``, at most 32."""
+    command: str | None = None
+    """stdio: the program to start (it speaks MCP on its stdin and stdout)."""
+    args: list[str] = Field(default_factory=list)
+    """stdio: the program's arguments."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """stdio: extra environment variables for the program."""
+    url: str | None = None
+    """streamable HTTP: the server's endpoint, like http://127.0.0.1:8765/mcp."""
+    token_env: str | None = None
+    """streamable HTTP: the environment variable holding its bearer token."""
+    timeout_s: float = Field(60.0, gt=0, le=3600)
+    """Seconds one tool call may take before it is a tool error."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if not MCP_SERVER_NAME.match(self.name):
+            raise ValueError(f"name {self.name!r} must be 1-32 letters, digits, '_' or '-'")
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give command (a stdio server) or url (a streamable HTTP server), exactly one")
+        if self.url is not None and (self.args or self.env):
+            raise ValueError("args and env are for a stdio server (command); a url server takes token_env")
+        if self.command is not None and self.token_env is not None:
+            raise ValueError("token_env is for a url server; a stdio server takes env")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, not {self.url!r}")
+        return self
+
+
 class AgentSpec(_Strict):
     """One agent definition. Immutable once loaded: a run works on a deep clone."""
 
@@ -176,8 +214,11 @@ class AgentSpec(_Strict):
     """The system prompt (or use system_prompt_file)."""
     system_prompt_file: str | None = None
     """A file holding the system prompt, relative to the definitions file."""
+    mcp_servers: list[McpServerSpec] = Field(default_factory=list)
+    """MCP servers whose tools the agent may use, started when a run first needs them."""
     tools: list[str] = Field(default_factory=list)
-    """Allowlist of tool names; empty means no tools (default-deny)."""
+    """Allowlist of tool names; empty means no tools (default-deny). An MCP server's tools
+    are ``SERVER.TOOL`` or ``SERVER.*``."""
     max_iterations: int = Field(20, ge=1)
     """The most model calls in one turn before the run stops."""
     max_tokens: int = Field(1024, ge=16)
@@ -199,6 +240,31 @@ class AgentSpec(_Strict):
     """Declared facts about the model (override the registry)."""
     context: ContextSpec = Field(default_factory=ContextSpec)
     """Retention: how the working context stays under budget."""
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_servers(cls, servers: list[McpServerSpec]) -> list[McpServerSpec]:
+        names = [s.name for s in servers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"MCP server names must be unique; {', '.join(twice)} appears more than once")
+        return servers
+
+    @field_validator("tools")
+    @classmethod
+    def _known_sources(cls, tools: list[str], info: Any) -> list[str]:
+        servers = {s.name for s in info.data.get("mcp_servers") or []}
+        for i, name in enumerate(tools):
+            server, dot, tool = name.partition(".")
+            if not dot:
+                continue
+            if server not in servers:
+                declared = ", ".join(sorted(servers)) or "none"
+                raise ValueError(f"tools[{i}] {name!r} names MCP server {server!r}, which mcp_servers does not "
+                                 f"declare (declared: {declared})")
+            if not tool or "." in tool:
+                raise ValueError(f"tools[{i}] {name!r} must be SERVER.TOOL or SERVER.*")
+        return tools
 
     @model_validator(mode="after")
     def _one_prompt(self) -> AgentSpec:

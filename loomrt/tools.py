@@ -60,6 +60,21 @@ class Toolset:
     prompt_lines: list[str] = field(default_factory=list)
     recall: Any = None
     """The run's recall index (a :class:`loomrt.recall.RunRecall`), when recall is on."""
+    sources: list[Any] = field(default_factory=list)
+    """Tool sources started on first use (:class:`loomrt.mcp.sources.McpSource`, one per MCP server)."""
+
+    async def open_sources(self) -> None:
+        """Start the tool sources that are not running, and offer the tools they have now."""
+        for source in self.sources:
+            stale = [name for name, t in self.tools.items() if name in source.tools]
+            for name in stale:
+                del self.tools[name]
+            self.tools.update(await source.open())
+
+    async def close_sources(self) -> None:
+        """Stop every tool source (the run ended)."""
+        for source in self.sources:
+            await source.close()
 
 
 def tool(name: str, description: str, parameters: dict[str, Any]) -> Callable[[ToolFn], Tool]:

@@ -4,7 +4,8 @@ Every site that starts or restarts a run (one-shot, interactive, continue, resum
 later sub-agent spawn and MCP spawn) calls :func:`resolve_toolset`. It turns the agent's
 ``tools:`` allowlist into tools (default-deny), and grants what the ``context:`` block
 implies: ``recall: true`` adds the Recall tool, the recall index callback and one line of
-system prompt. Granting Recall widens the allowlist, never the trust boundary: it reads
+system prompt; an allowlisted ``SERVER.TOOL`` (or ``SERVER.*``) of ``mcp_servers`` adds a
+tool source, started when the run first needs its tools. Granting Recall widens the allowlist, never the trust boundary: it reads
 only this run's evicted spans and the agent's permitted memory.
 """
 
@@ -42,14 +43,20 @@ def resolve_toolset(
     registry = {**BUILTIN_TOOLS, **(registry or {})}
     toolset = Toolset()
     for i, name in enumerate(spec.tools):
-        if name == "Recall":
-            continue  # granted below (the spec insists on context.recall: true)
+        if name == "Recall" or "." in name:
+            continue  # Recall is granted below (the spec insists on context.recall: true); SERVER.TOOL too
         if name not in registry:
             raise SpecError(
                 f"unknown tool {name!r}. Known tools: {', '.join(sorted(registry))}",
                 path=f"agents.{agent}.tools[{i}]" if agent else f"tools[{i}]",
             )
         toolset.tools[name] = registry[name]
+    for server in spec.mcp_servers:
+        allowed = [name.partition(".")[2] for name in spec.tools if name.partition(".")[0] == server.name and "." in name]
+        if allowed:
+            from loomrt.mcp.sources import McpSource
+
+            toolset.sources.append(McpSource(server, allowed, emit))
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 

@@ -168,3 +168,43 @@ def test_any_tool_call_arguments_become_a_result_not_a_crash(name: str, argument
 
     (result,) = asyncio.run(go())
     assert isinstance(result.data["content"], str)
+
+
+MCP_TOOLS = ["list_agents", "spawn_run", "spawn_runs", "get_run", "list_runs", "get_events", "continue_run", "cancel_run",
+             "compact_run", "recall", "no_such_tool"]
+mcp_keys = st.sampled_from(["agent", "prompt", "context", "wait", "timeout_s", "spawns", "run_id", "after_seq", "limit",
+                            "status", "query", "top_k", "mode", "budget_tokens", "recall", "x"])
+mcp_args = st.recursive(
+    st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=False, allow_infinity=False, width=32)
+    | st.text(max_size=12) | st.sampled_from(["quick", "compaction", "append", "000000000000"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(mcp_keys, children, max_size=4),
+    max_leaves=15,
+)
+
+
+@FAST
+@given(st.sampled_from(MCP_TOOLS), st.dictionaries(mcp_keys, mcp_args, max_size=5))
+def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(tmp_path_factory: Any, name: str, arguments: dict[str, Any]) -> None:
+    from mcp.server.mcpserver.exceptions import ToolError
+
+    from loomrt.mcp.server import build_server
+    from loomrt.mcp.service import RunService
+    from loomrt.spec import load_agents
+
+    folder = tmp_path_factory.mktemp("mcp-fuzz")
+    (folder / "quick.yaml").write_text("turns:\n  - text: ok\n")
+    (folder / "agents.yaml").write_text(
+        "agents:\n  quick:\n    model: scripted/quick.yaml\n    context: {mode: compaction, budget_tokens: 4096}\n")
+    service = RunService(load_agents(folder / "agents.yaml"))
+    server = build_server(service)
+
+    async def call() -> None:
+        try:
+            await asyncio.wait_for(server.call_tool(name, arguments), 10)
+        except ToolError as exc:
+            assert str(exc).strip() and "Traceback" not in str(exc)
+            assert not str(exc).startswith("Error executing tool"), f"an unexpected error in {name}: {exc.__cause__!r}"
+        finally:
+            await service.close()
+
+    asyncio.run(call())

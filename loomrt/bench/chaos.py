@@ -83,9 +83,11 @@ SCENARIOS = [
     Scenario("chat-append", True, CHAT_INPUTS),
     Scenario("tools-compaction", False, (TASK,)),
     Scenario("tools-stateful", False, (TASK,)),
+    Scenario("tools-mcp", False, (TASK,)),
 ]
 """Every mode is covered: recap, compaction and append with the backstop in a chat;
-compaction and stateful in a one-shot run with tools (a large tool result, a calculation)."""
+compaction and stateful in a one-shot run with tools (a large tool result, a calculation);
+and compaction with the tools of an MCP server (a tool source, its own process)."""
 
 
 def write_scenarios(folder: Path) -> Path:
@@ -129,6 +131,18 @@ def write_scenarios(folder: Path) -> Path:
         summaries:
           - extractive: 400
         """).replace("NOTES", path), encoding="utf-8")
+    (folder / "mcp.yaml").write_text(textwrap.dedent("""\
+        turns:
+          - tool_call: {name: mcp__notes__read_notes, arguments: {}}
+          - tool_call: {name: mcp__notes__add, arguments: {numbers: [10, 11, 12]}}
+          - tool_call: {name: mcp__notes__read_notes, arguments: {}}
+          - tool_call: {name: mcp__notes__add, arguments: {numbers: [33, 33]}}
+          - text: "The pumps reported 33 litres in the first three notes, 66 over two readings."
+        summaries:
+          - extractive: 400
+        """), encoding="utf-8")
+    notes_server = {"name": "notes", "command": sys.executable,
+                    "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())]}
     chat = {"model": "scripted/chat.yaml", "system_prompt": "You keep track of what the user tells you."}
     tools = {"system_prompt": "You investigate incidents with tools.", "tools": ["read_file", "calculate"],
              "max_iterations": 12}
@@ -143,6 +157,9 @@ def write_scenarios(folder: Path) -> Path:
                              "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
         "tools-stateful": {"model": "scripted/state.yaml", **tools,
                            "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
+        "tools-mcp": {"model": "scripted/mcp.yaml", "system_prompt": tools["system_prompt"], "max_iterations": 12,
+                      "mcp_servers": [notes_server], "tools": ["notes.*"],
+                      "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
     }
     (folder / "agents.yaml").write_text(yaml.safe_dump({"agents": agents}, sort_keys=False), encoding="utf-8")
     return folder / "agents.yaml"

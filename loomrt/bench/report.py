@@ -232,8 +232,22 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             f"({c['turns_without_boundary']}): p50 {c['plain_p50_ms']:.2f} ms, p99 {c['plain_p99_ms']:.2f} ms.",
             "",
         ]
+    if "mcp" in m:
+        c = m["mcp"]
+        lines += [
+            "### MCP",
+            "",
+            f"`loomrt mcp` over stdio with the SDK's client: `spawn_run` of a run whose model answers at once, "
+            f"{c['round_trips']} times: p50 {c['spawn_run_p50_ms']:.1f} ms, p95 {c['spawn_run_p95_ms']:.1f} ms. "
+            f"`spawn_runs` of {c['fan_out']} runs whose model takes {c['model_s_each']} s each: {c['fan_out_ok']} ok "
+            f"in {c['fan_out_wall_s']} s, overlap ×{c['overlap']} (×{c['fan_out']} at best, ×1 if they ran one "
+            f"after another). An MCP server as a tool source: started on first use in {c['server_start_s']} s; "
+            f"then p50 {c['mcp_call_p50_ms']:.2f} ms a call against {c['builtin_call_p50_ms']:.3f} ms for the "
+            f"built-in calculate ({c['extra_ms_per_call']:.2f} ms more), over {c['tool_calls']} calls.",
+            "",
+        ]
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency"):
+        if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency", "mcp"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_needles",
+    "recall_needles", "mcp",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
@@ -33,6 +33,7 @@ def _load() -> None:
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401
+    import loomrt.bench.mcp_measure  # noqa: F401
     import loomrt.bench.measures  # noqa: F401
     import loomrt.bench.workloads  # noqa: F401
 

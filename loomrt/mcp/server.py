@@ -179,6 +179,7 @@ def build_server(service: RunService) -> LoomMCPServer:
         "running" and the run goes on (cancel_run stops it). Progress notifications (iterations,
         tool calls, distillations) come at most once a second when the request asks for them.
         """
+        _check_timeout(timeout_s)
         run = await service.spawn(agent, prompt, context)
         if not wait:
             return await service.result(run.run_id)  # type: ignore[return-value]
@@ -192,6 +193,7 @@ def build_server(service: RunService) -> LoomMCPServer:
         order: {index, agent, run_id, status, ok, output?, state?, error?}, status one of ok,
         failed, timeout, max_iterations, cancelled, running. A failed run is a row, not a failed call.
         """
+        _check_timeout(timeout_s)
         if not 1 <= len(spawns) <= SPAWN_MAX:
             raise ServiceError(f"spawns must have 1 to {SPAWN_MAX} entries, not {len(spawns)}")
         for i, entry in enumerate(spawns):
@@ -222,6 +224,7 @@ def build_server(service: RunService) -> LoomMCPServer:
         ctx: Context[Any, Any] | None = None,
     ) -> RunResultOut:
         """Give a run that is not playing (done, parked, failed or cancelled) a new input, and play it."""
+        _check_timeout(timeout_s)
         await service.continue_(run_id, prompt)
         if not wait:
             return await service.result(run_id)  # type: ignore[return-value]
@@ -256,6 +259,11 @@ def build_server(service: RunService) -> LoomMCPServer:
         return _read(lambda: service.get_events(run_id, 0, EVENTS_MAX))
 
     return server
+
+
+def _check_timeout(timeout_s: float | None) -> None:
+    if timeout_s is not None and not 0 < timeout_s <= 86_400:
+        raise ServiceError(f"timeout_s must be above 0 and at most 86400 (a day), not {timeout_s}")
 
 
 def _read(page: Callable[[], dict[str, Any]]) -> str:

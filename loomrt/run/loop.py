@@ -52,6 +52,7 @@ async def play_turn(run: RunState) -> str:
     Raises :class:`RunError` after recording an ``error`` event.
     """
     try:
+        await run.toolset.open_sources()  # MCP servers start on first use (and again, after one died)
         for _ in range(run.spec.max_iterations):
             await maybe_distil(run)
             response = await call_model(
@@ -123,6 +124,9 @@ async def execute_tool(run: RunState, call: ToolCall) -> None:
     """Run one tool call and append its result. A failing or unknown tool is a result, not a crash."""
     await run.add("tool_call", call.to_dict())
     tool = run.toolset.tools.get(call.name)
+    if tool is None and run.toolset.sources:  # a resumed run settles its calls before its first model call
+        await run.toolset.open_sources()
+        tool = run.toolset.tools.get(call.name)
     if tool is None:
         content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
         is_error = True

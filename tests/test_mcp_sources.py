@@ -1,0 +1,141 @@
+"""MCP servers as tool sources: an agent's ``mcp_servers:`` give it their tools, under
+provider-safe names, default-deny, started on first use; a server that dies or cannot
+start is a tool error and an event, never a failed run."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomrt.errors import SpecError
+from loomrt.mcp.sources import UNTRUSTED, safe_name
+from loomrt.providers.scripted import ScriptedProvider
+from loomrt.record.sqlite import default_store
+from loomrt.runtime import Runtime
+from loomrt.spec import load_agents, load_agents_text
+
+TINY = Path(__file__).parent / "data" / "tiny_mcp_server.py"
+SAFE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+
+def agent_file(folder: Path, tools: str, command: str = sys.executable, args: str = f"['{TINY}']") -> Path:
+    path = folder / "agents.yaml"
+    path.write_text(
+        "agents:\n  worker:\n    model: scripted/unused.yaml\n"
+        f"    mcp_servers:\n      - {{name: tiny, command: '{command}', args: {args}, timeout_s: 20}}\n"
+        f"    tools: {tools}\n"
+    )
+    return path
+
+
+def play(folder: Path, tools: str, turns: list[dict[str, Any]], **kw: Any) -> tuple[Any, ScriptedProvider]:
+    provider = ScriptedProvider(turns=turns)
+    rt = Runtime(providers=lambda spec, model: provider)
+    defs = load_agents(agent_file(folder, tools, **kw))
+    return rt.run_sync("worker", "go", agents=defs), provider
+
+
+def call(name: str, **arguments: Any) -> dict[str, Any]:
+    return {"tool_call": {"name": name, "arguments": arguments}}
+
+
+def results(run_id: str) -> list[dict[str, Any]]:
+    return [e.data for e in default_store().events(run_id) if e.kind == "tool_result"]
+
+
+def test_tools_are_offered_under_safe_names_called_and_recorded(tmp_path: Path) -> None:
+    result, provider = play(tmp_path, "['tiny.echo']", [call("mcp__tiny__echo", text="hello"), {"text": "done"}])
+    assert result.status == "done", result.error
+    offered = {t.name: t for t in provider.calls[0].tools}
+    assert set(offered) == {"mcp__tiny__echo"}  # default-deny: add, long_report and crash are not offered
+    assert offered["mcp__tiny__echo"].description.startswith(UNTRUSTED.format(server="tiny"))
+    assert offered["mcp__tiny__echo"].parameters["properties"]["text"]["type"] == "string"
+    assert results(result.run_id) == [
+        {"tool_call_id": "call_1_0", "name": "mcp__tiny__echo", "content": "echo: hello", "is_error": False}]
+
+
+def test_a_wildcard_grants_every_tool_and_long_results_are_cut(tmp_path: Path) -> None:
+    result, provider = play(tmp_path, "['tiny.*']", [call("mcp__tiny__long_report"), call("mcp__tiny__add", a=2, b=3),
+                                                     {"text": "done"}])
+    assert {t.name for t in provider.calls[0].tools} == {f"mcp__tiny__{n}" for n in ("echo", "add", "long_report", "crash")}
+    report, added = results(result.run_id)
+    assert report["content"].count("\n") == 1999 and added["content"] == "5"  # the record keeps every word
+    sent = provider.calls[1].messages[-1]["content"]  # the working context holds it cut, and says so
+    assert "[cut:" in sent and len(sent) < len(report["content"])
+
+
+def test_a_server_that_crashes_mid_run_is_a_tool_error(tmp_path: Path) -> None:
+    result, _ = play(tmp_path, "['tiny.*']", [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"),
+                                              {"text": "done anyway"}])
+    assert (result.status, result.output) == ("done", "done anyway")
+    crashed, after = results(result.run_id)
+    assert crashed["is_error"] and "tiny" in crashed["content"]
+    assert after["is_error"] and "not available" in after["content"]  # started again only after a back-off (1 s)
+    errors = [e.data for e in default_store().events(result.run_id) if e.kind == "tool_source_error"]
+    assert errors and errors[0]["server"] == "tiny" and errors[0]["phase"] == "call"
+
+
+def test_a_dead_server_is_started_again_after_its_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("loomrt.mcp.sources.BACKOFF_S", (0.0,))
+    result, _ = play(tmp_path, "['tiny.*']", [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"),
+                                              {"text": "done"}])
+    crashed, after = results(result.run_id)
+    assert crashed["is_error"] and (after["content"], after["is_error"]) == ("echo: again", False)
+
+
+def test_a_server_that_cannot_start_is_a_tool_error_and_an_event(tmp_path: Path) -> None:
+    result, provider = play(tmp_path, "['tiny.echo']", [call("mcp__tiny__echo", text="x"), {"text": "carried on"}],
+                            command="/nonexistent/mcp-server", args="[]")
+    assert (result.status, result.output) == ("done", "carried on")
+    assert [t.name for t in provider.calls[0].tools] == ["mcp__tiny__echo"]  # named exactly: offered, as an error
+    (only,) = results(result.run_id)
+    assert only["is_error"] and "could not start" in only["content"]
+    kinds = [e.kind for e in default_store().events(result.run_id)]
+    assert "tool_source_error" in kinds
+
+
+def test_inspecting_a_run_starts_no_server(tmp_path: Path) -> None:
+    result, _ = play(tmp_path, "['tiny.echo']", [{"text": "no tools needed"}])
+    (tmp_path / "unused.yaml").write_text("turns:\n  - text: unused\n")
+    run = Runtime().open(result.run_id)
+    assert run.toolset.sources and all(s._task is None for s in run.toolset.sources)
+
+
+def test_safe_names() -> None:
+    assert safe_name("gh", "search.code") == "mcp__gh__search_code"
+    long = safe_name("a-very-long-server-name-indeed", "a_tool_name_that_goes_on_and_on_and_on_forever")
+    assert SAFE.match(long) and len(long) == 64
+    assert long == safe_name("a-very-long-server-name-indeed", "a_tool_name_that_goes_on_and_on_and_on_forever")
+    assert long != safe_name("a-very-long-server-name-indeed", "a_tool_name_that_goes_on_and_on_and_on_forever2")
+
+
+@pytest.mark.parametrize("servers, tools, message", [
+    ("[{name: tiny, command: x}]", "['other.echo']", "names MCP server 'other'"),
+    ("[{name: tiny, command: x, url: 'http://127.0.0.1:1/mcp'}]", "[]", "exactly one"),
+    ("[{name: 'bad.name', command: x}]", "[]", "must be 1-32"),
+    ("[{name: tiny, command: x}, {name: tiny, command: y}]", "[]", "unique"),
+    ("[{name: tiny, url: 'ftp://x'}]", "[]", "http://"),
+    ("[{name: tiny, command: x}]", "['tiny.']", "SERVER.TOOL"),
+])
+def test_mcp_servers_are_validated_at_load_time(servers: str, tools: str, message: str) -> None:
+    text = f"agents:\n  w:\n    model: scripted/x.yaml\n    mcp_servers: {servers}\n    tools: {tools}\n"
+    with pytest.raises(SpecError) as caught:
+        load_agents_text(text, filename="agents.yaml")
+    assert message in str(caught.value) and "agents.yaml:" in str(caught.value), str(caught.value)
+
+
+def test_the_docs_snippets_load() -> None:
+    import json
+
+    page = (Path(__file__).parent.parent / "docs" / "mcp.md").read_text(encoding="utf-8")
+    snippets = re.findall(r"```yaml\n(.*?)```", page, re.S)
+    assert len(snippets) == 2
+    for text in snippets:
+        (agent,) = load_agents_text(text, filename="docs/mcp.md").agents.values()
+        assert agent.mcp_servers and any("." in t for t in agent.tools)
+    (config,) = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", page, re.S)]
+    assert config["mcpServers"]["loomrt"]["args"][0] == "mcp"
