@@ -30,6 +30,7 @@ POINTS: dict[str, str] = {
     "after_distillation": "the distillation is recorded, and its callbacks have not run",
     "in_tool": "the tool call is recorded, and the tool is running (no result yet)",
     "in_recall_index": "recall is indexing an evicted span",
+    "in_spawn": "a child's result is on the parent's record, and its siblings may still be playing",
 }
 """Every named point, with where it is."""
 

@@ -56,6 +56,9 @@ class RunInfo(BaseModel):
     interactive: bool = False
     agents_file: str | None = None
     parent_run_id: str | None = None
+    """The run that spawned this one (a sub-agent), if any."""
+    root_run_id: str | None = None
+    """The run at the top of the spawn tree (this one's own id, or None, for a top-level run)."""
     created_at: float = Field(default_factory=time.time)
     status: str = "active"
     """Derived from the last event: active, parked, done, failed."""

@@ -18,7 +18,7 @@ __all__ = [
     "EventPayload", "PAYLOADS", "check_payload", "events_json_schema",
     "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
-    "CallbackError", "ToolSourceError", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
+    "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
 ]
 
 
@@ -153,6 +153,33 @@ class CallbackError(_Payload):
     distillation_seq: int | None = None
 
 
+class SpawnChildStarted(_Payload):
+    kind: Literal["spawn_child_started"]
+    tool_call_id: str
+    """The parent's spawn or parallel_spawn call."""
+    index: int
+    """The entry's place in the call."""
+    run_id: str
+    """The child's run."""
+    agent: str
+
+
+class SpawnChildResult(_Payload):
+    kind: Literal["spawn_child_result"]
+    tool_call_id: str
+    index: int
+    run_id: str
+    agent: str
+    status: str
+    """ok, failed, timeout, max_iterations or cancelled."""
+    ok: bool
+    output: str | None = None
+    state: dict[str, Any] | None = None
+    error: str | None = None
+    usage: dict[str, int] | None = None
+    """The child's tokens (its own children's included)."""
+
+
 class ToolSourceError(_Payload):
     kind: Literal["tool_source_error"]
     server: str
@@ -205,14 +232,14 @@ class Cancelled(_Payload):
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
-    Notice, Parked,
+    SpawnChildStarted, SpawnChildResult, Notice, Parked,
     Resumed, Error, Final, Cancelled,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
-    | CallbackError | ToolSourceError | Notice | Parked | Resumed | Error | Final | Cancelled,
+    | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

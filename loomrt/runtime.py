@@ -30,7 +30,7 @@ from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.projection import message_limit, project
 from loomrt.run.state import RunResult, RunState
-from loomrt.spec import AgentsFile, AgentSpec, definition_hash
+from loomrt.spec import SPAWN_TOOLS, AgentsFile, AgentSpec, definition_hash
 from loomrt.tools import Tool
 from loomrt.toolset import resolve_toolset
 
@@ -58,6 +58,18 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
         "this store waits on I/O, so this call cannot complete synchronously: "
         "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
     )
+
+
+def _agents_at(path: str | None) -> AgentsFile | None:
+    """The agents file a run was started from, read again (a resumed parent spawns from it)."""
+    if not path:
+        return None
+    from loomrt.spec import load_agents
+
+    try:
+        return load_agents(path)
+    except LoomError:
+        return None  # the spawn tools say so when they are called
 
 
 def _noticed(history: list[Event] | None, message: str) -> bool:
@@ -112,8 +124,10 @@ class Runtime:
         interactive: bool = False,
         agents_file: str | None = None,
         name: str | None = None,
+        parent: RunState | None = None,
     ) -> RunState:
-        """Create a run: clone the definition, resolve mode and toolset, record ``run_started``."""
+        """Create a run: clone the definition, resolve mode and toolset, record ``run_started``.
+        ``parent`` makes it a sub-agent of that run (lineage and depth on the record)."""
         name, spec = self._definition(agent, agents, name)
         changes = dict(overrides or {})
         if mode:
@@ -124,7 +138,12 @@ class Runtime:
             err = exc.errors()[0]
             raise SpecError(err["msg"].removeprefix("Value error, "), path=".".join(map(str, err["loc"]))) from None
         run_id = uuid.uuid4().hex[:12]
-        return await self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None)
+        lineage = {}
+        if parent is not None:
+            lineage = {"parent_run_id": parent.run_id, "root_run_id": parent.root_run_id or parent.run_id,
+                       "depth": parent.depth + 1}
+        return await self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None,
+                                    agents=agents, lineage=lineage)
 
     def _definition(self, agent: AgentSpec | str, agents: AgentsFile | None, name: str | None) -> tuple[str, AgentSpec]:
         if isinstance(agent, AgentSpec):
@@ -136,7 +155,7 @@ class Runtime:
 
     async def _assemble(
         self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
-        history: list[Event] | None,
+        history: list[Event] | None, agents: AgentsFile | None = None, lineage: dict[str, Any] | None = None,
     ) -> RunState:
         provider = self.providers(spec, spec.model)
         summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
@@ -147,15 +166,23 @@ class Runtime:
             resolved = resolve_mode(requested, provider.capabilities, interactive=interactive,
                                     has_schema=spec.context.state_schema is not None)
         mode = mode_for(resolved)
+        lineage = dict(lineage or {})
+        if history:
+            lineage = {k: history[0].data[k] for k in ("parent_run_id", "root_run_id", "depth") if k in history[0].data}
         run = RunState(
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
-            provider=provider, summarizer=summarizer, listeners=list(self.listeners),
+            provider=provider, summarizer=summarizer, listeners=list(self.listeners), **lineage,
         )
         if history:
             run.view = project(history, mode=mode)
+        spawn = None
+        if any(t in SPAWN_TOOLS for t in spec.tools):
+            from loomrt.children import Children
+
+            spawn = Children(self, run, agents or _agents_at(agents_file)).spawn
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=run.emit,
+            history=history, emit=run.emit, spawn=spawn,
         )
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
@@ -164,7 +191,8 @@ class Runtime:
             system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
             info = RunInfo(
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
-                interactive=interactive, agents_file=agents_file,
+                interactive=interactive, agents_file=agents_file, parent_run_id=run.parent_run_id,
+                root_run_id=run.root_run_id,
             )
             await self.store.write_run(info)
             await run.add("run_started", {
@@ -172,6 +200,7 @@ class Runtime:
                 "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
                 "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
                 "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
+                **lineage,
             })
         return run
 
@@ -302,6 +331,20 @@ class Runtime:
         reason = None if distilled else next((e.data.get("reason") for e in heard if e.kind == "distillation_declined"), None)
         return {"run_id": run_id, "mode": run.mode.name, "distilled": distilled, "tokens_before": before,
                 "tokens_after": run.estimate(), "reason": reason}
+
+    def usage_of(self, run_id: str) -> dict[str, int]:
+        """The tokens of a run and every run under it (its sub-agents, theirs, ...)."""
+        total = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
+        for kind in ("model_call",):
+            for e in self.store.events(run_id, kinds=[kind]):
+                u = e.data.get("usage") or {}
+                total["input_tokens"] += int(u.get("input_tokens", 0))
+                total["output_tokens"] += int(u.get("output_tokens", 0))
+                total["model_calls"] += 1
+        for child in self.store.children(run_id):
+            for key, value in self.usage_of(child.run_id).items():
+                total[key] += value
+        return total
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:
         return RunResult(

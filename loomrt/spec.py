@@ -33,6 +33,8 @@ from loomrt.errors import SpecError
 
 __all__ = [
     "McpServerSpec",
+    "ChildrenState",
+    "SPAWN_TOOLS",
     "RETENTION_MODES",
     "AGENTS_FILE_MAX_BYTES",
     "mode_names",
@@ -166,6 +168,25 @@ class Capabilities(_Strict):
     """The model honours a JSON Schema response_format."""
 
 
+class ChildrenState(_Strict):
+    """Σ reduce: where a stateful parent's Σ receives each child's final Σ."""
+
+    into: str
+    """A JSON Pointer to an object in the parent's Σ, like ``/results``."""
+    key: Literal["agent", "index"] = "agent"
+    """Each child's Σ goes under its agent's name, or its index in the call."""
+
+    @field_validator("into")
+    @classmethod
+    def _pointer(cls, into: str) -> str:
+        if not into.startswith("/") or into == "/":
+            raise ValueError(f"into must be a JSON Pointer below the root, like /results (not {into!r})")
+        return into
+
+
+SPAWN_TOOLS = ("spawn", "parallel_spawn")
+
+
 MCP_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
 
 
@@ -214,6 +235,16 @@ class AgentSpec(_Strict):
     """The system prompt (or use system_prompt_file)."""
     system_prompt_file: str | None = None
     """A file holding the system prompt, relative to the definitions file."""
+    spawnable: list[str] = Field(default_factory=list)
+    """The agents of this file it may spawn with the spawn and parallel_spawn tools (empty: none)."""
+    max_concurrent_children: int = Field(4, ge=1, le=32)
+    """Children playing at once; the rest of a batch queues (queued time is not the child's)."""
+    max_live_children: int = Field(32, ge=1, le=256)
+    """Children of one run alive at once (playing or queued); a batch that would pass it is refused whole."""
+    max_child_timeout_s: float | None = Field(None, gt=0)
+    """The longest timeout_s a spawn may ask for; a request above it is refused, not clamped."""
+    children_state: ChildrenState | None = None
+    """stateful parents: merge-patch each child's Σ into this one's at ``into`` (no model call)."""
     mcp_servers: list[McpServerSpec] = Field(default_factory=list)
     """MCP servers whose tools the agent may use, started when a run first needs them."""
     tools: list[str] = Field(default_factory=list)
@@ -270,6 +301,10 @@ class AgentSpec(_Strict):
     def _one_prompt(self) -> AgentSpec:
         if self.system_prompt is not None and self.system_prompt_file is not None:
             raise ValueError("give system_prompt or system_prompt_file, not both")
+        if any(t in SPAWN_TOOLS for t in self.tools) and not self.spawnable:
+            raise ValueError("spawn and parallel_spawn need spawnable: the agents this one may spawn")
+        if self.children_state is not None and self.context.state_schema is None:
+            raise ValueError("children_state merges children's Σ into this agent's Σ: it needs context.state_schema")
         if "Recall" in self.tools and not self.context.recall:
             raise ValueError(
                 "Recall is granted by context.recall: true (which also indexes the evicted spans); "
@@ -300,6 +335,14 @@ class AgentsFile(_Strict):
     """Keys applied to every agent unless the agent sets them (context keys merge one by one)."""
     agents: dict[str, AgentSpec]
     """The agents, by name."""
+
+    def unknown_spawnable(self) -> tuple[str, int, str] | None:
+        """The first ``spawnable`` entry naming no agent of this file: (agent, index, name)."""
+        for name, spec in self.agents.items():
+            for i, child in enumerate(spec.spawnable):
+                if child not in self.agents:
+                    return name, i, child
+        return None
 
 
 def definition_hash(spec: AgentSpec) -> str:
@@ -426,9 +469,17 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
             raise SpecError("an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}")
         merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
     try:
-        return AgentsFile.model_validate({**{k: v for k, v in raw.items() if k != "agents"}, "agents": merged})
+        loaded = AgentsFile.model_validate({**{k: v for k, v in raw.items() if k != "agents"}, "agents": merged})
     except ValidationError as exc:
         raise _spec_error(exc, loc) from None
+    unknown = loaded.unknown_spawnable()
+    if unknown is not None:
+        name, i, child = unknown
+        raise SpecError(
+            f"spawnable names {child!r}, which is not an agent of this file (agents: {', '.join(sorted(loaded.agents))})",
+            where=loc.where(("agents", name, "spawnable", i)), path=f"agents.{name}.spawnable[{i}]",
+        )
+    return loaded
 
 
 def _apply_defaults(defaults: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:

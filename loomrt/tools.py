@@ -15,6 +15,7 @@ import json
 import operator
 import re
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,12 @@ from typing import Any
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers.base import ToolSchema
 
-__all__ = ["Tool", "Toolset", "BUILTIN_TOOLS", "tool"]
+__all__ = ["Tool", "Toolset", "BUILTIN_TOOLS", "CURRENT_CALL", "tool"]
 
 ToolFn = Callable[..., Any | Awaitable[Any]]
+
+CURRENT_CALL: ContextVar[str | None] = ContextVar("loomrt_tool_call_id", default=None)
+"""The id of the tool call being executed (a tool that records events about itself reads it)."""
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,10 @@ class Tool:
     description: str
     parameters: dict[str, Any]
     fn: ToolFn
+    resumable: bool = False
+    """Safe to call again with the same call id after a crash (it reconciles what it already
+    did from the record, as spawn does): resume calls it again instead of reporting it
+    interrupted."""
 
     @property
     def schema(self) -> ToolSchema:

@@ -16,7 +16,7 @@ from typing import Any
 
 from loomrt.errors import SpecError
 from loomrt.events import Event
-from loomrt.spec import AgentSpec
+from loomrt.spec import SPAWN_TOOLS, AgentSpec
 from loomrt.tools import BUILTIN_TOOLS, Tool, Toolset
 
 __all__ = ["Toolset", "resolve_toolset"]
@@ -32,25 +32,36 @@ def resolve_toolset(
     embedder: Any = None,
     history: list[Event] | None = None,
     agent: str = "",
+    spawn: Any = None,
 ) -> Toolset:
     """Resolve the toolset of run ``run_id``.
 
     ``registry`` maps tool names to tools (built-ins plus the runtime's own);
     ``memory`` is an optional durable-memory source for Recall's fallback;
     ``history`` is the run's record so far, from which a resumed run rebuilds its recall index;
-    ``emit(kind, data)`` records an event on the run.
+    ``emit(kind, data)`` records an event on the run;
+    ``spawn`` starts sub-agents (:meth:`loomrt.children.Children.spawn`), for the spawn tools.
     """
     registry = {**BUILTIN_TOOLS, **(registry or {})}
     toolset = Toolset()
     for i, name in enumerate(spec.tools):
-        if name == "Recall" or "." in name:
-            continue  # Recall is granted below (the spec insists on context.recall: true); SERVER.TOOL too
+        if name == "Recall" or "." in name or name in SPAWN_TOOLS:
+            continue  # granted below: Recall (the spec insists on context.recall: true), SERVER.TOOL, spawn
         if name not in registry:
             raise SpecError(
                 f"unknown tool {name!r}. Known tools: {', '.join(sorted(registry))}",
                 path=f"agents.{agent}.tools[{i}]" if agent else f"tools[{i}]",
             )
         toolset.tools[name] = registry[name]
+    granted = [t for t in SPAWN_TOOLS if t in spec.tools]
+    if granted:
+        if spawn is None:
+            raise SpecError("this run cannot spawn sub-agents here (no runtime gave it a spawn callable)",
+                            path=f"agents.{agent}.tools" if agent else "tools")
+        from loomrt.spawn_tools import spawn_tools
+
+        offered = spawn_tools(spawn, spec.spawnable)
+        toolset.tools.update({name: offered[name] for name in granted})
     for server in spec.mcp_servers:
         allowed = [name.partition(".")[2] for name in spec.tools if name.partition(".")[0] == server.name and "." in name]
         if allowed:

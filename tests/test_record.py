@@ -56,7 +56,7 @@ def test_runs_can_never_be_updated_or_deleted(tmp_path, store):
 def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
     assert public == {
-        "append", "append_many", "close", "create_run", "events", "get_run", "list_runs", "read", "write",
+        "append", "append_many", "children", "close", "create_run", "events", "get_run", "list_runs", "read", "write",
         "transaction", "write_many", "write_run",
     }
 

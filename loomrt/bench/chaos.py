@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,7 @@ def _chat_inputs(n: int) -> tuple[str, ...]:
 
 
 CHAT_INPUTS = _chat_inputs(8)
+RUN_ID = re.compile(r"\b[0-9a-f]{12}\b")
 TASK = "Read the incident notes in notes.txt, compute the totals, and report."
 
 SCENARIOS = [
@@ -84,10 +86,12 @@ SCENARIOS = [
     Scenario("tools-compaction", False, (TASK,)),
     Scenario("tools-stateful", False, (TASK,)),
     Scenario("tools-mcp", False, (TASK,)),
+    Scenario("fanout-stateful", False, ("Check the four stations and merge what they found.",)),
 ]
 """Every mode is covered: recap, compaction and append with the backstop in a chat;
 compaction and stateful in a one-shot run with tools (a large tool result, a calculation);
-and compaction with the tools of an MCP server (a tool source, its own process)."""
+compaction with the tools of an MCP server (a tool source, its own process); and a stateful
+parent fanning out to four stateful children whose Σ it merges (the spawn ledger)."""
 
 
 def write_scenarios(folder: Path) -> Path:
@@ -141,6 +145,19 @@ def write_scenarios(folder: Path) -> Path:
         summaries:
           - extractive: 400
         """), encoding="utf-8")
+    (folder / "fanout.yaml").write_text(json.dumps({"turns": [
+        {"emit_state": {"reasoning": "Ask every station.", "patch": {"step": 1}, "action": {
+            "tool": "parallel_spawn", "arguments": {"spawns": [{"agent": "station", "prompt": f"Check station {i}."}
+                                                                for i in range(4)]}}}},
+        {"emit_state": {"reasoning": "Merged.", "patch": {"step": 2}, "done": True, "final": "All four stations checked."}},
+    ]}), encoding="utf-8")
+    (folder / "station.yaml").write_text(json.dumps({"turns": [
+        {"emit_state": {"reasoning": "Read the notes.", "patch": {"step": 1},
+                        "action": {"tool": "read_file", "arguments": {"path": str((folder / "notes.txt").resolve())}}}},
+        {"emit_state": {"reasoning": "Sum them.", "patch": {"step": 2},
+                        "action": {"tool": "calculate", "arguments": {"expression": "10 + 11 + 12"}}}},
+        {"emit_state": {"reasoning": "Done.", "patch": {"facts": ["33 litres"]}, "done": True, "final": "33 litres"}},
+    ], "summaries": [{"extractive": 300}]}), encoding="utf-8")
     notes_server = {"name": "notes", "command": sys.executable,
                     "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())]}
     chat = {"model": "scripted/chat.yaml", "system_prompt": "You keep track of what the user tells you."}
@@ -157,6 +174,14 @@ def write_scenarios(folder: Path) -> Path:
                              "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
         "tools-stateful": {"model": "scripted/state.yaml", **tools,
                            "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
+        "fanout-stateful": {"model": "scripted/fanout.yaml", "system_prompt": "You coordinate station checks.",
+                            "tools": ["parallel_spawn"], "spawnable": ["station"], "max_concurrent_children": 2,
+                            "children_state": {"into": "/results", "key": "index"},
+                            "context": {"mode": "stateful", "budget_tokens": 4096, "recall": True, "state_schema": {
+                                "type": "object", "properties": {"step": {"type": "integer"},
+                                                                 "results": {"type": "object"}}}}},
+        "station": {"model": "scripted/station.yaml", **tools,
+                    "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
         "tools-mcp": {"model": "scripted/mcp.yaml", "system_prompt": tools["system_prompt"], "max_iterations": 12,
                       "mcp_servers": [notes_server], "tools": ["notes.*"],
                       "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
@@ -230,7 +255,8 @@ def _recall_texts(run: Any) -> list[str]:
     if recall is None:
         return []
     recall.search("probe", top_k=1)  # indexes what the record queued
-    return sorted(e.text for e in recall.index.entries.values())
+    # a sub-agent's run id differs from one playing to the next (spawn rows name it): compare without it
+    return sorted(RUN_ID.sub("RUN", e.text) for e in recall.index.entries.values())
 
 
 async def _outcome(store: Any, run_id: str, live: Any = None) -> Outcome:
@@ -255,12 +281,12 @@ async def recover(folder: Path, scenario: Scenario, db: Path) -> tuple[str | Non
     from loomrt.record.sqlite import SQLiteStore
 
     store = SQLiteStore(db)
-    runs = store.list_runs()
+    runs = [r for r in store.list_runs() if r.parent_run_id is None]  # the scenario's run, not a sub-agent
     if not runs:
         store.close()
         play(folder, scenario, db)
         store = SQLiteStore(db)
-        runs = store.list_runs()
+        runs = [r for r in store.list_runs() if r.parent_run_id is None]
         return runs[0].run_id, None
     run_id = runs[0].run_id
     rt = _runtime(store)
@@ -373,7 +399,7 @@ async def run_chaos_async(
                 raise RuntimeError(f"the uninterrupted {s.agent} run exited {code}")
             counts[s.agent] = dict(Counter(trace.read_text(encoding="utf-8").split()))
             store = SQLiteStore(db)
-            baselines[s.agent] = await _outcome(store, store.list_runs()[0].run_id)
+            baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id)
             store.close()
         plan = plan_kills(counts, per_point)
         by_name = {s.agent: s for s in scenarios}

@@ -49,6 +49,7 @@ def validate_cmd(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a definitions file; print file:line:col: key: problem on error."""
+    from loomrt.spec import SPAWN_TOOLS
     from loomrt.tools import BUILTIN_TOOLS
 
     path, defs = load(file)
@@ -57,7 +58,7 @@ def validate_cmd(
         f"this agent must register it (built-ins: {', '.join(sorted(BUILTIN_TOOLS))})"
         for name, spec in defs.agents.items()
         for i, tool in enumerate(spec.tools)
-        if tool not in BUILTIN_TOOLS and tool != "Recall"
+        if tool not in BUILTIN_TOOLS and tool not in ("Recall", *SPAWN_TOOLS) and "." not in tool  # SERVER.TOOL: MCP
     ]
     if json_output:
         print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents), "warnings": warnings})

@@ -62,7 +62,7 @@ def show_cmd(
     if seq is not None:
         _show_event(run_id, events, seq, json_output)
         return
-    summary = run_summary(info, events)
+    summary = run_summary(info, events, rt.store)
     view = project(events)
     if json_output:
         print_json(summary)
@@ -72,6 +72,12 @@ def show_cmd(
                 "declined", "working_context_messages"):
         table.add_row(f"[bold]{key}[/bold]", str(summary.get(key)))
     table.add_row("[bold]tools[/bold]", ", ".join(summary["tools"]) or "none")
+    if summary.get("parent_run_id"):
+        table.add_row("[bold]parent[/bold]", f"{summary['parent_run_id']} (root {summary.get('root_run_id')})")
+    if summary.get("children"):
+        kids = summary["usage"]["children"]
+        table.add_row("[bold]children[/bold]", f"{', '.join(summary['children'])} ({kids['input_tokens']} input, "
+                                               f"{kids['output_tokens']} output tokens in all)")
     out.print(table)
     usage = Table("input tokens", "output tokens", "cached tokens", "model calls", title="usage", title_justify="left")
     u = summary["usage"]

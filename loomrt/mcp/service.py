@@ -25,7 +25,7 @@ from loomrt.run.summary import run_summary
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentsFile, AgentSpec
 
-__all__ = ["RunService", "ServiceError", "Progress", "spawn_row", "SPAWN_MAX", "EVENTS_MAX"]
+__all__ = ["RunService", "ServiceError", "Progress", "SPAWN_MAX", "EVENTS_MAX"]
 
 SPAWN_MAX = 32
 """The most entries one ``spawn_runs`` call takes."""
@@ -221,7 +221,7 @@ class RunService:
             info = store.get_run(run_id)
         except NotFoundError as exc:
             raise ServiceError(str(exc)) from None
-        summary = run_summary(info, store.events(run_id))
+        summary = run_summary(info, store.events(run_id), store)
         if run_id in self.playing:
             summary["status"] = "running"
         return summary
@@ -264,25 +264,6 @@ class RunService:
             raise ServiceError(f"run {run_id}'s agent {run.agent!r} has recall off (context.recall: false)")
         hits = recall.search(query, top_k)
         return {"run_id": run_id, "query": query, "hits": [_hit_row(h) for h in hits]}
-
-
-def spawn_row(index: int, agent: str, result: dict[str, Any]) -> dict[str, Any]:
-    """One ``spawn_runs`` row (sub-agents' ``parallel_spawn`` shares the shape): status is
-    ok, failed, timeout, max_iterations, cancelled or running; a failed run is a row."""
-    status = result["status"]
-    error = result.get("error")
-    if status in ("done", "parked"):
-        status = "ok"
-    elif status == "failed" and error and "max_iterations" in error:
-        status = "max_iterations"
-    elif status == "failed" and error and "timed out" in error:
-        status = "timeout"
-    row: dict[str, Any] = {"index": index, "agent": agent, "run_id": result["run_id"], "status": status,
-                           "ok": status == "ok"}
-    for key in ("output", "state", "error"):
-        if result.get(key) is not None:
-            row[key] = result[key]
-    return row
 
 
 def _agent_row(name: str, spec: AgentSpec) -> dict[str, Any]:

@@ -76,6 +76,14 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE events ADD COLUMN hash TEXT;
         """,
     ),
+    (
+        "0006_run_lineage",
+        # a sub-agent's run knows its parent (parent_run_id, from 0001) and the run at the top
+        """
+        ALTER TABLE runs ADD COLUMN root_run_id TEXT;
+        CREATE INDEX runs_parent ON runs(parent_run_id);
+        """,
+    ),
 ]
 
 

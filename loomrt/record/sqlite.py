@@ -141,10 +141,13 @@ class SQLiteStore:
             info.agents_file,
             info.parent_run_id,
             info.created_at,
+            info.root_run_id,
         )
         with self._lock:
             try:
-                self._conn.execute("INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                self._conn.execute(
+                    "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
+                    "created_at, root_run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             except sqlite3.IntegrityError:
                 raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
             except sqlite3.Error as exc:
@@ -204,6 +207,10 @@ class SQLiteStore:
             raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
         return runs[0]
 
+    def children(self, run_id: str) -> list[RunInfo]:
+        """The runs ``run_id`` spawned (sub-agents), oldest first."""
+        return sorted(self._runs("WHERE r.parent_run_id = ?", [run_id], 10_000), key=lambda r: r.created_at)
+
     def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
         if agent:
             return self._runs("WHERE r.agent = ?", [agent], limit)
@@ -215,7 +222,8 @@ class SQLiteStore:
                    r.parent_run_id, r.created_at,
                    (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
                     ORDER BY seq DESC LIMIT 1),
-                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id)
+                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
+                   r.root_run_id
             FROM runs r {where} ORDER BY r.created_at DESC LIMIT ?"""
         with self._lock:
             rows = self._conn.execute(sql, [*args, limit]).fetchall()
@@ -223,7 +231,7 @@ class SQLiteStore:
             RunInfo(
                 run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
                 interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
-                status=run_status(r[9]), last_seq=r[10],
+                status=run_status(r[9]), last_seq=r[10], root_run_id=r[11],
             )
             for r in rows
         ]

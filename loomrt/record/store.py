@@ -62,5 +62,8 @@ class Store(Protocol):
     def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
         """Recent runs, newest first."""
 
+    def children(self, run_id: str) -> list[RunInfo]:
+        """The runs ``run_id`` spawned (its sub-agents), oldest first."""
+
     def close(self) -> None:
         """Release the connection."""

@@ -15,6 +15,7 @@ from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
+from loomrt.tools import CURRENT_CALL
 
 __all__ = ["play_turn", "add_user_input", "check_input", "INPUT_MAX_CHARS", "close_interrupted_calls", "execute_tool"]
 
@@ -29,7 +30,7 @@ INPUT_MAX_CHARS = 1_000_000
 than any context window loomrt targets. A longer one is refused before it is recorded."""
 
 
-def check_input(content: str) -> None:
+def check_input(content: object) -> None:
     """Raise SpecError unless ``content`` is a user input a run can take."""
     if not isinstance(content, str):
         raise SpecError(f"a prompt must be text, not {type(content).__name__}")
@@ -109,20 +110,25 @@ async def close_interrupted_calls(run: RunState) -> None:
     if last is None or run.context[last].role != "assistant":
         return
     answered = {m.tool_call_id for m in run.context[last + 1 :]}
-    pending = [c for c in run.context[last].tool_calls if c.id not in answered]
+    pending = await run.mode.unanswered_calls(run, [c for c in run.context[last].tool_calls if c.id not in answered])
     if not pending:
         return
     started = {e.data.get("id") for e in await run.store.read(run.run_id, kinds=["tool_call"])}
     for call in pending:
-        if call.id in started:
+        tool = run.toolset.tools.get(call.name)
+        if call.id in started and tool is not None and tool.resumable:
+            await execute_tool(run, call, again=True)  # it reconciles what it did from the record
+        elif call.id in started:
             await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
         else:
             await execute_tool(run, call)
 
 
-async def execute_tool(run: RunState, call: ToolCall) -> None:
-    """Run one tool call and append its result. A failing or unknown tool is a result, not a crash."""
-    await run.add("tool_call", call.to_dict())
+async def execute_tool(run: RunState, call: ToolCall, *, again: bool = False) -> None:
+    """Run one tool call and append its result. A failing or unknown tool is a result, not a crash.
+    ``again``: the call was started before a crash (its ``tool_call`` is recorded already)."""
+    if not again:
+        await run.add("tool_call", call.to_dict())
     tool = run.toolset.tools.get(call.name)
     if tool is None and run.toolset.sources:  # a resumed run settles its calls before its first model call
         await run.toolset.open_sources()
@@ -131,9 +137,12 @@ async def execute_tool(run: RunState, call: ToolCall) -> None:
         content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
         is_error = True
     else:
+        token = CURRENT_CALL.set(call.id)
         try:
             reached("in_tool")
             content, is_error = await tool.call(call.arguments), False
         except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True
+        finally:
+            CURRENT_CALL.reset(token)
     await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})

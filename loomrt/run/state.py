@@ -47,6 +47,12 @@ class RunState:
     toolset: Toolset = field(default_factory=Toolset)
     callbacks: list[EvictedSpanCallback] = field(default_factory=list)
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
+    parent_run_id: str | None = None
+    """The run that spawned this one (a sub-agent), if any."""
+    root_run_id: str | None = None
+    """The run at the top of the spawn tree (None for a top-level run)."""
+    depth: int = 0
+    """How many spawns deep: a top-level run is 0."""
     view: RunView = None  # type: ignore[assignment]
     """The record so far, applied: working context, the mode's slot, totals."""
     _queue: list[tuple[str, dict[str, Any]]] = field(default_factory=list)

@@ -10,15 +10,26 @@ from loomrt.run.projection import project
 __all__ = ["run_summary"]
 
 
-def run_summary(info: RunInfo, events: list[Event]) -> dict[str, Any]:
-    """What the record says about one run: its row, usage, distillations, output and Σ."""
+def run_summary(info: RunInfo, events: list[Event], store: Any = None) -> dict[str, Any]:
+    """What the record says about one run: its row, usage, distillations, output and Σ; with
+    ``store``, the runs it spawned, and its usage gains ``children`` (theirs, rolled up)."""
     view = project(events)
     started = events[0].data if events else {}
-    return {
+    usage: dict[str, Any] = {**view.usage.to_dict(), "model_calls": view.model_calls}
+    children: list[str] = []
+    if store is not None:
+        children = [c.run_id for c in store.children(info.run_id)]
+        rolled = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
+        last = {e.data["run_id"]: e.data.get("usage") or {} for e in events if e.kind == "spawn_child_result"}
+        for u in last.values():
+            for key in rolled:
+                rolled[key] += int(u.get(key, 0))
+        usage["children"] = rolled
+    summary = {
         **info.model_dump(mode="json"),
         "requested_mode": started.get("requested_mode"),
         "tools": started.get("tools", []),
-        "usage": {**view.usage.to_dict(), "model_calls": view.model_calls},
+        "usage": usage,
         "distillations": view.distillations,
         "declined": view.declines,
         "errors": [e.data.get("message") for e in events if e.kind == "error"],
@@ -26,3 +37,6 @@ def run_summary(info: RunInfo, events: list[Event]) -> dict[str, Any]:
         "state": view.state,
         "working_context_messages": len(view.context),
     }
+    if store is not None:
+        summary["children"] = children
+    return summary

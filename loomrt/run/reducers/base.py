@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
-from loomrt.messages import Message
+from loomrt.messages import Message, ToolCall
 from loomrt.providers.base import ModelResponse, ToolSchema
 from loomrt.run.steps import FinalOutput, NextStep, RunTools
 
@@ -99,6 +99,11 @@ class RetentionMode:
     def system_lines(self, spec: Any) -> list[str]:
         """Lines this mode adds to the system prompt."""
         return []
+
+    async def unanswered_calls(self, run: RunState, calls: list[ToolCall]) -> list[ToolCall]:
+        """The tool calls a resumed run must settle, given the last assistant message's
+        unanswered ones (a mode whose actions are not the message's calls maps them)."""
+        return calls
 
     def offered_tools(self, run: RunState) -> tuple[ToolSchema, ...]:
         return tuple(t.schema for t in run.toolset.tools.values())
