@@ -3,6 +3,7 @@ stateful children handing up Σ, Σ reduce, the spawn ledger and a crash in a fa
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -254,3 +255,50 @@ def test_the_docs_fan_out_prints_what_the_page_says() -> None:
     path = repo / "agents.yaml"
     result = Runtime().run_sync("demo-fanout", "Check the stations.", agents=load_agents(path), agents_file=str(path))
     assert {k: result.to_json()[k] for k in claimed} == claimed
+
+
+def test_spawns_nest_at_most_three_deep(tmp_path: Path) -> None:
+    agents: dict[str, Any] = {}
+    names = ["l0", "l1", "l2", "l3", "l4"]
+    for here, below in zip(names, names[1:], strict=False):
+        (tmp_path / f"{here}.yaml").write_text(json.dumps({"turns": [
+            {"tool_call": {"name": "spawn", "arguments": {"agent": below, "prompt": "go down"}}}, {"text": f"{here} done"}]}))
+        agents[here] = {"model": f"scripted/{here}.yaml", "tools": ["spawn"], "spawnable": [below]}
+    (tmp_path / "l4.yaml").write_text("turns:\n  - text: bottom\n")
+    agents["l4"] = {"model": "scripted/l4.yaml"}
+    path = write_agents(tmp_path, agents)
+    top = run(path, "l0")
+    store = default_store()
+    depth = {r.agent: store.events(r.run_id)[0].data.get("depth", 0) for r in store.list_runs()}
+    assert depth == {"l0": 0, "l1": 1, "l2": 2, "l3": 3}  # l3 (depth 3) may not spawn l4
+    (l3,) = [r for r in store.list_runs() if r.agent == "l3"]
+    (refused,) = [e.data for e in store.events(l3.run_id) if e.kind == "tool_result"]
+    assert refused["is_error"] and "at most 3 deep" in refused["content"]
+    assert all(r.root_run_id == top.run_id for r in store.list_runs() if r.agent != "l0")
+
+
+def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> None:
+    from loomrt.mcp.service import RunService
+
+    (tmp_path / "hang.yaml").write_text("turns:\n  - {text: late, delay_s: 60}\n")
+    spawns = [{"agent": "hang", "prompt": str(i)} for i in range(3)]
+    path = write_agents(tmp_path, {
+        "boss": {"model": parent_script(tmp_path, "boss", spawns), "tools": ["parallel_spawn"], "spawnable": ["hang"]},
+        "hang": {"model": "scripted/hang.yaml"},
+    })
+    service = RunService(load_agents(path), agents_file=str(path))
+
+    async def scenario() -> str:
+        parent = await service.spawn("boss", "fan out")
+        for _ in range(100):
+            if len(default_store().children(parent.run_id)) == 3:
+                break
+            await asyncio.sleep(0.05)
+        assert (await service.cancel(parent.run_id))["status"] == "cancelled"
+        return parent.run_id
+
+    parent_id = asyncio.run(scenario())
+    children = default_store().children(parent_id)
+    assert len(children) == 3 and all(c.status == "cancelled" for c in children)
+    reasons = {e.data["reason"] for c in children for e in default_store().events(c.run_id) if e.kind == "cancelled"}
+    assert reasons == {"its parent run was cancelled"}

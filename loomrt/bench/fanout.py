@@ -31,7 +31,7 @@ SCHEMA = {"type": "object", "properties": {"step": {"type": "integer"}, "finding
 
 
 def _scripts(folder: Path, n: int, horizon: int) -> None:
-    turns = [{"emit_state": {"reasoning": f"Step {i}: check reading {i}.", "patch": {"step": i + 1},
+    turns: list[dict[str, Any]] = [{"emit_state": {"reasoning": f"Step {i}: check reading {i}.", "patch": {"step": i + 1},
                              "action": {"tool": "calculate", "arguments": {"expression": f"{i} * 3 + 7"}}}}
              for i in range(horizon)]
     turns.append({"emit_state": {"reasoning": "Done.", "patch": {"finding": "readings within limits"}, "done": True,

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_needles", "mcp",
+    "recall_needles", "mcp", "fanout",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
@@ -30,6 +30,7 @@ DEFAULT_TARGETS = [
 def _load() -> None:
     # registration happens on import
     import loomrt.bench.curves  # noqa: F401
+    import loomrt.bench.fanout  # noqa: F401
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401

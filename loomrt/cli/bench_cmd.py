@@ -106,6 +106,11 @@ def run_cmd(
         Path | None,
         typer.Option("--docs", help="Rewrite the figures block of this Markdown page (e.g. docs/benchmarks.md)."),
     ] = None,
+    docs_block: Annotated[
+        str | None,
+        typer.Option("--docs-block", help="With --docs: rewrite the block named NAME instead of the main one "
+                                          "(for measures run on their own, like mcp or fanout)."),
+    ] = None,
 ) -> None:
     """Play the workloads in every mode and print the figures."""
     from loomrt.bench.core import DEFAULT_VARIANTS, VARIANTS, BenchConfig, all_modes, known_variant
@@ -145,8 +150,8 @@ def run_cmd(
         raise typer.Exit(2) from None
     results["command"] = _command(
         targets, modes, quick, seed, embedder, cache_discount, model, data, conversations, out, docs
-    )
-    _write(results, out, docs)
+    ) + (f" --docs-block {docs_block}" if docs_block else "")
+    _write(results, out, docs, docs_block)
     if json_output:
         import json
         import sys
@@ -160,7 +165,7 @@ def run_cmd(
         raise typer.Exit(1)
 
 
-def _write(results: dict[str, Any], out: Path | None, docs: Path | None) -> None:
+def _write(results: dict[str, Any], out: Path | None, docs: Path | None, block: str | None = None) -> None:
     from loomrt.bench.report import update_docs, write_report
 
     command = results.get("command")
@@ -170,7 +175,7 @@ def _write(results: dict[str, Any], out: Path | None, docs: Path | None) -> None
     if docs is not None:
         rel = _relative(out, docs.parent) if out is not None else None
         try:
-            update_docs(docs, results, command=command or "loomrt bench run", images=rel)
+            update_docs(docs, results, command=command or "loomrt bench run", images=rel, block=block)
         except ValueError as exc:
             _err.print(f"[red]error:[/red] {exc}", highlight=False)
             raise typer.Exit(2) from None
