@@ -125,9 +125,12 @@ class Runtime:
         agents_file: str | None = None,
         name: str | None = None,
         parent: RunState | None = None,
+        lineage: dict[str, Any] | None = None,
     ) -> RunState:
         """Create a run: clone the definition, resolve mode and toolset, record ``run_started``.
-        ``parent`` makes it a sub-agent of that run (lineage and depth on the record)."""
+        ``parent`` makes it a sub-agent of that run (lineage and depth on the record);
+        ``lineage`` says the same of a parent in another process (``loomrt mcp`` spawned by
+        an agent): ``{parent_run_id, root_run_id, depth}``."""
         name, spec = self._definition(agent, agents, name)
         changes = dict(overrides or {})
         if mode:
@@ -138,7 +141,7 @@ class Runtime:
             err = exc.errors()[0]
             raise SpecError(err["msg"].removeprefix("Value error, "), path=".".join(map(str, err["loc"]))) from None
         run_id = uuid.uuid4().hex[:12]
-        lineage = {}
+        lineage = dict(lineage or {})
         if parent is not None:
             lineage = {"parent_run_id": parent.run_id, "root_run_id": parent.root_run_id or parent.run_id,
                        "depth": parent.depth + 1}
@@ -180,9 +183,10 @@ class Runtime:
             from loomrt.children import Children
 
             spawn = Children(self, run, agents or _agents_at(agents_file)).spawn
+        below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=run.emit, spawn=spawn,
+            history=history, emit=run.emit, spawn=spawn, lineage=below,
         )
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
@@ -194,14 +198,15 @@ class Runtime:
                 interactive=interactive, agents_file=agents_file, parent_run_id=run.parent_run_id,
                 root_run_id=run.root_run_id,
             )
-            await self.store.write_run(info)
-            await run.add("run_started", {
-                "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
-                "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
-                "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
-                "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
-                **lineage,
-            })
+            async with run.atomic():  # the run and its first event: a crash leaves both or neither
+                await self.store.write_run(info)
+                await run.add("run_started", {
+                    "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
+                    "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
+                    "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
+                    "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
+                    **lineage,
+                })
         return run
 
     # ------------------------------------------------------------------ playing

@@ -33,6 +33,7 @@ def resolve_toolset(
     history: list[Event] | None = None,
     agent: str = "",
     spawn: Any = None,
+    lineage: dict[str, Any] | None = None,
 ) -> Toolset:
     """Resolve the toolset of run ``run_id``.
 
@@ -40,7 +41,9 @@ def resolve_toolset(
     ``memory`` is an optional durable-memory source for Recall's fallback;
     ``history`` is the run's record so far, from which a resumed run rebuilds its recall index;
     ``emit(kind, data)`` records an event on the run;
-    ``spawn`` starts sub-agents (:meth:`loomrt.children.Children.spawn`), for the spawn tools.
+    ``spawn`` starts sub-agents (:meth:`loomrt.children.Children.spawn`), for the spawn tools;
+    ``lineage`` is what a run this one causes elsewhere inherits (an MCP server it starts is
+    told, so a `loomrt mcp` there counts its spawns' depth from this run's).
     """
     registry = {**BUILTIN_TOOLS, **(registry or {})}
     toolset = Toolset()
@@ -67,7 +70,7 @@ def resolve_toolset(
         if allowed:
             from loomrt.mcp.sources import McpSource
 
-            toolset.sources.append(McpSource(server, allowed, emit))
+            toolset.sources.append(McpSource(server, allowed, emit, lineage=lineage))
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 

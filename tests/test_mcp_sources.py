@@ -139,3 +139,36 @@ def test_the_docs_snippets_load() -> None:
         assert agent.mcp_servers and any("." in t for t in agent.tools)
     (config,) = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", page, re.S)]
     assert config["mcpServers"]["loomrt"]["args"][0] == "mcp"
+
+
+def test_runs_spawned_through_loomrt_mcp_as_a_tool_source_are_children(tmp_path: Path) -> None:
+    (tmp_path / "worker.yaml").write_text("turns:\n  - text: worked\n")
+    (tmp_path / "boss.yaml").write_text(
+        "turns:\n  - tool_call: {name: mcp__loomrt__spawn_run, arguments: {agent: worker, prompt: go}}\n"
+        "  - text: boss done\n")
+    agents = tmp_path / "agents.yaml"
+    agents.write_text(
+        "agents:\n  worker: {model: scripted/worker.yaml}\n  boss:\n    model: scripted/boss.yaml\n"
+        f"    mcp_servers: [{{name: loomrt, command: '{sys.executable}', args: [-m, loomrt, mcp, --agents, '{agents}']}}]\n"
+        "    tools: [loomrt.spawn_run]\n")
+    result = Runtime().run_sync("boss", "delegate", agents=load_agents(agents))
+    assert result.output == "boss done", result.error
+    (row,) = results(result.run_id)
+    assert not row["is_error"] and '"output": "worked"' in row["content"].replace("\n", "").replace("  ", " ")
+    (child,) = default_store().children(result.run_id)  # recorded in the same record, under its parent
+    started = default_store().events(child.run_id)[0].data
+    assert (child.agent, child.root_run_id, started["depth"]) == ("worker", result.run_id, 1)
+
+
+def test_loomrt_mcp_refuses_spawns_past_the_depth_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+    import json
+
+    from loomrt.mcp.service import RunService, ServiceError
+
+    (tmp_path / "w.yaml").write_text("turns:\n  - text: ok\n")
+    (tmp_path / "agents.yaml").write_text("agents:\n  w: {model: scripted/w.yaml}\n")
+    monkeypatch.setenv("LOOMRT_SPAWN_LINEAGE", json.dumps({"parent_run_id": "p", "root_run_id": "r", "depth": 4}))
+    service = RunService(load_agents(tmp_path / "agents.yaml"))
+    with pytest.raises(ServiceError, match="at most 3 deep"):
+        asyncio.run(service.spawn("w", "go"))

@@ -267,6 +267,8 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             lines += [f"![overhead against history length]({images}/overhead.png)", ""]
         if "curves" in m:
             lines += [f"![ratio curves]({images}/curves.png)", ""]
+    if images and m.get("fanout", {}).get("rows"):
+        lines += [f"![the parent's context against N children]({images}/fanout.png)", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -345,6 +347,22 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, folder / "curves.png"))
+    if results["measures"].get("fanout", {}).get("rows"):
+        rows = results["measures"]["fanout"]["rows"]
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for i, horizon in enumerate(sorted({r["horizon"] for r in rows})):
+            some = [r for r in rows if r["horizon"] == horizon]
+            ns = [r["children"] for r in some]
+            ax.plot(ns, [r["transcript_parent_tokens"] for r in some], marker="o", color=f"C{i}", linestyle="--",
+                    label=f"transcripts, H={horizon}")
+            ax.plot(ns, [r["state_parent_tokens"] for r in some], marker="o", color=f"C{i}", label=f"Σ rows, H={horizon}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("children (N)")
+        ax.set_ylabel("parent's working context (tokens)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        written.append(_save(fig, folder / "fanout.png"))
     plt.close("all")
     return written
 

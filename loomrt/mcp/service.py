@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrt.children import DEPTH_MAX
 from loomrt.errors import LoomError, NotFoundError
 from loomrt.events import Event
 from loomrt.overrides import narrowed_context
@@ -81,6 +82,8 @@ class RunService:
         self.agents_file = agents_file
         self.runtime = runtime or Runtime()
         self.playing: dict[str, _Playing] = {}
+        self.lineage = _inherited_lineage()
+        """When an agent's run started this server as a tool source: the runs spawned here are its children."""
 
     # ------------------------------------------------------------------ agents
 
@@ -107,8 +110,12 @@ class RunService:
     async def spawn(self, agent: str, prompt: str, context: dict[str, Any] | None = None) -> RunState:
         """Start a run of ``agent`` on ``prompt`` in the background; its task is in :attr:`playing`."""
         overrides = self.check_spawn(agent, prompt, context)
+        if self.lineage and int(self.lineage.get("depth", 0)) > DEPTH_MAX:
+            raise ServiceError(f"the run that started this server is at depth {int(self.lineage['depth']) - 1}; "
+                               f"spawns nest at most {DEPTH_MAX} deep, across MCP too")
         try:
-            run = await self.runtime.astart(agent, agents=self.agents, overrides=overrides, agents_file=self.agents_file)
+            run = await self.runtime.astart(agent, agents=self.agents, overrides=overrides, agents_file=self.agents_file,
+                                            lineage=self.lineage)
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
         self._play(run, self.runtime.send(run, prompt))
@@ -264,6 +271,24 @@ class RunService:
             raise ServiceError(f"run {run_id}'s agent {run.agent!r} has recall off (context.recall: false)")
         hits = recall.search(query, top_k)
         return {"run_id": run_id, "query": query, "hits": [_hit_row(h) for h in hits]}
+
+
+def _inherited_lineage() -> dict[str, Any] | None:
+    """``$LOOMRT_SPAWN_LINEAGE``, set by the run that started this server, or None."""
+    import json
+    import os
+
+    from loomrt.mcp.sources import LINEAGE_ENV
+
+    raw = os.environ.get(LINEAGE_ENV)
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return {"parent_run_id": str(data["parent_run_id"]), "root_run_id": str(data["root_run_id"]),
+                "depth": int(data["depth"])}
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours to refuse: the server serves as a top-level one
 
 
 def _agent_row(name: str, spec: AgentSpec) -> dict[str, Any]:
