@@ -340,12 +340,11 @@ class Runtime:
     def usage_of(self, run_id: str) -> dict[str, int]:
         """The tokens of a run and every run under it (its sub-agents, theirs, ...)."""
         total = {"input_tokens": 0, "output_tokens": 0, "model_calls": 0}
-        for kind in ("model_call",):
-            for e in self.store.events(run_id, kinds=[kind]):
-                u = e.data.get("usage") or {}
-                total["input_tokens"] += int(u.get("input_tokens", 0))
-                total["output_tokens"] += int(u.get("output_tokens", 0))
-                total["model_calls"] += 1
+        for e in self.store.events(run_id, kinds=["model_call"]):
+            u = e.data.get("usage") or {}
+            total["input_tokens"] += int(u.get("input_tokens", 0))
+            total["output_tokens"] += int(u.get("output_tokens", 0))
+            total["model_calls"] += 1
         for child in self.store.children(run_id):
             for key, value in self.usage_of(child.run_id).items():
                 total[key] += value

@@ -26,10 +26,11 @@ from typing import Any, Literal
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from loomrt.errors import SpecError
+from loomrt.spec_reach import SPAWN_TOOLS, ChildrenState, McpServerSpec, _Strict
 
 __all__ = [
     "McpServerSpec",
@@ -68,8 +69,6 @@ def mode_names() -> tuple[str, ...]:
 SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class StatefulSpec(_Strict):
@@ -166,62 +165,6 @@ class Capabilities(_Strict):
     """The model calls tools natively (else loomrt uses constrained JSON decisions)."""
     structured_output: bool | None = None
     """The model honours a JSON Schema response_format."""
-
-
-class ChildrenState(_Strict):
-    """Σ reduce: where a stateful parent's Σ receives each child's final Σ."""
-
-    into: str
-    """A JSON Pointer to an object in the parent's Σ, like ``/results``."""
-    key: Literal["agent", "index"] = "agent"
-    """Each child's Σ goes under its agent's name, or its index in the call."""
-
-    @field_validator("into")
-    @classmethod
-    def _pointer(cls, into: str) -> str:
-        if not into.startswith("/") or into == "/":
-            raise ValueError(f"into must be a JSON Pointer below the root, like /results (not {into!r})")
-        return into
-
-
-SPAWN_TOOLS = ("spawn", "parallel_spawn")
-
-
-MCP_SERVER_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,32}$")
-
-
-class McpServerSpec(_Strict):
-    """An MCP server whose tools an agent may use: ``{name, command, args?, env?}`` (stdio)
-    or ``{name, url, token_env?}`` (streamable HTTP)."""
-
-    name: str
-    """How ``tools:`` names it (``NAME.TOOL`` or ``NAME.*``): letters, digits, ``_`` and ``-``, at most 32."""
-    command: str | None = None
-    """stdio: the program to start (it speaks MCP on its stdin and stdout)."""
-    args: list[str] = Field(default_factory=list)
-    """stdio: the program's arguments."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """stdio: extra environment variables for the program."""
-    url: str | None = None
-    """streamable HTTP: the server's endpoint, like http://127.0.0.1:8765/mcp."""
-    token_env: str | None = None
-    """streamable HTTP: the environment variable holding its bearer token."""
-    timeout_s: float = Field(60.0, gt=0, le=3600)
-    """Seconds one tool call may take before it is a tool error."""
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServerSpec:
-        if not MCP_SERVER_NAME.match(self.name):
-            raise ValueError(f"name {self.name!r} must be 1-32 letters, digits, '_' or '-'")
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give command (a stdio server) or url (a streamable HTTP server), exactly one")
-        if self.url is not None and (self.args or self.env):
-            raise ValueError("args and env are for a stdio server (command); a url server takes token_env")
-        if self.command is not None and self.token_env is not None:
-            raise ValueError("token_env is for a url server; a stdio server takes env")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, not {self.url!r}")
-        return self
 
 
 class AgentSpec(_Strict):

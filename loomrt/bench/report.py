@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "markers",
     "COLUMNS",
     "SHORT",
     "describe",
