@@ -274,3 +274,18 @@ def test_http_refuses_to_start_exposed(tmp_path: Path, args: list[str], env: dic
         env={**server_env(), **env}, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_the_guard_checks_host_on_the_loopback_and_the_token_everywhere() -> None:
+    from loomrt.mcp.http import Guard, allowed_origins
+
+    local = Guard(None, host="127.0.0.1", port=8765, token=TOKEN, origins=allowed_origins("127.0.0.1", 8765))
+    ok = {"host": "127.0.0.1:8765", "authorization": f"Bearer {TOKEN}"}
+    assert local.refusal(ok) is None
+    assert local.refusal({**ok, "host": "attacker.example:8765"})[0] == 421  # type: ignore[index]
+    assert local.refusal({**ok, "origin": "http://localhost:8765"}) is None
+    assert local.refusal({**ok, "origin": "http://attacker.example"})[0] == 403  # type: ignore[index]
+    assert local.refusal({"host": "127.0.0.1:8765", "authorization": "Bearer " + TOKEN[:-1]})[0] == 401  # type: ignore[index]
+    exposed = Guard(None, host="0.0.0.0", port=8765, token=TOKEN, origins=allowed_origins("0.0.0.0", 8765))
+    assert exposed.refusal({"host": "10.1.2.3:8765", "authorization": f"Bearer {TOKEN}"}) is None
+    assert exposed.refusal({"host": "10.1.2.3:8765"})[0] == 401  # type: ignore[index]

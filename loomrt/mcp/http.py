@@ -3,8 +3,8 @@
 The guard runs before the SDK sees a request, so nothing a refused request says reaches a
 tool. In order:
 
-1. ``Host`` must name this server (127.0.0.1, localhost or the bound host, with its port),
-   and an ``Origin``, when sent, must be one of the allowed origins: a web page a browser
+1. On the loopback, ``Host`` must name this server (127.0.0.1 or localhost, with its port);
+   an ``Origin``, when sent, must be one of the allowed origins: a web page a browser
    opened on another site cannot reach a server on the loopback (DNS rebinding).
 2. With a token configured, ``Authorization: Bearer TOKEN`` must match it, compared in
    constant time (:func:`hmac.compare_digest`). Tokens are never logged.
@@ -81,7 +81,9 @@ class Guard:
 
     def __init__(self, app: Any, *, host: str, port: int, token: str | None, origins: set[str]):
         self.app = app
-        self.hosts = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", host)}
+        # On the loopback, Host must name this server (DNS rebinding). Off it, clients name the
+        # machine however they reach it, and the token (required there) is the guard.
+        self.hosts = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", host)} if is_loopback(host) else None
         self.origins = origins
         self.token = token.encode() if token else None
 
@@ -99,7 +101,7 @@ class Guard:
 
     def refusal(self, headers: dict[str, str]) -> tuple[int, str] | None:
         """Why a request with ``headers`` is refused (status, message), or None."""
-        if headers.get("host") not in self.hosts:
+        if self.hosts is not None and headers.get("host") not in self.hosts:
             return 421, "this server does not answer for that Host"
         origin = headers.get("origin")
         if origin is not None and origin not in self.origins:
