@@ -302,3 +302,20 @@ def test_cancelling_the_parent_cancels_its_children(tmp_path: Path) -> None:
     assert len(children) == 3 and all(c.status == "cancelled" for c in children)
     reasons = {e.data["reason"] for c in children for e in default_store().events(c.run_id) if e.kind == "cancelled"}
     assert reasons == {"its parent run was cancelled"}
+
+
+def test_children_queue_behind_max_concurrent_and_queued_time_is_not_theirs(tmp_path: Path) -> None:
+    (tmp_path / "nap.yaml").write_text("turns:\n  - {text: rested, delay_s: 0.4}\n")
+    spawns = [{"agent": "napper", "prompt": str(i), "timeout_s": 0.7} for i in range(4)]
+    path = write_agents(tmp_path, {
+        "boss": {"model": parent_script(tmp_path, "boss", spawns), "tools": ["parallel_spawn"], "spawnable": ["napper"],
+                 "max_concurrent_children": 2},
+        "napper": {"model": "scripted/nap.yaml"},
+    })
+    result = run(path)
+    rows = tool_rows(result.run_id)
+    assert all(r["ok"] for r in rows), rows  # the last two waited 0.4 s in the queue, inside their 0.7 s: not counted
+    store = default_store()
+    spans = [(store.events(c.run_id)[0].ts, store.events(c.run_id)[-1].ts) for c in store.children(result.run_id)]
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)
+    assert most == 2  # never more than max_concurrent_children playing at once

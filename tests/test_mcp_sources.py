@@ -61,7 +61,7 @@ def test_tools_are_offered_under_safe_names_called_and_recorded(tmp_path: Path) 
 def test_a_wildcard_grants_every_tool_and_long_results_are_cut(tmp_path: Path) -> None:
     result, provider = play(tmp_path, "['tiny.*']", [call("mcp__tiny__long_report"), call("mcp__tiny__add", a=2, b=3),
                                                      {"text": "done"}])
-    assert {t.name for t in provider.calls[0].tools} == {f"mcp__tiny__{n}" for n in ("echo", "add", "long_report", "crash")}
+    assert {t.name for t in provider.calls[0].tools} == {f"mcp__tiny__{n}" for n in ("echo", "add", "long_report", "nap", "crash")}
     report, added = results(result.run_id)
     assert report["content"].count("\n") == 1999 and added["content"] == "5"  # the record keeps every word
     sent = provider.calls[1].messages[-1]["content"]  # the working context holds it cut, and says so
@@ -172,3 +172,43 @@ def test_loomrt_mcp_refuses_spawns_past_the_depth_limit(tmp_path: Path, monkeypa
     service = RunService(load_agents(tmp_path / "agents.yaml"))
     with pytest.raises(ServiceError, match="at most 3 deep"):
         asyncio.run(service.spawn("w", "go"))
+
+
+def test_a_call_past_the_servers_timeout_is_a_tool_error(tmp_path: Path) -> None:
+    path = tmp_path / "agents.yaml"
+    path.write_text(
+        "agents:\n  worker:\n    model: scripted/unused.yaml\n"
+        f"    mcp_servers:\n      - {{name: tiny, command: '{sys.executable}', args: ['{TINY}'], timeout_s: 1}}\n"
+        "    tools: ['tiny.nap']\n")
+    provider = ScriptedProvider(turns=[call("mcp__tiny__nap", seconds=0.1), call("mcp__tiny__nap", seconds=30),
+                                       {"text": "done"}])
+    result = Runtime(providers=lambda spec, model: provider).run_sync("worker", "go", agents=load_agents(path))
+    quick, slow = results(result.run_id)
+    assert (quick["content"], quick["is_error"]) == ("slept 0.1", False)
+    assert slow["is_error"] and ("longer than 1 s" in slow["content"] or "timed out" in slow["content"].lower()), slow
+    assert result.status == "done"
+
+
+def test_a_streamable_http_server_is_a_tool_source_with_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mcp_kit import agents_folder, http_server
+
+    token = "s" * 40
+    (tmp_path / "served").mkdir()
+    served = agents_folder(tmp_path / "served")
+    with http_server(served, token=token) as base:
+        monkeypatch.setenv("REMOTE_TOKEN", token)
+        path = tmp_path / "client.yaml"
+        path.write_text(
+            "agents:\n  caller:\n    model: scripted/unused.yaml\n"
+            f"    mcp_servers: [{{name: remote, url: '{base}/mcp', token_env: REMOTE_TOKEN}}]\n"
+            "    tools: ['remote.spawn_run']\n")
+        provider = ScriptedProvider(turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "done"}])
+        result = Runtime(providers=lambda spec, model: provider).run_sync("caller", "go", agents=load_agents(path))
+        (row,) = results(result.run_id)
+        assert not row["is_error"] and "quick answer" in row["content"], row
+        monkeypatch.setenv("REMOTE_TOKEN", "x" * 40)  # a wrong token: the server refuses, the run goes on
+        provider = ScriptedProvider(turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "went on"}])
+        refused = Runtime(providers=lambda spec, model: provider).run_sync("caller", "go", agents=load_agents(path))
+        assert refused.output == "went on"
+        (row,) = results(refused.run_id)
+        assert row["is_error"] and "could not start" in row["content"]

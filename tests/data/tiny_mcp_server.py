@@ -1,4 +1,4 @@
-"""A small MCP server for the tests (stdio): echo, add, a long result, and a crash."""
+"""A small MCP server for the tests (stdio): echo, add, a long result, a nap, and a crash."""
 
 import os
 
@@ -23,6 +23,15 @@ def add(a: int, b: int) -> int:
 def long_report(lines: int = 2000) -> str:
     """A report of LINES lines."""
     return "\n".join(f"line {i}: all systems nominal" for i in range(lines))
+
+
+@server.tool()
+async def nap(seconds: float) -> str:
+    """Sleep SECONDS, then say so."""
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
 
 
 @server.tool()
