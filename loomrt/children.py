@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from loomrt.crashpoints import reached
@@ -39,10 +40,12 @@ if TYPE_CHECKING:
     from loomrt.runtime import Runtime
     from loomrt.spec import AgentsFile
 
-__all__ = ["Children", "SpawnRefused", "spawn_row", "DEPTH_MAX", "ROW_STATUSES", "ROW_KEYS"]
+__all__ = ["Children", "SpawnRefused", "spawn_row", "DEPTH_MAX", "SPAWN_MAX", "ROW_STATUSES", "ROW_KEYS"]
 
 DEPTH_MAX = 3
 """How deep spawns may nest: a top-level run is depth 0, its children 1, ..."""
+SPAWN_MAX = 32
+"""The most entries one spawn call takes (parallel_spawn here, spawn_runs over MCP)."""
 ROW_STATUSES = ("ok", "failed", "timeout", "max_iterations", "cancelled")
 ROW_KEYS = ("index", "agent", "run_id", "status", "ok", "output", "state", "error")
 """A row's keys, in the order every row has them (the record stores them sorted)."""
@@ -74,21 +77,30 @@ def spawn_row(index: int, agent: str, result: dict[str, Any]) -> dict[str, Any]:
 class Children:
     """The children of one parent run, spawned through ``runtime`` from ``agents``."""
 
-    def __init__(self, runtime: Runtime, parent: RunState, agents: AgentsFile | None):
+    def __init__(self, runtime: Runtime, parent: RunState, agents: AgentsFile | Callable[[], AgentsFile | None] | None,
+                 agents_file: str | None = None):
         self.runtime = runtime
         self.parent = parent
-        self.agents = agents
+        self._agents = agents
+        """The agents file, or how to read it (a resumed parent reads it only when it spawns)."""
+        self.agents_file = agents_file
         self.live = 0
         self._slots: asyncio.Semaphore | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def agents(self) -> AgentsFile | None:
+        if callable(self._agents):
+            self._agents = self._agents()
+        return self._agents
 
     # ------------------------------------------------------------------ the call
 
     async def spawn(self, entries: list[dict[str, Any]], timeout_s: float | None = None) -> list[dict[str, Any]]:
         """Check, admit, play, record and cap one call's children; their rows, in order."""
         spec = self.parent.spec
-        if not 1 <= len(entries) <= 32:
-            raise SpawnRefused(f"spawns must have 1 to 32 entries, not {len(entries)}")
+        if not 1 <= len(entries) <= SPAWN_MAX:
+            raise SpawnRefused(f"spawns must have 1 to {SPAWN_MAX} entries, not {len(entries)}")
         checked = [self._check(i, entry, timeout_s) for i, entry in enumerate(entries)]
         if self.live + len(checked) > spec.max_live_children:
             raise SpawnRefused(
@@ -171,7 +183,7 @@ class Children:
             if started is None:
                 overrides = {"context": c["context"]} if c["context"] else None
                 child = await self.runtime.astart(c["agent"], agents=self.agents, overrides=overrides,
-                                                  parent=self.parent, agents_file=self._agents_file())
+                                                  parent=self.parent, agents_file=self.agents_file)
                 child_id = child.run_id
                 await self.parent.add("spawn_child_started", {"tool_call_id": call_id, "index": i, "run_id": child_id,
                                                               "agent": c["agent"]})
@@ -210,10 +222,6 @@ class Children:
         except asyncio.CancelledError:  # the parent was cancelled (or its process is stopping)
             await self.runtime.cancel(child or child_id, reason="its parent run was cancelled")
             raise
-
-    def _agents_file(self) -> str | None:
-        info = self.parent.store.get_run(self.parent.run_id)
-        return info.agents_file
 
     # ------------------------------------------------------------------ rows
 

@@ -182,7 +182,7 @@ class Runtime:
         if any(t in SPAWN_TOOLS for t in spec.tools):
             from loomrt.children import Children
 
-            spawn = Children(self, run, agents or _agents_at(agents_file)).spawn
+            spawn = Children(self, run, agents or (lambda: _agents_at(agents_file)), agents_file).spawn
         below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from typing_extensions import TypedDict
 
 from loomrt import __version__
-from loomrt.children import spawn_row
-from loomrt.mcp.service import EVENTS_MAX, SPAWN_MAX, RunService, ServiceError
+from loomrt.children import SPAWN_MAX, spawn_row
+from loomrt.mcp.service import EVENTS_MAX, RunService, ServiceError
 
 __all__ = ["build_server", "LoomMCPServer", "RESOURCES_LISTED"]
 

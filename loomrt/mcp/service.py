@@ -26,10 +26,8 @@ from loomrt.run.summary import run_summary
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentsFile, AgentSpec
 
-__all__ = ["RunService", "ServiceError", "Progress", "SPAWN_MAX", "EVENTS_MAX"]
+__all__ = ["RunService", "ServiceError", "Progress", "EVENTS_MAX"]
 
-SPAWN_MAX = 32
-"""The most entries one ``spawn_runs`` call takes."""
 EVENTS_MAX = 1000
 """The most events one ``get_events`` page holds."""
 PROGRESS_EVERY_S = 1.0

@@ -143,20 +143,16 @@ class StatefulMode(RetentionMode):
     async def unanswered_calls(self, run: RunState, calls: list[ToolCall]) -> list[ToolCall]:
         """An accepted emit_state whose action had not returned: the action is the call to settle
         (it runs under the emit's id); a rejected or done one was answered in its own step."""
-        out = []
-        for call in calls:
-            if call.name != EMIT_STATE:
-                out.append(call)
-                continue
-            updates = await run.store.read(run.run_id, kinds=["state_update", "assistant_message"])
-            last = updates[-1] if updates else None
-            update = last.data if last is not None and last.kind == "state_update" else {}
-            action = update.get("action")
-            if action and action.get("tool") and not update.get("done"):
-                out.append(ToolCall(id=call.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})))
-            else:
-                out.append(call)
-        return out
+        if not any(c.name == EMIT_STATE for c in calls):
+            return calls
+        updates = await run.store.read(run.run_id, kinds=["state_update", "assistant_message"])
+        last = updates[-1] if updates else None
+        update = last.data if last is not None and last.kind == "state_update" else {}
+        action = update.get("action")
+        if not (action and action.get("tool") and not update.get("done")):
+            return calls
+        name, arguments = str(action["tool"]), dict(action.get("arguments") or {})
+        return [ToolCall(id=c.id, name=name, arguments=arguments) if c.name == EMIT_STATE else c for c in calls]
 
     def offered_tools(self, run: RunState) -> tuple[ToolSchema, ...]:
         ctx = run.spec.context
