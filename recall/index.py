@@ -3,9 +3,10 @@
 One :class:`Entry` per evicted message (long messages become overlapping chunks that
 each point at their message). Each entry is matched two ways, on two texts:
 
-- dense: all-MiniLM-L6-v2 vectors (normalised, inner product = cosine) in a faiss
-  ``IndexIDMap2(IndexFlatIP)``; ids only increase, so the FIFO cap is ``remove_ids`` of
-  the oldest ids;
+- dense: all-MiniLM-L6-v2 vectors (normalised, inner product = cosine) kept in entry
+  order (:class:`~loomrt.recall.dense.DenseVectors`; ids only increase, so the FIFO cap
+  drops the oldest rows), scored exactly up to :data:`EXACT_MAX` entries and, past it, on
+  candidates picked by an 8-bit scan and the lexical scores (the same top ``k``);
 - lexical: BM25 (:class:`~loomrt.recall.bm25.IncrementalBM25`) over tokens that keep exact values whole (paths, ids, numbers,
   ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
 
@@ -29,9 +30,24 @@ from typing import Any
 import numpy as np
 
 from loomrt.recall.bm25 import IncrementalBM25
+from loomrt.recall.dense import DenseVectors
 from loomrt.recall.embedders import Embedder
 
-__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text"]
+__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text", "EXACT_MAX"]
+
+EXACT_MAX = 16_384
+"""Up to this many entries the dense side scores every entry exactly. Past it, a scan of
+8-bit codes picks :data:`CANDIDATES` dense candidates, the lexical scores pick as many, and
+only those (and any other entry whose lexical score could still reach the top) are scored
+exactly: the same top ``k`` for a fraction of the memory traffic."""
+
+CANDIDATES = 64
+"""Dense and lexical candidates each, on a large index."""
+
+_CODE_MARGIN = 0.03
+"""How far an entry outside the dense candidates may lie above the weakest of them in
+cosine: the scan rounds the vectors and the query to 8 bits (0.5/127 per component), which
+moves a cosine by about 0.005 (and by 0.015 at the very most, over 100,000 entries)."""
 
 
 @dataclass(frozen=True)
@@ -181,13 +197,6 @@ def chunk_text(text: str, *, words: int = 160, overlap: int = 40) -> list[str]:
 # --------------------------------------------------------------------------- the index
 
 
-def _faiss() -> Any:
-    import faiss
-
-    faiss.omp_set_num_threads(1)  # single small queries: threads cost more than they save
-    return faiss
-
-
 class RecallIndex:
     """Entries of one run, searchable densely (when an embedder is set) and lexically.
 
@@ -201,7 +210,7 @@ class RecallIndex:
         self.fusion = fusion or Fusion()
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self._next_id = 0
-        self._dense: Any = None
+        self._dense: DenseVectors | None = None
         # BM25 on each entry, on the entry with the end of the message before it, and on the
         # entry's neighbourhood; all three are updated entry by entry, never rebuilt
         self._lexical = IncrementalBM25()
@@ -211,9 +220,12 @@ class RecallIndex:
         self._context_tokens: dict[int, list[str]] = {}
         self.evicted_total = 0
         """How many entries the FIFO cap has dropped."""
+        self.exact_max = EXACT_MAX
+        """Past this many entries the dense side is scored on candidates (see :data:`EXACT_MAX`)."""
+        self.candidates = CANDIDATES
+        """Dense and lexical candidates each, on a large index (at least ``k``)."""
         if embedder is not None:
-            faiss = _faiss()
-            self._dense = faiss.IndexIDMap2(faiss.IndexFlatIP(embedder.dim))
+            self._dense = DenseVectors(embedder.dim)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -228,17 +240,28 @@ class RecallIndex:
         self.embedder = None
         self._dense = None
 
-    def add(self, drafts: Sequence[Entry]) -> list[Entry]:
-        """Add entries (their ``id`` is assigned here). Embeds first, so an embedder that
-        raises leaves the index unchanged."""
+    def embed(self, drafts: Sequence[Entry]) -> np.ndarray:
+        """The vectors of ``drafts`` (what :meth:`add` would compute; safe on another thread)."""
+        embedder = self.embedder
+        if embedder is None:
+            raise ValueError("dense search is off: there is no embedder")
+        vecs = np.asarray(embedder.embed([d.label for d in drafts]), dtype=np.float32)
+        if vecs.shape != (len(drafts), embedder.dim):
+            raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(drafts), embedder.dim)}")
+        return vecs
+
+    def add(self, drafts: Sequence[Entry], *, vectors: np.ndarray | None = None) -> list[Entry]:
+        """Add entries (their ``id`` is assigned here), with their ``vectors`` if they were
+        embedded already (:meth:`embed`). Embeds first, so an embedder that raises leaves the
+        index unchanged."""
         if not drafts:
             return []
         entries = [replace(d, id=self._next_id + i) for i, d in enumerate(drafts)]
         if self._dense is not None and self.embedder is not None:
-            vecs = np.asarray(self.embedder.embed([e.label for e in entries]), dtype=np.float32)
+            vecs = self.embed(entries) if vectors is None else vectors
             if vecs.shape != (len(entries), self.embedder.dim):
-                raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(entries), self.embedder.dim)}")
-            self._dense.add_with_ids(np.ascontiguousarray(vecs), np.array([e.id for e in entries], dtype=np.int64))
+                raise ValueError(f"vectors of shape {vecs.shape}, expected {(len(entries), self.embedder.dim)}")
+            self._dense.add(vecs)
         self._next_id += len(entries)
         for e in entries:
             self.entries[e.id] = e
@@ -282,7 +305,7 @@ class RecallIndex:
                 self._lexical_context.remove(i, context)
         self.evicted_total += over
         if self._dense is not None:
-            self._dense.remove_ids(np.array(old, dtype=np.int64))
+            self._dense.drop_oldest(over)
         first = next(iter(self.entries))
         self._refresh_context(range(first, first + self.fusion.context_radius))
 
@@ -291,39 +314,12 @@ class RecallIndex:
 
     def dense_size(self) -> int:
         """Vectors in the dense index; 0 when dense is off."""
-        return int(self._dense.ntotal) if self._dense is not None else 0
+        return len(self._dense) if self._dense is not None else 0
 
-    def _dense_scores(self, query: str) -> np.ndarray:
-        """Cosine of every entry (in ``_order``), scaled so the mean is 0 and the best 1."""
-        assert self.embedder is not None
-        q = np.ascontiguousarray(self.embedder.embed([query]), dtype=np.float32)
-        n = len(self.entries)
-        faiss = _faiss()
-        flat = faiss.downcast_index(self._dense.index)
-        if flat.ntotal == n:
-            # every entry has its vector, stored in id order (ids only grow; the oldest are dropped
-            # first): one matrix-vector product over FAISS's own storage, with no top-n sort
-            xb = faiss.rev_swig_ptr(flat.get_xb(), n * flat.d).reshape(n, flat.d)
-            out = np.ascontiguousarray(xb @ q[0], dtype=np.float32)
-        else:
-            sims, ids = self._dense.search(q, n)
-            found = ids[0] >= 0
-            at = ids[0][found] - next(iter(self.entries))  # ids are contiguous: only the oldest are dropped
-            out = np.zeros(n, dtype=np.float32)
-            out[at] = sims[0][found]
-        mean, best = float(out.mean()), float(out.max())
-        return (out - mean) / (best - mean) if best > mean else np.zeros_like(out)
-
-    def search(self, query: str, k: int = 5) -> list[Hit]:
-        """The best ``k`` entries for ``query``, best first.
-
-        The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
-        sum of the weights, clipped to [0, 1].
-        """
-        if not self.entries or not query.strip():
-            return []
+    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray]:
+        """The weighted sum of the scaled BM25 signals of every entry (oldest first), the sum
+        of their weights, and which entries any of them matched."""
         f = self.fusion
-        tokens = tokenize(query)
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(n, dtype=np.float32)
         weight = 0.0
@@ -340,14 +336,81 @@ class RecallIndex:
                 total += w * scores
                 matched |= scores > 0
                 weight += w
-        if self._dense is not None and self.embedder is not None and f.dense > 0:
-            total += f.dense * self._dense_scores(query)
-            matched[:] = True
-            weight += f.dense
-        if not matched.any() or weight == 0:
+        return total, weight, matched
+
+    def _dense_scores(self, q: np.ndarray) -> np.ndarray:
+        """Every entry's cosine with ``q`` (oldest first), scaled so the mean is 0 and the best 1."""
+        assert self._dense is not None
+        cos = self._dense.scores(q)
+        mean, best = float(self._dense.centroid @ q), float(cos.max())
+        scaled: np.ndarray = (cos - mean) / (best - mean) if best > mean else np.zeros_like(cos)
+        return scaled
+
+    def _dense_candidates(self, q: np.ndarray, lexical: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """On a large index: the entries that can be in the top ``k`` and their fused scores
+        (the same entries and scores that scoring every entry gives).
+
+        Candidates are the best dense entries by their 8-bit codes and the best lexical ones,
+        scored exactly. An entry outside both scores at most its lexical score plus the
+        dense weight times the scaled cosine of the weakest dense candidate (and the codes'
+        margin); every entry that bound lets reach the ``k``-th score is scored exactly too.
+        """
+        assert self._dense is not None
+        wd = self.fusion.dense
+        c = max(k, self.candidates)
+        dense = self._dense.top(q, c)
+        best_lexical = np.argpartition(-lexical, c - 1)[:c] if len(lexical) > c else np.arange(len(lexical))
+        picked = np.union1d(dense, best_lexical)
+        cos = self._dense.gather(q, picked)
+        mean, best = float(self._dense.centroid @ q), float(cos.max())
+        span = best - mean if best > mean else 0.0
+
+        def fused(positions: np.ndarray, cosines: np.ndarray) -> np.ndarray:
+            scaled = (cosines - mean) / span if span else np.zeros_like(cosines)
+            out: np.ndarray = lexical[positions] + wd * scaled
+            return out
+
+        scores = fused(picked, cos)
+        kth = float(np.partition(scores, len(scores) - k)[len(scores) - k]) if len(scores) >= k else -np.inf
+        weakest = float(self._dense.gather(q, dense).min()) + _CODE_MARGIN if len(dense) else best
+        bound = lexical + (wd * (weakest - mean) / span if span else 0.0)
+        bound[picked] = -np.inf
+        more = np.flatnonzero(bound >= kth)
+        if len(more):
+            picked = np.concatenate([picked, more])
+            scores = np.concatenate([scores, fused(more, self._dense.gather(q, more))])
+        return picked, scores
+
+    def search(self, query: str, k: int = 5) -> list[Hit]:
+        """The best ``k`` entries for ``query``, best first.
+
+        The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
+        sum of the weights, clipped to [0, 1].
+        """
+        if not self.entries or not query.strip() or k < 1:
             return []
-        candidates = np.flatnonzero(matched)
+        f = self.fusion
+        embedder = self.embedder if self._dense is not None and f.dense > 0 else None
+        q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
+        total, weight, matched = self._lexical_scores(tokenize(query))
+        first = next(iter(self.entries))
+        if q is None:
+            candidates = np.flatnonzero(matched)
+            scores = total[candidates]
+        else:
+            weight += f.dense
+            if len(self.entries) <= self.exact_max:
+                candidates = np.arange(len(self.entries))
+                scores = total + f.dense * self._dense_scores(q)
+            else:
+                candidates, scores = self._dense_candidates(q, total, k)
+        if not len(candidates) or weight == 0:
+            return []
         if len(candidates) > k:  # the k best without sorting them all
-            candidates = candidates[np.argpartition(-total[candidates], k - 1)[:k]]
-        top = candidates[np.argsort(-total[candidates], kind="stable")]
-        return [Hit(self.entries[first + int(j)], round(float(np.clip(total[j] / weight, 0.0, 1.0)), 6)) for j in top]
+            best = np.argpartition(-scores, k - 1)[:k]
+            candidates, scores = candidates[best], scores[best]
+        order = np.argsort(-scores, kind="stable")
+        return [
+            Hit(self.entries[first + int(candidates[j])], round(float(np.clip(scores[j] / weight, 0.0, 1.0)), 6))
+            for j in order
+        ]

@@ -11,8 +11,13 @@ lexical-only (one ``notice`` event says so); any other indexing error is recorde
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+import numpy as np
 
 from loomrt.crashpoints import reached
 from loomrt.events import Event, message_of
@@ -26,6 +31,23 @@ __all__ = ["RunRecall"]
 
 _BEFORE_WORDS = 60
 """How much of the previous message an entry's window carries (words, from its end)."""
+
+_SLICE = 32
+"""Entries indexed at a time in the background, between other runs' work."""
+
+_embedding: ThreadPoolExecutor | None = None
+_embedding_lock = threading.Lock()
+
+
+def _embedding_thread() -> ThreadPoolExecutor:
+    """The one thread that embeds evicted entries for every run of the process (torch
+    releases the GIL while it multiplies; one thread, because the model's tokenizer must
+    not be called from two at once)."""
+    global _embedding
+    with _embedding_lock:
+        if _embedding is None:
+            _embedding = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loomrt-recall-embedding")
+        return _embedding
 
 
 def _said_before(history: Sequence[Event]) -> set[str]:
@@ -68,6 +90,8 @@ class RunRecall:
         self._said: set[str] = _said_before(history or ())
         self._before = ""
         self._backlog: list[Entry] = []
+        """Entries evicted (or rebuilt from the record) and not yet indexed."""
+        self._draining: asyncio.Task[None] | None = None
         try:
             resolved = resolve_embedder(embedder)
         except TypeError as exc:
@@ -77,12 +101,12 @@ class RunRecall:
             if resolved is None:
                 self._notice("recall is lexical-only (BM25): no embedder is configured")
         try:
-            self.index = RecallIndex(
+            self._index = RecallIndex(
                 resolved, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion
             )
         except ImportError as exc:
             self._notice(f"recall is lexical-only: faiss is not installed ({exc}); pip install 'loomrt[recall]'")
-            self.index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
+            self._index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
         self.tool = make_recall_tool(self)
         if history:
             self.rebuild(history)
@@ -107,9 +131,14 @@ class RunRecall:
 
     # ------------------------------------------------------------------ indexing
 
-    def size(self) -> int:
-        """Entries in the index (after indexing any rebuilt backlog)."""
+    @property
+    def index(self) -> RecallIndex:
+        """The index, with everything evicted so far in it (indexing any backlog now)."""
         self._catch_up()
+        return self._index
+
+    def size(self) -> int:
+        """Entries in the index (after indexing any backlog)."""
         return len(self.index)
 
     def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
@@ -143,26 +172,42 @@ class RunRecall:
             self._before = _tail_words(drafts[-1].label, _BEFORE_WORDS)
         return drafts
 
-    def _add(self, drafts: list[Entry]) -> None:
+    def _add(self, drafts: list[Entry], vectors: np.ndarray | BaseException | None = None) -> None:
+        """Index ``drafts`` (with their ``vectors``, when they were embedded already, or the
+        error embedding them raised)."""
         try:
-            self.index.add(drafts)
+            if isinstance(vectors, BaseException):
+                raise vectors
+            self._index.add(drafts, vectors=vectors)
         except Exception as exc:  # noqa: BLE001 - the embedder failed: go on lexical-only
-            if not self.index.dense:
+            if not self._index.dense:
                 raise
-            name = getattr(self.index.embedder, "name", type(self.index.embedder).__name__)
-            self.index.disable_dense()
+            name = getattr(self._index.embedder, "name", type(self._index.embedder).__name__)
+            self._index.disable_dense()
             self._notice(f"recall degraded to lexical-only: the embedder {name} failed ({type(exc).__name__}: {exc})")
-            self.index.add(drafts)
+            self._index.add(drafts)
 
     def on_evicted(self, span: EvictedSpan) -> None:
-        """The evicted-span callback: index each message of ``span``. Never raises."""
+        """The evicted-span callback: queue each message of ``span`` for indexing. Never raises.
+
+        Inside a running event loop the entries are indexed in the background, in slices
+        (the embedding on a worker thread when the embedder ``releases_gil``: a pure-Python
+        one would hold the GIL against the loop), so the turn that evicted them, and every other
+        run's turn, does not wait for it; a query indexes whatever is still queued first.
+        Outside one they are indexed here."""
         try:
             if span.run_id != self.run_id:
                 return  # another run's span: never indexed here
-            self._catch_up()
             drafts = self._drafts(span.distillation_seq, span.messages)
             reached("in_recall_index")
-            self._add(drafts)
+            self._backlog.extend(drafts)
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self._catch_up()
+                return
+            if self._draining is None or self._draining.done():
+                self._draining = loop.create_task(self._drain(), name=f"recall-index-{self.run_id}")
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._record(
                 "callback_error",
@@ -172,6 +217,27 @@ class RunRecall:
                     "distillation_seq": span.distillation_seq,
                 },
             )
+
+    async def _drain(self) -> None:
+        """Index the backlog a slice at a time, oldest first."""
+        while self._backlog:
+            batch = self._backlog[:_SLICE]
+            vectors: np.ndarray | BaseException | None = None
+            if self._index.dense and getattr(self._index.embedder, "releases_gil", False):
+                try:
+                    vectors = await asyncio.get_running_loop().run_in_executor(
+                        _embedding_thread(), self._index.embed, batch)
+                except Exception as exc:  # noqa: BLE001 - handled where the entries are added
+                    vectors = exc
+            else:
+                await asyncio.sleep(0)  # the turn that evicted them goes on first
+            if not self._backlog or self._backlog[0] is not batch[0]:
+                continue  # a query indexed them meanwhile
+            del self._backlog[: len(batch)]
+            try:
+                self._add(batch, vectors)
+            except Exception as exc:  # noqa: BLE001 - indexing never fails a run
+                self._record("callback_error", {"callback": "recall.index", "error": f"{type(exc).__name__}: {exc}"})
 
     def rebuild(self, history: Sequence[Event]) -> int:
         """Queue every span the record's distillation events evicted, in order, for indexing
@@ -189,15 +255,16 @@ class RunRecall:
         return len(self._backlog)
 
     def _catch_up(self) -> None:
-        """Index what :meth:`rebuild` queued (embedding waits until recall is first needed,
-        so opening a run to inspect it costs nothing)."""
+        """Index what is queued: spans still being indexed in the background, and what
+        :meth:`rebuild` queued (embedding waits until recall is first needed, so opening a
+        run to inspect it costs nothing)."""
         if not self._backlog:
             return
         drafts, self._backlog = self._backlog, []
         try:
             self._add(drafts)
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-            self._record("callback_error", {"callback": "recall.rebuild", "error": f"{type(exc).__name__}: {exc}"})
+            self._record("callback_error", {"callback": "recall.index", "error": f"{type(exc).__name__}: {exc}"})
 
     # ------------------------------------------------------------------ searching
 
@@ -205,17 +272,17 @@ class RunRecall:
         """The best ``top_k`` hits for ``query`` from this run's evicted spans and durable
         memory, merged by score, best first (no token cap: the tool applies it)."""
         hits: list[RecallHit] = []
-        self._catch_up()
+        index = self.index
         try:
-            found = self.index.search(query, top_k)
+            found = index.search(query, top_k)
         except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
-            if not self.index.dense:
+            if not index.dense:
                 raise
-            self.index.disable_dense()
+            index.disable_dense()
             self._notice(
                 f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
             )
-            found = self.index.search(query, top_k)
+            found = index.search(query, top_k)
         for h in found:
             e = h.entry
             hits.append(

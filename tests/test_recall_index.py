@@ -145,17 +145,42 @@ def test_incremental_bm25_equals_a_fresh_build_after_adds_and_removes() -> None:
     assert np.isclose(one.scores(["a"], None, 2)[0], idf * 1 / (1 + 1.5 * (1 - 0.75 + 0.75 * 2 / avgdl)))
 
 
-def test_dense_scores_read_faiss_storage_in_entry_order_after_fifo_drops() -> None:
-    """The dense side scores every entry with one product over FAISS's storage; it must agree
-    with FAISS's own search, also after the oldest entries were dropped."""
+def test_dense_scores_follow_entry_order_after_fifo_drops() -> None:
+    """The dense side scores every entry with one product over its stored vectors; it must
+    agree with the entries' own vectors, also after the oldest entries were dropped."""
     index = RecallIndex(HashEmbedder(), max_entries=40)
     for batch in range(10):
         index.add([entry(f"entry {i} about deploy {i % 7} and billing {i % 3}", i)
                    for i in range(batch * 10, batch * 10 + 10)])
-    fast = index._dense_scores("deploy 3 billing")
-    q = np.ascontiguousarray(index.embedder.embed(["deploy 3 billing"]), dtype=np.float32)
-    sims, ids = index._dense.search(q, len(index.entries))
-    slow = np.zeros(len(index.entries), dtype=np.float32)
-    slow[ids[0] - next(iter(index.entries))] = sims[0]
+    embedder = index.embedder
+    assert embedder is not None
+    q = embedder.embed(["deploy 3 billing"])[0]
+    fast = index._dense_scores(q)
+    slow = embedder.embed([e.label for e in index.entries.values()]) @ q
     mean, best = float(slow.mean()), float(slow.max())
     assert np.allclose(fast, (slow - mean) / (best - mean), atol=1e-5)
+
+
+@pytest.mark.parametrize("cap", [None, 300])
+def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(cap: int | None) -> None:
+    """Past ``exact_max`` the dense side scores only candidates (8-bit codes and lexical
+    scores pick them, a bound adds any other entry that could reach the top): the hits and
+    their scores must equal scoring every entry, with and without FIFO drops."""
+    import random
+
+    rng = random.Random(3)
+    words = "deploy billing ledger rollback port cache queue tenant invoice shard replica".split()
+    index = RecallIndex(HashEmbedder(), max_entries=cap or 10_000)
+    for start in range(0, 600, 50):
+        index.add([entry(" ".join(rng.choice(words) for _ in range(6)) + f" {i}", i) for i in range(start, start + 50)])
+    queries = ["deploy ledger", "rollback of the replica shard", "cache", "nothing matches this", "invoice 412",
+               "tenant 77 queue"]
+    index.candidates = 1  # as few as k: most of the top must come from the bound
+    for query in queries:
+        index.exact_max = 10**9
+        exact = [(h.entry.id, h.score) for h in index.search(query, 5)]
+        index.exact_max = 10
+        pruned = [(h.entry.id, h.score) for h in index.search(query, 5)]
+        assert [s for _, s in pruned] == [s for _, s in exact], query
+        last = exact[-1][1] if exact else 0.0  # entries tied with the k-th may be any of them
+        assert {i for i, s in pruned if s > last} == {i for i, s in exact if s > last}, query

@@ -21,6 +21,25 @@ def test_minilm_vectors_are_normalised_and_semantic() -> None:
     assert float(v[0] @ v[1]) > float(v[0] @ v[2])
 
 
+def test_the_numpy_query_pass_gives_the_models_own_vectors() -> None:
+    """Queries (a text or a few) go through the NumPy forward pass; entries (batches) through
+    sentence-transformers. The two must give the same vectors, short and truncated texts alike."""
+    import numpy as np
+
+    from loomrt.recall.query_encoder import numpy_encoder
+
+    model = MiniLMEmbedder.model()
+    encoder = numpy_encoder(model)
+    assert encoder is not None
+    texts = ["x", "which port does the staging database listen on?", "ERR-4471 at /etc/app.conf:12",
+             "Ünïcödé — 東京 🙂", "word " * 400]
+    ours = encoder.encode(texts)
+    theirs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    assert ours.dtype == np.float32 and ours.shape == theirs.shape
+    assert float(np.abs(ours - theirs).max()) < 1e-5
+    assert np.allclose(MiniLMEmbedder().embed(texts[:2]), theirs[:2], atol=1e-5)  # the query path uses it
+
+
 def test_every_needle_comes_back_verbatim_in_the_top_5() -> None:
     result = needles_run(turns=42, embedder=MiniLMEmbedder(), tool_lines=(8, 14))
     assert result["dense"] and result["distillations"] > 0

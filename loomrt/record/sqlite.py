@@ -14,6 +14,7 @@ from typing import Any
 
 from loomrt.errors import NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.record import checkpoints
 from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.migrations import migrate
 
@@ -37,6 +38,15 @@ def loomrt_home() -> Path:
     if not os.access(home, os.W_OK):
         raise StoreError(f"LOOMRT_HOME {home} is not writable. Set LOOMRT_HOME to a folder you can write.")
     return home
+
+
+def _hint(exc: sqlite3.Error) -> str:
+    """What to do about a write that failed for want of room."""
+    text = str(exc).lower()
+    if "disk" in text or "full" in text:
+        return (". The disk may be full: free some space (nothing committed is lost; "
+                "`loomrt runs resume` goes on from the last committed event)")
+    return ""
 
 
 def default_store() -> SQLiteStore:
@@ -69,6 +79,17 @@ class SQLiteStore:
             ) from exc
         self._lock = threading.RLock()
         self._atomic = 0  # open transaction() blocks: appends join their transaction
+        self.closed = False
+        if str(path) != ":memory:":
+            checkpoints.register(self)  # the WAL is checkpointed by a thread, not inside a commit
+
+    @property
+    def commits(self) -> int:
+        """Rows written through this store so far (the checkpoint thread watches it move)."""
+        try:
+            return int(self._conn.total_changes)
+        except sqlite3.Error:
+            return -1
 
     def _open(self) -> sqlite3.Connection:
         """Connect, set the pragmas and migrate. Switching a fresh file to WAL takes a lock
@@ -82,6 +103,7 @@ class SQLiteStore:
                 conn.execute("PRAGMA foreign_keys=ON")  # no event without its run
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
+                conn.execute("PRAGMA wal_autocheckpoint=0")  # see loomrt.record.checkpoints
                 migrate(conn)
                 return conn
             except sqlite3.OperationalError as exc:
@@ -116,7 +138,7 @@ class SQLiteStore:
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                 except sqlite3.Error as exc:
-                    raise StoreError(f"cannot open a transaction on {self.path}: {exc}") from exc
+                    raise StoreError(f"cannot open a transaction on the record at {self.path}: {exc}{_hint(exc)}") from exc
             self._atomic += 1
             try:
                 yield
@@ -126,7 +148,7 @@ class SQLiteStore:
                     try:
                         self._conn.execute("COMMIT")
                     except sqlite3.Error as exc:
-                        raise StoreError(f"cannot commit to {self.path}: {exc}") from exc
+                        raise StoreError(f"cannot commit to the record at {self.path}: {exc}{_hint(exc)}") from exc
 
     # the sync face
 
@@ -151,7 +173,7 @@ class SQLiteStore:
             except sqlite3.IntegrityError:
                 raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
             except sqlite3.Error as exc:
-                raise StoreError(f"cannot record run {info.run_id} in {self.path}: {exc}") from exc
+                raise StoreError(f"cannot record run {info.run_id} in {self.path}: {exc}{_hint(exc)}") from exc
 
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         return self.append_many(run_id, [(kind, data)])[0]
@@ -182,7 +204,7 @@ class SQLiteStore:
             except sqlite3.Error as exc:
                 if self._conn.in_transaction and not self._atomic:
                     self._conn.execute("ROLLBACK")
-                raise StoreError(f"cannot append to the record of run {run_id}: {exc}") from exc
+                raise StoreError(f"cannot append to the record of run {run_id}: {exc}{_hint(exc)}") from exc
         return out
 
     def events(
@@ -238,4 +260,5 @@ class SQLiteStore:
 
     def close(self) -> None:
         with self._lock:
+            self.closed = True
             self._conn.close()

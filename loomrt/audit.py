@@ -1,0 +1,156 @@
+"""Reading a run back: its transcript with the distillation markers, the working context
+as of any seq, and the check that every prompt sent is the one the record rebuilds.
+
+- :func:`transcript`: the run's messages in record order, each marked evicted or not, with
+  one :class:`Marker` per distillation between them (its mode, the seqs it covered, the
+  tokens before and after, and what the agent worked from afterwards: the recap, summary,
+  Σ or pinned blocks the distillation put in the context);
+- :func:`context_as_of`: the working context exactly as the model saw it after event
+  ``seq`` (the projection, applied to the record up to there);
+- :func:`prompt_problems`: re-derive the working context at every turn's model call and
+  compare its hash with the ``prompt_hash`` the call recorded;
+- :func:`to_markdown` / :func:`to_jsonl`: the transcript for a reviewer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrt.events import Event, message_of
+from loomrt.messages import Message
+
+__all__ = ["Line", "Marker", "transcript", "context_as_of", "prompt_hash", "prompt_problems", "to_markdown",
+           "to_jsonl"]
+
+
+def prompt_hash(wire: Sequence[dict[str, Any]]) -> str:
+    """The hash a ``model_call`` records of the messages it sent (provider format)."""
+    text = json.dumps(list(wire), sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Line:
+    """One message of the record."""
+
+    seq: int
+    role: str
+    text: str
+    name: str | None = None
+    tool_calls: tuple[str, ...] = ()
+    evicted_by: tuple[int, ...] = ()
+    """The distillations whose span covered it (empty: it never left the working context)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "message", "seq": self.seq, "role": self.role, "name": self.name, "text": self.text,
+                "tool_calls": list(self.tool_calls), "evicted_by": list(self.evicted_by)}
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One distillation, between the messages it was made after."""
+
+    seq: int
+    mode: str
+    covered: tuple[int, ...]
+    tokens_before: int
+    tokens_after: int
+    worked_from: tuple[str, ...] = field(default=())
+    """The blocks the distillation put in the working context (recap, summary, Σ, pins)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": "distillation", "seq": self.seq, "mode": self.mode, "covered": list(self.covered),
+                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
+                "worked_from": list(self.worked_from)}
+
+
+def _worked_from(event: Event) -> tuple[str, ...]:
+    """The synthetic messages of a distillation's new context, and Σ if it carries one."""
+    blocks = [Message.from_dict(r["message"]).content for r in event.data.get("context") or [] if "message" in r
+              and (r["message"].get("synthetic") or r["message"].get("role") != "system")]
+    return tuple(b for b in blocks if b)
+
+
+def transcript(events: Iterable[Event]) -> list[Line | Marker]:
+    """The run's messages (system excluded) and distillations, in record order."""
+    events = list(events)
+    covered: dict[int, list[int]] = {}
+    for e in events:
+        if e.kind == "distillation":
+            for s in e.data.get("span_seqs") or []:
+                covered.setdefault(int(s), []).append(e.seq)
+    out: list[Line | Marker] = []
+    for e in events:
+        if e.kind == "distillation":
+            d = e.data
+            out.append(Marker(e.seq, str(d.get("mode")), tuple(int(s) for s in d.get("span_seqs") or []),
+                              int(d.get("tokens_before") or 0), int(d.get("tokens_after") or 0), _worked_from(e)))
+            continue
+        m = message_of(e)
+        if m is None or m.role == "system":
+            continue
+        out.append(Line(e.seq, m.role, m.content, m.name, tuple(c.name for c in m.tool_calls),
+                        tuple(covered.get(e.seq, ()))))
+    return out
+
+
+def context_as_of(events: Iterable[Event], seq: int) -> list[Message]:
+    """The working context after event ``seq``, rebuilt from the record."""
+    from loomrt.run.projection import project
+
+    return project(e for e in events if e.seq <= seq).context
+
+
+def prompt_problems(events: Iterable[Event]) -> list[str]:
+    """One line per turn whose recorded prompt hash differs from the working context the
+    record rebuilds at that moment; empty when every prompt checks out."""
+    from loomrt.run.projection import project
+
+    events = list(events)
+    if not events:
+        return []
+    view = project(events[:1])
+    problems = []
+    for e in events[1:]:
+        if e.kind == "model_call" and e.data.get("prompt_from") == "context" and e.data.get("prompt_hash"):
+            derived = prompt_hash(view.wire)
+            if derived != e.data["prompt_hash"]:
+                problems.append(f"#{e.seq}: the prompt sent (hash {e.data['prompt_hash']}) is not the working "
+                                f"context the record rebuilds there (hash {derived})")
+        view.apply(e)
+    return problems
+
+
+def _who(line: Line) -> str:
+    if line.role == "tool":
+        return f"tool result · {line.name}" if line.name else "tool result"
+    return line.role
+
+
+def to_markdown(run_id: str, items: Sequence[Line | Marker], *, full: bool = True) -> str:
+    """The transcript as a markdown thread, each distillation a quoted marker."""
+    parts = [f"# Run {run_id}\n"]
+    for item in items:
+        if isinstance(item, Marker):
+            span = f"#{item.covered[0]}–#{item.covered[-1]}" if item.covered else "nothing"
+            parts.append(f"> **Distillation #{item.seq}** ({item.mode}): evicted {span} ({len(item.covered)} messages), "
+                         f"{item.tokens_before} → {item.tokens_after} tokens. The agent worked from:\n>")
+            for block in item.worked_from:
+                parts.append("\n".join(f"> {line}" if line else ">" for line in block.splitlines()))
+            parts.append("")
+            continue
+        if item.evicted_by and not full:
+            continue
+        evicted = f" · evicted by #{', #'.join(map(str, item.evicted_by))}" if item.evicted_by else ""
+        calls = f" → {', '.join(item.tool_calls)}" if item.tool_calls else ""
+        parts.append(f"**#{item.seq} {_who(item)}**{calls}{evicted}\n\n{item.text}\n")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def to_jsonl(items: Sequence[Line | Marker]) -> str:
+    """The transcript as JSON lines, one message or distillation each."""
+    return "".join(json.dumps(i.to_dict(), ensure_ascii=False) + "\n" for i in items)
