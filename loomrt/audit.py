@@ -44,10 +44,13 @@ class Line:
     tool_calls: tuple[str, ...] = ()
     evicted_by: tuple[int, ...] = ()
     """The distillations whose span covered it (empty: it never left the working context)."""
+    private: bool = False
+    """Only its own run may see it (:mod:`loomrt.visibility`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "message", "seq": self.seq, "role": self.role, "name": self.name, "text": self.text,
-                "tool_calls": list(self.tool_calls), "evicted_by": list(self.evicted_by)}
+        d = {"type": "message", "seq": self.seq, "role": self.role, "name": self.name, "text": self.text,
+             "tool_calls": list(self.tool_calls), "evicted_by": list(self.evicted_by)}
+        return {**d, "private": True} if self.private else d
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,10 @@ def _worked_from(event: Event) -> tuple[str, ...]:
 
 def transcript(events: Iterable[Event]) -> list[Line | Marker]:
     """The run's messages (system excluded) and distillations, in record order."""
+    from loomrt.visibility import private_seqs
+
     events = list(events)
+    private = private_seqs(events)
     covered: dict[int, list[int]] = {}
     for e in events:
         if e.kind == "distillation":
@@ -94,7 +100,7 @@ def transcript(events: Iterable[Event]) -> list[Line | Marker]:
         if m is None or m.role == "system":
             continue
         out.append(Line(e.seq, m.role, m.content, m.name, tuple(c.name for c in m.tool_calls),
-                        tuple(covered.get(e.seq, ()))))
+                        tuple(covered.get(e.seq, ())), e.seq in private))
     return out
 
 
@@ -146,6 +152,7 @@ def to_markdown(run_id: str, items: Sequence[Line | Marker], *, full: bool = Tru
         if item.evicted_by and not full:
             continue
         evicted = f" · evicted by #{', #'.join(map(str, item.evicted_by))}" if item.evicted_by else ""
+        evicted += " · private" if item.private else ""
         calls = f" → {', '.join(item.tool_calls)}" if item.tool_calls else ""
         parts.append(f"**#{item.seq} {_who(item)}**{calls}{evicted}\n\n{item.text}\n")
     return "\n".join(parts).rstrip() + "\n"

@@ -5,7 +5,8 @@ run's retention, field by field, on the run's own clone of the definition. It ma
 grant more than the definition does:
 
 - a numeric limit may only decrease (``budget_tokens``, ``keep_last_n``, ``recall_max_entries``, ...);
-- ``recall``, ``harvest_to_memory`` and ``propose_schema`` may only be turned off;
+- ``recall``, ``harvest_to_memory``, ``propose_schema`` and ``model_pins`` may only be turned off;
+- the definition's ``pins`` may not be changed;
 - a model pin (``summarizer_model``) may only be removed;
 - ``on_invalid_patch`` may only go from ``retry`` to ``fail``;
 - ``mode``, ``keep_first`` and ``backstop`` (how retention works, not what it allows) may change;
@@ -25,7 +26,7 @@ from loomrt.spec import AgentSpec, ContextSpec
 
 __all__ = ["narrowed_context", "OFF_ONLY", "FREE"]
 
-OFF_ONLY = ("recall", "harvest_to_memory", "propose_schema")
+OFF_ONLY = ("recall", "harvest_to_memory", "propose_schema", "model_pins")
 """Switches an override may turn off, never on."""
 FREE = ("mode", "keep_first", "backstop")
 """Fields an override may set to any valid value."""
@@ -58,6 +59,8 @@ def _check(key: str, was: Any, value: Any, path: str, current: dict[str, Any]) -
         return
     if key == "state_schema":
         raise SpecError("an override may not supply a state schema: the definition owns Σ's shape", path=path)
+    if key == "pins":
+        raise SpecError("an override may not change the definition's pins (its standing instructions)", path=path)
     if key in OFF_ONLY:
         if value is not False:
             raise SpecError(f"may only be turned off (the definition has {key}: {str(was).lower()})", path=path)

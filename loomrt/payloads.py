@@ -19,6 +19,7 @@ __all__ = [
     "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
     "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
+    "PinPayload", "UnpinPayload", "MarkPrivate",
 ]
 
 
@@ -57,6 +58,11 @@ class ModelCall(_Payload):
     usage: dict[str, int]
     seconds: float
     finish_reason: str | None = None
+    prompt_hash: str | None = None
+    """A hash of the messages sent (``loomrt.audit.prompt_hash``): ``runs verify`` checks it
+    against the working context the record rebuilds."""
+    prompt_from: str | None = None
+    """``context`` when the messages sent were the run's working context (a turn)."""
 
 
 class AssistantMessage(_Payload):
@@ -78,6 +84,9 @@ class ToolResult(_Payload):
     name: str | None
     content: str
     is_error: bool = False
+    private: bool = False
+    """Only its own run may see it (:mod:`loomrt.visibility`): a private tool, a
+    ``Private`` result, or a private MCP server."""
 
 
 class StateUpdate(_Payload):
@@ -87,6 +96,9 @@ class StateUpdate(_Payload):
     reasoning: Any = ""
     action: dict[str, Any] | None = None
     done: bool = False
+    private_keys: list[str] = Field(default_factory=list)
+    """Σ's top-level keys this patch set while the step's prompt held private material: Σ as
+    the run hands it out leaves them out (:func:`loomrt.visibility.withhold`)."""
 
 
 class PatchRejected(_Payload):
@@ -229,17 +241,45 @@ class Cancelled(_Payload):
     """The last answer before the cancellation, if any."""
 
 
+class PinPayload(_Payload):
+    kind: Literal["pin"]
+    pin: str
+    """The pin's id: ``#SEQ`` for a record message, ``text-N`` for a text."""
+    seq: int | None = None
+    """The pinned record message (its full text is what is kept)."""
+    text: str | None = None
+    """A pinned text (the model's Pin tool)."""
+    note: str = ""
+    """Why it is pinned."""
+    by: str = "operator"
+    """operator or model."""
+
+
+class UnpinPayload(_Payload):
+    kind: Literal["unpin"]
+    pin: str
+    by: str = "operator"
+
+
+class MarkPrivate(_Payload):
+    kind: Literal["mark_private"]
+    seq: int
+    """The record message that only its own run may see from now on."""
+    by: str = "operator"
+
+
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
     SpawnChildStarted, SpawnChildResult, Notice, Parked,
-    Resumed, Error, Final, Cancelled,
+    Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
-    | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled,
+    | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled
+    | PinPayload | UnpinPayload | MarkPrivate,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

@@ -28,6 +28,8 @@ from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
+from loomrt.run.pins import definition_pins_text, pin_tool
+from loomrt.visibility import withhold
 from loomrt.run.projection import message_limit, project
 from loomrt.run.state import RunResult, RunState
 from loomrt.spec import SPAWN_TOOLS, AgentsFile, AgentSpec, definition_hash
@@ -188,11 +190,14 @@ class Runtime:
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
             history=history, emit=run.emit, spawn=spawn, lineage=below,
         )
+        if spec.context.model_pins:
+            run.toolset.tools["Pin"] = pin_tool(run)
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
             run.emit("notice", {"message": HARVEST_NOTICE, "source": "harvest"})
         if history is None:
-            system = "\n\n".join(x for x in [spec.system_text(), *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
+            system = "\n\n".join(x for x in [spec.system_text(), definition_pins_text(spec.context.pins),
+                                              *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
             info = RunInfo(
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
                 interactive=interactive, agents_file=agents_file, parent_run_id=run.parent_run_id,
@@ -351,9 +356,11 @@ class Runtime:
         return total
 
     def result(self, run: RunState, *, error: str | None = None) -> RunResult:
+        """What the run hands out: Σ without its private keys (``runs show`` has them all)."""
+        state, withheld = withhold(run.state, getattr(run.view.slot, "private_keys", set()))
         return RunResult(
             run_id=run.run_id, agent=run.agent, mode=run.mode.name, status="failed" if error else run.view.status,
             output=run.output,
-            state=run.state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
-            error=error,
+            state=state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
+            error=error, state_withheld=tuple(withheld),
         )

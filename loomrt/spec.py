@@ -91,6 +91,14 @@ class ContextSpec(_Strict):
     """The most recent messages, never evicted by a distillation."""
     keep_first: bool = True
     """Pin the task (the first user input) so it survives every distillation verbatim."""
+    pins: list[str] = Field(default_factory=list)
+    """Fixed texts that always hold (standing instructions, parameters of the task): they go
+    into the system prompt, which is never summarised."""
+    pins_max_tokens: int = Field(1024, ge=0)
+    """The token budget of the run's pins (operator's and model's); a pin over it is refused."""
+    model_pins: bool = False
+    """Grant the Pin tool: the model may pin a record message or a text (decisions the user
+    made, open questions it still owes)."""
     recap_max_chars: int = Field(2000, ge=100)
     """recap mode: the longest recap the model may write."""
     autorecap_at_pct: int = Field(80, ge=50, le=95)

@@ -57,6 +57,8 @@ class McpServerSpec(_Strict):
     """streamable HTTP: the environment variable holding its bearer token."""
     timeout_s: float = Field(60.0, gt=0, le=3600)
     """Seconds one tool call may take before it is a tool error."""
+    private: bool = False
+    """Its tools' results are private: the run sees them; no summary, memory or other run does."""
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSpec:

@@ -23,12 +23,19 @@ from typing import Any
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers.base import ToolSchema
 
-__all__ = ["Tool", "Toolset", "BUILTIN_TOOLS", "CURRENT_CALL", "tool"]
+__all__ = ["Tool", "Toolset", "BUILTIN_TOOLS", "CURRENT_CALL", "tool", "Private"]
 
 ToolFn = Callable[..., Any | Awaitable[Any]]
 
 CURRENT_CALL: ContextVar[str | None] = ContextVar("loomrt_tool_call_id", default=None)
 """The id of the tool call being executed (a tool that records events about itself reads it)."""
+
+
+class Private(str):
+    """A tool result only its own run may see: a tool returns ``Private(text)`` and the
+    result is recorded private (see :mod:`loomrt.visibility`)."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +50,8 @@ class Tool:
     """Safe to call again with the same call id after a crash (it reconciles what it already
     did from the record, as spawn does): resume calls it again instead of reporting it
     interrupted."""
+    private: bool = False
+    """Every result is private: its own run sees it; no summary, memory or other run does."""
 
     @property
     def schema(self) -> ToolSchema:
@@ -54,7 +63,7 @@ class Tool:
         if inspect.isawaitable(out):
             out = await out
         if isinstance(out, str):
-            return out
+            return out  # a Private result stays Private
         return json.dumps(out, ensure_ascii=False, default=str)
 
 

@@ -33,7 +33,8 @@ from loomrt.recall.bm25 import IncrementalBM25
 from loomrt.recall.dense import DenseVectors
 from loomrt.recall.embedders import Embedder
 
-__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text", "EXACT_MAX"]
+__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text", "EXACT_MAX", "CANDIDATES", "CHUNK_WORDS",
+           "CHUNK_OVERLAP"]
 
 EXACT_MAX = 16_384
 """Up to this many entries the dense side scores every entry exactly. Past it, a scan of
@@ -178,7 +179,13 @@ def tokenize(text: str) -> list[str]:
     return tokens
 
 
-def chunk_text(text: str, *, words: int = 160, overlap: int = 40) -> list[str]:
+CHUNK_WORDS = 160
+"""About how many words one chunk of a long message holds."""
+CHUNK_OVERLAP = 40
+"""How many words each chunk shares with the one before it."""
+
+
+def chunk_text(text: str, *, words: int = CHUNK_WORDS, overlap: int = CHUNK_OVERLAP) -> list[str]:
     """Split ``text`` into verbatim slices of about ``words`` words that overlap by
     ``overlap`` words; a text that fits is returned whole."""
     spans = [m.span() for m in re.finditer(r"\S+", text)]

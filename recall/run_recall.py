@@ -12,6 +12,7 @@ lexical-only (one ``notice`` event says so); any other indexing error is recorde
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from loomrt.crashpoints import reached
 from loomrt.events import Event, message_of
 from loomrt.messages import EvictedSpan, Message
 from loomrt.recall.embedders import resolve_embedder
-from loomrt.recall.index import Entry, Fusion, RecallIndex, chunk_text
+from loomrt.recall.index import CHUNK_OVERLAP, Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
 
@@ -58,6 +59,16 @@ def _said_before(history: Sequence[Event]) -> set[str]:
 def _tail_words(text: str, n: int) -> str:
     words = text.split()
     return " ".join(words[-n:]) if len(words) > n else text
+
+
+def _join_chunks(chunks: list[str], overlap: int = CHUNK_OVERLAP) -> str:
+    """A message back, exactly, from its chunks: each one after the first begins with the
+    last ``overlap`` words of the one before (:func:`~loomrt.recall.index.chunk_text`)."""
+    text = chunks[0]
+    for chunk in chunks[1:]:
+        words = list(re.finditer(r"\S+", chunk))
+        text += chunk[words[overlap - 1].end():] if len(words) > overlap else ""
+    return text
 
 
 class RunRecall:
@@ -303,6 +314,16 @@ class RunRecall:
         hits.extend(self._memory_hits(query, top_k))
         hits.sort(key=lambda h: -h.score)
         return hits[:top_k]
+
+    def at_seq(self, seq: int) -> list[RecallHit]:
+        """The evicted message at record seq ``seq``, whole (its chunks joined), or nothing."""
+        pieces = [e for e in self.index.entries.values() if e.seq == seq]
+        if not pieces:
+            return []
+        first = min(pieces, key=lambda e: e.chunk)
+        text = first.text if first.chunks == 1 else _join_chunks([e.text for e in sorted(pieces, key=lambda e: e.chunk)])
+        return [RecallHit(text=text, score=1.0, source="run", seq=seq, seqs=(seq,), ts=first.ts, role=first.role,
+                          speaker=first.speaker, tools=first.tools, distillation_seq=first.distillation_seq)]
 
     def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:
         if self.memory is None:

@@ -130,10 +130,20 @@ def cap_results(hits: list[RecallHit], max_tokens: int) -> tuple[list[dict[str, 
 
 
 def make_recall_tool(recall: RunRecall) -> Tool:
-    """The ``Recall(query, top_k=5)`` tool over one run's :class:`RunRecall`."""
+    """The ``Recall(query, top_k=5)`` (or ``Recall(seq=N)``) tool over one run's :class:`RunRecall`."""
 
-    def run_recall(query: str, top_k: int = 5) -> dict[str, Any]:
+    def run_recall(query: str | None = None, top_k: int = 5, seq: int | None = None) -> dict[str, Any]:
         top_k = max(1, min(int(top_k), 20))
+        if seq is not None:
+            hits = recall.at_seq(int(seq))
+            results, _ = cap_results(hits, recall.max_tokens)
+            found: dict[str, Any] = {"seq": seq, "results": results}
+            if not results:
+                found["note"] = (f"nothing evicted at #{seq}: the message is in your working context, or #{seq} "
+                                 "is not a message of this run")
+            return found
+        if not query or not str(query).strip():
+            raise ValueError("Recall needs a query (the words you expect in the original) or a seq ([#seq] pointer)")
         hits = recall.search(query, top_k=top_k)
         results, left_out = cap_results(hits, recall.max_tokens)
         answer: dict[str, Any] = {"query": query, "results": results}
@@ -156,6 +166,8 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "What to look for, in the words of the original."},
+                "seq": {"type": "integer", "description": "Instead of a query: the record seq of one message "
+                        "(a [#seq] pointer in a summary) to get back whole."},
                 "top_k": {
                     "type": "integer",
                     "minimum": 1,
@@ -164,7 +176,6 @@ def make_recall_tool(recall: RunRecall) -> Tool:
                     "description": "How many results (best first).",
                 },
             },
-            "required": ["query"],
             "additionalProperties": False,
         },
         fn=run_recall,

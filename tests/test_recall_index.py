@@ -184,3 +184,38 @@ def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(
         assert [s for _, s in pruned] == [s for _, s in exact], query
         last = exact[-1][1] if exact else 0.0  # entries tied with the k-th may be any of them
         assert {i for i, s in pruned if s > last} == {i for i, s in exact if s > last}, query
+
+
+def test_bm25_queried_then_changed_scores_as_a_fresh_index() -> None:
+    """Terms queried once keep arrays that later adds, removals and replacements patch; the
+    scores must equal those of an index built from scratch on the same documents."""
+    import random
+
+    from loomrt.recall.bm25 import IncrementalBM25
+
+    rng = random.Random(11)
+    words = [f"w{i}" for i in range(30)]
+    live = IncrementalBM25()
+    docs: dict[int, list[str]] = {}
+    next_id = 0
+    for step in range(400):
+        action = rng.random()
+        if action < 0.5 or not docs:
+            tokens = [rng.choice(words) for _ in range(rng.randint(1, 12))]
+            docs[next_id] = tokens
+            live.add(next_id, tokens)
+            next_id += 1
+        elif action < 0.7:
+            doc = rng.choice(sorted(docs))
+            live.remove(doc, docs.pop(doc))
+        elif action < 0.8:
+            doc = rng.choice(sorted(docs))  # a replacement, as the neighbourhood index does
+            live.remove(doc, docs[doc])
+            docs[doc] = [rng.choice(words) for _ in range(rng.randint(1, 12))]
+            live.add(doc, docs[doc])
+        else:
+            query = [rng.choice(words) for _ in range(3)]
+            fresh = IncrementalBM25()
+            for d, tokens in docs.items():
+                fresh.add(d, tokens)
+            assert np.allclose(live.scores(query, None, next_id), fresh.scores(query, None, next_id), atol=1e-5), step

@@ -305,3 +305,28 @@ def test_rebuild_from_the_record_matches_the_live_index() -> None:
     assert live and again == live
     query = "staging database db-stage.internal"
     assert [h.seq for h in rebuilt.search(query)] == [h.seq for h in run.toolset.recall.search(query)]
+
+
+def test_recall_by_seq_gives_back_one_evicted_message_whole() -> None:
+    """A [#seq] pointer leads back to the exact words: Recall(seq=N) returns the message at N
+    whole, a long one rebuilt exactly from its overlapping chunks."""
+    import random
+
+    from loomrt.messages import EvictedSpan, Message
+    from loomrt.recall import RunRecall
+
+    rng = random.Random(5)
+    long = "  ".join(" ".join(rng.choice(["alpha", "beta", "gamma", "10.0.0.7:5432", "ERR-4471"]) for _ in range(9))
+                     for _ in range(60))  # about 540 words, odd spacing: four chunks
+    recall = RunRecall(run_id="r1", embedder=False)
+    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 9, (
+        Message(role="user", content="short one", seq=3, ts=1.0),
+        Message(role="tool", name="shell", content=long, seq=4, ts=2.0),
+    )))
+    assert len([e for e in recall.index.entries.values() if e.seq == 4]) >= 3
+    out = recall.tool.fn(seq=4)
+    assert out["results"][0]["text"] == long or out["results"][0].get("truncated")
+    (hit,) = recall.at_seq(4)
+    assert hit.text == long and hit.seq == 4
+    assert recall.tool.fn(seq=3)["results"][0]["text"] == "short one"
+    assert "nothing evicted at #77" in recall.tool.fn(seq=77)["note"]

@@ -83,6 +83,7 @@ SCENARIOS = [
     Scenario("chat-recap", True, CHAT_INPUTS),
     Scenario("chat-compaction", True, CHAT_INPUTS),
     Scenario("chat-append", True, CHAT_INPUTS),
+    Scenario("chat-pins", True, CHAT_INPUTS),
     Scenario("tools-compaction", False, (TASK,)),
     Scenario("tools-stateful", False, (TASK,)),
     Scenario("tools-mcp", False, (TASK,)),
@@ -102,6 +103,8 @@ def write_scenarios(folder: Path) -> Path:
     (folder / "notes.txt").write_text(notes + "\n", encoding="utf-8")
     replies = "\n".join(f"  - text: \"Noted update {i + 1}; I will keep its reference in mind.\"" for i in range(8))
     (folder / "chat.yaml").write_text(f"turns:\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
+    pin = '  - tool_call: {name: Pin, arguments: {text: "The user keeps every reference; the pump audit is due at 16:00.", reason: "a decision"}}'
+    (folder / "pins.yaml").write_text(f"turns:\n{pin}\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
     path = json.dumps(str((folder / "notes.txt").resolve()))
     (folder / "tools.yaml").write_text(textwrap.dedent("""\
         turns:
@@ -158,7 +161,7 @@ def write_scenarios(folder: Path) -> Path:
                         "action": {"tool": "calculate", "arguments": {"expression": "10 + 11 + 12"}}}},
         {"emit_state": {"reasoning": "Done.", "patch": {"facts": ["33 litres"]}, "done": True, "final": "33 litres"}},
     ], "summaries": [{"extractive": 300}]}), encoding="utf-8")
-    notes_server = {"name": "notes", "command": sys.executable,
+    notes_server = {"name": "notes", "command": sys.executable, "private": True,
                     "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())]}
     chat = {"model": "scripted/chat.yaml", "system_prompt": "You keep track of what the user tells you."}
     tools = {"system_prompt": "You investigate incidents with tools.", "tools": ["read_file", "calculate"],
@@ -170,6 +173,7 @@ def write_scenarios(folder: Path) -> Path:
         "chat-recap": {**chat, "context": {"mode": "recap", **small}},
         "chat-compaction": {**chat, "context": {"mode": "compaction", **small}},
         "chat-append": {**chat, "context": {"mode": "append", "backstop": True, **small}},
+        "chat-pins": {**chat, "model": "scripted/pins.yaml", "context": {"mode": "recap", "model_pins": True, **small}},
         "tools-compaction": {"model": "scripted/tools.yaml", **tools,
                              "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
         "tools-stateful": {"model": "scripted/state.yaml", **tools,

@@ -249,9 +249,11 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         ]
     if "fanout" in m:
         lines += _fanout(m["fanout"])
+    if "audit" in m:
+        lines += _audit(m["audit"])
     for name, f in m.items():
         if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency", "mcp",
-                        "fanout"):
+                        "fanout", "audit"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
@@ -400,6 +402,32 @@ def _fanout(f: dict[str, Any]) -> list[str]:
                      f"| {r['parent_ratio']} | {r['state_total_input_tokens']:,} | {r['transcript_total_input_tokens']:,} "
                      f"| {r['total_ratio']} |")
     return [*lines, ""]
+
+
+def _audit(a: dict[str, Any]) -> list[str]:
+    v = a["verify"]
+    lines = [
+        "### Audit trail",
+        "",
+        f"Scripted interactive chats of {a['turns']} turns per mode. **Pins**: an operator pins the user's decision "
+        "(turn 2); the share of later turns whose working context holds it verbatim, pinned and not (an extractive "
+        "summariser). **Private**: a vault tool's secret, against a summariser that copies its whole input; summaries "
+        "and summariser prompts that contain the secret, the tool private and not:",
+        "",
+        "| mode | distillations | decision kept, pinned | kept, not pinned | secret leaks, private | leaks, ordinary tool |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in a["rows"]:
+        lines.append(f"| {r['mode']} | {r['distillations']} | {r['pinned_kept']:.0%} | {r['unpinned_kept']:.0%} "
+                     f"| {r['private_leaks']} | {r['control_leaks']} |")
+    lines += [
+        "",
+        f"`runs verify` re-derives the working context at each of the {v['prompts_checked']} turns of a 200-turn recap "
+        f"chat ({v['events']} events) and checks its hash: {v['ms_per_1000_events']} ms per 1,000 events, "
+        f"{v['problems']} problems; hashing one prompt costs a turn {v['hash_us_per_turn']} µs.",
+        "",
+    ]
+    return lines
 
 
 def markers(block: str | None = None) -> tuple[str, str]:

@@ -22,13 +22,14 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_needles", "mcp", "fanout",
+    "recall_needles", "mcp", "fanout", "audit",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
 
 def _load() -> None:
     # registration happens on import
+    import loomrt.bench.audit_measure  # noqa: F401
     import loomrt.bench.curves  # noqa: F401
     import loomrt.bench.fanout  # noqa: F401
     import loomrt.bench.load  # noqa: F401

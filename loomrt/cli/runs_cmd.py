@@ -1,4 +1,4 @@
-"""``loomrt runs``: list, show, events, resume, continue."""
+"""``loomrt runs``: list, show, events, verify, resume, continue (pin, unpin and export: :mod:`loomrt.cli.audit_cmd`)."""
 
 from __future__ import annotations
 
@@ -50,9 +50,11 @@ def list_cmd(
 def show_cmd(
     run_id: str,
     seq: int | None = typer.Option(None, "--seq", help="Print this one event verbatim, with the distillations that covered it."),
+    full: bool = typer.Option(False, "--full", help="The transcript with the evicted messages too (dimmed)."),
+    as_of: int | None = typer.Option(None, "--as-of", help="The working context exactly as the model saw it after this seq."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """One run: definition hash, mode, status, usage, distillations, output and Σ."""
+    """One run: its summary, pins and transcript, each distillation a marker between the messages."""
     from loomrt.run.projection import project
     from loomrt.run.summary import run_summary
 
@@ -62,10 +64,15 @@ def show_cmd(
     if seq is not None:
         _show_event(run_id, events, seq, json_output)
         return
+    if as_of is not None:
+        _show_as_of(run_id, events, as_of, json_output)
+        return
     summary = run_summary(info, events, rt.store)
     view = project(events)
+    pins = [p.to_json() for p in view.pins.values()]
+    standing = ((events[0].data.get("definition") or {}).get("context") or {}).get("pins") or [] if events else []
     if json_output:
-        print_json(summary)
+        print_json({**summary, "pins": pins, "definition_pins": standing})
         return
     table = Table(show_header=False, box=None)
     for key in ("run_id", "agent", "status", "mode", "requested_mode", "model", "def_hash", "distillations",
@@ -91,6 +98,64 @@ def show_cmd(
     if view.state is not None:
         out.print("[bold]state Σ[/bold]")
         out.print_json(json.dumps(view.state, ensure_ascii=False))
+    if pins or standing:
+        out.print("[bold]pins[/bold]")
+        for text in standing:
+            out.print(f"  definition: {escape(text)}", highlight=False)
+        for p in pins:
+            note = f" · {escape(p['note'])}" if p["note"] else ""
+            out.print(f"  {p['id']} by {p['by']} ({p['tokens']} tokens){note}", highlight=False)
+    _print_transcript(events, full=full)
+
+
+def _print_transcript(events: list, *, full: bool) -> None:  # type: ignore[type-arg]
+    """Messages in record order with each distillation as a marker; evicted ones only with --full."""
+    from loomrt.audit import Marker, transcript
+
+    out.rule("transcript" + (" (everything the record holds; evicted messages dimmed)" if full else ""))
+    hidden = 0
+    for item in transcript(events):
+        if isinstance(item, Marker):
+            if hidden:
+                out.print(f"[dim]… {hidden} evicted messages (--full shows them)[/dim]")
+                hidden = 0
+            span = f"#{item.covered[0]}–#{item.covered[-1]}" if item.covered else "nothing"
+            out.rule(f"distillation #{item.seq} · {item.mode} · covered {span} ({len(item.covered)} messages) · "
+                     f"{item.tokens_before} → {item.tokens_after} tokens", style="cyan")
+            for block in item.worked_from:
+                out.print(escape(block), style="cyan", highlight=False)
+            out.rule(style="cyan")
+            continue
+        if item.evicted_by and not full:
+            hidden += 1
+            continue
+        who = f"tool result · {item.name}" if item.role == "tool" else item.role
+        who += " · private" if item.private else ""
+        calls = f" → {', '.join(item.tool_calls)}" if item.tool_calls else ""
+        style = "dim" if item.evicted_by else ""
+        out.print(f"[bold]#{item.seq} {escape(who)}[/bold]{escape(calls)}", style=style, highlight=False)
+        if item.text:
+            out.print(item.text, markup=False, highlight=False, style=style)
+    if hidden:
+        out.print(f"[dim]… {hidden} evicted messages (--full shows them)[/dim]")
+
+
+def _show_as_of(run_id: str, events: list, seq: int, json_output: bool) -> None:  # type: ignore[type-arg]
+    """The working context after event ``seq``, as the projection rebuilds it."""
+    from loomrt.audit import context_as_of
+    from loomrt.errors import NotFoundError
+
+    if not events or not 1 <= seq <= events[-1].seq:
+        raise NotFoundError(f"run {run_id} has no event #{seq} (its record ends at #{events[-1].seq if events else 0})")
+    context = context_as_of(events, seq)
+    if json_output:
+        print_json({"run_id": run_id, "as_of": seq, "context": [m.to_dict() for m in context]})
+        return
+    out.rule(f"run {run_id}: the working context after #{seq} ({len(context)} messages)")
+    for m in context:
+        where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
+        out.print(f"[bold]{where} {escape(m.role)}[/bold]", highlight=False)
+        out.print(m.content, markup=False, highlight=False)
 
 
 def _show_event(run_id: str, events: list, seq: int, json_output: bool) -> None:  # type: ignore[type-arg]
@@ -122,20 +187,25 @@ def _show_event(run_id: str, events: list, seq: int, json_output: bool) -> None:
 @runs_app.command("verify")
 @friendly
 def verify_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
-    """Check a run's record: seqs dense from 1 and every event's ledger hash chained to the one before."""
+    """Check a run's record: seqs dense from 1, every event's ledger hash chained to the one
+    before, and every turn's prompt the working context the record rebuilds at that moment."""
+    from loomrt.audit import prompt_problems
     from loomrt.record.ledger import verify_chain
 
     store = runtime().store
     store.get_run(run_id)
     events = store.events(run_id)
     problems = verify_chain(events)
+    problems += prompt_problems(events) if not problems else []
     if json_output:
         print_json({"run_id": run_id, "events": len(events), "clean": not problems, "problems": problems})
     elif problems:
         for line in problems:
             out.print(f"run {run_id}: {line}", markup=False, highlight=False)
     else:
-        out.print(f"run {run_id}: {len(events)} events, the record audits clean", highlight=False)
+        checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
+        out.print(f"run {run_id}: {len(events)} events, {checked} prompts re-derived, the record audits clean",
+                  highlight=False)
     if problems:
         raise typer.Exit(1)
 

@@ -53,6 +53,8 @@ class RunResultOut(TypedDict):
     usage: Usage
     distillations: int
     error: NotRequired[str]
+    state_withheld: NotRequired[list[str]]
+    """Σ's keys left out: written from private material."""
 
 
 class AgentRow(TypedDict):
@@ -214,10 +216,11 @@ def build_server(service: RunService) -> LoomMCPServer:
         return {"runs": service.list_runs(agent, status, limit)}
 
     @server.tool()
-    def get_events(run_id: str, after_seq: int = 0, limit: int = 100) -> EventsOut:
+    def get_events(run_id: str, after_seq: int = 0, limit: int = 100, include_private: bool = False) -> EventsOut:
         """A page of the run's record: events with seq above AFTER_SEQ, at most LIMIT (up to 1000).
-        next_seq is the after_seq of the next page, or null on the last."""
-        return service.get_events(run_id, after_seq, limit)  # type: ignore[return-value]
+        next_seq is the after_seq of the next page, or null on the last. Private messages are
+        placeholders (redacted: true) unless INCLUDE_PRIVATE."""
+        return service.get_events(run_id, after_seq, limit, include_private)  # type: ignore[return-value]
 
     @server.tool()
     async def continue_run(
@@ -244,10 +247,11 @@ def build_server(service: RunService) -> LoomMCPServer:
         return await service.compact(run_id)  # type: ignore[return-value]
 
     @server.tool()
-    async def recall(run_id: str, query: str, top_k: int = 5) -> RecallOut:
+    async def recall(run_id: str, query: str, top_k: int = 5, include_private: bool = False) -> RecallOut:
         """Search one run's evicted spans for the original words, exactly as its Recall tool
-        does (only that run, and its agent's permitted memory). The run's agent must have recall on."""
-        return await service.recall(run_id, query, top_k)  # type: ignore[return-value]
+        does (only that run, and its agent's permitted memory). The run's agent must have recall on.
+        A private message's hit is its placeholder unless INCLUDE_PRIVATE."""
+        return await service.recall(run_id, query, top_k, include_private)  # type: ignore[return-value]
 
     @server.resource("loomrt://runs/{run_id}", name="run", mime_type="application/json",
                      description="A run as `loomrt runs show --json` prints it.")

@@ -226,7 +226,16 @@ class RunService:
             info = store.get_run(run_id)
         except NotFoundError as exc:
             raise ServiceError(str(exc)) from None
-        summary = run_summary(info, store.events(run_id), store)
+        events = store.events(run_id)
+        summary = run_summary(info, events, store)
+        if summary.get("state") is not None:  # Σ as the run hands it out: its private keys left out
+            from loomrt.run.projection import project
+            from loomrt.visibility import withhold
+
+            keys: set[str] = getattr(project(events).slot, "private_keys", set())
+            summary["state"], withheld = withhold(summary["state"], keys)
+            if withheld:
+                summary["state_withheld"] = withheld
         if run_id in self.playing:
             summary["status"] = "running"
         return summary
@@ -243,12 +252,18 @@ class RunService:
                 rows.append(row)
         return rows[:limit]
 
-    def get_events(self, run_id: str, after_seq: int, limit: int) -> dict[str, Any]:
+    def get_events(self, run_id: str, after_seq: int, limit: int, include_private: bool = False) -> dict[str, Any]:
+        """A page of the record; private messages are placeholders unless ``include_private``."""
+        from loomrt.visibility import private_seqs, redact_events
+
         if not 1 <= limit <= EVENTS_MAX:
             raise ServiceError(f"limit must be between 1 and {EVENTS_MAX}, not {limit}")
         self.get_run(run_id)  # an unknown run id is one clear error
         events = self.runtime.store.events(run_id, after=max(0, after_seq))
         page = events[:limit]
+        if not include_private and private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"])):
+            full = redact_events(self.runtime.store.events(run_id))  # a later mark_private covers earlier seqs
+            page = [e for e in full if e.seq > max(0, after_seq)][:limit]
         more = len(events) > limit
         return {
             "run_id": run_id,
@@ -256,8 +271,11 @@ class RunService:
             "next_seq": page[-1].seq if more else None,
         }
 
-    async def recall(self, run_id: str, query: str, top_k: int) -> dict[str, Any]:
-        """Search one run's evicted spans (and its agent's permitted memory), as its Recall tool does."""
+    async def recall(self, run_id: str, query: str, top_k: int, include_private: bool = False) -> dict[str, Any]:
+        """Search one run's evicted spans (and its agent's permitted memory), as its Recall tool
+        does; a private message's hit carries its placeholder unless ``include_private``."""
+        from loomrt.visibility import placeholder
+
         if not 1 <= top_k <= 50:
             raise ServiceError(f"top_k must be between 1 and 50, not {top_k}")
         try:
@@ -268,7 +286,12 @@ class RunService:
         if recall is None:
             raise ServiceError(f"run {run_id}'s agent {run.agent!r} has recall off (context.recall: false)")
         hits = recall.search(query, top_k)
-        return {"run_id": run_id, "query": query, "hits": [_hit_row(h) for h in hits]}
+        rows = [_hit_row(h) for h in hits]
+        if not include_private:
+            for row in rows:
+                if row["source"] == "run" and row["seq"] in run.view.private:
+                    row["text"] = placeholder(row["seq"], row["role"] or "tool")
+        return {"run_id": run_id, "query": query, "hits": rows}
 
 
 def _inherited_lineage() -> dict[str, Any] | None:

@@ -193,7 +193,7 @@ class McpSource:
 
         description = UNTRUSTED.format(server=server) + (info.description or f"The {name} tool.")
         parameters = dict(info.input_schema or {"type": "object", "properties": {}})
-        return Tool(safe_name(server, name), description, parameters, call)
+        return Tool(safe_name(server, name), description, parameters, call, private=self.spec.private)
 
     def _placeholders(self, why: str) -> dict[str, Tool]:
         """When the server is down: the tools the allowlist names exactly, each a tool error."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from loomrt.audit import prompt_hash
 from loomrt.crashpoints import reached
 from loomrt.messages import Message
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Purpose, ToolSchema
@@ -44,6 +45,7 @@ async def call_model(
             "status": getattr(error, "status", None), "purpose": purpose,
         })
 
+    sent = prompt_hash(request.messages)  # before the provider sees them
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")
@@ -53,5 +55,7 @@ async def call_model(
         "usage": response.usage.to_dict(),
         "seconds": round(time.perf_counter() - started, 4),
         "finish_reason": response.finish_reason,
+        "prompt_hash": sent,
+        **({"prompt_from": "context"} if messages is run.context else {}),
     })
     return response

@@ -4,9 +4,11 @@ evicted span to the callbacks. A result that is not smaller is declined, and the
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 from loomrt.crashpoints import reached
 from loomrt.messages import EvictedSpan
+from loomrt.run.pins import keep_pins
 from loomrt.run.projection import context_refs
 from loomrt.run.reducers.base import Declined, Reduction
 from loomrt.run.state import RunState
@@ -22,6 +24,8 @@ async def maybe_distil(run: RunState, *, force: bool = False) -> bool:
         return False
     before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
     reduction = await run.mode.reduce(run)
+    if isinstance(reduction, Reduction) and reduction.evicted:  # whatever the mode kept, the pins stay verbatim
+        reduction = replace(reduction, context=keep_pins(run.view, reduction.context))
     after = before
     if isinstance(reduction, Reduction):  # the same tools go with the smaller context
         after = before - count_messages(run.context) + count_messages(reduction.context)

@@ -15,7 +15,7 @@ from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
-from loomrt.tools import CURRENT_CALL
+from loomrt.tools import CURRENT_CALL, Private
 
 __all__ = ["play_turn", "add_user_input", "check_input", "INPUT_MAX_CHARS", "close_interrupted_calls", "execute_tool"]
 
@@ -133,6 +133,7 @@ async def execute_tool(run: RunState, call: ToolCall, *, again: bool = False) ->
     if tool is None and run.toolset.sources:  # a resumed run settles its calls before its first model call
         await run.toolset.open_sources()
         tool = run.toolset.tools.get(call.name)
+    private = tool is not None and tool.private
     if tool is None:
         content = f"Error: no tool named {call.name!r}. Available: {', '.join(sorted(run.toolset.tools)) or 'none'}."
         is_error = True
@@ -141,8 +142,10 @@ async def execute_tool(run: RunState, call: ToolCall, *, again: bool = False) ->
         try:
             reached("in_tool")
             content, is_error = await tool.call(call.arguments), False
+            private = private or isinstance(content, Private)
         except Exception as exc:  # noqa: BLE001 - the model sees the error and can recover
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True
         finally:
             CURRENT_CALL.reset(token)
-    await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": content, "is_error": is_error})
+    await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": str(content), "is_error": is_error,
+                                  **({"private": True} if private else {})})

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from loomrt.events import LIFECYCLE_KINDS, Event, message_of, run_status
 from loomrt.messages import Message
 from loomrt.providers.base import Usage
+from loomrt.run.pins import Pin
 from loomrt.tokens import count_text, cut_text
 
 if TYPE_CHECKING:
@@ -77,6 +78,13 @@ class RunView:
     """The kind of the last lifecycle event (the run's status derives from it)."""
     reported_prompt_tokens: int = 0
     """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
+    pins: dict[str, Pin] = field(default_factory=dict)
+    """The pins in force (``pin`` events not undone by an ``unpin``), by id, oldest first."""
+    pin_count: int = 0
+    request_seq: int | None = None
+    """The current user request, pinned until it is answered (a parked or final)."""
+    private: set[int] = field(default_factory=set)
+    """Seqs of the private messages (:mod:`loomrt.visibility`)."""
     declined_at: int = -1
     """Length of the context when the last distillation was declined (no retry until it grows)."""
     declined_size: int = -1
@@ -84,6 +92,8 @@ class RunView:
     the context, or the pressure, has grown by 5% of the budget. Reset by every distillation."""
     declined_pressure: int = -1
     seen_user: bool = False
+    task_seq: int | None = None
+    """The first user input (the task: pinned by ``keep_first``, not as the current request)."""
     parked_after_error: bool = False
     """An interactive run parked because its turn failed: resume plays that turn again."""
 
@@ -145,10 +155,29 @@ class RunView:
             case "final" | "parked":
                 self.output = d.get("output")
                 self.parked_after_error = bool(d.get("after_error"))
+                self.request_seq = None
+            case "user_input":
+                self.request_seq = e.seq
+            case "pin":
+                self.pin_count += 1
+                seq = d.get("seq")
+                if seq is None:
+                    self.pins[d["pin"]] = Pin(d["pin"], None, d.get("text") or "", d.get("note") or "", d.get("by") or "")
+                elif seq in self.messages:
+                    body = self.original(self.messages[seq]).content
+                    self.pins[d["pin"]] = Pin(d["pin"], seq, body, d.get("note") or "", d.get("by") or "")
+            case "unpin":
+                self.pins.pop(d["pin"], None)
+            case "tool_result" if d.get("private"):
+                self.private.add(e.seq)
+            case "mark_private":
+                self.private.add(int(d["seq"]))
         message = message_of(e)
         if message is not None:
             if e.kind == "user_input":  # the first input is the task, pinned when keep_first is on
                 message = message.with_(pinned=self.keep_first and not self.seen_user)
+                if not self.seen_user:
+                    self.task_seq = e.seq
                 self.seen_user = True
             self._enter(message)
         self.mode.replay(e, self)

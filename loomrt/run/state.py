@@ -86,12 +86,15 @@ class RunState:
         reached("before_append")
         events = await self.store.write_many(self.run_id, items)
         reached("after_append")
-        for event in events:
+        applied = events
+        if events and events[0].seq > self.view.last_seq + 1:  # someone else wrote meanwhile (an operator's pin)
+            applied = (await self.store.read(self.run_id, after=self.view.last_seq))[: events[-1].seq - self.view.last_seq]
+        for event in applied:
             self.view.apply(event)
         if self._atomic:  # a listener hears of committed events only, with the view as a reader would rebuild it
-            self._unheard.extend(events)
+            self._unheard.extend(applied)
         else:
-            self._tell(events)
+            self._tell(applied)
         return events
 
     @contextlib.asynccontextmanager
@@ -191,10 +194,12 @@ class RunResult:
     model_calls: int
     distillations: int
     error: str | None = None
+    state_withheld: tuple[str, ...] = ()
+    """Σ's keys left out of ``state``: written from private material (:mod:`loomrt.visibility`)."""
 
     def to_json(self) -> dict[str, Any]:
         """The object `loomrt run --json` prints."""
-        out = {
+        out: dict[str, Any] = {
             "run_id": self.run_id,
             "agent": self.agent,
             "mode": self.mode,
@@ -210,4 +215,6 @@ class RunResult:
         }
         if self.error:
             out["error"] = self.error
+        if self.state_withheld:
+            out["state_withheld"] = list(self.state_withheld)
         return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import jsonschema
@@ -116,6 +116,8 @@ class StatefulSlot:
 
     state: dict[str, Any] | None = None
     patch_failures: int = 0
+    private_keys: set[str] = field(default_factory=set)
+    """Σ's keys written from private material (:mod:`loomrt.visibility`)."""
 
 
 class StatefulMode(RetentionMode):
@@ -131,6 +133,7 @@ class StatefulMode(RetentionMode):
         slot: StatefulSlot = view.slot
         if event.kind == "state_update":
             slot.state, slot.patch_failures = event.data["state"], 0
+            slot.private_keys = (slot.private_keys | set(event.data.get("private_keys") or ())) & set(slot.state or {})
         elif event.kind == "patch_rejected":
             slot.patch_failures = event.data.get("attempt", slot.patch_failures + 1)
             if event.data.get("feedback"):  # shown as a user message: there was no call to answer
@@ -192,9 +195,12 @@ class StatefulMode(RetentionMode):
                 "(a null deletes a key)"
             ), patch=patch)
         action = args.get("action") if isinstance(args.get("action"), dict) else None
+        # the step's prompt held private material: a private message, or Σ's private keys (Σ is in every prompt)
+        exposed = bool(run.view.slot.private_keys) or any(m.seq in run.view.private for m in run.context if m.seq is not None)
         await run.add("state_update", {
             "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
             "action": action, "done": bool(args.get("done")),
+            **({"private_keys": sorted(patch)} if exposed and patch else {}),
         })
         if run.spec.context.propose_schema and isinstance(args.get("propose_schema"), dict) and args["propose_schema"]:
             await run.add("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})

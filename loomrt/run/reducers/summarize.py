@@ -19,6 +19,7 @@ from loomrt.run.reducers.base import Declined, Reduction
 from loomrt.run.reducers.prose_check import check_prose
 from loomrt.run.splice import splice
 from loomrt.tokens import count_text, cut_text
+from loomrt.visibility import redact
 
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
@@ -83,11 +84,12 @@ async def distil_with_prose(
     if not span:
         return None
     previous = "\n\n".join(m.content for m in cut.middle if m.synthetic == synthetic)
-    task = next((m.content for m in cut.head if m.role == "user"), "")
+    private = run.view.private  # the summariser never sees private material: its placeholder stands in
+    task = next((redact(m, private).content for m in cut.head if m.role == "user"), "")
     max_tokens = max(256, (max_chars or 4000) // 3)
     window = run.summarizer.capabilities.context_window
     room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
-    parts = transcript_parts([run.view.original(m) for m in span], room)
+    parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
     writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens)
     accounts: list[str] = []
     for i, lines in enumerate(parts):

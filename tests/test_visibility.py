@@ -1,0 +1,179 @@
+"""Private material: redacted by provenance before any summariser sees it, and in what
+leaves the run (export, MCP get_events and recall), yet whole in its own run."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from spine_kit import runtime
+from typer.testing import CliRunner
+
+from loomrt.events import Event
+from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.spec import AgentSpec
+from loomrt.testing import FunctionProvider
+from loomrt.tools import Private, Tool
+from loomrt.visibility import mark_private_in_record, placeholder, redact_events
+
+SECRET = "vault-token-7Q9Z-SECRET-MARKER"
+FILLER = [f"Note {i}: the venue team sent another long update about chairs, lights and parking." for i in range(12)]
+
+
+class Copier:
+    """A model whose turns call the vault once, and whose summariser copies its whole input
+    (the worst summariser there is: whatever it is shown, it repeats)."""
+
+    def __init__(self) -> None:
+        self.prompts: list[str] = []
+        self.vaulted = False
+
+    def __call__(self, request: ModelRequest) -> ModelResponse:
+        from loomrt.messages import ToolCall
+
+        if request.purpose != "turn":
+            text = "\n".join(str(m.get("content") or "") for m in request.messages if m.get("role") == "user")
+            self.prompts.append(text)
+            return ModelResponse(text="The account of the span: " + text[:1500])
+        if not self.vaulted and any(t.name == "vault" for t in request.tools):
+            self.vaulted = True
+            return ModelResponse(text="", tool_calls=[ToolCall(id="v1", name="vault", arguments={})])
+        return ModelResponse(text="Noted; the venue update is filed.")
+
+
+def play(tmp_path, mode: str, vault: Tool, *, between=None):
+    copier = Copier()
+    rt = runtime(tmp_path, FunctionProvider(copier), tools=[vault], embedder="hash")
+    ctx = {"mode": mode, "budget_tokens": 500, "keep_last_n": 2, "autocompact_at_pct": 60, "recall": True}
+    if mode == "append":
+        ctx["backstop"] = True
+    spec = AgentSpec(model="function/inline", system_prompt="You plan events.", tools=["vault"], context=ctx)
+
+    async def go():
+        run = await rt.astart(spec, interactive=True, name="planner")
+        for i, text in enumerate(["Fetch the vault token, then plan the launch.", *FILLER]):
+            await rt.send(run, text)
+            if between is not None:
+                between(rt, run, i)
+        return run
+
+    return rt, asyncio.run(go()), copier
+
+
+def private_vault() -> Tool:
+    return Tool("vault", "The deployment token.", {"type": "object", "properties": {}}, lambda: SECRET, private=True)
+
+
+def returns_private() -> Tool:
+    return Tool("vault", "The deployment token.", {"type": "object", "properties": {}}, lambda: Private(SECRET))
+
+
+def leaks(rt, run_id: str, copier: Copier) -> list[str]:
+    """Every place outside the run's own messages where the secret turned up."""
+    found = [f"summariser prompt {i}" for i, p in enumerate(copier.prompts) if SECRET in p]
+    for e in rt.store.events(run_id, kinds=["distillation"]):
+        if SECRET in json.dumps(e.data.get("summary") or ""):
+            found.append(f"summary of distillation #{e.seq}")
+    return found
+
+
+@pytest.mark.parametrize("mode", ["recap", "compaction", "append"])
+@pytest.mark.parametrize("vault", [private_vault, returns_private], ids=["private-tool", "Private-result"])
+def test_a_private_tool_result_never_reaches_a_summary(tmp_path, mode, vault):
+    rt, run, copier = play(tmp_path, mode, vault())
+    (result,) = rt.store.events(run.run_id, kinds=["tool_result"])
+    assert result.data["private"] is True and result.data["content"] == SECRET  # the record keeps it whole
+    distillations = rt.store.events(run.run_id, kinds=["distillation"])
+    assert distillations and any(result.seq in d.data["span_seqs"] for d in distillations)
+    assert copier.prompts and leaks(rt, run.run_id, copier) == []
+    assert any(placeholder(result.seq) in p for p in copier.prompts)  # the summariser saw the placeholder
+    own = run.toolset.recall.search("vault token 7Q9Z", top_k=3)  # its own run still recalls it
+    assert any(SECRET in h.text for h in own)
+
+
+def test_without_the_flag_the_copier_leaks_it(tmp_path):
+    """The guard can fail: the same run with an ordinary tool puts the secret in a summary."""
+    plain = Tool("vault", "The deployment token.", {"type": "object", "properties": {}}, lambda: SECRET)
+    rt, run, copier = play(tmp_path, "compaction", plain)
+    assert leaks(rt, run.run_id, copier)
+
+
+def test_an_operator_marks_a_message_private_and_later_summaries_get_the_placeholder(tmp_path):
+    plain = Tool("vault", "The deployment token.", {"type": "object", "properties": {}}, lambda: SECRET)
+
+    def between(rt, run, i):
+        if i == 0:
+            (result,) = rt.store.events(run.run_id, kinds=["tool_result"])
+            mark_private_in_record(rt.store, run.run_id, result.seq)
+
+    rt, run, copier = play(tmp_path, "recap", plain, between=between)
+    assert rt.store.events(run.run_id, kinds=["mark_private"])
+    assert copier.prompts and leaks(rt, run.run_id, copier) == []
+
+
+def test_export_and_mcp_get_events_and_recall_redact_unless_asked(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path))
+    from loomrt.mcp.service import RunService
+    from loomrt.record import default_store
+    from loomrt.spec import AgentsFile
+
+    rt, run, _ = play(tmp_path, "recap", private_vault())
+    rt.store.close()
+    store = default_store()
+    assert store.path == tmp_path / "record.sqlite"
+    cli = CliRunner()
+    from loomrt.cli.app import app
+
+    exported = cli.invoke(app, ["runs", "export", run.run_id, "--format", "jsonl"]).output
+    assert SECRET not in exported and "withheld from summaries" in exported
+    assert SECRET in cli.invoke(app, ["runs", "export", run.run_id, "--include-private"]).output
+    assert SECRET in cli.invoke(app, ["runs", "show", run.run_id, "--full"]).output  # the operator sees it, marked
+
+    rt.store = store
+    service = RunService(AgentsFile(agents={}), runtime=rt)
+    page = service.get_events(run.run_id, 0, 1000)
+    assert SECRET not in json.dumps(page) and any(e["data"].get("redacted") for e in page["events"])
+    assert SECRET in json.dumps(service.get_events(run.run_id, 0, 1000, include_private=True))
+    found = asyncio.run(service.recall(run.run_id, "vault token 7Q9Z", 3))
+    assert SECRET not in json.dumps(found) and any("withheld" in h["text"] for h in found["hits"])
+    assert SECRET in json.dumps(asyncio.run(service.recall(run.run_id, "vault token 7Q9Z", 3, include_private=True)))
+
+
+def test_redact_events_replaces_by_provenance_not_by_text():
+    """A message that merely contains the same words is not private; the flagged one is."""
+    events = [
+        Event(run_id="r", seq=1, kind="user_input", ts=0.0, data={"content": f"say {SECRET}"}, hash=""),
+        Event(run_id="r", seq=2, kind="tool_result", ts=0.0, hash="",
+              data={"tool_call_id": "c", "name": "vault", "content": SECRET, "is_error": False, "private": True}),
+    ]
+    out = redact_events(events)
+    assert out[0].data["content"] == f"say {SECRET}" and out[1].data["content"] == placeholder(2)
+
+
+def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_material(tmp_path):
+    """The model sees its own private observation and may copy it into Σ; the keys a patch set
+    while the prompt held private material (the observation, or Σ's private keys) are left
+    out of Σ as the run hands it out. Keys set before the secret arrived are handed out."""
+    from loomrt.messages import ToolCall
+
+    steps = iter([
+        {"reasoning": "start", "patch": {"owner": "ops"}},
+        {"reasoning": "get it", "patch": {"plan": "fetch the token"}, "action": {"tool": "vault", "arguments": {}}},
+        {"reasoning": "keep it", "patch": {"token": SECRET, "plan": "deploy"}},
+        {"reasoning": "done", "patch": {"status": "deployed"}, "done": True, "final": "deployed"},
+    ])
+
+    def stateful(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text="", tool_calls=[ToolCall(id=f"s{id(request)}", name="emit_state", arguments=next(steps))])
+
+    rt = runtime(tmp_path, FunctionProvider(stateful, local=False), tools=[private_vault()])
+    spec = AgentSpec(model="function/inline", tools=["vault"], context={
+        "mode": "stateful", "state_schema": {"type": "object", "properties": {}}})
+    result = asyncio.run(rt.run(spec, "Deploy with the vault token."))
+    assert result.status == "done"
+    assert result.state == {"owner": "ops"}  # written before the secret arrived
+    assert list(result.state_withheld) == ["plan", "status", "token"]  # status was written with Σ's token in view
+    assert SECRET not in json.dumps(result.to_json())
+    updates = rt.store.events(result.run_id, kinds=["state_update"])
+    assert updates[2].data["private_keys"] == ["plan", "token"] and updates[2].data["state"]["token"] == SECRET
