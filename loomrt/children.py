@@ -47,7 +47,7 @@ DEPTH_MAX = 3
 SPAWN_MAX = 32
 """The most entries one spawn call takes (parallel_spawn here, spawn_runs over MCP)."""
 ROW_STATUSES = ("ok", "failed", "timeout", "max_iterations", "cancelled")
-ROW_KEYS = ("index", "agent", "run_id", "status", "ok", "output", "state", "error")
+ROW_KEYS = ("index", "agent", "run_id", "status", "ok", "output", "state", "error", "state_withheld")
 """A row's keys, in the order every row has them (the record stores them sorted)."""
 
 
@@ -68,7 +68,7 @@ def spawn_row(index: int, agent: str, result: dict[str, Any]) -> dict[str, Any]:
         status = "timeout"
     row: dict[str, Any] = {"index": index, "agent": agent, "run_id": result["run_id"], "status": status,
                            "ok": status == "ok"}
-    for key in ("output", "state", "error"):
+    for key in ("output", "state", "error", "state_withheld"):
         if result.get(key) is not None:
             row[key] = result[key]
     return row

@@ -233,3 +233,32 @@ def test_every_pointer_in_every_summary_resolves_to_a_message_it_covered(tmp_pat
             words = rest.strip().rstrip("…").split()[:4]
             assert " ".join(words) in message.content, (seq, rest, message.content)
     assert pointers >= 4
+
+
+def test_a_pin_survives_stateful_boundaries_too(tmp_path):
+    """Stateful keeps only system, task, Σ and O at each step; a pinned text stays beside them."""
+    from loomrt.messages import ToolCall
+
+    note = "The user said: never restart the primary during business hours."
+    steps = iter([
+        {"reasoning": "pin the constraint", "patch": {"step": 1}, "action": {"tool": "Pin", "arguments": {
+            "text": note, "reason": "a decision"}}},
+        *({"reasoning": f"step {i}", "patch": {"step": i}, "action": {"tool": "calculate", "arguments": {
+            "expression": f"{i} * 2"}}} for i in range(2, 6)),
+        {"reasoning": "done", "patch": {"step": 6}, "done": True, "final": "done"},
+    ])
+    contexts: list[list[dict]] = []
+
+    def stateful(request: ModelRequest) -> ModelResponse:
+        contexts.append(request.messages)
+        return ModelResponse(text="", tool_calls=(ToolCall(id=f"s{len(contexts)}", name="emit_state",
+                                                           arguments=next(steps)),))
+
+    rt = runtime(tmp_path, FunctionProvider(stateful, local=False))
+    spec = AgentSpec(model="function/inline", tools=["calculate"], context={
+        "mode": "stateful", "model_pins": True, "state_schema": {"type": "object", "properties": {"step": {"type": "integer"}}}})
+    result = asyncio.run(rt.run(spec, "Check the cluster."))
+    assert result.status == "done"
+    assert [e.data["by"] for e in rt.store.events(result.run_id, kinds=["pin"])] == ["model"]
+    later = contexts[2:]
+    assert later and all(any(note in str(m.get("content")) for m in c) for c in later)

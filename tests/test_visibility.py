@@ -177,3 +177,41 @@ def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_m
     assert SECRET not in json.dumps(result.to_json())
     updates = rt.store.events(result.run_id, kinds=["state_update"])
     assert updates[2].data["private_keys"] == ["plan", "token"] and updates[2].data["state"]["token"] == SECRET
+
+
+def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
+    """A child that handled a private result hands its parent Σ without the keys it wrote from it."""
+    from spine_kit import agents_from
+
+    from loomrt.messages import ToolCall
+
+    child_steps = iter([
+        {"reasoning": "fetch", "patch": {"owner": "ops"}, "action": {"tool": "vault", "arguments": {}}},
+        {"reasoning": "keep", "patch": {"token": SECRET}, "done": True, "final": "fetched"},
+    ])
+    parent_steps = iter([
+        {"reasoning": "ask", "patch": {"step": 1}, "action": {"tool": "spawn", "arguments": {
+            "agent": "fetcher", "prompt": "Fetch the token."}}},
+        {"reasoning": "done", "patch": {"step": 2}, "done": True, "final": "ok"},
+    ])
+    seen: list[str] = []
+
+    def model(request: ModelRequest) -> ModelResponse:
+        child = any("Fetch the token." in str(m.get("content")) for m in request.messages)
+        if not child:
+            seen.append(json.dumps(request.messages))
+        step = next(child_steps if child else parent_steps)
+        return ModelResponse(text="", tool_calls=(ToolCall(id=f"c{len(seen)}{child}", name="emit_state", arguments=step),))
+
+    agents = agents_from(tmp_path, json.dumps({"agents": {
+        "lead": {"model": "function/inline", "tools": ["spawn"], "spawnable": ["fetcher"],
+                 "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}}},
+        "fetcher": {"model": "function/inline", "tools": ["vault"],
+                    "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}}},
+    }}))
+    rt = runtime(tmp_path, FunctionProvider(model, local=False), tools=[private_vault()])
+    result = asyncio.run(rt.run("lead", "Get the token from a fetcher.", agents=agents))
+    assert result.status == "done"
+    (row,) = [e.data for e in rt.store.events(result.run_id, kinds=["spawn_child_result"])]
+    assert row["state"] == {"owner": "ops"} and row["state_withheld"] == ["token"]
+    assert not any(SECRET in s for s in seen)  # the parent's model never saw it

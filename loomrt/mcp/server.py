@@ -87,6 +87,8 @@ class SpawnRow(TypedDict):
     output: NotRequired[str]
     state: NotRequired[dict[str, Any]]
     error: NotRequired[str]
+    state_withheld: NotRequired[list[str]]
+    """Σ's keys left out: written from private material."""
 
 
 class SpawnRowsOut(TypedDict):
