@@ -205,6 +205,8 @@ def test_the_cli_pins_shows_exports_and_verifies(tmp_path, monkeypatch):
     assert exported.startswith(f"# Run {run.run_id}") and "**Distillation #" in exported
     verified = cli.invoke(app, ["runs", "verify", run.run_id])
     assert verified.exit_code == 0 and "prompts re-derived, the record audits clean" in verified.output
+    report = json.loads(cli.invoke(app, ["runs", "verify", run.run_id, "--json"]).output)
+    assert report["clean"] and report["prompts_checked"] == 8 and report["problems"] == []
     unpinned = cli.invoke(app, ["runs", "unpin", run.run_id, str(seq)])
     assert unpinned.exit_code == 0 and json.loads(cli.invoke(app, ["runs", "show", run.run_id, "--json"]).output)["pins"] == []
 

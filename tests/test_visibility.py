@@ -129,6 +129,8 @@ def test_export_and_mcp_get_events_and_recall_redact_unless_asked(tmp_path, monk
     assert SECRET not in exported and "withheld from summaries" in exported
     assert SECRET in cli.invoke(app, ["runs", "export", run.run_id, "--include-private"]).output
     assert SECRET in cli.invoke(app, ["runs", "show", run.run_id, "--full"]).output  # the operator sees it, marked
+    (result,) = store.events(run.run_id, kinds=["tool_result"])
+    assert json.loads(cli.invoke(app, ["runs", "show", run.run_id, "--json"]).output)["private"] == [result.seq]
 
     rt.store = store
     service = RunService(AgentsFile(agents={}), runtime=rt)

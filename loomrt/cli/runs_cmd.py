@@ -72,7 +72,7 @@ def show_cmd(
     pins = [p.to_json() for p in view.pins.values()]
     standing = ((events[0].data.get("definition") or {}).get("context") or {}).get("pins") or [] if events else []
     if json_output:
-        print_json({**summary, "pins": pins, "definition_pins": standing})
+        print_json({**summary, "pins": pins, "definition_pins": standing, "private": sorted(view.private)})
         return
     table = Table(show_header=False, box=None)
     for key in ("run_id", "agent", "status", "mode", "requested_mode", "model", "def_hash", "distillations",
@@ -197,13 +197,14 @@ def verify_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
     events = store.events(run_id)
     problems = verify_chain(events)
     problems += prompt_problems(events) if not problems else []
+    checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
     if json_output:
-        print_json({"run_id": run_id, "events": len(events), "clean": not problems, "problems": problems})
+        print_json({"run_id": run_id, "events": len(events), "prompts_checked": checked, "clean": not problems,
+                    "problems": problems})
     elif problems:
         for line in problems:
             out.print(f"run {run_id}: {line}", markup=False, highlight=False)
     else:
-        checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
         out.print(f"run {run_id}: {len(events)} events, {checked} prompts re-derived, the record audits clean",
                   highlight=False)
     if problems:
