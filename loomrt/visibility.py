@@ -66,10 +66,11 @@ def _redacted(e: Event, private: set[int]) -> Event:
     return e.model_copy(update={"data": d})
 
 
-def redact_events(events: Iterable[Event]) -> list[Event]:
-    """``events`` with every private message replaced by its placeholder (``redacted: true``)."""
+def redact_events(events: Iterable[Event], private: set[int] | None = None) -> list[Event]:
+    """``events`` with every private message replaced by its placeholder (``redacted: true``);
+    ``private`` is the record's private seqs (by default, those ``events`` name)."""
     events = list(events)
-    private = private_seqs(events)
+    private = private_seqs(events) if private is None else private
     return [_redacted(e, private) for e in events] if private else events
 
 

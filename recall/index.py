@@ -379,7 +379,7 @@ class RecallIndex:
 
         scores = fused(picked, cos)
         kth = float(np.partition(scores, len(scores) - k)[len(scores) - k]) if len(scores) >= k else -np.inf
-        weakest = float(self._dense.gather(q, dense).min()) + _CODE_MARGIN if len(dense) else best
+        weakest = float(cos[np.isin(picked, dense)].min()) + _CODE_MARGIN if len(dense) else best
         bound = lexical + (wd * (weakest - mean) / span if span else 0.0)
         bound[picked] = -np.inf
         more = np.flatnonzero(bound >= kth)

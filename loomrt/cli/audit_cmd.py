@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from loomrt.cli._common import err, friendly, out, print_json, runtime
+from loomrt.cli._common import friendly, out, print_json, runtime
 from loomrt.cli.runs_cmd import JsonOpt, runs_app
 
 __all__ = ["pin_cmd", "unpin_cmd", "export_cmd", "private_cmd"]
@@ -26,15 +26,11 @@ def pin_cmd(
     json_output: bool = JsonOpt,
 ) -> None:
     """Pin a message: it survives every distillation verbatim (and counts against context.pins_max_tokens)."""
-    from loomrt.run.pins import PinError, pin_in_record
+    from loomrt.run.pins import pin_in_record
 
     store = runtime().store
     store.get_run(run_id)
-    try:
-        made = pin_in_record(store, run_id, seq=seq, note=note)
-    except PinError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    made = pin_in_record(store, run_id, seq=seq, note=note)  # a PinError is a caller's mistake: exit 2
     if json_output:
         print_json({"run_id": run_id, **made.to_json()})
     else:
@@ -49,15 +45,11 @@ def unpin_cmd(
     json_output: bool = JsonOpt,
 ) -> None:
     """End a pin (the message may be distilled again from the next boundary on)."""
-    from loomrt.run.pins import PinError, unpin_in_record
+    from loomrt.run.pins import unpin_in_record
 
     store = runtime().store
     store.get_run(run_id)
-    try:
-        unpin_in_record(store, run_id, _pin_id(pin))
-    except PinError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
-        raise typer.Exit(2) from None
+    unpin_in_record(store, run_id, _pin_id(pin))
     if json_output:
         print_json({"run_id": run_id, "unpinned": _pin_id(pin)})
     else:

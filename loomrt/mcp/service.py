@@ -261,9 +261,8 @@ class RunService:
         self.get_run(run_id)  # an unknown run id is one clear error
         events = self.runtime.store.events(run_id, after=max(0, after_seq))
         page = events[:limit]
-        if not include_private and private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"])):
-            full = redact_events(self.runtime.store.events(run_id))  # a later mark_private covers earlier seqs
-            page = [e for e in full if e.seq > max(0, after_seq)][:limit]
+        if not include_private:  # the whole record's private seqs: a later mark_private covers earlier ones
+            page = redact_events(page, private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"])))
         more = len(events) > limit
         return {
             "run_id": run_id,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from loomrt.errors import LoomError
+from loomrt.errors import SpecError
 from loomrt.messages import Message
 from loomrt.tokens import count_text
 
@@ -35,8 +35,9 @@ PIN_BLOCK = "pin"
 """The ``synthetic`` tag of a pinned block in the working context."""
 
 
-class PinError(LoomError):
-    """A pin that cannot be made (an unknown seq, a pin over the budget)."""
+class PinError(SpecError):
+    """A pin that cannot be made (an unknown seq, a pin over the budget): a caller's mistake,
+    so the CLI exits 2 with it."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,10 @@ def pin_in_record(store: Any, run_id: str, *, seq: int, note: str = "") -> Pin:
 
     events = store.events(run_id)
     view = project(events)
-    limit = int(((events[0].data.get("definition") or {}).get("context") or {}).get("pins_max_tokens", 1024))
+    from loomrt.spec import ContextSpec
+
+    context = (events[0].data.get("definition") or {}).get("context") or {}
+    limit = int(context.get("pins_max_tokens", ContextSpec.model_fields["pins_max_tokens"].default))
     made = check_pin(view, seq=seq, text=None, limit=limit, run_id=run_id)
     store.append(run_id, "pin", pin_payload(made, note=note, by="operator"))
     return made
