@@ -46,7 +46,7 @@ class Message:
     """One message of the working context.
 
     ``synthetic`` names what made a message that is not in the record verbatim:
-    ``"recap"``, ``"summary"``, ``"state"``, ``"recall-hint"``.
+    ``"recap"``, ``"summary"``, ``"state"``, ``"pin"``, ``"card"``, ``"recall-hint"``.
     """
 
     role: Role
@@ -58,6 +58,8 @@ class Message:
     ts: float | None = None
     synthetic: str | None = None
     pinned: bool = False
+    ref: str | None = None
+    """What a synthetic message stands for: a card's id (``synthetic="card"``)."""
 
     def to_litellm(self) -> dict[str, Any]:
         """The message as litellm / OpenAI chat format (a fresh dict each call; the message
@@ -79,7 +81,7 @@ class Message:
         d: dict[str, Any] = {"role": self.role, "content": self.content}
         if self.tool_calls:
             d["tool_calls"] = [tc.to_dict() for tc in self.tool_calls]
-        for key in ("tool_call_id", "name", "seq", "ts", "synthetic"):
+        for key in ("tool_call_id", "name", "seq", "ts", "synthetic", "ref"):
             value = getattr(self, key)
             if value is not None:
                 d[key] = value
@@ -98,6 +100,7 @@ class Message:
             seq=d.get("seq"),
             ts=d.get("ts"),
             synthetic=d.get("synthetic"),
+            ref=d.get("ref"),
             pinned=bool(d.get("pinned", False)),
         )
 

@@ -19,7 +19,7 @@ __all__ = [
     "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
     "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
-    "PinPayload", "UnpinPayload", "MarkPrivate",
+    "PinPayload", "UnpinPayload", "MarkPrivate", "CardRejected", "FoldQueued", "FoldSkippedPayload",
 ]
 
 
@@ -129,6 +129,15 @@ class Distillation(_Payload):
     state: dict[str, Any] | None = None
     parts: int | None = None
     pointers_dropped: int | None = None
+    cards: list[dict[str, Any]] | None = None
+    """fold: the cards this fold wrote, whole (:class:`loomrt.run.cards.Card`); ``context``
+    names them ``{card: ID}``."""
+    folds: dict[str, int] | None = None
+    """fold: leaves, rollups and externalised results this fold made."""
+    verify: dict[str, int] | None = None
+    """fold: values checked against the source, values invented, cards rejected, fallbacks."""
+    hard: bool | None = None
+    """fold: made at the hard watermark, in the turn (else between turns)."""
 
 
 class DistillationDeclined(_Payload):
@@ -268,18 +277,45 @@ class MarkPrivate(_Payload):
     by: str = "operator"
 
 
+class CardRejected(_Payload):
+    kind: Literal["card_rejected"]
+    depth: int
+    reason: str
+    """Not shorter than its source, over 3× its target, or a value its source does not hold."""
+    attempt: int
+    text: str
+    target_tokens: int
+
+
+class FoldQueued(_Payload):
+    kind: Literal["fold_queued"]
+    pressure: int
+    budget: int
+    reason: str
+
+
+class FoldSkippedPayload(_Payload):
+    kind: Literal["fold_skipped"]
+    reason: str
+    error: str
+    failures: int
+    """Consecutive failed folds; at 5 folding pauses until ``paused_until``."""
+    paused_until: float | None = None
+
+
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
     SpawnChildStarted, SpawnChildResult, Notice, Parked,
-    Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate,
+    Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate, CardRejected, FoldQueued,
+    FoldSkippedPayload,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
     | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled
-    | PinPayload | UnpinPayload | MarkPrivate,
+    | PinPayload | UnpinPayload | MarkPrivate | CardRejected | FoldQueued | FoldSkippedPayload,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

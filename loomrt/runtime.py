@@ -28,7 +28,7 @@ from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
-from loomrt.run.pins import definition_pins_text, pin_tool
+from loomrt.run.pins import definition_pins_text
 from loomrt.visibility import withhold
 from loomrt.run.projection import message_limit, project
 from loomrt.run.state import RunResult, RunState
@@ -188,10 +188,8 @@ class Runtime:
         below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=run.emit, spawn=spawn, lineage=below,
+            history=history, emit=run.emit, spawn=spawn, lineage=below, run=run,
         )
-        if spec.context.model_pins:
-            run.toolset.tools["Pin"] = pin_tool(run)
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
             run.emit("notice", {"message": HARVEST_NOTICE, "source": "harvest"})

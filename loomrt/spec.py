@@ -40,6 +40,7 @@ __all__ = [
     "AGENTS_FILE_MAX_BYTES",
     "mode_names",
     "StatefulSpec",
+    "FoldSpec",
     "ContextSpec",
     "Capabilities",
     "AgentSpec",
@@ -56,6 +57,7 @@ RETENTION_MODES: dict[str, Any] = {
     "recap": "loomrt.run.reducers.recap:RecapMode",
     "stateful": "loomrt.run.reducers.stateful:StatefulMode",
     "compaction": "loomrt.run.reducers.compaction:CompactionMode",
+    "fold": "loomrt.run.reducers.fold:FoldMode",
 }
 """The retention modes, written once: name → the mode's class (or ``"module:Class"``,
 imported when a run first uses it). ``auto`` is not a mode but a choice among them."""
@@ -79,11 +81,52 @@ class StatefulSpec(_Strict):
     message the model sees. Default: half the budget."""
 
 
+class FoldSpec(_Strict):
+    """fold mode's own keys (``context.fold:``): how history folds into cards."""
+
+    keep_recent: int = Field(32, ge=2)
+    """The newest messages, never folded (or fewer: see keep_recent_pct)."""
+    keep_recent_pct: int = Field(25, ge=5, le=80)
+    """The newest messages fitting this percentage of the budget, if fewer than keep_recent.
+    The tail always keeps the newest user input and everything after it, and a tool call
+    with its result."""
+    leaf_min_messages: int = Field(8, ge=2)
+    """The fewest raw messages a leaf card folds."""
+    leaf_source_tokens: int | None = Field(None, ge=256)
+    """The most tokens of raw messages one leaf card folds. Default: the smaller of 20,000
+    and a quarter of the budget."""
+    leaf_target_tokens: int | None = Field(None, ge=32)
+    """The size a leaf card is asked to be. Default: 1/16 of its source (at least 64)."""
+    rollup: int = Field(4, ge=2, le=16)
+    """Adjacent cards of one depth that roll up into one card a level higher (under hard
+    pressure as few as 2)."""
+    soft_pct: int = Field(70, ge=10, le=100)
+    """Pressure (% of the budget) at which a fold is queued, to run between turns."""
+    hard_pct: int = Field(100, ge=10, le=100)
+    """Pressure at which the run folds at once, before the next call."""
+    cache_idle_s: float = Field(300, ge=0)
+    """A run whose last call was this recent is not folded at the soft watermark (its
+    prompt prefix is likely still cached), unless pressure is at 85% or more."""
+    max_calls_per_10min: int = Field(24, ge=1)
+    """The most summariser calls folding makes for one run in any 10 minutes; past it a
+    soft fold waits, and a hard one writes fallback cards (repair them with
+    `loomrt runs refold --fallback-only`)."""
+    call_timeout_s: float | None = Field(None, gt=0)
+    """Seconds one card-writing call may take (default: the agent's timeout_s)."""
+
+    @model_validator(mode="after")
+    def _soft_below_hard(self) -> FoldSpec:
+        if self.soft_pct > self.hard_pct:
+            raise ValueError(f"soft_pct ({self.soft_pct}) must not be above hard_pct ({self.hard_pct})")
+        return self
+
+
 class ContextSpec(_Strict):
     """How a run keeps its working context under budget."""
 
     mode: str = Field("append", json_schema_extra=lambda schema: schema.update(enum=list(mode_names())))
-    """Retention mode: append (keep everything), recap, stateful, compaction, or auto
+    """Retention mode: append (keep everything), recap, stateful, compaction, fold (a tree
+    of summary cards that unfold to the exact words), or auto
     (recap on local models and interactive runs, stateful on frontier APIs)."""
     budget_tokens: int = Field(8192, ge=256)
     """The working-context budget in tokens (capped by the model's context window)."""
@@ -133,6 +176,8 @@ class ContextSpec(_Strict):
     Default: a quarter of the budget."""
     stateful: StatefulSpec = Field(default_factory=StatefulSpec)
     """stateful mode's own keys."""
+    fold: FoldSpec = Field(default_factory=FoldSpec)
+    """fold mode's own keys."""
 
     @field_validator("mode")
     @classmethod

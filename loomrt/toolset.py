@@ -3,7 +3,8 @@
 Every site that starts or restarts a run (one-shot, interactive, continue, resume, and
 later sub-agent spawn and MCP spawn) calls :func:`resolve_toolset`. It turns the agent's
 ``tools:`` allowlist into tools (default-deny), and grants what the ``context:`` block
-implies: ``recall: true`` adds the Recall tool, the recall index callback and one line of
+implies: the retention mode's own tools (fold's Describe, Expand and Grep),
+``model_pins: true`` the Pin tool, ``recall: true`` the Recall tool, the recall index callback and one line of
 system prompt; an allowlisted ``SERVER.TOOL`` (or ``SERVER.*``) of ``mcp_servers`` adds a
 tool source, started when the run first needs its tools. Granting Recall widens the allowlist, never the trust boundary: it reads
 only this run's evicted spans and the agent's permitted memory.
@@ -34,6 +35,7 @@ def resolve_toolset(
     agent: str = "",
     spawn: Any = None,
     lineage: dict[str, Any] | None = None,
+    run: Any = None,
 ) -> Toolset:
     """Resolve the toolset of run ``run_id``.
 
@@ -43,7 +45,10 @@ def resolve_toolset(
     ``emit(kind, data)`` records an event on the run;
     ``spawn`` starts sub-agents (:meth:`loomrt.children.Children.spawn`), for the spawn tools;
     ``lineage`` is what a run this one causes elsewhere inherits (an MCP server it starts is
-    told, so a `loomrt mcp` there counts its spawns' depth from this run's).
+    told, so a `loomrt mcp` there counts its spawns' depth from this run's);
+    ``run`` is the run itself (a :class:`loomrt.run.state.RunState`): its retention mode
+    grants its own tools (fold: Describe, Expand, Grep) and ``context.model_pins`` the Pin
+    tool, which read and write that run.
     """
     registry = {**BUILTIN_TOOLS, **(registry or {})}
     toolset = Toolset()
@@ -71,6 +76,13 @@ def resolve_toolset(
             from loomrt.mcp.sources import McpSource
 
             toolset.sources.append(McpSource(server, allowed, emit, lineage=lineage))
+    if run is not None:
+        for granted_tool in run.mode.granted_tools(run):
+            toolset.tools[granted_tool.name] = granted_tool
+        if spec.context.model_pins:
+            from loomrt.run.pins import pin_tool
+
+            toolset.tools["Pin"] = pin_tool(run)
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 

@@ -236,7 +236,7 @@ def extractive_summary(request: Any, *, max_chars: int = 1200, words_per_line: i
         body = body or head
         first = _SENTENCE.match(body.strip())
         sentence = " ".join((first.group(1) if first else body.strip()).split()[:words_per_line])
-        pointer = head.split(" ", 1)[0] if head.startswith("[#") else ""
+        pointer = head.split(" ", 1)[0] if head.startswith("[#") and not sentence.startswith("[#") else ""
         item = f"{pointer} {sentence}".strip()
         if size + len(item) > max_chars:
             break

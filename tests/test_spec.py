@@ -282,7 +282,7 @@ def test_wrong_enum_has_the_exact_documented_format(tmp_path, monkeypatch):
     )
     assert msg == (
         "agents.yaml:14:13: agents.triage.context.mode: "
-        "'stateful2' is not one of append, recap, stateful, compaction, auto"
+        "'stateful2' is not one of append, recap, stateful, compaction, fold, auto"
     )
 
 

@@ -24,16 +24,17 @@ async def maybe_distil(run: RunState, *, force: bool = False) -> bool:
         return False
     before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
     reduction = await run.mode.reduce(run)
-    if isinstance(reduction, Reduction) and reduction.evicted:  # whatever the mode kept, the pins stay verbatim
+    changed = isinstance(reduction, Reduction) and (bool(reduction.evicted) or reduction.context != run.context)
+    if isinstance(reduction, Reduction) and changed:  # whatever the mode kept, the pins stay verbatim
         reduction = replace(reduction, context=keep_pins(run.view, reduction.context))
     after = before
     if isinstance(reduction, Reduction):  # the same tools go with the smaller context
         after = before - count_messages(run.context) + count_messages(reduction.context)
-    if not isinstance(reduction, Reduction) or not reduction.evicted or after >= before:
+    if not isinstance(reduction, Reduction) or not changed or after >= before:
         if isinstance(reduction, Declined):
             paid, reason = reduction.paid, reduction.reason
         else:  # a distillation call was made for nothing when a span was evicted but the result is not smaller
-            paid = reduction is not None and bool(reduction.evicted)
+            paid = changed
             reason = "result not smaller" if paid else "nothing to evict"
         await run.add("distillation_declined", {
             "mode": run.mode.name, "tokens_before": before, "tokens_after": after, "pressure": pressure,
@@ -56,7 +57,8 @@ async def maybe_distil(run: RunState, *, force: bool = False) -> bool:
         run_id=run.run_id, agent=run.agent, mode=run.mode.name, distillation_seq=event.seq, messages=evicted,
     )
     reached("after_distillation")
-    await notify(run, span)
+    if span.messages:  # a fold that only rolled cards up evicted nothing
+        await notify(run, span)
     return True
 
 

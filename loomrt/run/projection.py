@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from loomrt.events import LIFECYCLE_KINDS, Event, message_of, run_status
 from loomrt.messages import Message
 from loomrt.providers.base import Usage
+from loomrt.run.cards import CARD_BLOCK, Card, card_message
 from loomrt.run.pins import Pin
 from loomrt.tokens import count_text, cut_text
 
@@ -35,10 +36,12 @@ def message_limit(context: dict[str, Any], budget: int) -> int:
 
 def context_refs(context: list[Message]) -> list[dict[str, Any]]:
     """The working context as a distillation event stores it: record messages by seq,
-    synthetic ones whole."""
+    cards by id, other synthetic ones whole."""
     refs: list[dict[str, Any]] = []
     for m in context:
-        if m.seq is not None and m.synthetic is None:
+        if m.synthetic == CARD_BLOCK and m.ref:
+            refs.append({"card": m.ref})
+        elif m.seq is not None and m.synthetic is None:
             refs.append({"seq": m.seq, "pinned": True} if m.pinned else {"seq": m.seq})
         else:
             refs.append({"message": m.to_dict()})
@@ -85,6 +88,8 @@ class RunView:
     """The current user request, pinned until it is answered (a parked or final)."""
     private: set[int] = field(default_factory=set)
     """Seqs of the private messages (:mod:`loomrt.visibility`)."""
+    cards: dict[str, Card] = field(default_factory=dict)
+    """Every card this run's record holds (fold mode writes them), by id, oldest first."""
     declined_at: int = -1
     """Length of the context when the last distillation was declined (no retry until it grows)."""
     declined_size: int = -1
@@ -111,8 +116,13 @@ class RunView:
         return self.mode.state_of(self.slot)
 
     def original(self, message: Message) -> Message:
-        """``message`` with its full text (the record's), if the working context holds it cut."""
-        return self.originals.get(message.seq, message) if message.seq is not None else message
+        """``message`` with its full text (the record's), if the working context holds it cut
+        or as a reference (``synthetic="external"``)."""
+        if message.seq is None:
+            return message
+        if message.seq in self.originals:
+            return self.originals[message.seq]
+        return self.messages.get(message.seq, message) if message.synthetic == "external" else message
 
     def apply(self, e: Event) -> None:
         """Fold one event into the view."""
@@ -127,11 +137,9 @@ class RunView:
                 self.keep_first = bool(ctx.get("keep_first", True))
                 self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
             case "distillation":
-                self.replace([
-                    self.messages[r["seq"]].with_(pinned=bool(r.get("pinned"))) if "seq" in r
-                    else Message.from_dict(r["message"])
-                    for r in d["context"]
-                ])
+                for c in d.get("cards") or ():
+                    self.cards[c["id"]] = Card.from_dict(c)
+                self.replace([self._ref(r) for r in d["context"]])
                 self.distillations += 1
                 self.reported_prompt_tokens = 0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
@@ -182,13 +190,21 @@ class RunView:
             self._enter(message)
         self.mode.replay(e, self)
 
+    def _ref(self, ref: dict[str, Any]) -> Message:
+        """One entry of a distillation's ``context``, as a working-context message."""
+        if "seq" in ref:
+            return self.messages[ref["seq"]].with_(pinned=bool(ref.get("pinned")))
+        if "card" in ref:
+            return card_message(self.cards[ref["card"]])
+        return Message.from_dict(ref["message"])
+
     def _enter(self, message: Message) -> None:
         """Append a record message to the working context, cut if it is too large."""
         limit = self.max_message_tokens
         # a token is at least one character: a message no longer than the limit in characters fits
         if limit and message.role != "system" and len(message.content) > limit and count_text(message.content) > limit:
             self.originals[message.seq] = message  # type: ignore[index]
-            message = message.with_(content=cut_note(message, limit, self.run_id))
+            message = message.with_(content=self.mode.cut_note(message, limit, self.run_id))
         self.messages[message.seq] = message  # type: ignore[index]
         self.push(message)
 

@@ -30,6 +30,7 @@ from loomrt.run.steps import FinalOutput, NextStep, RunTools
 if TYPE_CHECKING:
     from loomrt.run.projection import RunView
     from loomrt.run.state import RunState
+    from loomrt.tools import Tool
 
 __all__ = ["Reduction", "Declined", "RetentionMode"]
 
@@ -70,6 +71,14 @@ class RetentionMode:
         """Σ, for modes that keep one."""
         return None
 
+    def queued(self, view: RunView) -> bool:
+        """Whether a distillation is queued for between turns (fold's soft watermark)."""
+        return False
+
+    def status(self, view: RunView) -> dict[str, Any] | None:
+        """The mode's own state as ``runs show`` reports it (fold: pending, last success, ...)."""
+        return None
+
     # ------------------------------------------------------------------ the boundary
 
     def threshold_pct(self, run: RunState) -> int | None:
@@ -99,6 +108,17 @@ class RetentionMode:
     def system_lines(self, spec: Any) -> list[str]:
         """Lines this mode adds to the system prompt."""
         return []
+
+    def granted_tools(self, run: RunState) -> list[Tool]:
+        """Tools the mode grants every run of it (fold: Describe, Expand, Grep), through
+        :func:`loomrt.toolset.resolve_toolset`."""
+        return []
+
+    def cut_note(self, message: Message, limit: int, run_id: str) -> str:
+        """What the working context holds of a message over ``context.message_max_tokens``."""
+        from loomrt.run.projection import cut_note
+
+        return cut_note(message, limit, run_id)
 
     async def unanswered_calls(self, run: RunState, calls: list[ToolCall]) -> list[ToolCall]:
         """The tool calls a resumed run must settle, given the last assistant message's
