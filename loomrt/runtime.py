@@ -325,6 +325,19 @@ class Runtime:
             await run.add("cancelled", {"reason": reason, "output": run.output})
         return self.result(run)
 
+    async def between_turns(self, run: RunState) -> bool:
+        """Make the distillation the run's mode queued for between turns (fold's soft
+        watermark), off the path where a user waits: the chat calls this while it reads the
+        next input. True if the context was reduced; a failure is an event, never raised."""
+        if not run.mode.queued(run.view):
+            return False
+        try:
+            return await maybe_distil(run, force=True)
+        except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
+            await run.add("notice", {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
+                                     "source": run.mode.name})
+            return False
+
     async def compact(self, run_id: str) -> dict[str, Any]:
         """Distil a run that is not playing now, whatever its pressure: the tokens of its
         working context before and after, or why it was declined."""

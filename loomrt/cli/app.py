@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,10 @@ def chat_cmd(
         err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]")
     failed = 0
     while True:
+        background = threading.Thread(target=lambda: asyncio.run(rt.between_turns(run)), daemon=True)
+        background.start()  # a queued fold runs while the next input is typed
         line = _read_turn(tty and not json_output)
+        background.join()
         if line is None:
             break
         if not line.strip():

@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from loomrt.errors import LoomError
 from loomrt.messages import Message
 from loomrt.run._model_calls import call_model
 from loomrt.run.cards import EXPAND_LINE, Card, card_id, card_message
@@ -180,7 +179,7 @@ class CardWriter:
         try:
             call = call_model(self.run, prompt, purpose="fold", provider=self.run.summarizer, max_tokens=target * 3 + 32)
             response = await (asyncio.wait_for(call, timeout) if timeout else call)
-        except (LoomError, TimeoutError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure of the call: the fold waits, the turn goes on
             raise FoldSkipped("the summariser failed", f"{type(exc).__name__}: {exc}") from exc
         await self.run.flush()  # the call is on the record even if the card is never used
         return response.text.strip()

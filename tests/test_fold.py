@@ -1,0 +1,356 @@
+"""fold mode: cards and catalogs, the coverage invariant, every level smaller, the tools
+(and that they reach the model at every site), verified cards, fallbacks, provider
+failures, and the two watermarks with cache-idle deferral (an injected clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.run.cards import CARD_BLOCK, Card
+from loomrt.run.projection import project
+from loomrt.run.reducers.fold.verify import invented
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec, load_agents
+from loomrt.testing import FunctionProvider, ScriptedProvider, scripted_runtime
+from loomrt.tokens import count_dicts, count_tools
+
+WORDS = "alpha beta gamma delta service deploy port config path value cluster node shard queue".split()
+FOLD_TOOLS = {"Describe", "Expand", "Grep"}
+
+
+def said(i: int, rng: random.Random) -> str:
+    return (f"Note {i}: the {rng.choice(WORDS)} {rng.choice(WORDS)} is {rng.randint(1000, 9999)} in /srv/app{i}.conf. "
+            + " ".join(rng.choice(WORDS) for _ in range(24)))
+
+
+def spec(**fold: Any) -> AgentSpec:
+    return AgentSpec(model="scripted/fold", max_iterations=6, context={
+        "mode": "fold", "budget_tokens": 4096, "fold": {"max_calls_per_10min": 10_000, **fold}})
+
+
+def coverage(run: Any) -> list[int]:
+    """The seqs the catalog covers: its cards' (recursively, through their leaves) and its raw messages."""
+    seqs: list[int] = []
+    for m in run.context:
+        if m.synthetic == CARD_BLOCK:
+            seqs.extend(run.view.cards[m.ref].seqs)
+        elif m.seq is not None and m.synthetic in (None, "external") and m.role != "system":
+            seqs.append(m.seq)
+    return seqs
+
+
+def history(run: Any) -> list[int]:
+    return sorted(s for s, m in run.view.messages.items() if m.role != "system")
+
+
+def leaves(run: Any, card: Card) -> list[Card]:
+    if not card.children:
+        return [card]
+    return [leaf for c in card.children for leaf in leaves(run, run.view.cards[c])]
+
+
+def tool(run: Any, name: str) -> Any:
+    return run.toolset.tools[name]
+
+
+def test_a_2000_message_run_folds_within_budget_losslessly() -> None:
+    rng = random.Random(3)
+    n = 1000
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(n)], summaries=[{"extractive": 400, "words": 12}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(), interactive=True)
+    violations: list[str] = []
+
+    def check(event: Any) -> None:
+        if event.kind == "distillation":
+            got, want = coverage(run), history(run)
+            if sorted(got) != want or len(got) != len(set(got)):
+                violations.append(f"seq {event.seq}: the catalog covers {len(got)} seqs, history has {len(want)}")
+
+    run.listeners.append(check)
+    inputs = [said(10_000 + i, rng) for i in range(n)]
+
+    async def go() -> None:
+        for text in inputs:
+            await rt.send(run, text)
+
+    asyncio.run(go())
+    assert not violations
+    assert len(history(run)) == 2 * n
+    # the model-visible context stayed under the budget at every call
+    sizes = [count_dicts(c.messages) + count_tools(c.tools) for c in provider.calls if c.purpose == "turn"]
+    assert max(sizes) <= run.budget
+    cards = run.view.cards
+    assert {c.depth for c in cards.values()} >= {0, 1, 2}
+    for card in cards.values():  # every level strictly smaller than the one below
+        if card.children:
+            assert card.tokens < sum(cards[c].tokens for c in card.children), card.id
+        else:
+            source = sum(len(run.view.messages[s].content) for s in card.seqs)
+            assert len(card.text) < source, card.id
+    # every original is reachable by Expand, word for word, from the catalog down
+    expand = tool(run, "Expand")
+    reached: set[int] = set()
+
+    async def walk(card_id: str) -> None:
+        card = cards[card_id]
+        page, pages = 1, 1
+        while page <= pages:
+            text = await expand.call({"id": card_id, "page": page})
+            pages = int(re.search(r"page \d+ of (\d+)", text).group(1))  # type: ignore[union-attr]
+            if not card.children:
+                for seq in map(int, re.findall(r"^\[#(\d+)\]", text, re.M)):
+                    assert run.view.messages[seq].content in text
+                    reached.add(seq)
+            page += 1
+        for child in card.children:
+            await walk(child)
+
+    async def walk_all() -> None:
+        for m in run.context:
+            if m.synthetic == CARD_BLOCK:
+                await walk(m.ref)
+
+    asyncio.run(walk_all())
+    folded = {s for m in run.context if m.synthetic == CARD_BLOCK for s in cards[m.ref].seqs}
+    assert reached == folded
+    # Grep finds an exact string of folded history
+    needle = "/srv/app10003.conf"
+    (where,) = [e.seq for e in rt.store.events(run.run_id, kinds=["user_input"]) if needle in e.data["content"]]
+    assert where in folded
+    hits = asyncio.run(tool(run, "Grep").call({"pattern": needle, "mode": "text", "scope": "messages"}))
+    assert [h["id"] for h in json.loads(hits)] == [f"#{where}"]
+    # the record alone rebuilds the same context
+    assert [m.to_dict() for m in project(rt.store.events(run.run_id)).context] == [m.to_dict() for m in run.context]
+
+
+def test_describe_expand_and_grep_answer_from_the_record() -> None:
+    rng = random.Random(5)
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(60)], summaries=[{"extractive": 300}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(keep_recent=8, leaf_min_messages=4), interactive=True)
+
+    async def go() -> None:
+        for i in range(60):
+            await rt.send(run, said(500 + i, rng) + " " + "filler words " * 30)
+
+    asyncio.run(go())
+    card = next(m.ref for m in run.context if m.synthetic == CARD_BLOCK)
+    described = json.loads(asyncio.run(tool(run, "Describe").call({"id": card})))
+    assert described["id"] == card and described["seqs"].startswith("#")
+    first = run.view.cards[card].seqs[0]
+    about = json.loads(asyncio.run(tool(run, "Describe").call({"id": f"#{first}"})))
+    assert card in about["in_cards"]
+    page = asyncio.run(tool(run, "Expand").call({"id": f"#{first}"}))
+    assert run.view.messages[first].content in page
+    assert "Error" in asyncio.run(tool(run, "Expand").call({"id": "c000000nope"}))
+    assert "Error" in asyncio.run(tool(run, "Grep").call({"pattern": "(unclosed"}))
+    since = json.loads(asyncio.run(tool(run, "Grep").call({"pattern": "Note", "since": 50, "scope": "messages", "limit": 500})))
+    assert len(since) <= 200 and all(h["seq"] >= 50 for h in since)
+
+
+def _sites_agents(folder: Path) -> Path:
+    (folder / "fold.yaml").write_text(json.dumps({"turns": [{"text": "ok"}] * 20, "summaries": [{"extractive": 200}]}))
+    (folder / "boss.yaml").write_text(json.dumps({"turns": [
+        {"tool_call": {"name": "spawn", "arguments": {"agent": "folder", "prompt": "child task"}}}, {"text": "done"}]}))
+    (folder / "agents.yaml").write_text(json.dumps({"agents": {
+        "folder": {"model": "scripted/fold.yaml", "context": {"mode": "fold", "recall": True}},
+        "boss": {"model": "scripted/boss.yaml", "tools": ["spawn"], "spawnable": ["folder"]},
+    }}))
+    return folder / "agents.yaml"
+
+
+def _offered(store: Any, run_id: str) -> set[str]:
+    return set(store.events(run_id, kinds=["run_started"])[0].data["tools"])
+
+
+def test_the_fold_tools_reach_the_model_at_every_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """start, continue, resume, spawn and an MCP spawn: Describe, Expand, Grep and Recall are
+    in the tool list the model is sent (not only registered)."""
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / "home"))
+    path = _sites_agents(tmp_path)
+    defs = load_agents(path)
+    seen: list[set[str]] = []
+
+    def remember(spec: AgentSpec, model: str) -> Any:
+        from loomrt.providers import resolve_provider
+
+        inner = resolve_provider(spec, model)
+        if getattr(inner, "watched", False):
+            return inner
+        original = inner.complete
+
+        async def complete(request: ModelRequest) -> ModelResponse:
+            if request.purpose == "turn":
+                seen.append({t.name for t in request.tools})
+            return await original(request)
+
+        inner.complete = complete  # type: ignore[method-assign]
+        inner.watched = True  # type: ignore[attr-defined]
+        return inner
+
+    rt = Runtime(providers=remember)
+    want = FOLD_TOOLS | {"Recall"}
+    result = rt.run_sync("folder", "start", agents=defs, agents_file=str(path))  # start
+    assert want <= seen[-1] and want <= _offered(rt.store, result.run_id)
+    asyncio.run(rt.continue_run(result.run_id, "and again"))  # continue
+    assert want <= seen[-1]
+    run = asyncio.run(rt.aopen(result.run_id))  # resume after a failed turn
+    asyncio.run(run.add("user_input", {"content": "one more"}))
+    asyncio.run(rt.resume(result.run_id))
+    assert want <= seen[-1]
+    seen.clear()
+    boss = rt.run_sync("boss", "delegate", agents=defs, agents_file=str(path))  # spawn
+    assert boss.status == "done", boss.error
+    child = rt.store.children(boss.run_id)[0]
+    assert want <= _offered(rt.store, child.run_id) and any(want <= s for s in seen)
+    from loomrt.mcp.service import RunService  # an MCP spawn goes through the same runtime call
+
+    async def over_mcp() -> str:
+        service = RunService(defs, agents_file=str(path), runtime=rt)
+        spawned = await service.spawn("folder", "from a client")
+        await service.wait(spawned.run_id, 30)
+        await service.close()
+        return spawned.run_id
+
+    seen.clear()
+    mcp_run = asyncio.run(over_mcp())
+    assert want <= _offered(rt.store, mcp_run) and want <= seen[-1]
+    started = rt.store.events(mcp_run, kinds=["run_started"])[0].data["system"]
+    assert "Describe, Expand, Grep or Recall" in started
+
+
+def test_a_card_that_invents_a_value_is_rejected_then_falls_back() -> None:
+    assert invented("the port is 5433 [#4]", "[#4] user: the port is 5432")[1] == ["5433"]
+    rng = random.Random(8)
+    provider = ScriptedProvider(turns=[{"text": "ok"}] * 40,
+                                summaries=["The service runs on port 65000 at /nowhere/made-up.conf."])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(keep_recent=6, leaf_min_messages=4, rollup=16), interactive=True)
+
+    async def go() -> None:
+        for i in range(40):
+            await rt.send(run, said(i, rng) + " filler " * 40)
+
+    asyncio.run(go())
+    rejected = [e.data for e in rt.store.events(run.run_id, kinds=["card_rejected"])]
+    assert rejected and "verbatim" in rejected[0]["reason"] and "65000" in rejected[0]["reason"]
+    assert [r["attempt"] for r in rejected[:2]] == [1, 2]
+    cards = list(run.view.cards.values())
+    assert cards and all(c.fallback and c.kind == "fallback" for c in cards)
+    assert 'fallback="truncated, not summarised"' in next(m.content for m in run.context if m.synthetic == CARD_BLOCK)
+    figures = rt.store.events(run.run_id, kinds=["distillation"])[0].data["verify"]
+    assert figures["invented"] >= 2 and figures["fallbacks"] >= 1 and figures["rejected"] >= 2
+
+
+def test_a_provider_error_skips_the_fold_and_five_pause_it() -> None:
+    def answer(request: ModelRequest) -> ModelResponse | str:
+        if request.purpose == "fold":
+            raise ConnectionError("summariser down")
+        return "ok"
+
+    rt = Runtime(providers=lambda s, m: FunctionProvider(answer))
+    spec_ = spec(keep_recent=4, leaf_min_messages=2)
+    spec_ = spec_.clone(retries=0, context={"budget_tokens": 1024})
+    run = rt.start(spec_, interactive=True)
+
+    async def go() -> None:
+        for i in range(30):
+            await rt.send(run, f"message {i} " + "words " * 60)
+
+    asyncio.run(go())
+    skipped = [e.data for e in rt.store.events(run.run_id, kinds=["fold_skipped"])]
+    assert skipped and skipped[0]["failures"] == 1 and "summariser down" in skipped[0]["error"]
+    assert [s["failures"] for s in skipped][:5] == [1, 2, 3, 4, 5] and skipped[4]["paused_until"]
+    assert len(skipped) == 5, "folding pauses after the fifth failure"
+    assert not run.view.cards, "a provider error is never a reason to truncate"
+
+
+def test_the_soft_watermark_queues_a_fold_that_runs_between_turns() -> None:
+    rng = random.Random(2)
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(80)], summaries=[{"extractive": 300}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(soft_pct=50, hard_pct=100, cache_idle_s=0), interactive=True)
+
+    async def go() -> None:
+        for i in range(40):
+            await rt.send(run, said(100 + i, rng))
+            await rt.between_turns(run)
+
+    asyncio.run(go())
+    events = rt.store.events(run.run_id)
+    folds = [e for e in events if e.kind == "distillation"]
+    assert folds and not any(e.data["hard"] for e in folds)
+    # no card-writing call inside a turn: every fold call comes after the turn's parked
+    in_turn = False
+    for e in events:
+        if e.kind == "user_input":
+            in_turn = True
+        elif e.kind == "parked":
+            in_turn = False
+        elif e.kind == "model_call" and e.data["purpose"] == "fold":
+            assert not in_turn, f"a fold call at seq {e.seq} was made inside a turn"
+    assert all(q.kind == "fold_queued" for q in events if q.kind == "fold_queued")
+
+
+def test_a_hard_watermark_folds_in_the_turn() -> None:
+    rng = random.Random(4)
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(80)], summaries=[{"extractive": 300}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(soft_pct=95, hard_pct=95), interactive=True)
+
+    async def go() -> None:
+        for i in range(80):
+            await rt.send(run, said(100 + i, rng))
+
+    asyncio.run(go())
+    folds = rt.store.events(run.run_id, kinds=["distillation"])
+    assert folds and all(e.data["hard"] for e in folds)
+
+
+def test_cache_idle_deferral_and_its_pressure_escape() -> None:
+    from loomrt.run.reducers.fold import FoldMode
+
+    rng = random.Random(6)
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(200)], summaries=[{"extractive": 300}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(soft_pct=40, hard_pct=100, cache_idle_s=300), interactive=True)
+    mode: FoldMode = run.mode  # type: ignore[assignment]
+    clock = [0.0]
+    mode.clock = lambda: clock[0]
+
+    def queued() -> list[dict[str, Any]]:
+        return [e.data for e in rt.store.events(run.run_id, kinds=["fold_queued"])]
+
+    async def talk(n: int) -> None:
+        for _ in range(n):
+            clock[0] = run.view.slot.last_turn + 10  # the next input comes 10 s after the last call: cache warm
+            await rt.send(run, said(rng.randint(0, 99), rng))
+            if queued():
+                return
+
+    asyncio.run(talk(200))
+    (first,) = queued()
+    assert first["reason"].startswith("pressure at 85%"), "a warm cache defers the fold until 85%"
+    assert first["pressure"] * 100 >= 85 * run.budget
+    assert not rt.store.events(run.run_id, kinds=["distillation"]), "deferred from 40% to 85%: nothing folded"
+    asyncio.run(rt.between_turns(run))
+    assert not mode.queued(run.view)
+    # after the fold, an idle cache queues at the soft watermark at once
+    async def idle() -> None:
+        for _ in range(200):
+            clock[0] = run.view.slot.last_turn + 301
+            await rt.send(run, said(rng.randint(0, 99), rng))
+            if len(queued()) > 1:
+                return
+
+    asyncio.run(idle())
+    assert queued()[-1]["reason"] == "cache idle" and queued()[-1]["pressure"] < 0.85 * run.budget
