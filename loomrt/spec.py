@@ -113,6 +113,8 @@ class FoldSpec(_Strict):
     `loomrt runs refold --fallback-only`)."""
     call_timeout_s: float | None = Field(None, gt=0)
     """Seconds one card-writing call may take (default: the agent's timeout_s)."""
+    tools: bool = True
+    """Grant the Describe, Expand and Grep tools (off: the cards alone, and Recall if on)."""
 
     @model_validator(mode="after")
     def _soft_below_hard(self) -> FoldSpec:

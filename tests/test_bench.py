@@ -30,8 +30,9 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
     for name in ("chat200", "agentic"):
         modes = quick["workloads"][name]["modes"]
         assert list(modes) == [
-            "append", "recap", "stateful", "compaction", "auto",
+            "append", "recap", "stateful", "compaction", "fold", "auto",
             "append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
+            "fold/no-recall", "fold/no-tools",
         ]
         assert all(f["status"] == "done" for f in modes.values()), {m: f.get("error") for m, f in modes.items()}
         assert modes["append"]["ratio"] == 1.0

@@ -127,7 +127,7 @@ def test_a_2000_message_run_folds_within_budget_losslessly() -> None:
     (where,) = [e.seq for e in rt.store.events(run.run_id, kinds=["user_input"]) if needle in e.data["content"]]
     assert where in folded
     hits = asyncio.run(tool(run, "Grep").call({"pattern": needle, "mode": "text", "scope": "messages"}))
-    assert [h["id"] for h in json.loads(hits)] == [f"#{where}"]
+    assert [h["id"] for h in json.loads(hits)["hits"]] == [f"#{where}"]
     # the record alone rebuilds the same context
     assert [m.to_dict() for m in project(rt.store.events(run.run_id)).context] == [m.to_dict() for m in run.context]
 
@@ -154,7 +154,8 @@ def test_describe_expand_and_grep_answer_from_the_record() -> None:
     assert "Error" in asyncio.run(tool(run, "Expand").call({"id": "c000000nope"}))
     assert "Error" in asyncio.run(tool(run, "Grep").call({"pattern": "(unclosed"}))
     since = json.loads(asyncio.run(tool(run, "Grep").call({"pattern": "Note", "since": 50, "scope": "messages", "limit": 500})))
-    assert len(since) <= 200 and all(h["seq"] >= 50 for h in since)
+    assert since["hits"] and all(h["seq"] >= 50 for h in since["hits"])
+    assert since["not_shown"] > 0 and len(since["hits"]) + since["not_shown"] <= 200, "limit is at most 200"
 
 
 def _sites_agents(folder: Path) -> Path:

@@ -50,10 +50,12 @@ REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "statef
 VARIANTS: dict[str, str] = {
     "no-recall": "the mode with context.recall off: what its working context alone keeps",
     "backstop": "append with the compaction backstop in the model's window (append only)",
+    "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
 }
 """Options a workload can play a mode with, written ``MODE/OPTION``."""
 
-DEFAULT_VARIANTS = ["append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall"]
+DEFAULT_VARIANTS = ["append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
+                    "fold/no-recall", "fold/no-tools"]
 """The variants ``loomrt bench run`` plays besides the modes (chat200 and agentic)."""
 
 
@@ -68,7 +70,8 @@ def known_variant(name: str) -> bool:
     base, option = split_variant(name)
     if base not in all_modes():
         return False
-    return option is None or option in VARIANTS and (option != "backstop" or base == "append")
+    only = {"backstop": "append", "no-tools": "fold"}
+    return option is None or option in VARIANTS and only.get(option, base) == base
 
 
 def all_modes() -> list[str]:

@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from loomrt.bench.reader import ANSWER_OVERLAP, best_line
+from loomrt.bench.reader import ANSWER_OVERLAP, STOP_WORDS, best_line
 from loomrt.messages import ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.providers.scripted import extractive_summary
@@ -108,7 +108,7 @@ class BenchModel(abc.ABC):
 
     def __call__(self, request: ModelRequest) -> ModelResponse:
         self._calls += 1
-        if request.purpose in ("recap", "summary"):
+        if request.purpose in ("recap", "summary", "fold"):
             return self.respond(request, self.summarize(request))
         return self.turn(request)
 
@@ -171,6 +171,35 @@ class BenchModel(abc.ABC):
             return recall_texts(content)
         return None
 
+    @staticmethod
+    def last_tool(request: ModelRequest) -> tuple[str, str]:
+        """The newest message's tool name and content, if it is a tool result."""
+        last = request.messages[-1] if request.messages else {}
+        return (str(last.get("name") or ""), str(last.get("content") or "")) if last.get("role") == "tool" else ("", "")
+
+    def dig(self, request: ModelRequest, question: str, query: str) -> ModelResponse | None:
+        """fold's tools, after Recall found nothing: Grep the history for the query's three
+        longest words that are not stop words, then Expand the hit that shares the most words with the
+        question (a reader's way to the exact words; it never sees the gold value)."""
+        name, content = self.last_tool(request)
+        if name == "Grep":
+            try:
+                hits = json.loads(content).get("hits") or []
+            except (ValueError, AttributeError):
+                return None
+            if not hits:
+                return None
+            best = max(hits, key=lambda h: best_line(question, [str(h.get("snippet", ""))])[1])
+            return self.act(request, tool="Expand", arguments={"id": str(best.get("id"))})
+        if name in ("Expand",) or not self.offers(request, "Grep"):
+            return None
+        words = sorted({w for w in re.findall(r"[A-Za-z0-9_.'-]{4,}", query) if w.lower() not in STOP_WORDS},
+                       key=len, reverse=True)[:3]
+        if not words:
+            return None
+        pattern = "|".join(re.escape(w) for w in words)
+        return self.act(request, tool="Grep", arguments={"pattern": pattern, "scope": "messages", "limit": 50})
+
     def look_up(
         self, request: ModelRequest, question: str, query: str, *, asked_in: str = ""
     ) -> tuple[str, ModelResponse | None]:
@@ -183,6 +212,7 @@ class BenchModel(abc.ABC):
         after a Recall it quotes the best line of context and results, if one shares enough.
         """
         recalled = self.recall_result(request)
+        tool, _ = self.last_tool(request)
         texts = [readable(m) for m in request.messages]
         if asked_in:
             texts = [t.replace(asked_in, "") for t in texts]
@@ -191,9 +221,9 @@ class BenchModel(abc.ABC):
         line, score = best_line(question, texts)
         if score >= ANSWER_OVERLAP:
             return line, None
-        if recalled is None and (self.offers(request, "Recall") or self._state_can_recall(request)):
+        if recalled is None and tool not in ("Grep", "Expand") and (self.offers(request, "Recall") or self._state_can_recall(request)):
             return "", self.act(request, tool="Recall", arguments={"query": query, "top_k": 5})
-        return "", None
+        return "", self.dig(request, question, query)
 
     @staticmethod
     def _state_can_recall(request: ModelRequest) -> bool:
@@ -215,7 +245,7 @@ class BenchModel(abc.ABC):
         pointer, up to a fixed size (earliest first; what does not fit is left out). It
         never looks at the workload's needles, so a value survives only where the span's
         own leading sentences carry it."""
-        instructions = str(request.messages[0].get("content") or "")
+        instructions = prompt_text(request.messages)
         target = self.recap_tokens if request.purpose == "recap" else self.summary_tokens
         limit = re.search(r"At most (\d+) characters", instructions)
         max_chars = min(int(limit.group(1)) if limit else 10**9, target * 4)

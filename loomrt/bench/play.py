@@ -109,7 +109,7 @@ def bench_spec(
     """The definition every mode of a workload shares; only the context block differs.
 
     ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
-    ``MODE/no-recall`` turns Recall off, ``append/backstop`` is append with the compaction
+    ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep, ``append/backstop`` is append with the compaction
     backstop in the model's window (``config.window_tokens``): the baseline that could run.
     """
     base, option = split_variant(mode)
@@ -127,6 +127,9 @@ def bench_spec(
             "keep_last_n": config.keep_last_n,
             "recall": config.recall and option != "no-recall" and recall_available(),
             "state_schema": STATE_SCHEMA,
+            # a scripted run plays hours of conversation in seconds: the per-10-minute spend
+            # guard would turn most cards into fallbacks, which no real run at this pace sees
+            "fold": {"max_calls_per_10min": 10_000, "tools": option != "no-tools"},
         },
     )
 

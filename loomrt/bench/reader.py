@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
-__all__ = ["content_words", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key"]
+__all__ = ["content_words", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key", "STOP_WORDS"]
 
 ANSWER_OVERLAP = 2
 """Content words a line must share with the question for the model to answer from it."""
@@ -27,6 +27,8 @@ _STOP = frozenset(
     which when where why how all any each some such more most other one two tell remind me
     please note let know thing things""".split()
 )
+STOP_WORDS = _STOP
+"""Words a reader never searches by."""
 _WORD = re.compile(r"[a-z0-9]+")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+|\\n|\"\s*[,}\]]\s*|[{\[]\s*\"")
 """Sentence ends, line breaks (also JSON-escaped ones) and JSON string boundaries."""

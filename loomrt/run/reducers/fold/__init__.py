@@ -47,13 +47,17 @@ DEFER_ESCAPE_PCT = 85
 WINDOW_S = 600.0
 
 
-def fold_prompt(recall: bool) -> str:
+def fold_prompt(recall: bool, tools: bool = True) -> str:
     """The system prompt's line about cards, naming only the tools the run has."""
-    tools = "Describe, Expand, Grep" + (" or Recall" if recall else "")
+    named = [*(["Describe", "Expand", "Grep"] if tools else []), *(["Recall"] if recall else [])]
+    if not named:
+        return ("Older parts of this conversation are folded into <card> blocks: summaries that are maps to the "
+                "details, not the details. For exact values the cards do not state, say you are not sure.")
+    tools_text = ", ".join(named[:-1]) + (" or " if len(named) > 1 else "") + named[-1]
     return (
         "Older parts of this conversation are folded into <card> blocks: summaries that are maps to the details, "
-        f"not the details. For exact values (commands, paths, timestamps, numbers, configuration) use {tools} "
-        "first (Expand takes a card id or a #seq), or say you are not sure."
+        f"not the details. For exact values (commands, paths, timestamps, numbers, configuration) use {tools_text} "
+        f"first{' (Expand takes a card id or a #seq)' if tools else ''}, or say you are not sure."
     )
 
 
@@ -185,12 +189,12 @@ class FoldMode(RetentionMode):
     # ------------------------------------------------------------------ what the model gets
 
     def system_lines(self, spec: Any) -> list[str]:
-        return [fold_prompt(bool(spec.context.recall))]
+        return [fold_prompt(bool(spec.context.recall), spec.context.fold.tools)]
 
     def granted_tools(self, run: RunState) -> list[Tool]:
         from loomrt.run.reducers.fold.tools import fold_tools
 
-        return fold_tools(run)
+        return fold_tools(run) if run.spec.context.fold.tools else []
 
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         return external_note(message)

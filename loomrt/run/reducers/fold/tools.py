@@ -9,6 +9,7 @@ grep hit never carries it back.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,11 @@ if TYPE_CHECKING:
 __all__ = ["fold_tools", "PAGE_TOKENS", "GREP_LIMIT", "GREP_MAX"]
 
 PAGE_TOKENS = 4000
-"""The most tokens one Expand call returns; longer material comes in pages."""
+"""The most tokens one Expand call returns (less where ``context.message_max_tokens`` is
+lower, so a page is never externalised itself); longer material comes in pages."""
 GREP_LIMIT, GREP_MAX = 50, 200
+GREP_TOKENS = 1500
+"""The most tokens of hits one Grep call returns; the rest are counted, not shown."""
 
 
 def _when(ts: float | None) -> str | None:
@@ -64,21 +68,21 @@ class _Reader:
         return [c.id for c in sorted(self.cards.values(), key=lambda c: c.depth) if seq in c.seqs]
 
 
-def _pages(lines: list[str]) -> list[str]:
-    """``lines`` in pages of at most :data:`PAGE_TOKENS` (a longer line spans pages)."""
+def _pages(lines: list[str], limit: int) -> list[str]:
+    """``lines`` in pages of at most ``limit`` tokens (a longer line spans pages)."""
     pages: list[list[str]] = []
     page: list[str] = []
     size = 0
     for line in lines:
-        while count_text(line) > PAGE_TOKENS:
-            head = cut_text(line, PAGE_TOKENS - 8) or line[: PAGE_TOKENS]
+        while count_text(line) > limit:
+            head = cut_text(line, limit - 8) or line[:limit]
             if page:
                 pages.append(page)
                 page, size = [], 0
             pages.append([head])
             line = line[len(head):]
         n = count_text(line)
-        if page and size + n > PAGE_TOKENS:
+        if page and size + n > limit:
             pages.append(page)
             page, size = [], 0
         page.append(line)
@@ -93,6 +97,8 @@ def fold_tools(run: RunState) -> list[Tool]:
     from loomrt.tools import Tool
 
     reader = _Reader(run)
+    room = max(200, run.view.max_message_tokens - 100) if run.view.max_message_tokens else PAGE_TOKENS
+    page_tokens, grep_tokens = min(PAGE_TOKENS, room), min(GREP_TOKENS, room)
 
     def describe(id: str) -> dict[str, Any] | str:
         card = reader.cards.get(str(id).strip())
@@ -124,14 +130,30 @@ def fold_tools(run: RunState) -> list[Tool]:
             if m is None:
                 return f"Error: no card or record message {id!r} in this run (card ids look like c1a2b3c4d5e; seqs like #12)."
             lines, what = reader.line(m).splitlines(), f"message #{m.seq}, verbatim"
-        pages = _pages(lines)
+        pages = _pages(lines, page_tokens)
         if not 1 <= page <= len(pages):
             return f"Error: page {page} does not exist; {what} has {len(pages)} page(s)."
         more = f" Next: Expand({str(id)!r}, page={page + 1})." if page < len(pages) else ""
         return f"[{what} · page {page} of {len(pages)}.{more}]\n{pages[page - 1]}"
 
     def grep(pattern: str, mode: str = "regex", scope: str = "both", since: Any = None, before: Any = None,
-             limit: int = GREP_LIMIT) -> list[dict[str, Any]] | str:
+             limit: int = GREP_LIMIT) -> dict[str, Any] | str:
+        found = _grep(pattern, mode, scope, since, before, limit)
+        if isinstance(found, str):
+            return found
+        shown, size = [], 0
+        for h in found:
+            size += count_text(json.dumps(h, ensure_ascii=False))
+            if shown and size > grep_tokens:
+                break
+            shown.append(h)
+        out: dict[str, Any] = {"hits": shown}
+        if len(shown) < len(found):
+            out["not_shown"] = len(found) - len(shown)
+            out["note"] = "more hits than fit one reply: narrow the pattern, or page with since/before (a seq)"
+        return out
+
+    def _grep(pattern: str, mode: str, scope: str, since: Any, before: Any, limit: int) -> list[dict[str, Any]] | str:
         if mode not in ("regex", "text") or scope not in ("messages", "cards", "both"):
             return "Error: mode is regex or text; scope is messages, cards or both."
         if not pattern or len(pattern) > 500:
@@ -173,7 +195,7 @@ def fold_tools(run: RunState) -> list[Tool]:
                         time=_when(card.ts_lo))
                 if len(hits) >= limit:
                     break
-        return hits or f"No match for {pattern!r}."
+        return hits
 
     return [
         Tool("Describe", "What a card is: its text, depth, time range, the record seqs it covers, its parents and "
@@ -181,7 +203,7 @@ def fold_tools(run: RunState) -> list[Tool]:
              {"type": "object", "properties": {"id": {"type": "string", "description": "A card id or #seq."}},
               "required": ["id"]}, describe),
         Tool("Expand", "Open a card one level down (its cards, or its messages word for word), or read one record "
-             f"message (#seq) whole. At most {PAGE_TOKENS} tokens per call; ask for the next page.",
+             f"message (#seq) whole. At most {page_tokens} tokens per call; ask for the next page.",
              {"type": "object", "properties": {"id": {"type": "string", "description": "A card id or #seq."},
                                                "page": {"type": "integer", "minimum": 1}},
               "required": ["id"]}, expand),
