@@ -141,7 +141,8 @@ def fold_tools(run: RunState) -> list[Tool]:
         found = _grep(pattern, mode, scope, since, before, limit)
         if isinstance(found, str):
             return found
-        shown, size = [], 0
+        shown: list[dict[str, Any]] = []
+        size = 0
         for h in found:
             size += count_text(json.dumps(h, ensure_ascii=False))
             if shown and size > grep_tokens:
