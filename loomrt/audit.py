@@ -104,22 +104,23 @@ def transcript(events: Iterable[Event]) -> list[Line | Marker]:
     return out
 
 
-def context_as_of(events: Iterable[Event], seq: int) -> list[Message]:
-    """The working context after event ``seq``, rebuilt from the record."""
+def context_as_of(events: Iterable[Event], seq: int, store: Any = None) -> list[Message]:
+    """The working context after event ``seq``, rebuilt from the record (a fork's needs ``store``)."""
     from loomrt.run.projection import project
 
-    return project(e for e in events if e.seq <= seq).context
+    return project((e for e in events if e.seq <= seq), store=store).context
 
 
-def prompt_problems(events: Iterable[Event]) -> list[str]:
+def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
     """One line per turn whose recorded prompt hash differs from the working context the
-    record rebuilds at that moment; empty when every prompt checks out."""
+    record rebuilds at that moment; empty when every prompt checks out (a fork's record
+    needs ``store``, where its shared history is)."""
     from loomrt.run.projection import project
 
     events = list(events)
     if not events:
         return []
-    view = project(events[:1])
+    view = project(events[:1], store=store)
     problems = []
     for e in events[1:]:
         if e.kind == "model_call" and e.data.get("prompt_from") == "context" and e.data.get("prompt_hash"):

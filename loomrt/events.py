@@ -59,6 +59,10 @@ class RunInfo(BaseModel):
     """The run that spawned this one (a sub-agent), if any."""
     root_run_id: str | None = None
     """The run at the top of the spawn tree (this one's own id, or None, for a top-level run)."""
+    forked_from: str | None = None
+    """The run this one was forked from (``loomrt runs fork``): it shares that run's history
+    up to ``fork_seq``, and its own seqs continue after it."""
+    fork_seq: int | None = None
     created_at: float = Field(default_factory=time.time)
     status: str = "active"
     """Derived from the last event: active, parked, done, failed."""

@@ -43,6 +43,10 @@ class RunStarted(_Payload):
     local: bool | None = None
     budget: int | None = None
     message_max_tokens: int | None = None
+    forked_from: dict[str, Any] | None = None
+    """A fork's origin: ``{run_id, seq}`` (not ``parent_run_id``, which names the spawner)."""
+    catalog: list[dict[str, Any]] | None = None
+    """fold: a fork's starting catalog, the parent's trimmed at the fork seq (cards by id, messages by seq)."""
 
 
 class UserInput(_Payload):

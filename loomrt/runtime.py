@@ -26,6 +26,7 @@ from loomrt.providers.base import ModelProvider
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
+from loomrt.run.family import Family
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.pins import definition_pins_text
@@ -161,6 +162,7 @@ class Runtime:
     async def _assemble(
         self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
         history: list[Event] | None, agents: AgentsFile | None = None, lineage: dict[str, Any] | None = None,
+        fork: dict[str, Any] | None = None,
     ) -> RunState:
         provider = self.providers(spec, spec.model)
         summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
@@ -179,7 +181,10 @@ class Runtime:
             provider=provider, summarizer=summarizer, listeners=list(self.listeners), **lineage,
         )
         if history:
-            run.view = project(history, mode=mode)
+            run.view = project(history, mode=mode, store=self.store)
+        elif fork:
+            run.view.family = Family.of(self.store, fork["forked_from"])
+        shared = run.view.family.events() if run.view.family is not None and spec.context.recall else []
         spawn = None
         if any(t in SPAWN_TOOLS for t in spec.tools):
             from loomrt.children import Children
@@ -188,7 +193,8 @@ class Runtime:
         below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=history, emit=run.emit, spawn=spawn, lineage=below, run=run,
+            history=[*shared, *(history or [])] if shared else history, emit=run.emit, spawn=spawn, lineage=below,
+            run=run,
         )
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
@@ -199,7 +205,8 @@ class Runtime:
             info = RunInfo(
                 run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
                 interactive=interactive, agents_file=agents_file, parent_run_id=run.parent_run_id,
-                root_run_id=run.root_run_id,
+                root_run_id=run.root_run_id, forked_from=(fork or {}).get("forked_from", {}).get("run_id"),
+                fork_seq=(fork or {}).get("forked_from", {}).get("seq"),
             )
             async with run.atomic():  # the run and its first event: a crash leaves both or neither
                 await self.store.write_run(info)
@@ -208,7 +215,7 @@ class Runtime:
                     "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
                     "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
                     "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
-                    **lineage,
+                    **lineage, **(fork or {}),
                 })
         return run
 
@@ -324,6 +331,35 @@ class Runtime:
         if run.view.status not in ("done", "cancelled"):
             await run.add("cancelled", {"reason": reason, "output": run.output})
         return self.result(run)
+
+    async def fork(self, run_id: str, *, at: int | None = None) -> RunState:
+        """A new run that shares ``run_id``'s history up to seq ``at`` (default: all of it)
+        and goes on from there on its own: its record says ``forked_from {run_id, seq}``
+        and its seqs continue after ``at``. In fold mode it starts from the parent's catalog
+        trimmed at ``at`` (no text copied, the same cost at any history length); in the
+        other modes it replays the parent's record up to ``at``. It waits, parked, for its
+        next input (``loomrt runs continue``)."""
+        info = self.store.get_run(run_id)
+        at = info.last_seq if at is None else at
+        if not (info.fork_seq or 0) < at <= info.last_seq:
+            if info.forked_from and 0 < at <= (info.fork_seq or 0):
+                return await self.fork(info.forked_from, at=at)  # that part of its history is its parent's
+            raise NotFoundError(f"run {run_id} has no seq {at} to fork at (its seqs run to {info.last_seq}); "
+                                f"`loomrt runs show {run_id}` lists them")
+        started = self.store.latest(run_id, "run_started")
+        if started is None:
+            raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
+        spec = AgentSpec.model_validate(started.data["definition"])
+        mode = mode_for(started.data["mode"])
+        fork: dict[str, Any] = {"forked_from": {"run_id": run_id, "seq": at}}
+        catalog = mode.fork_catalog(self.store, run_id, at)
+        if catalog is not None:
+            fork["catalog"] = catalog
+        new_id = uuid.uuid4().hex[:12]
+        run = await self._assemble(new_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file,
+                                   history=None, fork=fork)
+        await run.add("parked", {"output": None})
+        return run
 
     async def between_turns(self, run: RunState) -> bool:
         """Make the distillation the run's mode queued for between turns (fold's soft

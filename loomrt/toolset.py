@@ -86,8 +86,10 @@ def resolve_toolset(
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 
+        family = getattr(getattr(run, "view", None), "family", None)
         recall = RunRecall(
-            run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory, history=history
+            run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory, history=history,
+            shared_runs=[r for r, _ in family.links] if family is not None else (),
         )
         toolset.recall = recall
         toolset.tools[recall.tool.name] = recall.tool

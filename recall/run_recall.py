@@ -92,8 +92,12 @@ class RunRecall:
         scopes: Sequence[str] | None = None,
         fusion: Fusion | None = None,
         history: Sequence[Event] | None = None,
+        shared_runs: Sequence[str] = (),
     ):
         self.run_id = run_id
+        self.shared_runs = {run_id, *shared_runs}
+        """This run, and for a fork the runs whose history it shares (their evicted spans up
+        to the fork point are in ``history``)."""
         self.max_tokens = int(getattr(context, "recall_max_tokens", 1200))
         self.memory = memory
         self.scopes = scopes if scopes is not None else getattr(context, "memory_scopes", None)
@@ -258,7 +262,7 @@ class RunRecall:
         self._said |= _said_before(history)
         drafts: list[Entry] = []
         for e in history:
-            if e.kind != "distillation" or e.run_id != self.run_id:
+            if e.kind != "distillation" or e.run_id not in self.shared_runs:
                 continue
             span = [messages[s] for s in e.data.get("span_seqs") or [] if s in messages]
             drafts.extend(self._drafts(e.seq, span))

@@ -56,7 +56,8 @@ def test_runs_can_never_be_updated_or_deleted(tmp_path, store):
 def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
     assert public == {
-        "append", "append_many", "children", "close", "commits", "create_run", "events", "get_run", "list_runs", "read",
+        "append", "append_many", "cards", "children", "close", "commits", "create_run", "events", "get_run", "latest",
+        "list_runs", "read",
         "write",
         "transaction", "write_many", "write_run",
     }

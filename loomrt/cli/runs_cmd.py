@@ -68,7 +68,7 @@ def show_cmd(
         _show_as_of(run_id, events, as_of, json_output)
         return
     summary = run_summary(info, events, rt.store)
-    view = project(events)
+    view = project(events, store=rt.store)
     pins = [p.to_json() for p in view.pins.values()]
     standing = ((events[0].data.get("definition") or {}).get("context") or {}).get("pins") or [] if events else []
     if json_output:
@@ -147,7 +147,7 @@ def _show_as_of(run_id: str, events: list, seq: int, json_output: bool) -> None:
 
     if not events or not 1 <= seq <= events[-1].seq:
         raise NotFoundError(f"run {run_id} has no event #{seq} (its record ends at #{events[-1].seq if events else 0})")
-    context = context_as_of(events, seq)
+    context = context_as_of(events, seq, runtime().store)
     if json_output:
         print_json({"run_id": run_id, "as_of": seq, "context": [m.to_dict() for m in context]})
         return
@@ -196,7 +196,7 @@ def verify_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
     store.get_run(run_id)
     events = store.events(run_id)
     problems = verify_chain(events)
-    problems += prompt_problems(events) if not problems else []
+    problems += prompt_problems(events, store) if not problems else []
     checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
     if json_output:
         print_json({"run_id": run_id, "events": len(events), "prompts_checked": checked, "clean": not problems,
@@ -245,6 +245,24 @@ def resume_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
     rt = runtime(show_events=not json_output)
     result = asyncio.run(rt.resume(run_id))
     _finish(result, json_output)
+
+
+@runs_app.command("fork")
+@friendly
+def fork_cmd(
+    run_id: str,
+    at: int | None = typer.Option(None, "--at", help="The seq to fork at (default: the run's last)."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """A new run sharing RUN_ID's history up to --at, parked for its next input (`runs continue`)."""
+    rt = runtime()
+    run = asyncio.run(rt.fork(run_id, at=at))
+    if json_output:
+        print_json({"run_id": run.run_id, "forked_from": {"run_id": run_id, "seq": run.view.fork_seq},
+                    "mode": run.mode.name, "context_tokens": run.estimate()})
+        return
+    out.print(f"forked {run_id} at #{run.view.fork_seq}: run {run.run_id} ({run.mode.name}); "
+              f"`loomrt runs continue {run.run_id} \"...\"` goes on from there", highlight=False)
 
 
 @runs_app.command("continue")

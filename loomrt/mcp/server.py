@@ -249,6 +249,13 @@ def build_server(service: RunService) -> LoomMCPServer:
         return await service.compact(run_id)  # type: ignore[return-value]
 
     @server.tool()
+    async def fork_run(run_id: str, at_seq: int | None = None) -> dict[str, Any]:
+        """A new run that shares RUN_ID's history up to AT_SEQ (default: all of it) and goes on
+        on its own, parked for its first input (continue_run). Its record says forked_from;
+        in fold mode no text is copied, whatever the history's length."""
+        return await service.fork(run_id, at_seq)
+
+    @server.tool()
     async def recall(run_id: str, query: str, top_k: int = 5, include_private: bool = False) -> RecallOut:
         """Search one run's evicted spans for the original words, exactly as its Recall tool
         does (only that run, and its agent's permitted memory). The run's agent must have recall on.

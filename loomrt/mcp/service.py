@@ -197,6 +197,14 @@ class RunService:
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
 
+    async def fork(self, run_id: str, at: int | None = None) -> dict[str, Any]:
+        """A fork of ``run_id`` at seq ``at`` (default: its last), parked for its next input."""
+        try:
+            run = await self.runtime.fork(run_id, at=at)
+        except LoomError as exc:
+            raise ServiceError(str(exc)) from None
+        return {**await self.result(run.run_id), "forked_from": {"run_id": run_id, "seq": run.view.fork_seq}}
+
     def _not_playing(self, run_id: str, what: str) -> None:
         if run_id in self.playing:
             raise ServiceError(f"run {run_id} is playing a turn now: wait for it (get_run) or cancel_run, then {what}")
@@ -232,7 +240,7 @@ class RunService:
             from loomrt.run.projection import project
             from loomrt.visibility import withhold
 
-            keys: set[str] = getattr(project(events).slot, "private_keys", set())
+            keys: set[str] = getattr(project(events, store=self.runtime.store).slot, "private_keys", set())
             summary["state"], withheld = withhold(summary["state"], keys)
             if withheld:
                 summary["state_withheld"] = withheld

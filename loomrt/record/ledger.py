@@ -32,11 +32,14 @@ def event_hash(prev: str, run_id: str, seq: int, kind: str, ts: float, data: Any
 
 
 def verify_chain(events: Iterable[Event]) -> list[str]:
-    """One line per problem in a run's record (seqs not dense from 1, a hash that does not
-    match its content or its predecessor); an empty list when it audits clean."""
+    """One line per problem in a run's record (seqs not dense from 1, or from the fork seq
+    for a fork; a hash that does not match its content or its predecessor); an empty list
+    when it audits clean."""
     problems: list[str] = []
     prev, expected = "", 1
     for e in events:
+        if e.kind == "run_started" and e.data.get("forked_from") and expected == 1:
+            expected = int(e.data["forked_from"]["seq"]) + 1
         if e.seq != expected:
             problems.append(f"seq {e.seq}: expected seq {expected} (seqs must be dense from 1)")
         expected = e.seq + 1

@@ -84,6 +84,27 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX runs_parent ON runs(parent_run_id);
         """,
     ),
+    (
+        "0007_forks_and_cards",
+        # a fork's record continues its parent's seqs after fork_seq; fold's cards are indexed
+        # by id (each is written once, whole, in the distillation event that made it)
+        """
+        ALTER TABLE runs ADD COLUMN forked_from TEXT;
+        ALTER TABLE runs ADD COLUMN fork_seq INTEGER;
+        CREATE TABLE cards (
+            card_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id),
+            seq INTEGER NOT NULL,
+            depth INTEGER NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX cards_run ON cards(run_id);
+        CREATE TRIGGER cards_no_update BEFORE UPDATE ON cards
+        BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card is never updated'); END;
+        CREATE TRIGGER cards_no_delete BEFORE DELETE ON cards
+        BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card is never deleted'); END;
+        """,
+    ),
 ]
 
 

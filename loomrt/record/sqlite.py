@@ -123,8 +123,10 @@ class SQLiteStore:
     async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
         return self.append_many(run_id, items)
 
-    async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
-        return self.events(run_id, after=after, kinds=kinds)
+    async def read(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
+        return self.events(run_id, after=after, kinds=kinds, until=until)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -164,12 +166,14 @@ class SQLiteStore:
             info.parent_run_id,
             info.created_at,
             info.root_run_id,
+            info.forked_from,
+            info.fork_seq,
         )
         with self._lock:
             try:
                 self._conn.execute(
                     "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
-                    "created_at, root_run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                    "created_at, root_run_id, forked_from, fork_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             except sqlite3.IntegrityError:
                 raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
             except sqlite3.Error as exc:
@@ -190,14 +194,21 @@ class SQLiteStore:
                 row = self._conn.execute(
                     "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
                 ).fetchone()
-                seq, prev = (row[0] if row else 0), ((row[1] or "") if row else "")
-                for kind, payload in prepared:
+                if row is None:  # a fork's first event continues after the seq it was forked at
+                    base = self._conn.execute("SELECT fork_seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+                    row = ((base[0] or 0) if base else 0, "")
+                seq, prev = row[0], row[1] or ""
+                for (kind, payload), (_, data) in zip(prepared, items, strict=True):
                     seq += 1
                     prev = event_hash(prev, run_id, seq, kind, ts, payload)
                     self._conn.execute(
                         "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
                         (run_id, seq, kind, ts, payload, prev),
                     )
+                    for card in data.get("cards") or () if kind == "distillation" else ():  # the card index
+                        self._conn.execute(
+                            "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
+                            (card["id"], run_id, seq, int(card["depth"]), canonical(card)))
                     out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
                 if not self._atomic:
                     self._conn.execute("COMMIT")
@@ -208,10 +219,13 @@ class SQLiteStore:
         return out
 
     def events(
-        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
     ) -> list[Event]:
         sql = "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND seq > ?"
         args: list[Any] = [run_id, after]
+        if until is not None:
+            sql += " AND seq <= ?"
+            args.append(until)
         kinds = list(kinds or [])
         if kinds:
             sql += f" AND kind IN ({','.join('?' * len(kinds))})"
@@ -222,6 +236,30 @@ class SQLiteStore:
             Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
             for s, k, t, d, h in rows
         ]
+
+    def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
+        """The run's last event of ``kind`` (at or before ``until``), or None."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND kind = ? AND seq <= ? "
+                "ORDER BY seq DESC LIMIT 1", (run_id, kind, until if until is not None else 2**62)).fetchone()
+        if row is None:
+            return None
+        s, k, t, d, h = row
+        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+
+    def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Fold's cards by id (as their distillation events hold them), for the family of runs
+        that shares them; ids no run wrote are left out."""
+        wanted = list(dict.fromkeys(ids))
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            for i in range(0, len(wanted), 500):
+                chunk = wanted[i:i + 500]
+                rows = self._conn.execute(
+                    f"SELECT card_id, data FROM cards WHERE card_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                out.update({c: json.loads(d) for c, d in rows})
+        return out
 
     def get_run(self, run_id: str) -> RunInfo:
         runs = self._runs("WHERE r.run_id = ?", [run_id], 1)
@@ -245,7 +283,7 @@ class SQLiteStore:
                    (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
                     ORDER BY seq DESC LIMIT 1),
                    (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
-                   r.root_run_id
+                   r.root_run_id, r.forked_from, r.fork_seq
             FROM runs r {where} ORDER BY r.created_at DESC LIMIT ?"""
         with self._lock:
             rows = self._conn.execute(sql, [*args, limit]).fetchall()
@@ -253,7 +291,7 @@ class SQLiteStore:
             RunInfo(
                 run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
                 interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
-                status=run_status(r[9]), last_seq=r[10], root_run_id=r[11],
+                status=run_status(r[9]), last_seq=r[10], root_run_id=r[11], forked_from=r[12], fork_seq=r[13],
             )
             for r in rows
         ]

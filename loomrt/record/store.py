@@ -40,8 +40,10 @@ class Store(Protocol):
     async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or none."""
 
-    async def read(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
-        """The run's events with ``seq > after``, oldest first, optionally of some kinds."""
+    async def read(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
+        """The run's events with ``after < seq <= until``, oldest first, optionally of some kinds."""
 
     def transaction(self) -> AbstractAsyncContextManager[None]:
         """``async with store.transaction():`` everything written inside is recorded together,
@@ -53,8 +55,16 @@ class Store(Protocol):
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         """:meth:`write`, for code that is not async."""
 
-    def events(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None) -> list[Event]:
+    def events(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
         """:meth:`read`, for code that is not async."""
+
+    def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
+        """The run's last event of ``kind`` (at or before ``until``), or None."""
+
+    def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Fold's cards by id, whichever run of the family wrote them (the ids found)."""
 
     def get_run(self, run_id: str) -> RunInfo:
         """One run; raises :class:`~loomrt.errors.NotFoundError` for an unknown id."""

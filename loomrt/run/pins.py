@@ -174,7 +174,7 @@ def pin_in_record(store: Any, run_id: str, *, seq: int, note: str = "") -> Pin:
     from loomrt.run.projection import project
 
     events = store.events(run_id)
-    view = project(events)
+    view = project(events, store=store)
     from loomrt.spec import ContextSpec
 
     context = (events[0].data.get("definition") or {}).get("context") or {}
@@ -188,7 +188,7 @@ def unpin_in_record(store: Any, run_id: str, pin_id: str) -> None:
     """End pin ``pin_id`` (``#SEQ`` or ``text-N``) of run ``run_id``."""
     from loomrt.run.projection import project
 
-    view = project(store.events(run_id))
+    view = project(store.events(run_id), store=store)
     if pin_id not in view.pins:
         held = ", ".join(view.pins) or "none"
         raise PinError(f"run {run_id} has no pin {pin_id} (its pins: {held})")

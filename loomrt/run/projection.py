@@ -90,6 +90,11 @@ class RunView:
     """Seqs of the private messages (:mod:`loomrt.visibility`)."""
     cards: dict[str, Card] = field(default_factory=dict)
     """Every card this run's record holds (fold mode writes them), by id, oldest first."""
+    family: Any = None
+    """A fork's shared history (:class:`loomrt.run.family.Family`); None for a run that is not a fork."""
+    fork_seq: int = 0
+    """The parent's last seq a fork shares (0: not a fork)."""
+    _sharing: bool = False
     declined_at: int = -1
     """Length of the context when the last distillation was declined (no retry until it grows)."""
     declined_size: int = -1
@@ -130,6 +135,10 @@ class RunView:
         if e.kind in LIFECYCLE_KINDS:
             self.lifecycle = e.kind
         d = e.data
+        if e.kind == "run_started" and d.get("forked_from"):
+            self._start_fork(e)
+            self.mode.replay(e, self)
+            return
         match e.kind:
             case "run_started":
                 self.run_id = e.run_id
@@ -198,7 +207,7 @@ class RunView:
             return card_message(self.cards[ref["card"]])
         return Message.from_dict(ref["message"])
 
-    def _enter(self, message: Message) -> None:
+    def _enter(self, message: Message, *, push: bool = True) -> None:
         """Append a record message to the working context, cut if it is too large."""
         limit = self.max_message_tokens
         # a token is at least one character: a message no longer than the limit in characters fits
@@ -206,7 +215,63 @@ class RunView:
             self.originals[message.seq] = message  # type: ignore[index]
             message = message.with_(content=self.mode.cut_note(message, limit, self.run_id))
         self.messages[message.seq] = message  # type: ignore[index]
-        self.push(message)
+        if push:
+            self.push(message)
+
+    def _start_fork(self, e: Event) -> None:
+        """A fork's ``run_started``: its working context starts as its parent's at the fork
+        point (fold: the trimmed ``catalog``; other modes: the shared record replayed), the
+        parent's private material as placeholders, and the fork's own system prompt."""
+        d = e.data
+        if self._sharing:  # a fork of a fork, replayed: only its system prompt changes
+            system = message_of(e)
+            self.replace([m for m in self.context if m.role != "system"])
+            if system is not None:
+                self.messages[e.seq] = system
+                self.replace([system, *self.context])
+            return
+        if self.family is None:
+            raise ValueError(f"run {e.run_id} is a fork of run {d['forked_from']['run_id']}: rebuilding its view needs "
+                             "the store its family is in (project(events, store=store))")
+        from loomrt.visibility import redact
+
+        self._sharing = True
+        if "catalog" in d:
+            self._load_catalog(d["catalog"])
+        else:
+            for shared in self.family.events():
+                self.apply(shared)
+        self._sharing = False
+        self.private |= self.family.private()
+        self.messages = {s: redact(m, self.private) for s, m in self.messages.items()}
+        self.originals = {s: m for s, m in self.originals.items() if s not in self.private}
+        base = [redact(m, self.private) for m in self.context if m.role != "system"]
+        ctx = (d.get("definition") or {}).get("context") or {}
+        self.run_id, self.fork_seq, self.last_seq = e.run_id, self.family.fork_seq, e.seq
+        self.keep_first = bool(ctx.get("keep_first", True))
+        self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
+        self.lifecycle, self.output, self.request_seq = e.kind, None, None
+        self.usage, self.model_calls, self.turn_calls, self.summary_calls = Usage(), 0, 0, 0
+        self.distillations = self.declines = self.rejections = 0
+        self.declined_at = self.declined_size = self.declined_pressure = -1
+        system = message_of(e)
+        if system is not None:
+            self.messages[e.seq] = system
+        self.replace([system, *base] if system is not None else base)
+
+    def _load_catalog(self, refs: list[dict[str, Any]]) -> None:
+        """A fold fork's starting context: its catalog's cards and raw messages, read from the family."""
+        seqs = [int(r["seq"]) for r in refs if "seq" in r]
+        shared = self.family.events_at(seqs)
+        self.private |= {s for s, ev in shared.items() if ev.kind == "tool_result" and ev.data.get("private")}
+        for s in seqs:
+            message = message_of(shared[s]) if s in shared else None
+            if message is not None:
+                if shared[s].kind == "user_input" and not self.seen_user:
+                    self.task_seq, self.seen_user = s, True
+                self._enter(message, push=False)
+        self.cards.update(self.family.cards([r["card"] for r in refs if "card" in r]))
+        self.replace([self._ref(r) for r in refs if "card" in r or "message" in r or int(r["seq"]) in self.messages])
 
     def push(self, message: Message) -> None:
         """Append ``message`` to the working context (a mode's replay adds its own this way)."""
@@ -231,15 +296,20 @@ def cut_note(message: Message, limit: int, run_id: str) -> str:
     return cut_text(message.content, max(16, limit - count_text(note))) + note
 
 
-def project(events: Iterable[Event], *, mode: RetentionMode | None = None) -> RunView:
+def project(events: Iterable[Event], *, mode: RetentionMode | None = None, store: Any = None) -> RunView:
     """Apply ``events`` (one run's record, in seq order) to a fresh view. The retention
-    mode is the one the record's ``run_started`` names, unless given."""
+    mode is the one the record's ``run_started`` names, unless given. A fork's record
+    needs ``store``, where its family's history is."""
     events = list(events)
     if mode is None:
         from loomrt.run.modes import mode_for
 
         mode = mode_for(events[0].data.get("mode", "append") if events else "append")
     view = RunView(mode=mode)
+    if events and events[0].data.get("forked_from") and store is not None:
+        from loomrt.run.family import Family
+
+        view.family = Family.of(store, events[0].data["forked_from"])
     for e in events:
         view.apply(e)
     return view

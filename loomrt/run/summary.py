@@ -13,7 +13,7 @@ __all__ = ["run_summary"]
 def run_summary(info: RunInfo, events: list[Event], store: Any = None) -> dict[str, Any]:
     """What the record says about one run: its row, usage, distillations, output and Σ; with
     ``store``, the runs it spawned, and its usage gains ``children`` (theirs, rolled up)."""
-    view = project(events)
+    view = project(events, store=store)
     started = events[0].data if events else {}
     usage: dict[str, Any] = {**view.usage.to_dict(), "model_calls": view.model_calls}
     children: list[str] = []

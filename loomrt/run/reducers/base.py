@@ -114,6 +114,11 @@ class RetentionMode:
         :func:`loomrt.toolset.resolve_toolset`."""
         return []
 
+    def fork_catalog(self, store: Any, run_id: str, seq: int) -> list[dict[str, Any]] | None:
+        """A fork's starting catalog, read from the parent's record without replaying it
+        (fold); None: the fork replays its parent's record up to ``seq`` (every other mode)."""
+        return None
+
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         """What the working context holds of a message over ``context.message_max_tokens``."""
         from loomrt.run.projection import cut_note

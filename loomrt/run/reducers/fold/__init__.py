@@ -199,6 +199,11 @@ class FoldMode(RetentionMode):
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         return external_note(message)
 
+    def fork_catalog(self, store: Any, run_id: str, seq: int) -> list[dict[str, Any]] | None:
+        from loomrt.run.reducers.fold.fork import fork_catalog
+
+        return fork_catalog(store, run_id, seq)
+
 
 def external_note(message: Message, lines: int = 4) -> str:
     """The reference an externalised message leaves in the working context: its seq, its

@@ -11,8 +11,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from loomrt.events import Event, message_of
 from loomrt.messages import Message
 from loomrt.run.cards import Card, render
 from loomrt.tokens import count_text, cut_text
@@ -42,7 +44,8 @@ def _seq_of(ref: Any) -> int | None:
 
 
 class _Reader:
-    """What the tools read: the run's cards and its record messages, whole."""
+    """What the tools read: the run's cards and its record messages, whole; in a fork, the
+    shared history up to the fork point too (its private messages as placeholders)."""
 
     def __init__(self, run: RunState):
         self.run = run
@@ -51,10 +54,39 @@ class _Reader:
     def cards(self) -> dict[str, Card]:
         return self.run.view.cards
 
+    def card(self, card_id: str) -> Card | None:
+        view = self.run.view
+        card = view.cards.get(card_id)
+        if card is None and view.family is not None:
+            card = view.family.cards([card_id]).get(card_id)
+        return card
+
     def message(self, seq: int) -> Message | None:
         view = self.run.view
         m = view.messages.get(seq)
-        return None if m is None else redact(view.originals.get(seq, m), view.private)
+        if m is not None:
+            return redact(view.originals.get(seq, m), view.private)
+        if view.family is not None and seq <= view.fork_seq:
+            shared = view.family.events_at([seq]).get(seq)
+            return self._shared(shared) if shared is not None else None
+        return None
+
+    def _shared(self, e: Event) -> Message | None:
+        m = message_of(e)
+        private = e.seq in self.run.view.private or (e.kind == "tool_result" and e.data.get("private"))
+        return None if m is None or m.role == "system" else redact(m, {e.seq} if private else set())
+
+    def messages(self) -> Iterator[Message]:
+        """Every message of the history this run sees, oldest first."""
+        view = self.run.view
+        if view.family is not None:
+            for e in view.family.events(kinds=["user_input", "assistant_message", "tool_result"]):
+                m = self._shared(e)
+                if m is not None:
+                    yield m
+        for seq in sorted(view.messages):
+            if seq > view.fork_seq and (m := self.message(seq)) is not None and m.role != "system":
+                yield m
 
     def line(self, m: Message) -> str:
         who = f"tool {m.name}" if m.role == "tool" and m.name else m.role
@@ -101,7 +133,7 @@ def fold_tools(run: RunState) -> list[Tool]:
     page_tokens, grep_tokens = min(PAGE_TOKENS, room), min(GREP_TOKENS, room)
 
     def describe(id: str) -> dict[str, Any] | str:
-        card = reader.cards.get(str(id).strip())
+        card = reader.card(str(id).strip())
         if card is not None:
             return {
                 "id": card.id, "depth": card.depth, "kind": card.kind, "model": card.model, "fallback": card.fallback,
@@ -117,9 +149,9 @@ def fold_tools(run: RunState) -> list[Tool]:
                 "in_cards": reader.covering(m.seq or 0)}
 
     def expand(id: str, page: int = 1) -> str:
-        card = reader.cards.get(str(id).strip())
+        card = reader.card(str(id).strip())
         if card is not None and card.children:
-            lines = [render(reader.cards[c]) for c in card.children if c in reader.cards]
+            lines = [render(child) for c in card.children if (child := reader.card(c)) is not None]
             what = f"card {card.id}: its {len(card.children)} cards one level down"
         elif card is not None:
             lines = [reader.line(m) for s in card.seqs if (m := reader.message(s)) is not None]
@@ -183,10 +215,9 @@ def fold_tools(run: RunState) -> list[Tool]:
                 hits.append({**where, "snippet": ("…" if a else "") + text[a:b].replace("\n", " ") + ("…" if b < len(text) else "")})
 
         if scope in ("messages", "both"):
-            for seq in sorted(run.view.messages):
-                m = reader.message(seq)
-                if m is not None and m.role != "system" and inside(seq, m.ts):
-                    hit(m.text_for_search(), id=f"#{seq}", kind="message", seq=seq, time=_when(m.ts))
+            for m in reader.messages():
+                if inside(m.seq, m.ts):
+                    hit(m.text_for_search(), id=f"#{m.seq}", kind="message", seq=m.seq, time=_when(m.ts))
                 if len(hits) >= limit:
                     return hits
         if scope in ("cards", "both"):

@@ -1,0 +1,76 @@
+"""A fork's shared history: the runs it was forked from, each up to its fork point.
+
+``loomrt runs fork RUN_ID --at SEQ`` makes a run whose record says ``forked_from {run_id,
+seq}`` and whose own seqs continue after SEQ, so a ``[#seq]`` pointer means the same
+message in the fork and in its parent up to the fork point. Nothing is copied: the fork
+reads its parent's record (and its grandparent's, for a fork of a fork) through a
+:class:`Family`, and cards by id from the store's card index.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from loomrt.events import Event
+from loomrt.run.cards import Card
+
+__all__ = ["Family"]
+
+
+@dataclass(frozen=True)
+class Family:
+    """The ancestors of a fork: ``(run_id, last shared seq)``, nearest first."""
+
+    store: Any
+    links: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def of(cls, store: Any, forked_from: dict[str, Any] | None) -> Family | None:
+        """The family of a run whose ``run_started`` says ``forked_from`` (None if it says nothing)."""
+        links: list[tuple[str, int]] = []
+        at = forked_from
+        while at:
+            links.append((str(at["run_id"]), int(at["seq"])))
+            info = store.get_run(at["run_id"])
+            at = {"run_id": info.forked_from, "seq": info.fork_seq} if info.forked_from else None
+        return cls(store, tuple(links)) if links else None
+
+    @property
+    def fork_seq(self) -> int:
+        return self.links[0][1]
+
+    def _ranges(self) -> list[tuple[str, int, int]]:
+        """``(run_id, after, until)`` for each ancestor, oldest first: the seqs it holds."""
+        out = []
+        for i, (run_id, until) in enumerate(self.links):
+            after = self.links[i + 1][1] if i + 1 < len(self.links) else 0
+            out.append((run_id, after, until))
+        return out[::-1]
+
+    def events(self, *, kinds: Iterable[str] | None = None) -> list[Event]:
+        """Every shared event, oldest first (each ancestor's record up to its fork point)."""
+        out: list[Event] = []
+        for run_id, after, until in self._ranges():
+            out.extend(self.store.events(run_id, after=after, until=until, kinds=kinds))
+        return out
+
+    def events_at(self, seqs: Iterable[int]) -> dict[int, Event]:
+        """The shared events at ``seqs`` (those above the fork seq are not shared: left out)."""
+        wanted = sorted(set(seqs))
+        out: dict[int, Event] = {}
+        for run_id, after, until in self._ranges():
+            mine = [s for s in wanted if after < s <= until]
+            if mine:
+                for e in self.store.events(run_id, after=mine[0] - 1, until=mine[-1]):
+                    if e.seq in mine:
+                        out[e.seq] = e
+        return out
+
+    def cards(self, ids: Iterable[str]) -> dict[str, Card]:
+        return {i: Card.from_dict(d) for i, d in self.store.cards(ids).items()}
+
+    def private(self) -> set[int]:
+        """The shared seqs an operator marked private (private tool results say so themselves)."""
+        return {int(e.data["seq"]) for e in self.events(kinds=["mark_private"]) if int(e.data["seq"]) <= self.fork_seq}
