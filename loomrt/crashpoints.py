@@ -31,6 +31,7 @@ POINTS: dict[str, str] = {
     "in_tool": "the tool call is recorded, and the tool is running (no result yet)",
     "in_recall_index": "recall is indexing an evicted span",
     "in_spawn": "a child's result is on the parent's record, and its siblings may still be playing",
+    "in_fold": "a card is written (its model call answered), and its fold's distillation is not recorded yet",
 }
 """Every named point, with where it is."""
 

@@ -361,6 +361,23 @@ class Runtime:
         await run.add("parked", {"output": None})
         return run
 
+    async def refold(self, run_id: str, *, fallback_only: bool = False, model: str | None = None) -> dict[str, Any]:
+        """Write new cards for a fold run's catalog (old cards stay; the catalog moves to the
+        new ones): all of them, or only the fallbacks with ``fallback_only``; by ``model``
+        instead of the run's summariser if given. What changed, as a dict."""
+        run = await self.aopen(run_id)
+        if model:
+            run.summarizer = self.providers(run.spec, model)
+        before = run.estimate()
+        changed = await maybe_distil(run, force=True, require_smaller=False,
+                                     reduce=lambda r: r.mode.refold(r, fallback_only=fallback_only))
+        last = self.store.latest(run_id, "distillation") if changed else None
+        declined = None if changed else self.store.latest(run_id, "distillation_declined")
+        return {"run_id": run_id, "refolded": (last.data.get("folds") or {}).get("refolded", 0) if last else 0,
+                "tokens_before": before, "tokens_after": run.estimate(),
+                "fallbacks_left": sum(1 for m in run.context if m.ref in run.view.cards and run.view.cards[m.ref].fallback),
+                "reason": None if changed else (declined.data.get("reason") if declined else "no card to refold")}
+
     async def between_turns(self, run: RunState) -> bool:
         """Make the distillation the run's mode queued for between turns (fold's soft
         watermark), off the path where a user waits: the chat calls this while it reads the

@@ -86,7 +86,7 @@ def test_bad_mode_error_names_file_line_and_key(tmp_path: Path) -> None:
     p = write(tmp_path, "agents:\n  triage:\n    model: local/x\n    context:\n      mode: stateful2\n")
     result = invoke("agents", "validate", str(p))
     assert result.exit_code == 2
-    assert f"{p}:5:13: agents.triage.context.mode: 'stateful2' is not one of append, recap, stateful, compaction, auto" in result.stderr
+    assert f"{p}:5:13: agents.triage.context.mode: 'stateful2' is not one of append, recap, stateful, compaction, fold, auto" in result.stderr
 
 
 def test_unknown_agent_and_missing_file(calc_agents: Path, tmp_path: Path) -> None:

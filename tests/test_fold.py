@@ -355,3 +355,32 @@ def test_cache_idle_deferral_and_its_pressure_escape() -> None:
 
     asyncio.run(idle())
     assert queued()[-1]["reason"] == "cache idle" and queued()[-1]["pressure"] < 0.85 * run.budget
+
+
+def test_refold_repairs_fallback_cards_with_another_model_and_keeps_the_old_ones() -> None:
+    rng = random.Random(9)
+    bad = ScriptedProvider(turns=[{"text": "ok"}] * 40, summaries=["Port 65000 at /nowhere/made-up.conf."])
+    good = ScriptedProvider(turns=[], summaries=[{"extractive": 300}])
+    rt = Runtime(providers=lambda s, m: good if m == "scripted/good" else bad)
+    run = rt.start(spec(keep_recent=6, leaf_min_messages=4, rollup=16), interactive=True)
+
+    async def go() -> None:
+        for i in range(40):
+            await rt.send(run, said(i, rng) + " filler " * 40)
+
+    asyncio.run(go())
+    old = {m.ref for m in run.context if m.synthetic == CARD_BLOCK}
+    assert old and all(run.view.cards[c].fallback for c in old)
+    out = asyncio.run(rt.refold(run.run_id, fallback_only=True, model="scripted/good"))
+    assert out["refolded"] == len(old) and out["fallbacks_left"] == 0 and out["reason"] is None
+    view = project(rt.store.events(run.run_id))
+    new = {m.ref for m in view.context if m.synthetic == CARD_BLOCK}
+    assert new.isdisjoint(old) and old <= set(view.cards), "cards are immutable: the old ones stay on the record"
+    assert not any(view.cards[c].fallback for c in new)
+    seqs = sorted(s for c in new for s in view.cards[c].seqs)
+    assert seqs == sorted(s for c in old for s in view.cards[c].seqs), "the same coverage"
+    again = asyncio.run(rt.refold(run.run_id, fallback_only=True))
+    assert again["refolded"] == 0 and again["reason"]
+    with pytest.raises(Exception, match="refold is for fold runs"):
+        other = rt.start(AgentSpec(model="scripted/x", context={"mode": "recap"}), interactive=True)
+        asyncio.run(rt.refold(other.run_id))

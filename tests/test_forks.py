@@ -178,6 +178,11 @@ def test_runs_fork_on_the_cli_and_fork_run_over_mcp(tmp_path: Path, monkeypatch:
     assert out.exit_code == 0, out.output
     made = json.loads(out.output)
     assert made["forked_from"] == {"run_id": parent.run_id, "seq": 3} and made["mode"] == "fold"
+    shown = json.loads(CliRunner().invoke(app, ["runs", "show", made["run_id"], "--json"]).output)
+    assert shown["forked_from"] == parent.run_id and shown["fork_seq"] == 3
+    assert shown["mode_state"]["pending"] is False and shown["mode_state"]["cards"] == 0
+    text = CliRunner().invoke(app, ["runs", "show", made["run_id"]]).output
+    assert f"{parent.run_id} at #3" in text and "nothing pending" in text
     bad = CliRunner().invoke(app, ["runs", "fork", parent.run_id, "--at", "999"])
     assert bad.exit_code != 0 and "no seq 999" in bad.output
     from loomrt.mcp.service import RunService

@@ -26,7 +26,7 @@ from loomrt.spec import load_agents
 
 TOKEN = "t" * 40
 TOOLS = {"list_agents", "spawn_run", "spawn_runs", "get_run", "list_runs", "get_events", "continue_run", "cancel_run",
-         "compact_run", "recall"}
+         "compact_run", "fork_run", "recall"}
 
 
 def kinds(run_id: str) -> list[str]:

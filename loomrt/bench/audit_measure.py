@@ -34,7 +34,7 @@ __all__ = ["audit", "audit_figures"]
 
 DECISION = "Decision: the launch date is fixed at 14 March and the budget at 9,400 euros; do not reopen it."
 SECRET = "vault-token-7Q9Z-SECRET"
-MODES = ("recap", "compaction", "append")
+MODES = ("recap", "compaction", "append", "fold")
 
 
 def _filler(i: int) -> str:

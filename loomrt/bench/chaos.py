@@ -84,12 +84,13 @@ SCENARIOS = [
     Scenario("chat-compaction", True, CHAT_INPUTS),
     Scenario("chat-append", True, CHAT_INPUTS),
     Scenario("chat-pins", True, CHAT_INPUTS),
+    Scenario("chat-fold", True, CHAT_INPUTS),
     Scenario("tools-compaction", False, (TASK,)),
     Scenario("tools-stateful", False, (TASK,)),
     Scenario("tools-mcp", False, (TASK,)),
     Scenario("fanout-stateful", False, ("Check the four stations and merge what they found.",)),
 ]
-"""Every mode is covered: recap, compaction and append with the backstop in a chat;
+"""Every mode is covered: recap, compaction, fold and append with the backstop in a chat;
 compaction and stateful in a one-shot run with tools (a large tool result, a calculation);
 compaction with the tools of an MCP server (a tool source, its own process); and a stateful
 parent fanning out to four stateful children whose Σ it merges (the spawn ledger)."""
@@ -174,6 +175,11 @@ def write_scenarios(folder: Path) -> Path:
         "chat-compaction": {**chat, "context": {"mode": "compaction", **small}},
         "chat-append": {**chat, "context": {"mode": "append", "backstop": True, **small}},
         "chat-pins": {**chat, "model": "scripted/pins.yaml", "context": {"mode": "recap", "model_pins": True, **small}},
+        # folds only at the hard watermark, in the turn: when a soft fold runs depends on the
+        # clock (cache-idle deferral, the chat's between-turns thread), and every kill is
+        # compared with an uninterrupted run
+        "chat-fold": {**chat, "context": {"mode": "fold", **small, "budget_tokens": 1100, "fold": {
+            "keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100}}},
         "tools-compaction": {"model": "scripted/tools.yaml", **tools,
                              "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
         "tools-stateful": {"model": "scripted/state.yaml", **tools,

@@ -18,7 +18,7 @@ from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
 
 __all__ = [
-    "tokens", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
+    "tokens", "folding", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
 ]
 
 
@@ -45,6 +45,12 @@ def tokens(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str,
     if run.resolved in REFERENCE_RATIOS:
         out["reference_ratio"] = REFERENCE_RATIOS[run.resolved]
     return out
+
+
+@mode_measure("folding", "folded size (the final working context's tokens ÷ the history's); fold: cards, "
+              "fallback cards, depth, and the verbatim check (values checked and invented, cards rejected)")
+def folding(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
+    return dict(run.figures)
 
 
 @mode_measure("cache", "input cost with the cached prefix of each prompt priced at the discount")

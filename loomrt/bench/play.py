@@ -22,7 +22,8 @@ from loomrt.run.state import RunState
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
-from loomrt.tokens import count_dicts
+from loomrt.events import message_of
+from loomrt.tokens import count_dicts, count_messages
 from loomrt.tools import Tool
 
 __all__ = ["Recorder", "recall_available", "bench_spec", "play_mode", "probe_run", "STATE_SCHEMA"]
@@ -163,6 +164,22 @@ async def probe_run(run: RunState, probes: list[Probe]) -> list[str]:
     return found
 
 
+def folding_figures(run: RunState, events: list[Any]) -> dict[str, Any]:
+    """The folded size (the final working context's tokens ÷ the history's), and for fold
+    the cards written, how many are fallbacks, the deepest, and the verbatim check's figures."""
+    history = [m for e in events if (m := message_of(e)) is not None and m.role != "system"]
+    out: dict[str, Any] = {"folded_size": round(count_messages(run.context) / max(1, count_messages(history)), 4)}
+    cards = [c for e in events if e.kind == "distillation" for c in e.data.get("cards") or ()]
+    if cards:
+        checks = [e.data.get("verify") or {} for e in events if e.kind == "distillation"]
+        out.update(cards=len(cards), fallback_cards=sum(bool(c.get("fallback")) for c in cards),
+                   card_depth=max(int(c["depth"]) for c in cards),
+                   values_checked=sum(v.get("values", 0) for v in checks),
+                   values_invented=sum(v.get("invented", 0) for v in checks),
+                   cards_rejected=sum(v.get("rejected", 0) for v in checks))
+    return out
+
+
 def _series(events: list[Any], unit: str) -> list[int]:
     total, series = 0, []
     for e in events:
@@ -213,6 +230,7 @@ def play_mode(
         out.series = _series(events, unit)
         out.distillations = sum(e.kind == "distillation" for e in events)
         out.declined = sum(e.kind == "distillation_declined" for e in events)
+        out.figures.update(folding_figures(run, events))
         errors = [e.data.get("message") for e in events if e.kind == "error"]
         out.error = out.error or (errors[-1] if errors else None)
         out.status = "failed" if out.error else "done"

@@ -42,6 +42,9 @@ COLUMNS: list[tuple[str, str]] = [
     ("retrievable", "retrievable"),
     ("in_context", "in context"),
     ("via_recall", "via Recall"),
+    ("folded_size", "folded size"),
+    ("cards", "cards"),
+    ("fallback_cards", "fallbacks"),
 ]
 
 

@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_needles", "mcp", "fanout", "audit",
+    "recall_needles", "mcp", "fanout", "audit", "fork_cost",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
@@ -32,6 +32,7 @@ def _load() -> None:
     import loomrt.bench.audit_measure  # noqa: F401
     import loomrt.bench.curves  # noqa: F401
     import loomrt.bench.fanout  # noqa: F401
+    import loomrt.bench.fork_measure  # noqa: F401
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401

@@ -38,7 +38,7 @@ app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
 
 AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
-ModeOpt = typer.Option(None, "--mode", help="Override context.mode: append, recap, stateful, compaction, auto.")
+ModeOpt = typer.Option(None, "--mode", help="Override context.mode: append, recap, stateful, compaction, fold, auto.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of rendering events.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the answer.")
 

@@ -79,6 +79,20 @@ def show_cmd(
                 "declined", "working_context_messages"):
         table.add_row(f"[bold]{key}[/bold]", str(summary.get(key)))
     table.add_row("[bold]tools[/bold]", ", ".join(summary["tools"]) or "none")
+    if summary.get("forked_from"):
+        table.add_row("[bold]forked from[/bold]", f"{summary['forked_from']} at #{summary.get('fork_seq')}")
+    state = summary.get("mode_state")
+    if state:
+        def when(t: float | None) -> str:
+            return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else "never"
+
+        failure = state.get("last_failure") or {}
+        table.add_row(f"[bold]{summary['mode']}[/bold]", (
+            f"{state.get('cards', 0)} cards · {'a fold is pending' if state.get('pending') else 'nothing pending'} · "
+            f"last success {when(state.get('last_success'))}"
+            + (f" · last failure {when(failure.get('at'))}: {escape(str(failure.get('error') or failure.get('reason')))}"
+               if failure else "")
+            + (f" · paused until {when(state['paused_until'])}" if state.get("paused_until") else "")))
     if summary.get("parent_run_id"):
         table.add_row("[bold]parent[/bold]", f"{summary['parent_run_id']} (root {summary.get('root_run_id')})")
     if summary.get("children"):
@@ -263,6 +277,24 @@ def fork_cmd(
         return
     out.print(f"forked {run_id} at #{run.view.fork_seq}: run {run.run_id} ({run.mode.name}); "
               f"`loomrt runs continue {run.run_id} \"...\"` goes on from there", highlight=False)
+
+
+@runs_app.command("refold")
+@friendly
+def refold_cmd(
+    run_id: str,
+    fallback_only: bool = typer.Option(False, "--fallback-only", help="Rewrite only fallback cards (and those above one)."),
+    model: str | None = typer.Option(None, "--model", help="Write the new cards with this model (default: the run's summariser)."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """Write new cards for a fold run's catalog; the old cards stay on the record."""
+    result = asyncio.run(runtime().refold(run_id, fallback_only=fallback_only, model=model))
+    if json_output:
+        print_json(result)
+        return
+    out.print(f"run {run_id}: {result['refolded']} cards rewritten, {result['tokens_before']} → "
+              f"{result['tokens_after']} tokens, {result['fallbacks_left']} fallback cards left"
+              + (f" ({result['reason']})" if result["reason"] else ""), highlight=False)
 
 
 @runs_app.command("continue")

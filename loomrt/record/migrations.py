@@ -99,6 +99,7 @@ MIGRATIONS: list[tuple[str, str]] = [
             data TEXT NOT NULL
         );
         CREATE INDEX cards_run ON cards(run_id);
+        CREATE INDEX events_kind_seq ON events(run_id, kind, seq);
         CREATE TRIGGER cards_no_update BEFORE UPDATE ON cards
         BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card is never updated'); END;
         CREATE TRIGGER cards_no_delete BEFORE DELETE ON cards

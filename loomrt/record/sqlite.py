@@ -241,8 +241,9 @@ class SQLiteStore:
         """The run's last event of ``kind`` (at or before ``until``), or None."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND kind = ? AND seq <= ? "
-                "ORDER BY seq DESC LIMIT 1", (run_id, kind, until if until is not None else 2**62)).fetchone()
+                "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND seq = (SELECT MAX(seq) FROM events "
+                "WHERE run_id = ? AND kind = ? AND seq <= ?)", (run_id, run_id, kind, until if until is not None else 2**62),
+            ).fetchone()
         if row is None:
             return None
         s, k, t, d, h = row

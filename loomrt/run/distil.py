@@ -4,6 +4,7 @@ evicted span to the callbacks. A result that is not smaller is declined, and the
 from __future__ import annotations
 
 import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from loomrt.crashpoints import reached
@@ -17,20 +18,25 @@ from loomrt.tokens import count_messages
 __all__ = ["maybe_distil", "notify"]
 
 
-async def maybe_distil(run: RunState, *, force: bool = False) -> bool:
+async def maybe_distil(
+    run: RunState, *, force: bool = False, reduce: Callable[[RunState], Awaitable[Reduction | Declined | None]] | None = None,
+    require_smaller: bool = True,
+) -> bool:
     """Distil if the mode says pressure calls for it (or now, with ``force``: a client's
-    ``compact_run``). True if the context was reduced."""
+    ``compact_run``). True if the context was reduced. ``reduce`` stands in for the mode's
+    reducer (``runs refold``), and a rewrite that is not smaller may stand when
+    ``require_smaller`` is off."""
     if not (force or run.mode.should_distil(run)):
         return False
     before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
-    reduction = await run.mode.reduce(run)
+    reduction = await (reduce or run.mode.reduce)(run)
     changed = isinstance(reduction, Reduction) and (bool(reduction.evicted) or reduction.context != run.context)
     if isinstance(reduction, Reduction) and changed:  # whatever the mode kept, the pins stay verbatim
         reduction = replace(reduction, context=keep_pins(run.view, reduction.context))
     after = before
     if isinstance(reduction, Reduction):  # the same tools go with the smaller context
         after = before - count_messages(run.context) + count_messages(reduction.context)
-    if not isinstance(reduction, Reduction) or not changed or after >= before:
+    if not isinstance(reduction, Reduction) or not changed or (after >= before and require_smaller):
         if isinstance(reduction, Declined):
             paid, reason = reduction.paid, reduction.reason
         else:  # a distillation call was made for nothing when a span was evicted but the result is not smaller

@@ -19,6 +19,17 @@ from loomrt.run.cards import Card
 __all__ = ["Family"]
 
 
+def _stretches(seqs: list[int], gap: int = 8) -> list[tuple[int, int]]:
+    """Sorted ``seqs`` as ``(first, last)`` stretches, split where two are over ``gap`` apart."""
+    out: list[tuple[int, int]] = []
+    for s in seqs:
+        if out and s - out[-1][1] <= gap:
+            out[-1] = (out[-1][0], s)
+        else:
+            out.append((s, s))
+    return out
+
+
 @dataclass(frozen=True)
 class Family:
     """The ancestors of a fork: ``(run_id, last shared seq)``, nearest first."""
@@ -62,8 +73,8 @@ class Family:
         out: dict[int, Event] = {}
         for run_id, after, until in self._ranges():
             mine = [s for s in wanted if after < s <= until]
-            if mine:
-                for e in self.store.events(run_id, after=mine[0] - 1, until=mine[-1]):
+            for lo, hi in _stretches(mine):  # one read per stretch of nearby seqs, never the gaps between
+                for e in self.store.events(run_id, after=lo - 1, until=hi):
                     if e.seq in mine:
                         out[e.seq] = e
         return out

@@ -37,6 +37,9 @@ def run_summary(info: RunInfo, events: list[Event], store: Any = None) -> dict[s
         "state": view.state,
         "working_context_messages": len(view.context),
     }
+    mode_state = view.mode.status(view)
+    if mode_state is not None:  # fold: pending, failures, last success, last failure, cards
+        summary["mode_state"] = mode_state
     if store is not None:
         summary["children"] = children
     return summary

@@ -87,16 +87,21 @@ class RetentionMode:
 
     def should_distil(self, run: RunState) -> bool:
         pct = self.threshold_pct(run)
-        view = run.view
-        if pct is None or len(run.context) == view.declined_at:
+        if pct is None or not self.may_try(run):
             return False
-        size = run.estimate()
-        pressure = max(size, view.reported_prompt_tokens)
+        return run.pressure() * 100 >= pct * run.budget
+
+    def may_try(self, run: RunState) -> bool:
+        """False while the last decline still holds: nothing was added since, or (a paid
+        one) the context and the pressure have not grown by 5% of the budget since."""
+        view = run.view
+        if len(run.context) == view.declined_at:
+            return False
         if view.declined_size >= 0:  # the last paid distillation bought nothing: wait until something grew
-            step = run.budget // 20
-            if size < view.declined_size + step and pressure < view.declined_pressure + step:
+            size, step = run.estimate(), run.budget // 20
+            if size < view.declined_size + step and run.pressure() < view.declined_pressure + step:
                 return False
-        return pressure * 100 >= pct * run.budget
+        return True
 
     async def reduce(self, run: RunState) -> Reduction | Declined | None:
         """The reducer: the new working context and the evicted span; None when there is
@@ -118,6 +123,12 @@ class RetentionMode:
         """A fork's starting catalog, read from the parent's record without replaying it
         (fold); None: the fork replays its parent's record up to ``seq`` (every other mode)."""
         return None
+
+    async def refold(self, run: RunState, *, fallback_only: bool) -> Reduction | None:
+        """New cards over the same coverage for the catalog's cards (fold); other modes have none."""
+        from loomrt.errors import SpecError
+
+        raise SpecError(f"run {run.run_id} is in {self.name} mode, which writes no cards: refold is for fold runs")
 
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         """What the working context holds of a message over ``context.message_max_tokens``."""

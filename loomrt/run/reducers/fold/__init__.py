@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loomrt.crashpoints import reached
 from loomrt.events import Event
 from loomrt.messages import Message
 from loomrt.run.cards import CARD_BLOCK, Card, card_message
@@ -119,7 +120,7 @@ class FoldMode(RetentionMode):
 
     def should_distil(self, run: RunState) -> bool:
         spec, view = run.spec.context.fold, run.view
-        if len(run.context) == view.declined_at:
+        if not self.may_try(run):
             return False
         slot: FoldSlot = view.slot
         pct = run.pressure() * 100 / run.budget
@@ -164,12 +165,14 @@ class FoldMode(RetentionMode):
                 if step.kind == "leaf":
                     before = context[step.start - 1] if step.start else None
                     previous = cards.get(before.ref or "") if before and before.synthetic == CARD_BLOCK else None
-                    card = await writer.leaf([view.original(m) if m.synthetic else m for m in span], previous)
+                    card = await writer.leaf([view.original(m) if m.synthetic else m for m in span],
+                                             count_messages(span), previous)
                     evicted.extend(span)
                     counts["leaves"] += 1
                 else:
                     card = await writer.rollup([cards[m.ref or ""] for m in span])
                     counts["rollups"] += 1
+                reached("in_fold")
                 cards[card.id] = card
                 written.append(card)
                 context[step.start:step.end] = [card_message(card)]
@@ -198,6 +201,11 @@ class FoldMode(RetentionMode):
 
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         return external_note(message)
+
+    async def refold(self, run: RunState, *, fallback_only: bool) -> Reduction | None:
+        from loomrt.run.reducers.fold.refold import refold
+
+        return await refold(run, fallback_only=fallback_only)
 
     def fork_catalog(self, store: Any, run_id: str, seq: int) -> list[dict[str, Any]] | None:
         from loomrt.run.reducers.fold.fork import fork_catalog

@@ -22,7 +22,10 @@ from loomrt.run.cards import CARD_BLOCK, Card
 from loomrt.spec import FoldSpec
 from loomrt.tokens import count_messages
 
-__all__ = ["Step", "next_step", "tail_start", "head_size", "leaf_source_limit"]
+__all__ = ["Step", "next_step", "tail_start", "head_size", "leaf_source_limit", "MIN_LEAF_TOKENS"]
+
+MIN_LEAF_TOKENS = 160
+"""A stretch smaller than this is not worth a card: the card's wrapper alone is ~50 tokens."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +105,9 @@ def _leaf(context: list[Message], stop: int, spec: FoldSpec, budget: int, *, few
         end, size = end + 1, size + n
     while end > start and end < len(context) and context[end].role == "tool":
         end -= 1  # a tool call and its result stay on one side
-    return Step("leaf", start, end) if end - start >= fewest else None
+    if end - start < fewest or count_messages(context[start:end]) < MIN_LEAF_TOKENS:
+        return None
+    return Step("leaf", start, end)
 
 
 def _externalise(context: list[Message], stop: int, limit: int) -> Step | None:

@@ -229,25 +229,20 @@ def fold_tools(run: RunState) -> list[Tool]:
                     break
         return hits
 
+    ident = {"type": "string", "description": "A card id (c…) or a record seq (#12)."}
+    bound = {"type": ["integer", "string"]}
     return [
-        Tool("Describe", "What a card is: its text, depth, time range, the record seqs it covers, its parents and "
-             "children. Give a card id (c…) or a record seq (#12).",
-             {"type": "object", "properties": {"id": {"type": "string", "description": "A card id or #seq."}},
-              "required": ["id"]}, describe),
-        Tool("Expand", "Open a card one level down (its cards, or its messages word for word), or read one record "
-             f"message (#seq) whole. At most {page_tokens} tokens per call; ask for the next page.",
-             {"type": "object", "properties": {"id": {"type": "string", "description": "A card id or #seq."},
-                                               "page": {"type": "integer", "minimum": 1}},
+        Tool("Describe", "A card's text, depth, time range, covered seqs, parents and children.",
+             {"type": "object", "properties": {"id": ident}, "required": ["id"]}, describe),
+        Tool("Expand", f"A card one level down (its cards, or its messages verbatim), or one message whole; "
+             f"{page_tokens} tokens a page.",
+             {"type": "object", "properties": {"id": ident, "page": {"type": "integer", "minimum": 1}},
               "required": ["id"]}, expand),
-        Tool("Grep", "Search the exact words of this run's history (messages, cards, externalised results): "
-             "returns id, kind, seq, time and a snippet per hit.",
+        Tool("Grep", "Search the exact words of this run's history and cards. since/before: a seq or ISO time.",
              {"type": "object", "properties": {
-                 "pattern": {"type": "string"},
-                 "mode": {"type": "string", "enum": ["regex", "text"]},
-                 "scope": {"type": "string", "enum": ["messages", "cards", "both"]},
-                 "since": {"type": ["integer", "string"], "description": "A seq, or an ISO date/time."},
-                 "before": {"type": ["integer", "string"], "description": "A seq, or an ISO date/time."},
-                 "limit": {"type": "integer", "minimum": 1, "maximum": GREP_MAX}},
+                 "pattern": {"type": "string"}, "mode": {"enum": ["regex", "text"]},
+                 "scope": {"enum": ["messages", "cards", "both"]}, "since": bound, "before": bound,
+                 "limit": {"type": "integer", "maximum": GREP_MAX}},
               "required": ["pattern"]}, grep),
     ]
 

@@ -29,7 +29,11 @@ from loomrt.visibility import redact
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
-__all__ = ["CardWriter", "FoldSkipped", "INSTRUCTIONS", "source_lines"]
+__all__ = ["CardWriter", "FoldSkipped", "INSTRUCTIONS", "source_lines", "WRAPPER_TOKENS"]
+
+WRAPPER_TOKENS = 90
+"""What a card costs in the working context besides its text: the tagged wrapper, its
+Expand line (at most six names) and the message's own overhead (50 to 85 tokens)."""
 
 INSTRUCTIONS = {
     0: ("You fold a stretch of an agent's conversation into a card: a short summary the agent reads instead "
@@ -73,7 +77,7 @@ def _hint(text: str, source: str, default: str = "") -> tuple[str, str]:
     if body.strip() and hint.strip():
         return body.strip(), " ".join(hint.split()).rstrip(".")
     if default:
-        return text.strip(), ", ".join(default.split(", ")[:8])
+        return text.strip(), ", ".join(default.split(", ")[:6])
     said = {w.lower() for w in re.findall(r"[A-Za-z][\w-]+", text)}
     words = Counter(w for w in re.findall(r"[A-Za-z][\w-]{3,}", source) if w.lower() not in _STOP | said)
     return text.strip(), ", ".join(w for w, _ in words.most_common(6))
@@ -89,13 +93,14 @@ class CardWriter:
     """Model calls the spend guard still allows."""
     figures: dict[str, int] = field(default_factory=lambda: {"values": 0, "invented": 0, "rejected": 0, "fallbacks": 0})
 
-    async def leaf(self, messages: list[Message], previous: Card | None) -> Card:
+    async def leaf(self, messages: list[Message], shown: int, previous: Card | None) -> Card:
+        """A leaf card for ``messages``, which take ``shown`` tokens in the working context."""
         source = source_lines(messages, self.run.view.private)
         spec = self.run.spec.context.fold
-        size = count_text(source)
-        target = spec.leaf_target_tokens or max(64, size // 16)
+        target = spec.leaf_target_tokens or max(64, count_text(source) // 16)
         context = f"The card before this one (do not repeat it):\n{previous.text}\n\n" if previous else ""
-        text, fallback = await self._write(0, source, target, context=context, allowed={m.seq for m in messages if m.seq})
+        text, fallback = await self._write(0, source, target, context=context, room=shown - WRAPPER_TOKENS,
+                                           allowed={m.seq for m in messages if m.seq})
         return self._card(0, text, source, fallback, seqs=tuple(m.seq for m in messages if m.seq is not None),
                           ts=[m.ts or 0.0 for m in messages], children=())
 
@@ -104,7 +109,8 @@ class CardWriter:
         source = "\n\n".join(c.text for c in cards)
         size = sum(c.tokens for c in cards)
         allowed = {s for c in cards for s in c.seqs}
-        text, fallback = await self._write(depth, source, max(48, size // 3), context="", allowed=allowed)
+        text, fallback = await self._write(depth, source, max(48, size // 3), context="", room=size - WRAPPER_TOKENS,
+                                           allowed=allowed)
         hints = ", ".join(dict.fromkeys(h.strip() for c in cards for h in c.hint.split(",") if h.strip()))
         return self._card(depth, text, source, fallback, hint=hints, seqs=tuple(s for c in cards for s in c.seqs),
                           ts=[cards[0].ts_lo, cards[-1].ts_hi], children=tuple(c.id for c in cards),
@@ -122,9 +128,12 @@ class CardWriter:
         tokens = count_messages([card_message(card)])
         return replace(card, tokens=tokens)
 
-    async def _write(self, depth: int, source: str, target: int, *, context: str, allowed: set[int]) -> tuple[str, bool]:
-        """An accepted card text for ``source``, and whether it is the fallback."""
-        size = count_text(source)
+    async def _write(self, depth: int, source: str, target: int, *, context: str, room: int,
+                     allowed: set[int]) -> tuple[str, bool]:
+        """An accepted card text for ``source``, and whether it is the fallback. ``room``:
+        the tokens the card's text must stay under to make the card smaller than what it
+        replaces (the source's size in the context, less the card's wrapper)."""
+        size = max(16, min(count_text(source), room))
         target = max(16, min(target, size // 2))
         reason = ""
         for attempt in (1, 2):
@@ -150,7 +159,7 @@ class CardWriter:
         if not text.strip():
             return "the card is empty"
         if n >= size:
-            return f"not shorter than its source ({n} tokens for {size})"
+            return f"not shorter than its source ({n} tokens, and the card must stay under {size})"
         if n > 3 * target:
             return f"over 3× its target ({n} tokens for a target of {target})"
         if depth == 0:
