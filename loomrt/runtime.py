@@ -11,6 +11,7 @@ agent definition, resolves its retention mode once, and resolves its toolset in
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
@@ -43,6 +44,11 @@ HARVEST_NOTICE = (
     "context.harvest_to_memory is on, but harvest is not installed in this version of loomrt: "
     "evicted spans go to the recall index only, nothing is banked for durable memory."
 )
+
+
+LEASE_S = 600.0
+"""How long a between-turns distillation holds its run's lease (``distil:RUN_ID``) at most:
+a process that dies holding it blocks no one for longer."""
 
 
 def drive(coro: Coroutine[Any, Any, T]) -> T:
@@ -384,12 +390,17 @@ class Runtime:
         next input. True if the context was reduced; a failure is an event, never raised."""
         if not run.mode.queued(run.view):
             return False
+        lease, holder = f"distil:{run.run_id}", f"{os.getpid()}:{id(run)}"
+        if not self.store.take_lease(lease, holder, LEASE_S):
+            return False  # another process (a `loomrt worker`) is on it
         try:
             return await maybe_distil(run, force=True)
         except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
             await run.add("notice", {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
                                      "source": run.mode.name})
             return False
+        finally:
+            self.store.release_lease(lease, holder)
 
     async def compact(self, run_id: str) -> dict[str, Any]:
         """Distil a run that is not playing now, whatever its pressure: the tokens of its

@@ -384,3 +384,37 @@ def test_refold_repairs_fallback_cards_with_another_model_and_keeps_the_old_ones
     with pytest.raises(Exception, match="refold is for fold runs"):
         other = rt.start(AgentSpec(model="scripted/x", context={"mode": "recap"}), interactive=True)
         asyncio.run(rt.refold(other.run_id))
+
+
+def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loomrt.cli.app import app
+
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path))
+    script = tmp_path / "chat.yaml"
+    script.write_text(json.dumps({"turns": [{"text": "Noted."}] * 60, "summaries": [{"extractive": 300}]}))
+    rng = random.Random(11)
+    rt = Runtime()
+    run = rt.start(spec(soft_pct=40, cache_idle_s=0).clone(model=f"scripted/{script}"), interactive=True)
+    talk = [said(i, rng) for i in range(60)]
+
+    async def until_queued() -> None:
+        for text in talk:
+            await rt.send(run, text)
+            if run.mode.queued(run.view):
+                return
+
+    asyncio.run(until_queued())
+    assert run.mode.queued(run.view) and rt.store.pending("fold_queued", ("distillation", "fold_skipped")) == [run.run_id]
+    assert rt.store.take_lease(f"distil:{run.run_id}", "someone else", 60)  # another worker holds it
+    busy = CliRunner().invoke(app, ["worker", "--once", "--json"])
+    assert busy.exit_code == 0 and json.loads(busy.output)["done"] is False
+    rt.store.release_lease(f"distil:{run.run_id}", "someone else")
+    done = CliRunner().invoke(app, ["worker", "--once", "--json"])
+    row = json.loads(done.output)
+    assert row["done"] and row["tokens_after"] < row["tokens_before"]
+    assert rt.store.pending("fold_queued", ("distillation", "fold_skipped")) == []
+    folds = rt.store.events(run.run_id, kinds=["distillation"])
+    assert folds and not folds[-1].data["hard"]
+    assert rt.store.get_run(run.run_id).status == "parked", "a fold never changes the run's status"

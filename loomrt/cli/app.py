@@ -120,6 +120,37 @@ def _read_turn(prompt: bool) -> str | None:
 # recall, doctor, mcp and bench import their heavy libraries (torch, litellm) only when they run.
 app.command("recall")(friendly(recall))
 app.command("doctor")(friendly(doctor))
+
+
+@app.command("worker")
+@friendly
+def worker_cmd(
+    once: bool = typer.Option(False, "--once", help="Do what is queued now, then exit."),
+    interval_s: float = typer.Option(5.0, "--interval", help="Seconds between looks at the queue.", min=0.1),
+    json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
+) -> None:
+    """Do the background work of runs that are not playing: the folds fold mode queued."""
+    from loomrt.worker import work, work_once
+
+    rt = runtime()
+
+    def tell(row: dict[str, Any]) -> None:
+        if json_output:
+            print_json(row)
+        elif row["done"]:
+            out.print(f"run {row['run_id']}: folded, {row['tokens_before']} → {row['tokens_after']} tokens", highlight=False)
+        else:
+            out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)
+
+    if once:
+        asyncio.run(work_once(rt, tell=tell))
+        return
+    if not json_output:
+        err.print(f"[dim]loomrt worker: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
+    try:
+        work(rt, interval_s=interval_s, tell=tell)
+    except KeyboardInterrupt:
+        pass
 app.command("mcp")(mcp_cmd)
 app.add_typer(bench_app, name="bench")
 

@@ -99,11 +99,23 @@ MIGRATIONS: list[tuple[str, str]] = [
             data TEXT NOT NULL
         );
         CREATE INDEX cards_run ON cards(run_id);
-        CREATE INDEX events_kind_seq ON events(run_id, kind, seq);
         CREATE TRIGGER cards_no_update BEFORE UPDATE ON cards
         BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card is never updated'); END;
         CREATE TRIGGER cards_no_delete BEFORE DELETE ON cards
         BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card is never deleted'); END;
+        """,
+    ),
+    (
+        "0008_leases_and_latest",
+        # leases (not the record: they come and go) keep two workers from working on one run
+        # at once; the index finds a run's last event of a kind without reading the others
+        """
+        CREATE TABLE leases (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        CREATE INDEX events_kind_seq ON events(run_id, kind, seq);
         """,
     ),
 ]

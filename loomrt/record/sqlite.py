@@ -262,6 +262,44 @@ class SQLiteStore:
                 out.update({c: json.loads(d) for c, d in rows})
         return out
 
+    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Hold lease ``name`` for ``ttl_s`` seconds: True if ``holder`` has it now (it was
+        free, expired, or already its own), False if another holder's has not expired."""
+        now = time.time()
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                row = self._conn.execute("SELECT holder, expires_at FROM leases WHERE name = ?", (name,)).fetchone()
+                if row is not None and row[0] != holder and row[1] > now:
+                    self._conn.execute("ROLLBACK")
+                    return False
+                self._conn.execute(
+                    "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE "
+                    "SET holder = excluded.holder, expires_at = excluded.expires_at", (name, holder, now + ttl_s))
+                self._conn.execute("COMMIT")
+                return True
+            except sqlite3.Error as exc:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise StoreError(f"cannot take lease {name} in {self.path}: {exc}{_hint(exc)}") from exc
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give lease ``name`` back (if ``holder`` still has it)."""
+        with self._lock:
+            self._conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+    def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
+        """The runs whose last ``kind`` event (a ``fold_queued``) came after their last
+        ``settled_by`` one: work queued for them and not yet done, oldest request first."""
+        settled = list(settled_by)
+        marks = ",".join("?" * len(settled))
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT q.run_id, MAX(q.seq) AS last, MIN(q.ts) FROM events q WHERE q.kind = ? GROUP BY q.run_id "
+                f"HAVING last > COALESCE((SELECT MAX(s.seq) FROM events s WHERE s.run_id = q.run_id "
+                f"AND s.kind IN ({marks})), 0) ORDER BY MIN(q.ts)", [kind, *settled]).fetchall()
+        return [r[0] for r in rows]
+
     def get_run(self, run_id: str) -> RunInfo:
         runs = self._runs("WHERE r.run_id = ?", [run_id], 1)
         if not runs:

@@ -66,6 +66,16 @@ class Store(Protocol):
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Fold's cards by id, whichever run of the family wrote them (the ids found)."""
 
+    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Hold lease ``name`` for ``ttl_s`` seconds (the one lease mechanism: folds now,
+        harvest and many workers later): True if ``holder`` has it."""
+
+    def release_lease(self, name: str, holder: str) -> None:
+        """Give lease ``name`` back."""
+
+    def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
+        """The runs with a ``kind`` event after their last ``settled_by`` one."""
+
     def get_run(self, run_id: str) -> RunInfo:
         """One run; raises :class:`~loomrt.errors.NotFoundError` for an unknown id."""
 

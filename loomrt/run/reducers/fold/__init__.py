@@ -105,7 +105,8 @@ class FoldMode(RetentionMode):
                 slot.pending = dict(d)
             case "distillation":
                 slot.pending, slot.failures, slot.paused_until, slot.last_success = None, 0, 0.0, event.ts
-            case "fold_skipped":
+            case "fold_skipped":  # settled: queued again at a later call, once any pause is over
+                slot.pending = None
                 slot.failures = int(d.get("failures", 0))
                 slot.paused_until = float(d.get("paused_until") or 0.0)
                 slot.last_failure = {"at": event.ts, "reason": d.get("reason"), "error": d.get("error")}
