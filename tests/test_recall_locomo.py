@@ -150,3 +150,16 @@ def test_a_chat_replay_indexes_the_replies_between_the_turns() -> None:
         assert all(result["recall_all_at"][k] <= result["recall_at"][k] for k in result["recall_at"])
     entries = sum(c["entries"] for c in chat["conversations"].values())
     assert entries > sum(c["entries"] for c in observer["conversations"].values())  # the replies are indexed
+
+
+def test_a_fold_replay_measures_recall_grep_and_both_on_the_same_run() -> None:
+    from loomrt.bench.locomo_recall import fused
+
+    assert fused([1, 2, 3], [3, 4])[:2] == [3, 1], "a seq both lists rank comes first"
+    out = evaluate_locomo(MINI, embedder=HashEmbedder(), mode="fold")
+    assert out["mode"] == "fold" and out["questions"] > 0
+    for key in ("recall_at", "grep_at", "recall_and_grep_at"):
+        assert set(out[key]) == {"1", "3", "5", "10"} and all(0 <= v <= 1 for v in out[key].values())
+    assert out["grep_at"]["10"] > 0, "Grep finds evidence turns by their words"
+    assert out["conversations"]["mini-1"]["distillations"] > 0, "the conversation was folded"
+    assert "grep_at" not in evaluate_locomo(MINI, embedder=HashEmbedder())

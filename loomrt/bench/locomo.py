@@ -103,8 +103,9 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
 
     assert config.data is not None  # the workload runs only with --data
     total = sum(len(turns_of(s)) + len(s["qa"]) for _, s in chosen)
-    for key, replies in (("evidence_recall", False), ("evidence_recall_chat", True)):
-        progress.start(f"locomo evidence recall@k · {'chat' if replies else 'observer'} replay", total)
+    for key, replies, mode in (("evidence_recall", False, "compaction"), ("evidence_recall_chat", True, "compaction"),
+                               ("evidence_recall_fold", False, "fold")):
+        progress.start(f"locomo evidence recall@k · {mode} · {'chat' if replies else 'observer'} replay", total)
         last = {"done": 0}
 
         def tick(done: int, _total: int, _what: str) -> None:
@@ -117,5 +118,6 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
             embedder=config.make_embedder(),
             progress=tick,  # type: ignore[arg-type]
             replies=replies,
+            mode=mode,
         )
     return result

@@ -145,13 +145,15 @@ async def replay(
     on_turn: Callable[[], None] | None = None,
     budget_tokens: int = 512,
     replies: bool = False,
+    mode: str = "compaction",
 ) -> tuple[Any, Any, dict[int, str]]:
     """Replay one conversation through a recall-enabled run: as an observer (empty replies,
     which are not indexed), or with ``replies`` as a chat (:data:`ACKNOWLEDGEMENT` after each
     turn, indexed like any assistant message, so it sits between the turns).
 
     Returns ``(runtime, run, seq_to_dia)``: the run's record seq of each turn's user
-    input, mapped to its ``dia_id``.
+    input, mapped to its ``dia_id``. ``mode`` is compaction, or fold (its tools' schemas
+    take room: it plays on a budget of 1,024).
     """
     from loomrt.providers.base import ModelRequest, ModelResponse, Usage
     from loomrt.spec import AgentSpec
@@ -171,17 +173,20 @@ async def replay(
         return ModelResponse(text=ACKNOWLEDGEMENT if replies else "", usage=Usage(reported, 1))
 
     rt = scripted_runtime(FunctionProvider(reply, name="function/locomo-replay"), embedder=embedder)
+    if mode == "fold":
+        budget_tokens = max(budget_tokens, 1024)
     spec = AgentSpec(
         model="function/locomo-replay",
         system_prompt="You are listening to a long conversation between two people.",
         max_iterations=2,
         context={
-            "mode": "compaction",
+            "mode": mode,
             "budget_tokens": budget_tokens,
             "keep_last_n": 2,
             "keep_first": False,
             "recall": True,
             "recall_max_entries": max(4096, 2 * len(turns) + 16),
+            "fold": {"keep_recent": 4, "leaf_min_messages": 4, "max_calls_per_10min": 10**6},
         },
     )
     run = rt.start(spec, interactive=True, name=sample_id(sample, 0))
@@ -198,6 +203,36 @@ async def replay(
     return rt, run, {seq: t.dia_id for seq, t in zip(inputs, turns, strict=False)}
 
 
+def grep_ranked(tool: Any, question: str) -> list[int]:
+    """The seqs a reader finds with Grep for ``question``: a message holding all three of its
+    longest words that are not stop words, else any of them; hits holding more of the words
+    first (then oldest first). One or two Grep calls, as an agent would make them."""
+    from loomrt.bench.reader import STOP_WORDS
+
+    words = sorted({w for w in re.findall(r"[A-Za-z0-9']{4,}", question) if w.lower() not in STOP_WORDS},
+                   key=len, reverse=True)[:3]
+    if not words:
+        return []
+    hits: list[dict[str, Any]] = []
+    for pattern in ("(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words), "|".join(map(re.escape, words))):
+        out = tool.fn(pattern=pattern, mode="regex", scope="messages", limit=200)
+        hits = out.get("hits", []) if isinstance(out, dict) else []
+        if hits:
+            break
+    said = [sum(w.lower() in str(h.get("snippet", "")).lower() for w in words) for h in hits]
+    order = sorted(range(len(hits)), key=lambda i: (-said[i], hits[i]["seq"]))
+    return [int(hits[i]["seq"]) for i in order]
+
+
+def fused(*ranked: list[int], k: int = 60) -> list[int]:
+    """Reciprocal-rank fusion of ranked seq lists."""
+    score: dict[int, float] = {}
+    for seqs in ranked:
+        for rank, seq in enumerate(seqs):
+            score[seq] = score.get(seq, 0.0) + 1 / (k + rank + 1)
+    return sorted(score, key=lambda s: -score[s])
+
+
 def _rate(hits: dict[int, int], n: int) -> dict[str, float]:
     return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
 
@@ -210,6 +245,7 @@ async def evaluate_locomo_async(
     embedder: Any = None,
     progress: Progress | None = None,
     replies: bool = False,
+    mode: str = "compaction",
 ) -> dict[str, Any]:
     """:func:`evaluate_locomo` for code that is already async."""
     started = time.perf_counter()
@@ -240,19 +276,29 @@ async def evaluate_locomo_async(
 
     hits = {k: 0 for k in ks}
     hits_all = {k: 0 for k in ks}
+    grep_hits = {k: 0 for k in ks}
+    fused_hits = {k: 0 for k in ks}
     by_cat: dict[int, dict[str, Any]] = {}
     per_conv: dict[str, dict[str, Any]] = {}
     n = 0
     for cid, sample in chosen:
         _, run, seq_to_dia = await replay(
-            sample, embedder=embedder, on_turn=functools.partial(tick, f"{cid}: replay"), replies=replies
+            sample, embedder=embedder, on_turn=functools.partial(tick, f"{cid}: replay"), replies=replies, mode=mode
         )
         tool = run.toolset.tools["Recall"]
+        grep = run.toolset.tools.get("Grep")
         conv_hits = {k: 0 for k in ks}
         for q in questions[cid]:
             answer = tool.fn(query=str(q["question"]), top_k=max(ks))
-            found = [seq_to_dia.get(r.get("seq")) for r in answer["results"] if r.get("source") == "run"]
+            recalled = [int(r["seq"]) for r in answer["results"] if r.get("source") == "run" and r.get("seq") is not None]
+            found = [seq_to_dia.get(s) for s in recalled]
             gold = evidence_ids(q["evidence"])
+            if grep is not None:
+                grepped = grep_ranked(grep, str(q["question"]))
+                both = fused(recalled, grepped)
+                for k in ks:
+                    grep_hits[k] += bool(gold & {seq_to_dia.get(s) for s in grepped[:k]})
+                    fused_hits[k] += bool(gold & {seq_to_dia.get(s) for s in both[:k]})
             cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks}})
             cat["questions"] += 1
             for k in ks:
@@ -271,11 +317,14 @@ async def evaluate_locomo_async(
             "distillations": run.distillations,
             "recall_at": _rate(conv_hits, len(questions[cid])),
         }
+    out_grep = {"grep_at": _rate(grep_hits, n), "recall_and_grep_at": _rate(fused_hits, n)} if mode == "fold" else {}
     return {
         "replay": "chat" if replies else "observer",
+        "mode": mode,
         "questions": n,
         "recall_at": _rate(hits, n),
         "recall_all_at": _rate(hits_all, n),
+        **out_grep,
         "by_category": {
             str(c): {
                 "name": CATEGORY_NAMES.get(c, str(c)),
@@ -297,6 +346,7 @@ def evaluate_locomo(
     embedder: Any = None,
     progress: Progress | None = None,
     replies: bool = False,
+    mode: str = "compaction",
 ) -> dict[str, Any]:
     """Replay each conversation of the LoCoMo file at ``path`` through a recall-enabled
     run, ask Recall every answerable question, and measure evidence recall@k.
@@ -304,12 +354,15 @@ def evaluate_locomo(
     ``conversations`` picks sample ids (default all); ``embedder`` as for
     :class:`~loomrt.recall.RunRecall` (None: MiniLM; False: lexical-only); ``replies``
     replays as a chat (a short acknowledgement after each turn) instead of an observer.
-    Returns ``{"replay", "questions", "recall_at": {"1": x, ...}`` (any evidence turn in
+    ``mode`` fold replays into a fold run and also asks its Grep (:func:`grep_ranked`):
+    ``grep_at`` and ``recall_and_grep_at`` (the two lists fused by reciprocal rank) beside
+    Recall's own ``recall_at`` on that run.
+    Returns ``{"replay", "mode", "questions", "recall_at": {"1": x, ...}`` (any evidence turn in
     the top k), ``"recall_all_at"`` (every evidence turn in the top k), ``"by_category",
     "conversations", "seconds"}``.
     """
     return asyncio.run(
         evaluate_locomo_async(
-            path, conversations=conversations, ks=ks, embedder=embedder, progress=progress, replies=replies
+            path, conversations=conversations, ks=ks, embedder=embedder, progress=progress, replies=replies, mode=mode
         )
     )

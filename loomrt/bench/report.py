@@ -109,13 +109,17 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def _evidence(ev: dict[str, Any]) -> list[str]:
     at, every = ev["recall_at"], ev.get("recall_all_at", {})
+    grep, both = ev.get("grep_at"), ev.get("recall_and_grep_at")
     lines = [
         "",
-        f"Evidence recall, {ev.get('replay', 'observer')} replay, over {ev['questions']} questions: "
+        f"Evidence recall, {ev.get('replay', 'observer')} replay into a {ev.get('mode', 'compaction')} run, over "
+        f"{ev['questions']} questions: "
         + ", ".join(f"R@{k} {at[k]:.3f}" for k in at)
         + " (any evidence turn in the top k)"
         + ("; " + ", ".join(f"R@{k} {every[k]:.3f}" for k in every) + " (all of them)" if every else "")
-        + ".",
+        + "."
+        + (" Grep alone: " + ", ".join(f"R@{k} {grep[k]:.3f}" for k in grep) + "; Recall and Grep fused by "
+           "reciprocal rank: " + ", ".join(f"R@{k} {both[k]:.3f}" for k in both) + "." if grep and both else ""),
     ]
     cats = [
         [f"{c} {v['name']}", str(v["questions"]), *(f"{x:.3f}" for x in v["recall_at"].values())]
@@ -177,7 +181,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _table([h for _, h in COLUMNS], mode_rows(w))
         failed = [f"- {m}: {f['error']}" for m, f in w["modes"].items() if f.get("error")]
         lines += ["", *failed] if failed else []
-        for key in ("evidence_recall", "evidence_recall_chat"):
+        for key in ("evidence_recall", "evidence_recall_chat", "evidence_recall_fold"):
             if w.get(key):
                 lines += _evidence(w[key])
         lines.append("")
@@ -254,9 +258,16 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _fanout(m["fanout"])
     if "audit" in m:
         lines += _audit(m["audit"])
+    if "fork_cost" in m:
+        f = m["fork_cost"]
+        lines += ["### Fork cost", "", f"`Runtime.fork` at the run's last seq, median of {f['forks']} forks, after a "
+                  f"scripted chat of each length ({f['goal']}):", ""]
+        lines += _table(["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
+                        [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]])
+        lines.append("")
     for name, f in m.items():
         if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency", "mcp",
-                        "fanout", "audit"):
+                        "fanout", "audit", "fork_cost"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
