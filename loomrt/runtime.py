@@ -214,6 +214,8 @@ class Runtime:
                 root_run_id=run.root_run_id, forked_from=(fork or {}).get("forked_from", {}).get("run_id"),
                 fork_seq=(fork or {}).get("forked_from", {}).get("seq"),
             )
+            if fork:  # a fork waits for its first input: parked in the same transaction as its start
+                run.emit("parked", {"output": None})
             async with run.atomic():  # the run and its first event: a crash leaves both or neither
                 await self.store.write_run(info)
                 await run.add("run_started", {
@@ -362,10 +364,8 @@ class Runtime:
         if catalog is not None:
             fork["catalog"] = catalog
         new_id = uuid.uuid4().hex[:12]
-        run = await self._assemble(new_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file,
-                                   history=None, fork=fork)
-        await run.add("parked", {"output": None})
-        return run
+        return await self._assemble(new_id, info.agent, spec, interactive=info.interactive,
+                                    agents_file=info.agents_file, history=None, fork=fork)
 
     async def refold(self, run_id: str, *, fallback_only: bool = False, model: str | None = None) -> dict[str, Any]:
         """Write new cards for a fold run's catalog (old cards stay; the catalog moves to the
