@@ -174,8 +174,8 @@ def _offered(store: Any, run_id: str) -> set[str]:
 
 
 def test_the_fold_tools_reach_the_model_at_every_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """start, continue, resume, spawn and an MCP spawn: Describe, Expand, Grep and Recall are
-    in the tool list the model is sent (not only registered)."""
+    """start, continue, resume, fork, spawn and an MCP spawn: Describe, Expand, Grep and
+    Recall are in the tool list the model is sent (not only registered)."""
     monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / "home"))
     path = _sites_agents(tmp_path)
     defs = load_agents(path)
@@ -207,6 +207,10 @@ def test_the_fold_tools_reach_the_model_at_every_site(tmp_path: Path, monkeypatc
     run = asyncio.run(rt.aopen(result.run_id))  # resume after a failed turn
     asyncio.run(run.add("user_input", {"content": "one more"}))
     asyncio.run(rt.resume(result.run_id))
+    assert want <= seen[-1]
+    fork = asyncio.run(rt.fork(result.run_id))  # fork
+    assert want <= _offered(rt.store, fork.run_id)
+    asyncio.run(rt.continue_run(fork.run_id, "from the fork"))
     assert want <= seen[-1]
     seen.clear()
     boss = rt.run_sync("boss", "delegate", agents=defs, agents_file=str(path))  # spawn
