@@ -28,6 +28,7 @@ __all__ = [
     "ScriptExhaustedError",
     "StateError",
     "StoreError",
+    "MovedOnError",
     "NotFoundError",
 ]
 
@@ -93,6 +94,11 @@ class StateError(RunError):
 
 class StoreError(LoomError):
     """The record could not be read or written."""
+
+
+class MovedOnError(StoreError):
+    """A guarded append found the run's record longer than the writer had read it: another
+    process (the run's own, playing a turn) wrote meanwhile, so the write was refused."""
 
 
 class NotFoundError(LoomError):

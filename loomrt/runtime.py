@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
-from loomrt.errors import LoomError, NotFoundError, SpecError, StoreError
+from loomrt.errors import LoomError, MovedOnError, NotFoundError, SpecError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
@@ -395,6 +395,8 @@ class Runtime:
             return False  # another process (a `loomrt worker`) is on it
         try:
             return await maybe_distil(run, force=True)
+        except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
+            return False
         except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
             await run.add("notice", {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
                                      "source": run.mode.name})

@@ -4,7 +4,9 @@ Today that is the folds fold mode queued at its soft watermark (``fold_queued``)
 that are parked or ended, whose chat was closed before it could fold between turns. Each
 is done under the run's lease in the store (``distil:RUN_ID``, the same one the chat takes),
 so two workers, or a worker and the run's own chat, never fold one run at once. A run
-that is playing (active) is left to its own process.
+that is playing (active) is left to its own process, and the worker's appends are guarded
+(:attr:`loomrt.run.state.RunState.guarded`): if the run's own process starts a turn while
+the worker folds, the worker's next append is refused and its fold dropped, never mixed in.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] 
             row = {"run_id": run_id, "done": False, "reason": "playing now: its own process folds it"}
         else:
             run = await runtime.aopen(run_id)
+            run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
             before = run.estimate()
             done = await runtime.between_turns(run)
             row = {"run_id": run_id, "done": done, "tokens_before": before, "tokens_after": run.estimate(),

@@ -422,3 +422,28 @@ def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(tmp_path:
     folds = rt.store.events(run.run_id, kinds=["distillation"])
     assert folds and not folds[-1].data["hard"]
     assert rt.store.get_run(run.run_id).status == "parked", "a fold never changes the run's status"
+
+
+def test_a_workers_fold_gives_way_when_the_run_moves_on() -> None:
+    from loomrt.errors import MovedOnError
+
+    rng = random.Random(12)
+    provider = ScriptedProvider(turns=[{"text": "Noted."}] * 80, summaries=[{"extractive": 300}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(soft_pct=40, cache_idle_s=0), interactive=True)
+
+    async def until_queued() -> None:
+        for i in range(80):
+            await rt.send(run, said(i, rng))
+            if run.mode.queued(run.view):
+                return
+
+    asyncio.run(until_queued())
+    worker = asyncio.run(rt.aopen(run.run_id))
+    worker.guarded = True
+    asyncio.run(run.add("user_input", {"content": "the user types first"}))  # the run's own process moves on
+    last = rt.store.get_run(run.run_id).last_seq
+    assert asyncio.run(rt.between_turns(worker)) is False
+    assert rt.store.get_run(run.run_id).last_seq == last, "nothing of the worker's fold was written"
+    with pytest.raises(MovedOnError):
+        asyncio.run(worker.add("notice", {"message": "late"}))

@@ -37,7 +37,7 @@ __all__ = [
     "replay",
     "evaluate_locomo",
     "evaluate_locomo_async",
-    "ANSWERABLE", "sample_id"]
+    "ANSWERABLE", "sample_id", "grep_ranked", "fused"]
 
 ANSWERABLE = (1, 2, 3, 4)
 """Question categories with an answer in the conversation (1 multi-hop, 2 temporal,

@@ -26,7 +26,7 @@ from loomrt.events import message_of
 from loomrt.tokens import count_dicts, count_messages
 from loomrt.tools import Tool
 
-__all__ = ["Recorder", "recall_available", "bench_spec", "play_mode", "probe_run", "STATE_SCHEMA"]
+__all__ = ["Recorder", "recall_available", "bench_spec", "play_mode", "probe_run", "folding_figures", "STATE_SCHEMA"]
 
 STATE_SCHEMA: dict[str, Any] = {
     "type": "object",

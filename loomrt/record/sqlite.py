@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
-from loomrt.errors import NotFoundError, StoreError
+from loomrt.errors import MovedOnError, NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
 from loomrt.record import checkpoints
 from loomrt.record.ledger import canonical, event_hash
@@ -120,8 +120,10 @@ class SQLiteStore:
     async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         return self.append(run_id, kind, data)
 
-    async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
-        return self.append_many(run_id, items)
+    async def write_many(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+    ) -> list[Event]:
+        return self.append_many(run_id, items, after=after)
 
     async def read(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -182,8 +184,11 @@ class SQLiteStore:
     def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         return self.append_many(run_id, [(kind, data)])[0]
 
-    def append_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
-        """Append ``items`` (kind, data) as consecutive events in one transaction: all or none."""
+    def append_many(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+    ) -> list[Event]:
+        """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
+        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`)."""
         prepared = [(kind, canonical(data)) for kind, data in items]  # stored as the ledger hashes it
         ts = time.time()
         out: list[Event] = []
@@ -198,6 +203,9 @@ class SQLiteStore:
                     base = self._conn.execute("SELECT fork_seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
                     row = ((base[0] or 0) if base else 0, "")
                 seq, prev = row[0], row[1] or ""
+                if after is not None and seq != after:
+                    raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
+                                       f"{after}): the write is refused")
                 for (kind, payload), (_, data) in zip(prepared, items, strict=True):
                     seq += 1
                     prev = event_hash(prev, run_id, seq, kind, ts, payload)
@@ -212,6 +220,10 @@ class SQLiteStore:
                     out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
                 if not self._atomic:
                     self._conn.execute("COMMIT")
+            except MovedOnError:
+                if self._conn.in_transaction and not self._atomic:
+                    self._conn.execute("ROLLBACK")
+                raise
             except sqlite3.Error as exc:
                 if self._conn.in_transaction and not self._atomic:
                     self._conn.execute("ROLLBACK")

@@ -37,8 +37,12 @@ class Store(Protocol):
     async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
         """Append one event, assigning the next ``seq`` of that run, and return it."""
 
-    async def write_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
-        """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or none."""
+    async def write_many(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+    ) -> list[Event]:
+        """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or
+        none. With ``after``, only if the run's last seq is still ``after``, else
+        :class:`~loomrt.errors.MovedOnError` (a writer working beside the run's own process)."""
 
     async def read(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None

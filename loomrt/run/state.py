@@ -60,6 +60,9 @@ class RunState:
     _atomic: int = 0
     _unheard: list[Event] = field(default_factory=list)
     """Events of the open :meth:`atomic` block, told to the listeners once it commits."""
+    guarded: bool = False
+    """Appends only if the record is as this process last read it (a ``loomrt worker`` folding
+    a run whose own process may start a turn meanwhile): else MovedOnError, nothing written."""
 
     def __post_init__(self) -> None:
         if self.view is None:
@@ -84,7 +87,10 @@ class RunState:
 
     async def _write(self, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
         reached("before_append")
-        events = await self.store.write_many(self.run_id, items)
+        if self.guarded:
+            events = await self.store.write_many(self.run_id, items, after=self.view.last_seq)
+        else:
+            events = await self.store.write_many(self.run_id, items)
         reached("after_append")
         applied = events
         if events and events[0].seq > self.view.last_seq + 1:  # someone else wrote meanwhile (an operator's pin)
