@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from loomrt.run.state import RunState
     from loomrt.tools import Tool
 
-__all__ = ["fold_tools", "PAGE_TOKENS", "GREP_LIMIT", "GREP_MAX"]
+__all__ = ["fold_tools", "PAGE_TOKENS", "GREP_LIMIT", "GREP_MAX", "GREP_TOKENS", "TOOL_NAMES"]
 
 PAGE_TOKENS = 4000
 """The most tokens one Expand call returns (less where ``context.message_max_tokens`` is
@@ -77,15 +77,16 @@ class _Reader:
         return None if m is None or m.role == "system" else redact(m, {e.seq} if private else set())
 
     def messages(self) -> Iterator[Message]:
-        """Every message of the history this run sees, oldest first."""
+        """Every message of the history this run sees, oldest first, less the model's own
+        Describe, Expand and Grep calls and their results (searching its searches is noise)."""
         view = self.run.view
         if view.family is not None:
             for e in view.family.events(kinds=["user_input", "assistant_message", "tool_result"]):
                 m = self._shared(e)
-                if m is not None:
+                if m is not None and not _own(m):
                     yield m
         for seq in sorted(view.messages):
-            if seq > view.fork_seq and (m := self.message(seq)) is not None and m.role != "system":
+            if seq > view.fork_seq and (m := self.message(seq)) is not None and m.role != "system" and not _own(m):
                 yield m
 
     def line(self, m: Message) -> str:
@@ -98,6 +99,24 @@ class _Reader:
     def covering(self, seq: int) -> list[str]:
         """The cards that cover record message ``seq``, deepest last."""
         return [c.id for c in sorted(self.cards.values(), key=lambda c: c.depth) if seq in c.seqs]
+
+
+TOOL_NAMES = ("Describe", "Expand", "Grep")
+
+
+def _own(m: Message) -> bool:
+    """A fold tool's call (with nothing else said) or result."""
+    if m.role == "tool":
+        return m.name in TOOL_NAMES
+    return m.role == "assistant" and not m.content.strip() and bool(m.tool_calls) and all(
+        c.name in TOOL_NAMES for c in m.tool_calls)
+
+
+def _number(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
 
 
 def _pages(lines: list[str], limit: int) -> list[str]:
@@ -163,6 +182,7 @@ def fold_tools(run: RunState) -> list[Tool]:
                 return f"Error: no card or record message {id!r} in this run (card ids look like c1a2b3c4d5e; seqs like #12)."
             lines, what = reader.line(m).splitlines(), f"message #{m.seq}, verbatim"
         pages = _pages(lines, page_tokens)
+        page = _number(page, 0)
         if not 1 <= page <= len(pages):
             return f"Error: page {page} does not exist; {what} has {len(pages)} page(s)."
         more = f" Next: Expand({str(id)!r}, page={page + 1})." if page < len(pages) else ""
@@ -196,7 +216,7 @@ def fold_tools(run: RunState) -> list[Tool]:
         except re.error as exc:
             return f"Error: not a valid regular expression ({exc}); use mode='text' for a literal string."
         lo, hi = _bound(since), _bound(before)
-        limit = max(1, min(int(limit), GREP_MAX))
+        limit = max(1, min(_number(limit, GREP_LIMIT), GREP_MAX))
         hits: list[dict[str, Any]] = []
 
         def inside(seq: int | None, ts: float | None) -> bool:
