@@ -412,6 +412,7 @@ def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(tmp_path:
     asyncio.run(until_queued())
     assert run.mode.queued(run.view) and rt.store.pending("fold_queued", ("distillation", "fold_skipped")) == [run.run_id]
     assert rt.store.take_lease(f"distil:{run.run_id}", "someone else", 60)  # another worker holds it
+    assert json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--json"]).output)["mode_state"]["running"]
     busy = CliRunner().invoke(app, ["worker", "--once", "--json"])
     assert busy.exit_code == 0 and json.loads(busy.output)["done"] is False
     rt.store.release_lease(f"distil:{run.run_id}", "someone else")

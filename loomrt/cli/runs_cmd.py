@@ -88,7 +88,8 @@ def show_cmd(
 
         failure = state.get("last_failure") or {}
         table.add_row(f"[bold]{summary['mode']}[/bold]", (
-            f"{state.get('cards', 0)} cards · {'a fold is pending' if state.get('pending') else 'nothing pending'} · "
+            f"{state.get('cards', 0)} cards · "
+            f"{'folding now' if state.get('running') else 'a fold is pending' if state.get('pending') else 'nothing pending'} · "
             f"last success {when(state.get('last_success'))}"
             + (f" · last failure {when(failure.get('at'))}: {escape(str(failure.get('error') or failure.get('reason')))}"
                if failure else "")

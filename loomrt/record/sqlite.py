@@ -295,6 +295,13 @@ class SQLiteStore:
                     self._conn.execute("ROLLBACK")
                 raise StoreError(f"cannot take lease {name} in {self.path}: {exc}{_hint(exc)}") from exc
 
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds lease ``name`` now (None: nobody, or it expired)."""
+        with self._lock:
+            row = self._conn.execute("SELECT holder FROM leases WHERE name = ? AND expires_at > ?",
+                                     (name, time.time())).fetchone()
+        return row[0] if row else None
+
     def release_lease(self, name: str, holder: str) -> None:
         """Give lease ``name`` back (if ``holder`` still has it)."""
         with self._lock:

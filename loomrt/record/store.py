@@ -77,6 +77,9 @@ class Store(Protocol):
     def release_lease(self, name: str, holder: str) -> None:
         """Give lease ``name`` back."""
 
+    def lease_holder(self, name: str) -> str | None:
+        """Who holds lease ``name`` now, if anyone."""
+
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         """The runs with a ``kind`` event after their last ``settled_by`` one."""
 

@@ -38,7 +38,9 @@ def run_summary(info: RunInfo, events: list[Event], store: Any = None) -> dict[s
         "working_context_messages": len(view.context),
     }
     mode_state = view.mode.status(view)
-    if mode_state is not None:  # fold: pending, failures, last success, last failure, cards
+    if mode_state is not None:  # fold: pending, running, failures, last success, last failure, cards
+        if store is not None:
+            mode_state["running"] = store.lease_holder(f"distil:{info.run_id}") is not None
         summary["mode_state"] = mode_state
     if store is not None:
         summary["children"] = children

@@ -73,11 +73,17 @@ def _hint(text: str, source: str, default: str = "") -> tuple[str, str]:
     """Split a card's Expand line off its text; when the model wrote none: ``default`` (a
     rollup's: its children's), else the source's most frequent content words the card
     does not mention."""
-    body, _, hint = text.rpartition(EXPAND_LINE)
-    if body.strip() and hint.strip():
-        return body.strip(), " ".join(hint.split()).rstrip(".")
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    hint = ""
+    if len(lines) > 1 and lines[-1].strip().startswith(EXPAND_LINE):
+        hint = " ".join(lines.pop().strip()[len(EXPAND_LINE):].split()).rstrip(".")
+    # a model that opens with the line (or repeats it) has its words kept, the label dropped
+    text = "\n".join(line.strip()[len(EXPAND_LINE):].strip() if line.strip().startswith(EXPAND_LINE) else line
+                     for line in lines).strip()
+    if hint:
+        return text, hint
     if default:
-        return text.strip(), ", ".join(default.split(", ")[:6])
+        return text, ", ".join(default.split(", ")[:6])
     said = {w.lower() for w in re.findall(r"[A-Za-z][\w-]+", text)}
     words = Counter(w for w in re.findall(r"[A-Za-z][\w-]{3,}", source) if w.lower() not in _STOP | said)
     return text.strip(), ", ".join(w for w, _ in words.most_common(6))
