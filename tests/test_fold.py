@@ -462,3 +462,23 @@ def test_grep_does_not_find_the_models_own_searches_and_takes_sloppy_arguments()
     asyncio.run(rt.send(run, "Open it."))
     page = rt.store.events(run.run_id, kinds=["tool_result"])[-1].data
     assert not page["is_error"] and "page 0 does not exist" in page["content"]
+
+
+def test_a_small_budget_never_sticks_the_fold() -> None:
+    """Short messages, a budget where the tool schemas take a third: every call still fits
+    (leaves reach a size worth a card, and cards of two depths roll up when they must)."""
+    provider = ScriptedProvider(turns=[{"text": ""}] * 400, summaries=[{"extractive": 300, "words": 6}])
+    rt = scripted_runtime(provider)
+    run = rt.start(AgentSpec(model="scripted/small", context={
+        "mode": "fold", "budget_tokens": 1536, "recall": True, "keep_first": False,
+        "fold": {"keep_recent": 4, "leaf_min_messages": 4, "max_calls_per_10min": 10**6}}), interactive=True)
+    rng = random.Random(13)
+
+    async def go() -> None:
+        for i in range(400):
+            await rt.send(run, f"[1:{i:02d} pm] Speaker {i % 2}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 40))))
+
+    asyncio.run(go())
+    sizes = [count_dicts(c.messages) + count_tools(c.tools) for c in provider.calls if c.purpose == "turn"]
+    assert max(sizes) <= run.budget, max(sizes)
+    assert run.estimate() <= run.budget

@@ -153,7 +153,7 @@ async def replay(
 
     Returns ``(runtime, run, seq_to_dia)``: the run's record seq of each turn's user
     input, mapped to its ``dia_id``. ``mode`` is compaction, or fold (its tools' schemas
-    take room: it plays on a budget of 1,024).
+    take room: it plays on a budget of 2,048).
     """
     from loomrt.providers.base import ModelRequest, ModelResponse, Usage
     from loomrt.spec import AgentSpec
@@ -173,8 +173,8 @@ async def replay(
         return ModelResponse(text=ACKNOWLEDGEMENT if replies else "", usage=Usage(reported, 1))
 
     rt = scripted_runtime(FunctionProvider(reply, name="function/locomo-replay"), embedder=embedder)
-    if mode == "fold":
-        budget_tokens = max(budget_tokens, 1024)
+    if mode == "fold":  # its tool schemas (Describe, Expand, Grep, Recall) alone take ~450 tokens
+        budget_tokens = max(budget_tokens, 2048)
     spec = AgentSpec(
         model="function/locomo-replay",
         system_prompt="You are listening to a long conversation between two people.",

@@ -9,8 +9,9 @@ never folded. One step is one of:
 - a **leaf**: the oldest raw stretch outside the tail (at least ``leaf_min_messages``, at
   most ``leaf_source_tokens``) becomes one card, while the context is over the fold's target;
 - over the hard watermark, when no such leaf is left: a shorter leaf (2 messages or
-  more), a rollup of 2 cards, and last the largest tool result of the tail replaced by a
-  short reference (its full text stays on the record, and Expand reads it in pages).
+  more), a rollup of 2 cards (of one depth, else of two depths, into a card above both),
+  and last the largest tool result of the tail replaced by a short reference (its full
+  text stays on the record, and Expand reads it in pages).
 """
 
 from __future__ import annotations
@@ -77,13 +78,14 @@ def tail_start(context: list[Message], spec: FoldSpec, budget: int) -> int:
     return start
 
 
-def _rollup(context: list[Message], cards: dict[str, Card], size: int) -> Step | None:
-    """The oldest run of ``size`` adjacent cards of one depth, if there is one."""
+def _rollup(context: list[Message], cards: dict[str, Card], size: int, *, any_depth: bool = False) -> Step | None:
+    """The oldest run of ``size`` adjacent cards of one depth (of any depths, with
+    ``any_depth``: the last resort over the hard watermark), if there is one."""
     run: list[int] = []
     depth = -1
     for i, m in enumerate(context):
         card = cards.get(m.ref or "") if m.synthetic == CARD_BLOCK else None
-        if card is None or card.depth != depth:
+        if card is None or (card.depth != depth and not any_depth):
             run, depth = ([i], card.depth) if card is not None else ([], -1)
         else:
             run.append(i)
@@ -100,7 +102,8 @@ def _leaf(context: list[Message], stop: int, spec: FoldSpec, budget: int, *, few
     limit, end, size = leaf_source_limit(spec, budget), start, 0
     while end < stop and _raw(context[end]):
         n = count_messages([context[end]])
-        if end - start >= spec.leaf_min_messages and size + n > limit:
+        # past the limit only to reach the fewest messages and a size worth a card
+        if end - start >= spec.leaf_min_messages and size >= 2 * MIN_LEAF_TOKENS and size + n > limit:
             break
         end, size = end + 1, size + n
     while end > start and end < len(context) and context[end].role == "tool":
@@ -127,7 +130,8 @@ def next_step(context: list[Message], cards: dict[str, Card], spec: FoldSpec, bu
     """The next fold to make, or None when there is none to make: ``rollup`` adjacent cards
     of one depth always roll up; while ``pressing`` (over the fold's target) the oldest raw
     stretch folds into a leaf; while ``critical`` (over the hard watermark) a shorter leaf,
-    a rollup of 2 and, last, externalising the tail's largest tool result are allowed."""
+    a rollup of 2 (of one depth, then of any) and, last, externalising the tail's largest
+    tool result are allowed."""
     step = _rollup(context, cards, spec.rollup)
     if step is not None or not pressing:
         return step
@@ -136,4 +140,4 @@ def next_step(context: list[Message], cards: dict[str, Card], spec: FoldSpec, bu
     if step is not None or not critical:
         return step
     return (_leaf(context, stop, spec, budget, fewest=2) or _rollup(context, cards, 2)
-            or _externalise(context, stop, max(64, budget // 16)))
+            or _rollup(context, cards, 2, any_depth=True) or _externalise(context, stop, max(64, budget // 16)))

@@ -111,7 +111,7 @@ class CardWriter:
                           ts=[m.ts or 0.0 for m in messages], children=())
 
     async def rollup(self, cards: list[Card]) -> Card:
-        depth = cards[0].depth + 1
+        depth = max(c.depth for c in cards) + 1
         source = "\n\n".join(c.text for c in cards)
         size = sum(c.tokens for c in cards)
         allowed = {s for c in cards for s in c.seqs}
