@@ -23,12 +23,39 @@ from typing import Any
 from loomrt.events import Event, message_of
 from loomrt.messages import Message
 
-__all__ = ["Line", "Marker", "transcript", "context_as_of", "prompt_hash", "prompt_problems", "to_markdown",
+__all__ = ["Line", "Marker", "transcript", "context_as_of", "prompt_hash", "message_step", "chained", "CHAINED",
+           "prompt_problems", "to_markdown",
            "to_jsonl"]
 
 
+CHAINED = "c2:"
+"""The prefix of a chained prompt hash: one sha256 step per message, so the working
+context's hash is kept up to date message by message and a turn costs the same at any
+history length. A hash without it (the first records) is of the whole prompt at once."""
+
+
+def message_step(prev: str, message: dict[str, Any]) -> str:
+    """One step of the chained prompt hash: ``prev`` (the hash so far, or "") and one message."""
+    text = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(f"{prev}\x1f{text}".encode()).hexdigest()
+
+
+def chained(last_step: str) -> str:
+    """The recorded form of a chain whose last step is ``last_step`` ("" for no messages)."""
+    return CHAINED + (last_step or hashlib.sha256(b"").hexdigest())[:32]
+
+
 def prompt_hash(wire: Sequence[dict[str, Any]]) -> str:
-    """The hash a ``model_call`` records of the messages it sent (provider format)."""
+    """The hash a ``model_call`` records of the messages it sent (provider format), chained
+    message by message (:func:`message_step`): the view keeps it for its working context."""
+    step = ""
+    for message in wire:
+        step = message_step(step, message)
+    return chained(step)
+
+
+def _whole_prompt_hash(wire: Sequence[dict[str, Any]]) -> str:
+    """The hash the first records hold (before :data:`CHAINED`): of the whole prompt at once."""
     text = json.dumps(list(wire), sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -124,7 +151,7 @@ def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
     problems = []
     for e in events[1:]:
         if e.kind == "model_call" and e.data.get("prompt_from") == "context" and e.data.get("prompt_hash"):
-            derived = prompt_hash(view.wire)
+            derived = view.prompt_hash() if e.data["prompt_hash"].startswith(CHAINED) else _whole_prompt_hash(view.wire)
             if derived != e.data["prompt_hash"]:
                 problems.append(f"#{e.seq}: the prompt sent (hash {e.data['prompt_hash']}) is not the working "
                                 f"context the record rebuilds there (hash {derived})")

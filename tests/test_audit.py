@@ -264,3 +264,29 @@ def test_a_pin_survives_stateful_boundaries_too(tmp_path):
     assert [e.data["by"] for e in rt.store.events(result.run_id, kinds=["pin"])] == ["model"]
     later = contexts[2:]
     assert later and all(any(note in str(m.get("content")) for m in c) for c in later)
+
+
+def test_records_with_whole_prompt_hashes_still_verify() -> None:
+    """The first records hashed the whole prompt at once; the chained hash (one step per
+    message, kept by the view) replaced it. Both verify; a wrong one of either is caught."""
+    from loomrt.audit import CHAINED, _whole_prompt_hash, prompt_problems
+    from loomrt.run.projection import project
+    from loomrt.testing import ScriptedProvider, scripted_runtime
+
+    rt = scripted_runtime(ScriptedProvider(turns=["one", "two", "three"]))
+    run = rt.start(AgentSpec(model="scripted/x"), interactive=True)
+    for text in ("a", "b", "c"):
+        asyncio.run(rt.send(run, text))
+    events = rt.store.events(run.run_id)
+    assert all(e.data["prompt_hash"].startswith(CHAINED) for e in events if e.kind == "model_call")
+    assert prompt_problems(events) == []
+    legacy, view = [], project(events[:1])
+    for e in events[1:]:
+        if e.kind == "model_call":
+            e = e.model_copy(update={"data": {**e.data, "prompt_hash": _whole_prompt_hash(view.wire)}})
+        legacy.append(e)
+        view.apply(e)
+    assert prompt_problems([events[0], *legacy]) == []
+    broken = [e.model_copy(update={"data": {**e.data, "prompt_hash": "0" * 32}}) if e.kind == "model_call" else e
+              for e in legacy]
+    assert len(prompt_problems([events[0], *broken])) == 3

@@ -135,7 +135,8 @@ def play_chat(config: BenchConfig, progress: Progress, *, turns: int, facts: int
                 raise_failed(res.error)
             if t.asks is not None:
                 out.answered.append(t.asks.value in (res.output or ""))
-            await runtime.between_turns(run)  # as `loomrt chat` does while the next input is typed
+            if t is not script[-1]:  # as `loomrt chat` does while the next input is typed
+                await runtime.between_turns(run)
 
     for mode in with_append(config.modes):
         progress.start(f"{label} · {mode}", len(script))

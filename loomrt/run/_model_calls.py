@@ -45,7 +45,8 @@ async def call_model(
             "status": getattr(error, "status", None), "purpose": purpose,
         })
 
-    sent = prompt_hash(request.messages)  # before the provider sees them
+    # before the provider sees them; the working context's is kept by the view, step by step
+    sent = run.view.prompt_hash() if messages is run.context else prompt_hash(request.messages)
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loomrt.audit import chained, message_step
 from loomrt.events import LIFECYCLE_KINDS, Event, message_of, run_status
 from loomrt.messages import Message
 from loomrt.providers.base import Usage
@@ -63,6 +64,8 @@ class RunView:
     wire: list[dict[str, Any]] = field(default_factory=list)
     """The working context in the provider's format, kept in step with ``context`` (append
     :meth:`push`, replace :meth:`replace`), so a turn's request costs no rebuild."""
+    wire_steps: list[str] = field(default_factory=list)
+    """The chained prompt hash after each message of ``wire`` (:func:`loomrt.audit.message_step`)."""
     messages: dict[int, Message] = field(default_factory=dict)
     """Every record message by seq, as the working context holds it (cut if too large)."""
     originals: dict[int, Message] = field(default_factory=dict)
@@ -277,11 +280,19 @@ class RunView:
         """Append ``message`` to the working context (a mode's replay adds its own this way)."""
         self.context.append(message)
         self.wire.append(message.to_litellm())
+        self.wire_steps.append(message_step(self.wire_steps[-1] if self.wire_steps else "", self.wire[-1]))
 
     def replace(self, context: list[Message]) -> None:
         """Make ``context`` the working context (a distillation)."""
         self.context = context
         self.wire = [m.to_litellm() for m in context]
+        self.wire_steps = []
+        for wire in self.wire:
+            self.wire_steps.append(message_step(self.wire_steps[-1] if self.wire_steps else "", wire))
+
+    def prompt_hash(self) -> str:
+        """The hash of the working context as a turn sends it (``model_call.prompt_hash``)."""
+        return chained(self.wire_steps[-1] if self.wire_steps else "")
 
 
 def cut_note(message: Message, limit: int, run_id: str) -> str:
