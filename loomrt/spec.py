@@ -30,6 +30,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_core import PydanticCustomError
 
 from loomrt.errors import SpecError
+from loomrt.spec_modes import FoldSpec, StatefulSpec
 from loomrt.spec_reach import SPAWN_TOOLS, ChildrenState, McpServerSpec, _Strict
 
 __all__ = [
@@ -71,56 +72,6 @@ def mode_names() -> tuple[str, ...]:
 SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
 
 
-
-
-class StatefulSpec(_Strict):
-    """stateful mode's own keys (``context.stateful:``)."""
-
-    state_max_tokens: int | None = Field(None, ge=16)
-    """The most tokens Σ may take; a patch that would grow it past this is refused with a
-    message the model sees. Default: half the budget."""
-
-
-class FoldSpec(_Strict):
-    """fold mode's own keys (``context.fold:``): how history folds into cards."""
-
-    keep_recent: int = Field(32, ge=2)
-    """The newest messages, never folded (or fewer: see keep_recent_pct)."""
-    keep_recent_pct: int = Field(25, ge=5, le=80)
-    """The newest messages fitting this percentage of the budget, if fewer than keep_recent.
-    The tail always keeps the newest user input and everything after it, and a tool call
-    with its result."""
-    leaf_min_messages: int = Field(8, ge=2)
-    """The fewest raw messages a leaf card folds."""
-    leaf_source_tokens: int | None = Field(None, ge=256)
-    """The most tokens of raw messages one leaf card folds. Default: the smaller of 20,000
-    and a quarter of the budget."""
-    leaf_target_tokens: int | None = Field(None, ge=32)
-    """The size a leaf card is asked to be. Default: 1/16 of its source (at least 64)."""
-    rollup: int = Field(4, ge=2, le=16)
-    """Adjacent cards of one depth that roll up into one card a level higher (under hard
-    pressure as few as 2)."""
-    soft_pct: int = Field(70, ge=10, le=100)
-    """Pressure (% of the budget) at which a fold is queued, to run between turns."""
-    hard_pct: int = Field(100, ge=10, le=100)
-    """Pressure at which the run folds at once, before the next call."""
-    cache_idle_s: float = Field(300, ge=0)
-    """A run whose last call was this recent is not folded at the soft watermark (its
-    prompt prefix is likely still cached), unless pressure is at 85% or more."""
-    max_calls_per_10min: int = Field(24, ge=1)
-    """The most summariser calls folding makes for one run in any 10 minutes; past it a
-    soft fold waits, and a hard one writes fallback cards (repair them with
-    `loomrt runs refold --fallback-only`)."""
-    call_timeout_s: float | None = Field(None, gt=0)
-    """Seconds one card-writing call may take (default: the agent's timeout_s)."""
-    tools: bool = True
-    """Grant the Describe, Expand and Grep tools (off: the cards alone, and Recall if on)."""
-
-    @model_validator(mode="after")
-    def _soft_below_hard(self) -> FoldSpec:
-        if self.soft_pct > self.hard_pct:
-            raise ValueError(f"soft_pct ({self.soft_pct}) must not be above hard_pct ({self.hard_pct})")
-        return self
 
 
 class ContextSpec(_Strict):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fold_kit import coverage
 
 from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.run.cards import CARD_BLOCK, Card
@@ -34,17 +35,6 @@ def said(i: int, rng: random.Random) -> str:
 def spec(**fold: Any) -> AgentSpec:
     return AgentSpec(model="scripted/fold", max_iterations=6, context={
         "mode": "fold", "budget_tokens": 4096, "fold": {"max_calls_per_10min": 10_000, **fold}})
-
-
-def coverage(run: Any) -> list[int]:
-    """The seqs the catalog covers: its cards' (recursively, through their leaves) and its raw messages."""
-    seqs: list[int] = []
-    for m in run.context:
-        if m.synthetic == CARD_BLOCK:
-            seqs.extend(run.view.cards[m.ref].seqs)
-        elif m.seq is not None and m.synthetic in (None, "external") and m.role != "system":
-            seqs.append(m.seq)
-    return seqs
 
 
 def history(run: Any) -> list[int]:

@@ -11,13 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fold_kit import coverage
 from typer.testing import CliRunner
 
 from loomrt.audit import prompt_problems
 from loomrt.cli.app import app
-from loomrt.record.ledger import verify_chain
 from loomrt.recall import HashEmbedder
-from loomrt.run.cards import CARD_BLOCK
+from loomrt.record.ledger import verify_chain
 from loomrt.run.projection import project
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
@@ -43,16 +43,6 @@ def runtime(**kw: Any) -> Runtime:
     provider = ScriptedProvider(turns=[{"text": "ok"}] * 5000, summaries=[{"extractive": 300, "words": 12}])
     vault = Tool("vault", "The token.", {"type": "object", "properties": {}}, lambda: "TOKEN-7Q9Z-SECRET", private=True)
     return scripted_runtime(provider, tools=[vault], **kw)
-
-
-def coverage(run: Any) -> list[int]:
-    seqs: list[int] = []
-    for m in run.context:
-        if m.synthetic == CARD_BLOCK:
-            seqs.extend(run.view.cards[m.ref].seqs)
-        elif m.seq is not None and m.synthetic in (None, "external") and m.role != "system":
-            seqs.append(m.seq)
-    return seqs
 
 
 def messages(store: Any, run_id: str, upto: int | None = None) -> list[int]:
