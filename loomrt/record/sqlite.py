@@ -355,6 +355,13 @@ class SQLiteStore:
         ]
 
     def close(self) -> None:
+        """Checkpoint the WAL into the file (so a copy of the file alone holds everything:
+        the checkpoint thread's own connection may keep SQLite from doing it at close), then
+        release the connection."""
         with self._lock:
             self.closed = True
+            try:
+                self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:  # busy elsewhere: the WAL stays beside the file, nothing is lost
+                pass
             self._conn.close()
