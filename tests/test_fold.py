@@ -293,7 +293,8 @@ def test_the_soft_watermark_queues_a_fold_that_runs_between_turns() -> None:
             in_turn = False
         elif e.kind == "model_call" and e.data["purpose"] == "fold":
             assert not in_turn, f"a fold call at seq {e.seq} was made inside a turn"
-    assert all(q.kind == "fold_queued" for q in events if q.kind == "fold_queued")
+    queued = [e.seq for e in events if e.kind == "fold_queued"]
+    assert queued and all(any(q < f.seq for q in queued) for f in folds), "each fold was queued first"
 
 
 def test_a_hard_watermark_folds_in_the_turn() -> None:
