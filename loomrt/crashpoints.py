@@ -32,6 +32,8 @@ POINTS: dict[str, str] = {
     "in_recall_index": "recall is indexing an evicted span",
     "in_spawn": "a child's result is on the parent's record, and its siblings may still be playing",
     "in_fold": "a card is written (its model call answered), and its fold's distillation is not recorded yet",
+    "in_harvest_bank": "an evicted span is about to be banked for the consolidator",
+    "in_consolidate": "the extractor answered a batch, and its facts are not written yet",
 }
 """Every named point, with where it is."""
 

@@ -20,6 +20,7 @@ __all__ = [
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
     "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
     "PinPayload", "UnpinPayload", "MarkPrivate", "CardRejected", "FoldQueued", "FoldSkippedPayload",
+    "HarvestBanked", "HarvestError",
 ]
 
 
@@ -47,6 +48,10 @@ class RunStarted(_Payload):
     """A fork's origin: ``{run_id, seq}`` (not ``parent_run_id``, which names the spawner)."""
     catalog: list[dict[str, Any]] | None = None
     """fold: a fork's starting catalog, the parent's trimmed at the fork seq (cards by id, messages by seq)."""
+    user: str | None = None
+    """Whom the run works for (``--user`` / ``LOOMRT_USER``): its ``user`` memory scope."""
+    project: str | None = None
+    """The agents file's ``project:``: the run's ``project`` memory scope."""
 
 
 class UserInput(_Payload):
@@ -307,19 +312,42 @@ class FoldSkippedPayload(_Payload):
     paused_until: float | None = None
 
 
+class HarvestBanked(_Payload):
+    kind: Literal["harvest_banked"]
+    distillation_seq: int
+    """The distillation whose evicted span this is."""
+    outcome: Literal["banked", "already_banked", "empty", "refused"]
+    """banked; already banked (the same key); empty (no conversation in it: counted, not
+    banked); refused (over context.harvest_max_tokens: never truncated)."""
+    scope: str
+    """The durable-memory scope its facts will go to (``user:alice``)."""
+    turns: int
+    redacted: int = 0
+    """Secrets replaced by ``[redacted secret]`` before banking."""
+    tokens: int | None = None
+    reason: str | None = None
+
+
+class HarvestError(_Payload):
+    kind: Literal["harvest_error"]
+    message: str
+    """What is misconfigured and what to do (recorded once per run, the first time it is hit)."""
+
+
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
     SpawnChildStarted, SpawnChildResult, Notice, Parked,
     Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate, CardRejected, FoldQueued,
-    FoldSkippedPayload,
+    FoldSkippedPayload, HarvestBanked, HarvestError,
 )
 
 EventPayload = Annotated[
     RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
     | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled
-    | PinPayload | UnpinPayload | MarkPrivate | CardRejected | FoldQueued | FoldSkippedPayload,
+    | PinPayload | UnpinPayload | MarkPrivate | CardRejected | FoldQueued | FoldSkippedPayload | HarvestBanked
+    | HarvestError,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

@@ -40,12 +40,6 @@ from loomrt.toolset import resolve_toolset
 
 __all__ = ["Runtime", "drive"]
 
-HARVEST_NOTICE = (
-    "context.harvest_to_memory is on, but harvest is not installed in this version of loomrt: "
-    "evicted spans go to the recall index only, nothing is banked for durable memory."
-)
-
-
 LEASE_S = 600.0
 """How long a between-turns distillation holds its run's lease (``distil:RUN_ID``) at most:
 a process that dies holding it blocks no one for longer."""
@@ -81,9 +75,6 @@ def _agents_at(path: str | None) -> AgentsFile | None:
         return None  # the spawn tools say so when they are called
 
 
-def _noticed(history: list[Event] | None, message: str) -> bool:
-    return any(e.kind == "notice" and e.data.get("message") == message for e in history or [])
-
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
 T = TypeVar("T")
 
@@ -95,7 +86,8 @@ class Runtime:
     :func:`loomrt.providers.resolve_provider`); ``tools`` adds tools to the built-ins;
     ``callbacks`` receive every evicted span of every run; ``listeners`` receive every
     event every run records (the CLI renders them live); ``embedder`` and ``memory`` are
-    handed to Recall.
+    handed to Recall; ``user`` names the ``user`` memory scope of its runs (default
+    ``$LOOMRT_USER``; ``astart(user=...)`` for one run).
     """
 
     def __init__(
@@ -108,6 +100,7 @@ class Runtime:
         embedder: Any = None,
         memory: Any = None,
         listeners: list[Callable[[Event], None]] | None = None,
+        user: str | None = None,
     ):
         self.store = store or default_store()
         self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
@@ -116,6 +109,8 @@ class Runtime:
         self.embedder = embedder
         self.memory = memory
         self.listeners = list(listeners or [])
+        self.user = (user or os.environ.get("LOOMRT_USER") or "").strip() or None
+        """Whom runs work for (the ``user`` memory scope): ``user``, else ``$LOOMRT_USER``."""
 
     # ------------------------------------------------------------------ starting
 
@@ -135,6 +130,7 @@ class Runtime:
         name: str | None = None,
         parent: RunState | None = None,
         lineage: dict[str, Any] | None = None,
+        user: str | None = None,
     ) -> RunState:
         """Create a run: clone the definition, resolve mode and toolset, record ``run_started``.
         ``parent`` makes it a sub-agent of that run (lineage and depth on the record);
@@ -154,8 +150,12 @@ class Runtime:
         if parent is not None:
             lineage = {"parent_run_id": parent.run_id, "root_run_id": parent.root_run_id or parent.run_id,
                        "depth": parent.depth + 1}
+        if parent is not None and user is None:  # a sub-agent works for its parent's user
+            started = self.store.latest(parent.run_id, "run_started")
+            user = started.data.get("user") if started is not None else None
+        identity = {k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v}
         return await self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None,
-                                    agents=agents, lineage=lineage)
+                                    agents=agents, lineage=lineage, identity=identity)
 
     def _definition(self, agent: AgentSpec | str, agents: AgentsFile | None, name: str | None) -> tuple[str, AgentSpec]:
         if isinstance(agent, AgentSpec):
@@ -168,7 +168,7 @@ class Runtime:
     async def _assemble(
         self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
         history: list[Event] | None, agents: AgentsFile | None = None, lineage: dict[str, Any] | None = None,
-        fork: dict[str, Any] | None = None,
+        fork: dict[str, Any] | None = None, identity: dict[str, str] | None = None,
     ) -> RunState:
         provider = self.providers(spec, spec.model)
         summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
@@ -180,8 +180,10 @@ class Runtime:
                                     has_schema=spec.context.state_schema is not None)
         mode = mode_for(resolved)
         lineage = dict(lineage or {})
+        identity = dict(identity or {})  # whom the run works for: its user and project memory scopes
         if history:
             lineage = {k: history[0].data[k] for k in ("parent_run_id", "root_run_id", "depth") if k in history[0].data}
+            identity = {k: history[0].data[k] for k in ("user", "project") if history[0].data.get(k)}
         run = RunState(
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
             provider=provider, summarizer=summarizer, listeners=list(self.listeners), **lineage,
@@ -200,11 +202,9 @@ class Runtime:
         run.toolset = resolve_toolset(
             spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
             history=[*shared, *(history or [])] if shared else history, emit=run.emit, spawn=spawn, lineage=below,
-            run=run,
+            run=run, user=identity.get("user"), project=identity.get("project"),
         )
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
-        if spec.context.harvest_to_memory and not _noticed(history, HARVEST_NOTICE):
-            run.emit("notice", {"message": HARVEST_NOTICE, "source": "harvest"})
         if history is None:
             system = "\n\n".join(x for x in [spec.system_text(), definition_pins_text(spec.context.pins),
                                               *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
@@ -223,7 +223,7 @@ class Runtime:
                     "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
                     "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
                     "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
-                    **lineage, **(fork or {}),
+                    **lineage, **(fork or {}), **identity,
                 })
         return run
 
@@ -364,8 +364,9 @@ class Runtime:
         if catalog is not None:
             fork["catalog"] = catalog
         new_id = uuid.uuid4().hex[:12]
+        identity = {k: started.data[k] for k in ("user", "project") if started.data.get(k)}
         return await self._assemble(new_id, info.agent, spec, interactive=info.interactive,
-                                    agents_file=info.agents_file, history=None, fork=fork)
+                                    agents_file=info.agents_file, history=None, fork=fork, identity=identity)
 
     async def refold(self, run_id: str, *, fallback_only: bool = False, model: str | None = None) -> dict[str, Any]:
         """Write new cards for a fold run's catalog (old cards stay; the catalog moves to the

@@ -121,8 +121,14 @@ class ContextSpec(_Strict):
     recall_max_tokens: int = Field(1200, ge=64)
     """recall: the most tokens one Recall result may return."""
     harvest_to_memory: bool = False
-    """Bank evicted spans for consolidation into durable memory. Not installed yet: a run
-    that asks for it says so once, in a notice event."""
+    """Bank every evicted span for `loomrt consolidate`, which turns batches of them into
+    durable facts (docs/memory.md). Needs memory_scopes: the first one is where its facts go."""
+    memory_scopes: list[Literal["user", "agent", "project"]] = Field(default_factory=list)
+    """The durable-memory scopes this agent may read (Recall searches them) and, with
+    harvest_to_memory, write (the first one): user (the run's --user / LOOMRT_USER), agent
+    (this agent's name), project (the agents file's project:). Empty: no durable memory."""
+    harvest_max_tokens: int = Field(8000, ge=64)
+    """harvest: the largest span that is banked; a larger one is refused with an event, never truncated."""
     message_max_tokens: int | None = Field(None, ge=64)
     """The largest message the working context takes whole; a larger one (a huge tool
     result, a pasted file) is cut there with a note, and its full text stays on the record.
@@ -282,6 +288,9 @@ class AgentsFile(_Strict):
 
     defaults: dict[str, Any] = Field(default_factory=dict)
     """Keys applied to every agent unless the agent sets them (context keys merge one by one)."""
+    project: str | None = Field(None, min_length=1, max_length=200)
+    """The project this file's agents work for: the ``project`` durable-memory scope
+    (default: the name of the file's folder)."""
     agents: dict[str, AgentSpec]
     """The agents, by name."""
 
@@ -418,7 +427,9 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
             raise SpecError("an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}")
         merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
     try:
-        loaded = AgentsFile.model_validate({**{k: v for k, v in raw.items() if k != "agents"}, "agents": merged})
+        top = {k: v for k, v in raw.items() if k != "agents"}
+        top.setdefault("project", base_dir.name or None)  # the project scope: the file's folder by default
+        loaded = AgentsFile.model_validate({**top, "agents": merged})
     except ValidationError as exc:
         raise _spec_error(exc, loc) from None
     unknown = loaded.unknown_spawnable()

@@ -36,6 +36,8 @@ def resolve_toolset(
     spawn: Any = None,
     lineage: dict[str, Any] | None = None,
     run: Any = None,
+    user: str | None = None,
+    project: str | None = None,
 ) -> Toolset:
     """Resolve the toolset of run ``run_id``.
 
@@ -48,7 +50,11 @@ def resolve_toolset(
     told, so a `loomrt mcp` there counts its spawns' depth from this run's);
     ``run`` is the run itself (a :class:`loomrt.run.state.RunState`): its retention mode
     grants its own tools (fold: Describe, Expand, Grep) and ``context.model_pins`` the Pin
-    tool, which read and write that run.
+    tool, which read and write that run;
+    ``user`` and ``project`` name the run's ``user`` and ``project`` memory scopes: with
+    ``context.memory_scopes`` Recall reads those durable memories, and with
+    ``context.harvest_to_memory`` the harvest bank (:mod:`loomrt.harvest`) banks each
+    evicted span for the consolidator.
     """
     registry = {**BUILTIN_TOOLS, **(registry or {})}
     toolset = Toolset()
@@ -83,13 +89,25 @@ def resolve_toolset(
             from loomrt.run.pins import pin_tool
 
             toolset.tools["Pin"] = pin_tool(run)
+    scopes: list[str] | None = None
+    if spec.context.memory_scopes or spec.context.harvest_to_memory:
+        from loomrt.harvest.wiring import wire
+        from loomrt.spec import definition_hash
+
+        view = getattr(run, "view", None)
+        harvest = wire(spec, run_id=run_id, agent=agent, store=getattr(run, "store", None), user=user, project=project,
+                       emit=emit, private=lambda: set(getattr(view, "private", ()) or ()), def_hash=definition_hash(spec),
+                       history=history, memory=memory, embedder=embedder)
+        memory, scopes = harvest.memory, list(harvest.scopes)
+        if harvest.bank is not None:
+            toolset.callbacks.append(harvest.bank.on_evicted)
     if spec.context.recall:
         from loomrt.recall import RECALL_PROMPT, RunRecall
 
         family = getattr(getattr(run, "view", None), "family", None)
         recall = RunRecall(
             run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory, history=history,
-            shared_runs=[r for r, _ in family.links] if family is not None else (),
+            shared_runs=[r for r, _ in family.links] if family is not None else (), scopes=scopes,
         )
         toolset.recall = recall
         toolset.tools[recall.tool.name] = recall.tool

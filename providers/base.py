@@ -15,7 +15,7 @@ from loomrt.messages import ToolCall
 
 __all__ = ["Purpose", "Usage", "ToolSchema", "ModelRequest", "ModelResponse", "Capabilities", "ModelProvider"]
 
-Purpose = Literal["turn", "recap", "summary", "fold"]
+Purpose = Literal["turn", "recap", "summary", "fold", "extract"]
 
 
 @dataclass(frozen=True)

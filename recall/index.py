@@ -388,6 +388,16 @@ class RecallIndex:
             scores = np.concatenate([scores, fused(more, self._dense.gather(q, more))])
         return picked, scores
 
+    def nearest(self, vector: np.ndarray, k: int) -> list[tuple[Entry, float]]:
+        """The ``k`` entries whose vectors are nearest ``vector`` (a unit vector), with their
+        exact cosines, best first (empty without dense search)."""
+        if self._dense is None or not self.entries or k < 1:
+            return []
+        cosines = self._dense.scores(np.ascontiguousarray(vector, dtype=np.float32))
+        best = np.argsort(-cosines, kind="stable")[:k]
+        first = next(iter(self.entries))
+        return [(self.entries[first + int(j)], float(cosines[j])) for j in best]
+
     def search(self, query: str, k: int = 5) -> list[Hit]:
         """The best ``k`` entries for ``query``, best first.
 

@@ -121,8 +121,10 @@ MIGRATIONS: list[tuple[str, str]] = [
 ]
 
 
-def migrate(conn: sqlite3.Connection) -> list[str]:
-    """Apply every migration not yet applied; return the names applied now.
+def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, str]] | None = None) -> list[str]:
+    """Apply every migration not yet applied; return the names applied now. ``migrations``
+    is another part's own list for the same file (harvest's durable memory), applied and
+    remembered the same way (default: the record's).
 
     Each migration runs in its own write transaction, so it applies whole or not at all,
     and two processes opening a fresh file at once apply it once.
@@ -131,7 +133,7 @@ def migrate(conn: sqlite3.Connection) -> list[str]:
         "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
     )
     applied = []
-    for name, sql in MIGRATIONS:
+    for name, sql in MIGRATIONS if migrations is None else migrations:
         conn.execute("BEGIN IMMEDIATE")
         try:
             if conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone() is None:

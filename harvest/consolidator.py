@@ -1,0 +1,266 @@
+"""The consolidator: drains the queue into durable memory, one scope at a time.
+
+Deterministic code owns the pass; exactly one step calls a model (the extraction). Per
+scope: take the lease ``harvest:SCOPE`` (it expires, so a dead worker blocks no one for
+long) → read the watermark → finish any batch a dead worker claimed → take pending spans
+oldest first, only from runs that have ended or been quiet for ``settle_s`` → claim them as
+one batch → build its parts → extract → write the facts, mark the batch done and advance
+the watermark in one transaction → renew the lease, next batch → release.
+
+Three outcomes stay apart: ``[]`` (nothing worth keeping: the batch is done with no
+facts); a reply that never parses after ``retries`` more tries (the batch goes to the
+dead letters with the reply's prefix and the watermark moves on: a batch that can never
+parse must not pin the queue); a failed write (the batch stays claimed and the watermark
+holds; the next pass retries it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrt.crashpoints import reached
+from loomrt.harvest.db import HarvestDB, harvest_db
+from loomrt.harvest.extract import REPLY_SCHEMA, Line, Unparseable, check_fact, extraction_messages, parse_reply, parts_of
+from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
+from loomrt.harvest.queue import Queue
+from loomrt.providers.base import ModelProvider, ModelRequest
+
+__all__ = ["Consolidator", "PassReport", "BATCH_TOKENS", "PART_TOKENS", "MAX_PARTS", "SETTLE_S"]
+
+PART_TOKENS = 1500
+"""A part's budget in tokens (see docs/memory.md for where the embedded model broke)."""
+MAX_PARTS = 2
+"""Parts per extraction call: a batch longer keeps its latest parts and reports the rest."""
+BATCH_TOKENS = PART_TOKENS * MAX_PARTS
+"""Spans are taken into a batch while their conversation fits this many tokens (at least one span)."""
+SETTLE_S = 60.0
+"""A run that has not ended is consolidated once it has been quiet this long."""
+ENDED = ("done", "failed", "cancelled")
+
+
+@dataclass
+class PassReport:
+    """What one pass did."""
+
+    batches: int = 0
+    spans: int = 0
+    facts: Counter[str] = field(default_factory=Counter)
+    """new, merged, superseded, already."""
+    dropped: Counter[str] = field(default_factory=Counter)
+    """Statements dropped by reason: invalid, meta, ids, secret, unsourced."""
+    empty_batches: int = 0
+    dead: int = 0
+    parts_dropped: int = 0
+    retries: int = 0
+    held: list[str] = field(default_factory=list)
+    """Scopes whose watermark a failed write held (with the error)."""
+    busy: list[str] = field(default_factory=list)
+    """Scopes another worker holds the lease of."""
+    unsettled: int = 0
+    """Pending spans left for later: their runs are still active."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "spans": self.spans, "facts": dict(self.facts), "dropped": dict(self.dropped),
+                "empty_batches": self.empty_batches, "dead_letters": self.dead, "parts_dropped": self.parts_dropped,
+                "retries": self.retries, "held": self.held, "busy": self.busy, "unsettled": self.unsettled}
+
+
+def _default_provider(model: str | None) -> ModelProvider:
+    from loomrt.providers import resolve_provider
+    from loomrt.providers.models import DEFAULT_LOCAL_MODEL
+    from loomrt.spec import AgentSpec
+
+    chosen = model or DEFAULT_LOCAL_MODEL
+    return resolve_provider(AgentSpec(model=chosen), chosen)
+
+
+class Consolidator:
+    """Drains the harvest queue of the record ``store`` (a :class:`~loomrt.record.sqlite.SQLiteStore`).
+
+    ``provider`` answers the extraction calls (default: ``model``, else the embedded local
+    model); ``embedder`` is durable memory's (as for recall). ``progress(batches, spans)``
+    hears about each batch written.
+    """
+
+    def __init__(
+        self, store: Any, *, provider: ModelProvider | None = None, model: str | None = None, embedder: Any = None,
+        settle_s: float = SETTLE_S, part_tokens: int = PART_TOKENS, max_parts: int = MAX_PARTS,
+        batch_tokens: int | None = None, retries: int = 2, lease_s: float = 300.0, holder: str | None = None,
+        db: HarvestDB | None = None, memory: MemoryStore | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ):
+        self.store = store
+        self.db = db or harvest_db(store.path)
+        self.queue = Queue(self.db)
+        self.memory = memory or MemoryStore(self.db, embedder=embedder)
+        self._provider, self._model = provider, model
+        self.settle_s, self.part_tokens, self.max_parts = settle_s, part_tokens, max_parts
+        self.batch_tokens = batch_tokens or part_tokens * max_parts
+        self.retries, self.lease_s = retries, lease_s
+        self.holder = holder or f"consolidator:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.progress = progress
+
+    @property
+    def provider(self) -> ModelProvider:
+        if self._provider is None:
+            self._provider = _default_provider(self._model)
+        return self._provider
+
+    # ------------------------------------------------------------------ passes
+
+    def run_once(self, scopes: Sequence[str] | None = None) -> PassReport:
+        """One pass over ``scopes`` (default: every scope with work queued)."""
+        return asyncio.run(self.arun_once(scopes))
+
+    async def arun_once(self, scopes: Sequence[str] | None = None) -> PassReport:
+        report = PassReport()
+        for scope in scopes if scopes is not None else self.queue.scopes():
+            await self._pass(scope, report)
+        return report
+
+    async def watch(self, scopes: Sequence[str] | None = None, *, interval_s: float = 5.0,
+                    on_pass: Callable[[PassReport], None] | None = None, stop: Callable[[], bool] = lambda: False) -> None:
+        """Pass after pass until ``stop()``, sleeping ``interval_s`` when a pass found nothing to do."""
+        while not stop():
+            report = await self.arun_once(scopes)
+            if on_pass is not None:
+                on_pass(report)
+            if not report.batches:
+                await asyncio.sleep(interval_s)
+
+    def retry_dead(self) -> list[str]:
+        """Put every dead letter back on the queue (the next pass extracts it again)."""
+        revived = []
+        for letter in self.queue.dead_letters():
+            self.queue.revive(letter["batch_id"])
+            revived.append(letter["batch_id"])
+        return revived
+
+    async def _pass(self, scope: str, report: PassReport) -> None:
+        lease = f"harvest:{scope}"
+        if not self.store.take_lease(lease, self.holder, self.lease_s):
+            report.busy.append(scope)
+            return
+        try:
+            for batch_id, spans in self.queue.claimed(scope):  # a dead worker's batches, as they were
+                if not await self._batch(scope, batch_id, spans, report):
+                    return
+                self.store.take_lease(lease, self.holder, self.lease_s)
+            while True:
+                spans = self._next_spans(scope, report)
+                if not spans:
+                    return
+                batch_id = self.queue.claim(scope, spans)
+                if batch_id is None:
+                    return  # claimed elsewhere meanwhile (a lease that expired under us)
+                if not await self._batch(scope, batch_id, spans, report):
+                    return
+                if not self.store.take_lease(lease, self.holder, self.lease_s):
+                    return
+        finally:
+            self.store.release_lease(lease, self.holder)
+
+    def _next_spans(self, scope: str, report: PassReport) -> list[dict[str, Any]]:
+        """The next batch: pending spans after the watermark from settled runs, oldest
+        first, while their conversation fits the batch budget (at least one)."""
+        settled: dict[str, bool] = {}
+        batch: list[dict[str, Any]] = []
+        tokens = 0
+        unsettled = 0
+        for span in self.queue.pending(scope, after=self.queue.watermark(scope)):
+            run = span["run_id"]
+            if run not in settled:
+                settled[run] = self._settled(run)
+            if not settled[run]:
+                unsettled += 1
+                continue
+            if batch and tokens + span["tokens"] > self.batch_tokens:
+                break
+            batch.append(span)
+            tokens += span["tokens"]
+        report.unsettled = unsettled
+        return batch
+
+    def _settled(self, run_id: str) -> bool:
+        """The run ended, or has been quiet for ``settle_s``."""
+        try:
+            info = self.store.get_run(run_id)
+        except Exception:  # noqa: BLE001 - a run the record does not know: its spans are all there is
+            return True
+        if info.status in ENDED:
+            return True
+        last = self.store.events(run_id, after=max(0, info.last_seq - 1))
+        return not last or time.time() - last[-1].ts >= self.settle_s
+
+    # ------------------------------------------------------------------ one batch
+
+    async def _batch(self, scope: str, batch_id: str, spans: list[dict[str, Any]], report: PassReport) -> bool:
+        """Extract and write one claimed batch. False if the pass must stop (a failed write)."""
+        parts, dropped_parts = parts_of(spans, part_tokens=self.part_tokens, max_parts=self.max_parts)
+        lines = {line.n: line for part in parts for line in part}
+        reply, items, error = "", None, ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                report.retries += 1
+            try:
+                reply = await self._extract(parts)
+                items = parse_reply(reply)
+                break
+            except Unparseable as exc:
+                error = str(exc)
+        base = {"spans": len(spans), "parts": len(parts), "parts_dropped": dropped_parts, "lines": len(lines)}
+        report.parts_dropped += dropped_parts
+        if items is None:
+            self.queue.dead_letter(batch_id, scope, reply, error, {**base, "error": error})
+            report.dead += 1
+            report.batches += 1
+            return True
+        facts, dropped = self._facts(items, lines, scope, batch_id, spans)
+        reached("in_consolidate")
+        try:
+            counts = self.memory.write(facts, also=lambda conn: self.queue.finish(
+                conn, batch_id, scope, "done", {**base, "items": len(items), "dropped": dict(dropped)}))
+        except Exception as exc:  # noqa: BLE001 - the watermark holds; the next pass retries the batch
+            report.held.append(f"{scope}: {type(exc).__name__}: {exc}")
+            return False
+        report.batches += 1
+        report.spans += len(spans)
+        report.facts.update(counts)
+        report.dropped.update(dropped)
+        report.empty_batches += not items
+        if self.progress is not None:
+            self.progress(report.batches, report.spans)
+        return True
+
+    async def _extract(self, parts: list[list[Line]]) -> str:
+        request = ModelRequest(messages=extraction_messages(parts), max_tokens=768, temperature=0.0,
+                               purpose="extract", response_schema=REPLY_SCHEMA)
+        response = await self.provider.complete(request)
+        return response.text
+
+    def _facts(self, items: list[Any], lines: dict[int, Line], scope: str, batch_id: str,
+               spans: list[dict[str, Any]]) -> tuple[list[NewFact], Counter[str]]:
+        by_span = {(s["run_id"], s["distillation_seq"]): s for s in spans}
+        dropped: Counter[str] = Counter()
+        out: list[NewFact] = []
+        for item in items:
+            fact, why = check_fact(item, lines)
+            if fact is None:
+                dropped[why] += 1
+                continue
+            sources = []
+            for key in dict.fromkeys((line.run_id, line.distillation_seq) for line in fact.lines):
+                span = by_span[key]
+                sources.append({"run_id": key[0], "seqs": [ln.seq for ln in fact.lines if (ln.run_id, ln.distillation_seq) == key],
+                                "distillation_seq": key[1], "agent": span["agent"],
+                                "def_hash": span["def_hash"], "batch_id": batch_id})
+            out.append(NewFact(statement=fact.statement, cls=fact.cls, subject=fact.subject, scope=scope,
+                               key=fact_key(batch_id, fact.statement), observed_at=fact.observed_at, sources=sources))
+        return out, dropped

@@ -1,0 +1,180 @@
+"""Harvest's tables in the record's SQLite file: the span queue and durable memory.
+
+They live beside the record (one file to back up) under their own named migrations
+(:data:`MIGRATIONS`, applied by the record's :func:`~loomrt.record.migrations.migrate`), and
+are not the record: queue rows move from pending to done, facts are superseded or
+forgotten. What they hold always points back at the record by run id and seq, and nothing
+in them is silently overwritten: a fact's every change is a row of ``memory_history``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from loomrt.errors import StoreError
+from loomrt.record.migrations import migrate
+
+__all__ = ["MIGRATIONS", "HarvestDB", "harvest_db"]
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "harvest_0001_queue_and_memory",
+        """
+        CREATE TABLE harvest_spans (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL,
+            distillation_seq INTEGER NOT NULL,
+            scope TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            def_hash TEXT NOT NULL,
+            seq_lo INTEGER NOT NULL,
+            seq_hi INTEGER NOT NULL,
+            ts_lo REAL,
+            ts_hi REAL,
+            banked_at REAL NOT NULL,
+            tokens INTEGER NOT NULL,
+            turns TEXT NOT NULL,
+            redacted INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'pending',
+            batch_id TEXT,
+            UNIQUE (run_id, distillation_seq, scope)
+        );
+        CREATE INDEX harvest_spans_queue ON harvest_spans(scope, state, id);
+        CREATE TABLE harvest_batches (
+            batch_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            span_ids TEXT NOT NULL,
+            state TEXT NOT NULL,
+            claimed_at REAL NOT NULL,
+            done_at REAL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            report TEXT
+        );
+        CREATE TABLE harvest_watermarks (
+            scope TEXT PRIMARY KEY,
+            span_id INTEGER NOT NULL,
+            at REAL NOT NULL
+        );
+        CREATE TABLE harvest_dead_letters (
+            batch_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            span_ids TEXT NOT NULL,
+            reply_prefix TEXT NOT NULL,
+            error TEXT NOT NULL,
+            at REAL NOT NULL,
+            retried_at REAL
+        );
+        CREATE TABLE memory_facts (
+            fact_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            class TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            statement TEXT NOT NULL,
+            observed_at TEXT,
+            created_at REAL NOT NULL,
+            sources TEXT NOT NULL,
+            vector BLOB,
+            embedder TEXT,
+            status TEXT NOT NULL DEFAULT 'live',
+            superseded_by TEXT,
+            changed_at REAL
+        );
+        CREATE INDEX memory_facts_scope ON memory_facts(scope, status);
+        CREATE TABLE memory_keys (
+            key TEXT PRIMARY KEY,
+            fact_id TEXT NOT NULL,
+            action TEXT NOT NULL
+        );
+        CREATE TABLE memory_history (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            fact_id TEXT NOT NULL,
+            at REAL NOT NULL,
+            action TEXT NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX memory_history_fact ON memory_history(fact_id);
+        CREATE TABLE memory_revision (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            rev INTEGER NOT NULL
+        );
+        INSERT INTO memory_revision VALUES (1, 0);
+        CREATE TABLE memory_settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        """,
+    ),
+]
+"""Harvest's migrations: named, ordered, forward-only (append new ones, never edit old ones)."""
+
+
+class HarvestDB:
+    """One connection to the harvest tables of a record file. Safe to share between the
+    threads of one process; several processes may open the same file (WAL)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                self.conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+                self.conn.execute("PRAGMA busy_timeout=10000")
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+                migrate(self.conn, MIGRATIONS)
+                break
+            except sqlite3.OperationalError as exc:
+                if ("locked" not in str(exc) and "busy" not in str(exc)) or time.monotonic() > deadline:
+                    raise StoreError(f"cannot open durable memory in {self.path}: {exc}") from exc
+                time.sleep(0.05)
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot open durable memory in {self.path}: {exc}") from exc
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE … COMMIT; rolled back if the block raises)."""
+        with self._lock:
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot write durable memory in {self.path}: {exc}") from exc
+            try:
+                yield self.conn
+            except BaseException:
+                if self.conn.in_transaction:
+                    self.conn.execute("ROLLBACK")
+                raise
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot commit durable memory in {self.path}: {exc}") from exc
+
+    def rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one query."""
+        with self._lock:
+            return self.conn.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        with self._lock:
+            self.conn.close()
+
+
+_open: dict[str, HarvestDB] = {}
+_open_lock = threading.Lock()
+
+
+def harvest_db(path: str | Path) -> HarvestDB:
+    """The process's one :class:`HarvestDB` on ``path`` (opened, and migrated, on first use)."""
+    key = str(Path(path).resolve())
+    with _open_lock:
+        db = _open.get(key)
+        if db is None:
+            db = _open[key] = HarvestDB(path)
+        return db

@@ -1,0 +1,233 @@
+"""Extraction: the one step of consolidation that calls a model.
+
+The extractor sees the conversation only (:func:`parts_of`): numbered lines of user inputs
+and assistant replies, tool results as short labelled excerpts, and a date line where the
+date changes, never the system prompt, tool JSON, run ids or record headers. A batch is
+extracted as a whole, so a subject named two spans earlier is still known when a later span
+says "she". The reply must follow :data:`REPLY_SCHEMA` (constrained JSON on local models);
+:func:`parse_reply` tells apart nothing worth keeping (``[]``), an unparseable reply, and
+facts, and :func:`check_fact` drops and counts what must never be stored.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jsonschema
+
+from loomrt.harvest.redact import has_secret
+from loomrt.tokens import count_text
+
+__all__ = ["Line", "parts_of", "extraction_messages", "REPLY_SCHEMA", "parse_reply", "Unparseable", "check_fact",
+           "absolute_dates", "EXTRACT_PROMPT", "ExtractedFact"]
+
+CLASSES = ["preference", "fact", "decision", "identity", "constraint", "correction"]
+
+REPLY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "facts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "statement": {"type": "string", "minLength": 8, "maxLength": 400},
+                    "class": {"type": "string", "enum": CLASSES},
+                    "subject": {"type": "string", "minLength": 1, "maxLength": 120},
+                    "observed_at": {"type": "string"},
+                    "source_seqs": {"type": "array", "items": {"type": "integer"}, "maxItems": 20},
+                },
+                "required": ["statement", "class", "subject", "source_seqs"],
+            },
+        },
+    },
+    "required": ["facts"],
+}
+"""What the extractor must answer: ``{"facts": [{statement, class, subject, observed_at?, source_seqs}]}``."""
+
+_ITEM = jsonschema.Draft202012Validator(REPLY_SCHEMA["properties"]["facts"]["items"])
+
+EXTRACT_PROMPT = """You keep the long-term memory of an assistant. Read the conversation below and write down what will still matter in a later conversation: facts about the people in it (what they did, have, plan, like), their preferences, decisions, constraints, identities, and corrections of something said earlier.
+
+Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subject", "observed_at", "source_seqs"}:
+- statement: one self-contained sentence that names its subject (no "he", "she", "they", "it", "the user"); write dates as dates: "yesterday" in a line of 8 May 2023 is "on 7 May 2023".
+- class: preference, fact, decision, identity, constraint or correction.
+- subject: who or what the statement is about, by name.
+- observed_at: the date it happened or was said (YYYY-MM-DD), if the conversation shows it.
+- source_seqs: the [n] numbers of the lines it comes from.
+Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """One numbered line the extractor sees, and where it came from."""
+
+    n: int
+    text: str
+    run_id: str
+    seq: int | None
+    ts: float | None
+    tokens: int
+    distillation_seq: int = 0
+    """The distillation whose span holds the line."""
+
+
+@dataclass(frozen=True)
+class ExtractedFact:
+    """A fact as the extractor wrote it, checked, its lines mapped back to the record."""
+
+    statement: str
+    cls: str
+    subject: str
+    observed_at: str | None
+    lines: tuple[Line, ...] = field(default_factory=tuple)
+
+
+class Unparseable(ValueError):
+    """The reply is not JSON in the contract's shape."""
+
+
+def _date(ts: float | None) -> str | None:
+    return None if ts is None else _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%d %B %Y").lstrip("0")
+
+
+def _who(turn: dict[str, Any]) -> str:
+    if turn["role"] == "tool":
+        return f"tool result ({turn.get('tool') or 'tool'}), excerpt"
+    name = turn.get("speaker")
+    return f"{turn['role']} ({name})" if name else turn["role"]
+
+
+def parts_of(spans: Sequence[dict[str, Any]], *, part_tokens: int, max_parts: int) -> tuple[list[list[Line]], int]:
+    """The batch's conversation as numbered lines cut into parts of at most ``part_tokens``
+    tokens on message boundaries, and how many earlier parts were left out to keep the
+    latest ``max_parts`` (a message longer than a part is a part of its own)."""
+    lines: list[Line] = []
+    day = None
+    for span in spans:
+        for turn in span["turns"]:
+            stamp = _date(turn.get("ts"))
+            prefix = f"(date: {stamp})\n" if stamp and stamp != day else ""
+            day = stamp or day
+            n = len(lines) + 1
+            text = f"{prefix}[{n}] {_who(turn)}: {turn['text']}"
+            lines.append(Line(n, text, span["run_id"], turn.get("seq"), turn.get("ts"), count_text(text),
+                              span["distillation_seq"]))
+    parts: list[list[Line]] = []
+    size = 0
+    for line in lines:
+        if parts and size + line.tokens <= part_tokens:
+            parts[-1].append(line)
+            size += line.tokens
+        else:
+            parts.append([line])
+            size = line.tokens
+    dropped = max(0, len(parts) - max_parts)
+    return parts[dropped:], dropped
+
+
+def extraction_messages(parts: Sequence[Sequence[Line]]) -> list[dict[str, Any]]:
+    """The extraction call: the prompt, then the conversation (every kept part, in order)."""
+    conversation = "\n".join(line.text for part in parts for line in part)
+    return [{"role": "system", "content": EXTRACT_PROMPT},
+            {"role": "user", "content": f"Conversation:\n{conversation}\n\nJSON:"}]
+
+
+def parse_reply(text: str) -> list[dict[str, Any]]:
+    """The items of a reply: ``[]`` is nothing worth keeping; :class:`Unparseable` when it
+    is not JSON of the contract's shape (an item that breaks the contract is left to
+    :func:`check_fact`)."""
+    raw = text.strip()
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", raw, re.S)
+    if fenced:
+        raw = fenced.group(1).strip()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        start = min((i for i in (raw.find("{"), raw.find("[")) if i >= 0), default=-1)
+        if start < 0:
+            raise Unparseable("the reply holds no JSON") from None
+        try:
+            data, _ = json.JSONDecoder().raw_decode(raw[start:])
+        except json.JSONDecodeError as exc:
+            raise Unparseable(f"the reply is not JSON: {exc.msg} at character {exc.pos}") from None
+    if isinstance(data, dict) and isinstance(data.get("facts"), list):
+        data = data["facts"]
+    if not isinstance(data, list):
+        raise Unparseable("the reply is JSON but not {\"facts\": [...]} or a list")
+    return data
+
+
+_RELATIVE = {
+    "yesterday": -1, "today": 0, "tonight": 0, "this morning": 0, "this evening": 0, "tomorrow": 1,
+}
+_RELATIVE_RE = re.compile(
+    r"\b(yesterday|today|tonight|this morning|this evening|tomorrow|last (week|month|year|weekend)|"
+    r"next (week|month|year|weekend)|this (week|month|year))\b", re.I)
+
+
+def absolute_dates(statement: str, ts: float | None) -> str:
+    """``statement`` with relative dates ("yesterday", "last year", ...) made absolute
+    against ``ts``, the time of the line it came from."""
+    if ts is None:
+        return statement
+    when = _dt.datetime.fromtimestamp(ts, tz=_dt.UTC)
+
+    def sub(m: re.Match[str]) -> str:
+        word = m.group(0).lower()
+        if word in _RELATIVE:
+            d = when + _dt.timedelta(days=_RELATIVE[word])
+            return "on " + d.strftime("%d %B %Y").lstrip("0")
+        which, unit = word.split()
+        step = {"last": -1, "next": 1, "this": 0}[which]
+        if unit == "year":
+            return f"in {when.year + step}"
+        if unit == "month":
+            month = (when.month - 1 + step) % 12 + 1
+            year = when.year + (when.month - 1 + step) // 12
+            return "in " + _dt.date(year, month, 1).strftime("%B %Y")
+        label = "weekend" if unit == "weekend" else "week"
+        return f"in the {label} of {(when + _dt.timedelta(weeks=step)).strftime('%d %B %Y').lstrip('0')}"
+
+    out = _RELATIVE_RE.sub(sub, statement)
+    return re.sub(r"\b(on|in) (on|in) ", r"\2 ", out)
+
+
+_META = [
+    re.compile(r"\b(asked|asks|asking|inquired|wanted to know|wants to know)\b.*\b(about|whether|if|what|how|why|when|where|who)\b", re.I),
+    re.compile(r"\bthe (assistant|chatbot|AI)\b|\bassistant (said|says|helped|suggested|recommended|provided|explained|answered)\b", re.I),
+    re.compile(r"\bthis (conversation|chat|session|run|transcript)\b|\bthe (conversation|chat|transcript)\b", re.I),
+    re.compile(r"\b(conversation|session|chat) (took place|happened|occurred|started|ended)\b", re.I),
+]
+_IDS = [re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
+        re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I), re.compile(r"\[#?\d+\]|#\d+\b")]
+
+
+def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None, str]:
+    """The fact an item states, or None and why it is dropped: ``invalid`` (breaks the
+    contract), ``meta`` (that a question was asked or a run happened), ``ids`` (run or
+    record ids), ``secret``, or ``unsourced`` (its lines are not in the batch)."""
+    if not isinstance(item, dict) or next(_ITEM.iter_errors(item), None) is not None:
+        return None, "invalid"
+    statement = " ".join(str(item["statement"]).split())
+    if any(p.search(statement) for p in _META):
+        return None, "meta"
+    if any(p.search(statement) for p in _IDS):
+        return None, "ids"
+    if has_secret(statement) or has_secret(str(item["subject"])):
+        return None, "secret"
+    cited = tuple(lines[n] for n in dict.fromkeys(item["source_seqs"]) if n in lines)
+    if not cited:
+        return None, "unsourced"
+    statement = absolute_dates(statement, cited[-1].ts)
+    observed = item.get("observed_at") or None
+    if observed is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", str(observed)):
+        observed = None
+    if observed is None and cited[-1].ts is not None:
+        observed = _dt.datetime.fromtimestamp(cited[-1].ts, tz=_dt.UTC).strftime("%Y-%m-%d")
+    return ExtractedFact(statement, str(item["class"]), " ".join(str(item["subject"]).split()), observed, cited), ""

@@ -1,0 +1,317 @@
+"""Durable memory: facts, their vectors and history, scoped search.
+
+A fact is a row of ``memory_facts`` (statement, class, subject, scope, sources back to the
+record) and the vector of its statement (the stored text is the embedded text). Search
+fuses dense and lexical matching the way recall does (a
+:class:`~loomrt.recall.index.RecallIndex` per scope, kept in step with the table), over
+live facts only. :class:`ScopedMemory` is what a run reads through: the
+:class:`~loomrt.recall.memory.MemorySource` Recall falls back to, checked against the
+run's granted scopes on every call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from loomrt.errors import NotFoundError
+from loomrt.harvest.db import HarvestDB
+from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
+from loomrt.harvest.scopes import check
+from loomrt.recall.embedders import Embedder, resolve_embedder
+from loomrt.recall.index import Entry, Fusion, RecallIndex
+from loomrt.recall.memory import MemoryHit
+
+__all__ = ["Fact", "NewFact", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
+
+CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
+
+_FUSION = Fusion(dense=0.5, lexical=0.5, lexical_window=0.0, lexical_context=0.0)
+"""Facts stand alone: no window, no neighbourhood."""
+
+
+def fact_key(batch_id: str, statement: str) -> str:
+    """The idempotency key of a statement extracted from a batch."""
+    return f"{batch_id}:{hashlib.sha256(statement.strip().encode()).hexdigest()[:16]}"
+
+
+@dataclass(frozen=True)
+class NewFact:
+    """A statement to store (as the extractor wrote it, checked)."""
+
+    statement: str
+    cls: str
+    subject: str
+    scope: str
+    key: str
+    """:func:`fact_key` of its batch and text."""
+    observed_at: str | None = None
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    """Where it came from: ``{run_id, seqs, distillation_seq, agent, def_hash, batch_id}``."""
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A stored fact."""
+
+    fact_id: str
+    scope: str
+    cls: str
+    subject: str
+    statement: str
+    observed_at: str | None
+    created_at: float
+    sources: list[dict[str, Any]]
+    status: str
+    """live, superseded, forgotten or erased."""
+    superseded_by: str | None = None
+    changed_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fact_id": self.fact_id, "scope": self.scope, "class": self.cls, "subject": self.subject,
+                "statement": self.statement, "observed_at": self.observed_at, "created_at": self.created_at,
+                "status": self.status, "superseded_by": self.superseded_by, "changed_at": self.changed_at,
+                "sources": self.sources}
+
+
+_COLUMNS = "fact_id, scope, class, subject, statement, observed_at, created_at, sources, status, superseded_by, changed_at"
+
+
+def _fact(row: tuple[Any, ...]) -> Fact:
+    return Fact(fact_id=row[0], scope=row[1], cls=row[2], subject=row[3], statement=row[4], observed_at=row[5],
+                created_at=row[6], sources=json.loads(row[7]), status=row[8], superseded_by=row[9], changed_at=row[10])
+
+
+class _ScopeIndex:
+    """The live facts of one scope, searchable; kept in step by rowid and revision."""
+
+    def __init__(self, embedder: Embedder | None):
+        self.index = RecallIndex(embedder, max_entries=10_000_000, fusion=_FUSION)
+        self.ids: dict[int, str] = {}
+        self.rowid = 0
+        self.rev = -1
+
+
+class MemoryStore:
+    """Durable memory in ``db``: write (with placement), search, list, show, forget.
+
+    ``embedder`` is as for recall (``None``: MiniLM, ``"hash"`` in tests, ``False``:
+    lexical-only)."""
+
+    def __init__(self, db: HarvestDB, *, embedder: Any = None):
+        self.db = db
+        self.embedder = resolve_embedder(embedder)
+        self._indexes: dict[str, _ScopeIndex] = {}
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ settings
+
+    def bands(self) -> tuple[float, float]:
+        """The merge and supersede cosine bands (calibrated, else the defaults)."""
+        rows = dict(self.db.rows("SELECT key, value FROM memory_settings WHERE key IN ('merge_cosine', 'supersede_cosine')"))
+        return float(rows.get("merge_cosine", MERGE_COSINE)), float(rows.get("supersede_cosine", SUPERSEDE_COSINE))
+
+    def set_band(self, key: str, value: float) -> None:
+        with self.db.write() as conn:
+            conn.execute("INSERT INTO memory_settings VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                         (key, str(value)))
+
+    # ------------------------------------------------------------------ writing
+
+    def _embed(self, texts: list[str]) -> np.ndarray | None:
+        if self.embedder is None or not texts:
+            return None
+        return np.asarray(self.embedder.embed(texts), dtype=np.float32)
+
+    def write(self, facts: Sequence[NewFact], *, also: Callable[[Any], None] | None = None) -> dict[str, int]:
+        """Store ``facts`` in one transaction: each is new, merged into a stored fact, or
+        supersedes one (:func:`~loomrt.harvest.placement.place`); a key already written is
+        skipped (a retried batch writes nothing new). ``also(conn)`` runs in the same
+        transaction (the consolidator marks its batch done there). Counts by outcome."""
+        counts = {"new": 0, "merged": 0, "superseded": 0, "already": 0}
+        vectors = self._embed([f.statement for f in facts])
+        merge_cos, supersede_cos = self.bands()
+        now = time.time()
+        written: list[tuple[NewFact, str, np.ndarray | None]] = []
+        with self._lock, self._writing() as conn:
+            for i, f in enumerate(facts):
+                if conn.execute("SELECT 1 FROM memory_keys WHERE key = ?", (f.key,)).fetchone():
+                    counts["already"] += 1
+                    continue
+                vec = vectors[i] if vectors is not None else None
+                placed = place(f.cls, f.subject, f.statement, self._candidates(f, vec, written),
+                               merge_cosine=merge_cos, supersede_cosine=supersede_cos)
+                fact_id = self._apply(conn, f, vec, placed, now)
+                if placed.action != "merge":
+                    written.append((f, fact_id, vec))
+                conn.execute("INSERT INTO memory_keys VALUES (?, ?, ?)", (f.key, fact_id, placed.action))
+                counts[{"new": "new", "merge": "merged", "supersede": "superseded"}[placed.action]] += 1
+            if also is not None:
+                also(conn)
+        return counts
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Any]:
+        """A write transaction; the search indexes are dropped if it rolls back (they may
+        have read its uncommitted rows)."""
+        try:
+            with self.db.write() as conn:
+                yield conn
+        except BaseException:
+            self._indexes.clear()
+            raise
+
+    def _candidates(self, f: NewFact, vec: np.ndarray | None, written: list[tuple[NewFact, str, np.ndarray | None]]
+                    ) -> list[Candidate]:
+        """Live facts of ``f``'s scope near it (by cosine; by shared words without vectors),
+        the facts this write stored before it included."""
+        idx = self._index(f.scope)
+        near: list[tuple[str, float]] = []
+        if vec is not None and idx.index.dense:
+            near = [(idx.ids[e.id], cos) for e, cos in idx.index.nearest(vec, 8)]
+        else:
+            near = [(idx.ids[h.entry.id], dice(h.entry.text, f.statement)) for h in idx.index.search(f.statement, 8)]
+        for other, fid, v in written:
+            if other.scope == f.scope:
+                near.append((fid, float(np.dot(v, vec)) if v is not None and vec is not None
+                             else dice(other.statement, f.statement)))
+        out = []
+        for fid, cos in near:
+            row = self.db.rows("SELECT class, subject, statement, status FROM memory_facts WHERE fact_id = ?", (fid,))
+            if row and row[0][3] == "live":
+                out.append(Candidate(fid, row[0][0], row[0][1], row[0][2], cos))
+        return sorted(out, key=lambda c: -c.cosine)
+
+    def _apply(self, conn: Any, f: NewFact, vec: np.ndarray | None, placed: Placement, now: float) -> str:
+        history = {"statement": f.statement, "class": f.cls, "key": f.key, "sources": f.sources,
+                   "cosine": placed.cosine, "why": placed.why}
+        if placed.action == "merge":
+            assert placed.fact_id is not None
+            (sources,) = conn.execute("SELECT sources FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)).fetchone()
+            conn.execute("UPDATE memory_facts SET sources = ? WHERE fact_id = ?",
+                         (json.dumps([*json.loads(sources), *f.sources]), placed.fact_id))
+            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'merged', ?)",
+                         (placed.fact_id, now, json.dumps(history)))
+            return placed.fact_id
+        fact_id = "m" + hashlib.sha256(f.key.encode()).hexdigest()[:11]
+        conn.execute(
+            f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?)",
+            (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources),
+             vec.tobytes() if vec is not None else None, getattr(self.embedder, "name", None)))
+        conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
+                     (fact_id, now, json.dumps(history)))
+        if placed.action == "supersede":
+            assert placed.fact_id is not None
+            conn.execute("UPDATE memory_facts SET status = 'superseded', superseded_by = ?, changed_at = ? "
+                         "WHERE fact_id = ?", (fact_id, now, placed.fact_id))
+            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'superseded', ?)",
+                         (placed.fact_id, now, json.dumps({"by": fact_id, "statement": f.statement,
+                                                           "cosine": placed.cosine, "why": placed.why})))
+            conn.execute("UPDATE memory_revision SET rev = rev + 1")
+        return fact_id
+
+    def forget(self, fact_id: str, *, erase: bool = False, by: str = "operator") -> Fact:
+        """Hide a fact from search (an operator's action, recorded in its history); with
+        ``erase`` its statement and vector are wiped too (its history says so)."""
+        fact = self.get(fact_id)
+        now = time.time()
+        with self._lock, self.db.write() as conn:
+            if erase:
+                conn.execute("UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
+                             "changed_at = ? WHERE fact_id = ?", (now, fact_id))
+                conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
+            else:
+                conn.execute("UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id))
+            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
+                         (fact_id, now, "erased" if erase else "forgotten", json.dumps({"by": by, "was": fact.status})))
+            conn.execute("UPDATE memory_revision SET rev = rev + 1")
+        return self.get(fact_id)
+
+    # ------------------------------------------------------------------ reading
+
+    def get(self, fact_id: str) -> Fact:
+        rows = self.db.rows(f"SELECT {_COLUMNS} FROM memory_facts WHERE fact_id = ?", (fact_id,))
+        if not rows:
+            raise NotFoundError(f"no fact {fact_id!r} in {self.db.path}. `loomrt memory list` shows the facts.")
+        return _fact(rows[0])
+
+    def history(self, fact_id: str) -> list[dict[str, Any]]:
+        return [{"at": at, "action": action, **json.loads(data)} for at, action, data in self.db.rows(
+            "SELECT at, action, data FROM memory_history WHERE fact_id = ? ORDER BY id", (fact_id,))]
+
+    def list(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000) -> list[Fact]:
+        sql, args = f"SELECT {_COLUMNS} FROM memory_facts WHERE 1=1", []
+        if scopes is not None:
+            sql += f" AND scope IN ({','.join('?' * len(scopes))})"
+            args += list(scopes)
+        if not include_hidden:
+            sql += " AND status = 'live'"
+        return [_fact(r) for r in self.db.rows(sql + " ORDER BY created_at, fact_id LIMIT ?", [*args, limit])]
+
+    def scopes(self) -> list[str]:
+        return [r[0] for r in self.db.rows("SELECT DISTINCT scope FROM memory_facts ORDER BY scope")]
+
+    def _index(self, scope: str) -> _ScopeIndex:
+        """The search index of ``scope``, brought up to date (new facts added; rebuilt when a
+        fact was superseded or forgotten)."""
+        (rev,) = self.db.rows("SELECT rev FROM memory_revision")[0]
+        idx = self._indexes.get(scope)
+        if idx is None or idx.rev != rev:
+            idx = self._indexes[scope] = _ScopeIndex(self.embedder)
+            idx.rev = rev
+        rows = self.db.rows("SELECT rowid, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
+                            "status = 'live' AND rowid > ? ORDER BY rowid", (scope, idx.rowid))
+        if rows:
+            drafts = [Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role="fact", text=text)
+                      for _, fid, text, _ in rows]
+            vectors = None
+            if idx.index.dense and self.embedder is not None:
+                dim = self.embedder.dim
+                if all(b is not None and len(b) == dim * 4 for *_, b in rows):
+                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for *_, b in rows])
+                else:
+                    vectors = self._embed([text for _, _, text, _ in rows])
+            for e in idx.index.add(drafts, vectors=vectors):
+                idx.ids[e.id] = e.run_id
+            idx.rowid = rows[-1][0]
+        return idx
+
+    def search(self, query: str, top_k: int, scopes: Sequence[str]) -> list[MemoryHit]:
+        """The best ``top_k`` live facts of ``scopes`` for ``query``, best first."""
+        found: list[tuple[float, str, str]] = []
+        with self._lock:
+            for scope in scopes:
+                idx = self._index(scope)
+                found += [(h.score, scope, h.entry.run_id) for h in idx.index.search(query, top_k)]
+        found.sort(key=lambda x: -x[0])
+        hits = []
+        for score, scope, fid in found[:top_k]:
+            fact = self.get(fid)
+            hits.append(MemoryHit(text=fact.statement, score=score, ts=fact.created_at, scope=scope, id=fid,
+                                  provenance={"class": fact.cls, "observed_at": fact.observed_at,
+                                              "sources": fact.sources}))
+        return hits
+
+
+class ScopedMemory:
+    """Durable memory as one run may read it: only ``granted`` scope keys, checked on every
+    call (a :class:`~loomrt.recall.memory.MemorySource`)."""
+
+    def __init__(self, store: MemoryStore, granted: Sequence[str], kinds: Sequence[str] = ()):
+        self.store = store
+        self.granted = list(granted)
+        self._by_kind = dict(zip(kinds, granted, strict=False))
+
+    def search(self, query: str, top_k: int, scopes: Sequence[str] | None = None) -> list[MemoryHit]:
+        """Facts of ``scopes`` (kinds like ``user`` or keys like ``user:alice``; default all
+        granted); :class:`~loomrt.harvest.scopes.ScopeError` for one not granted."""
+        wanted = self.granted if scopes is None else [self._by_kind.get(s, s) for s in scopes]
+        return self.store.search(query, top_k, check(wanted, self.granted, action="read"))

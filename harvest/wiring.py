@@ -1,0 +1,111 @@
+"""How a run gets its harvest bank and its durable memory (called by
+:func:`loomrt.toolset.resolve_toolset`, the one place a run's toolset is resolved).
+
+Misconfiguration is loud, once per run: harvest on with no ``memory_scopes``, a scope with
+no identity (``user`` and no ``--user``), or a store without a file for durable memory is
+a ``harvest_error`` event (recorded once; ``loomrt agents validate`` warns of the first
+two). The run goes on without the part that cannot work.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loomrt.events import Event
+from loomrt.harvest.bank import Bank
+from loomrt.harvest.db import harvest_db
+from loomrt.harvest.memory import MemoryStore, ScopedMemory
+from loomrt.harvest.scopes import ScopeError, resolve_scopes
+
+__all__ = ["HarvestWiring", "wire", "memory_store", "config_problems"]
+
+
+@dataclass
+class HarvestWiring:
+    """What a run gets: the bank (an evicted-span callback) and the memory Recall reads."""
+
+    bank: Bank | None = None
+    memory: Any = None
+    scopes: Sequence[str] = ()
+    """The run's granted scope keys (``user:alice``, ...), in ``memory_scopes`` order."""
+
+
+_stores: dict[tuple[str, str], MemoryStore] = {}
+_stores_lock = threading.Lock()
+
+
+def memory_store(path: str | Path, embedder: Any = None) -> MemoryStore:
+    """The process's durable memory on the record file ``path`` (one per embedder)."""
+    key = (str(Path(path).resolve()), repr(embedder) if embedder is not None and not isinstance(embedder, str) else str(embedder))
+    with _stores_lock:
+        store = _stores.get(key)
+        if store is None:
+            store = _stores[key] = MemoryStore(harvest_db(path), embedder=embedder)
+        return store
+
+
+def config_problems(context: Any) -> list[str]:
+    """What is wrong with an agent's harvest configuration, knowable from the definition alone."""
+    problems = []
+    if context.harvest_to_memory and not context.memory_scopes:
+        problems.append("context.harvest_to_memory is on but context.memory_scopes is empty: nothing can be banked "
+                        "(add memory_scopes: [user], [agent] or [project]; the first is where facts go)")
+    if context.memory_scopes and not context.recall:
+        problems.append("context.memory_scopes is set but context.recall is off: this agent never reads its durable "
+                        "memory (Recall is how it does; set recall: true)")
+    return problems
+
+
+def _said(history: Sequence[Event] | None) -> set[str]:
+    return {e.data.get("message", "") for e in history or () if e.kind == "harvest_error"}
+
+
+def wire(
+    spec: Any, *, run_id: str, agent: str, store: Any, user: str | None, project: str | None,
+    emit: Callable[[str, dict[str, Any]], Any], private: Callable[[], set[int]], def_hash: str,
+    history: Sequence[Event] | None = None, memory: Any = None, embedder: Any = None,
+) -> HarvestWiring:
+    """The bank and memory of run ``run_id``; each problem is a ``harvest_error`` event, once."""
+    context = spec.context
+    said = _said(history)
+
+    def loud(message: str) -> None:
+        if message not in said:
+            said.add(message)
+            emit("harvest_error", {"message": message})
+
+    out = HarvestWiring()
+    if context.harvest_to_memory and not context.memory_scopes:
+        loud(config_problems(context)[0])
+    if not context.memory_scopes:
+        return out
+    try:
+        out.scopes = resolve_scopes(context.memory_scopes, agent=agent, user=user, project=project)
+    except ScopeError as exc:
+        loud(f"durable memory is off for this run: {exc}")
+        return out
+    path = getattr(store, "path", None)
+    has_file = path is not None and str(path) != ":memory:"
+    no_file = ("durable memory is off for this run: its store has no file to keep memory in (an in-memory "
+               "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH)")
+    try:
+        if memory is not None and not isinstance(memory, MemoryStore):
+            out.memory = memory  # the caller's own MemorySource, read with this run's scope keys
+        elif memory is not None or has_file:
+            out.memory = ScopedMemory(memory or memory_store(path, embedder), out.scopes, context.memory_scopes)
+        if context.harvest_to_memory:
+            if not has_file:
+                loud(no_file)
+            else:
+                out.bank = Bank(harvest_db(path), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
+                                max_tokens=context.harvest_max_tokens, private=private, record=emit)
+        elif out.memory is None:
+            loud(no_file)
+    except Exception as exc:  # noqa: BLE001 - durable memory is optional: the run goes on without it
+        loud(f"durable memory is off for this run: {type(exc).__name__}: {exc}")
+        out.memory = out.bank = None
+    return out
