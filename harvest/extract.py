@@ -204,6 +204,8 @@ _META = [
     re.compile(r"\bthis (conversation|chat|session|run|transcript)\b|\bthe (conversation|chat|transcript)\b", re.I),
     re.compile(r"\b(conversation|session|chat) (took place|happened|occurred|started|ended)\b", re.I),
 ]
+_PRONOUN = re.compile(r"^(he|she|they|it|i|you|we|him|her|them|his|hers|their|the user|user|someone)\b(?!['’]s? \w)",
+                      re.I)
 _IDS = [re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
         re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I), re.compile(r"\[#?\d+\]|#\d+\b")]
 
@@ -211,7 +213,8 @@ _IDS = [re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
 def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None, str]:
     """The fact an item states, or None and why it is dropped: ``invalid`` (breaks the
     contract), ``meta`` (that a question was asked or a run happened), ``ids`` (run or
-    record ids), ``secret``, or ``unsourced`` (its lines are not in the batch)."""
+    record ids), ``secret``, ``unresolved`` (its subject is a pronoun: not self-contained),
+    or ``unsourced`` (its lines are not in the batch)."""
     if not isinstance(item, dict) or next(_ITEM.iter_errors(item), None) is not None:
         return None, "invalid"
     statement = " ".join(str(item["statement"]).split())
@@ -221,6 +224,8 @@ def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None,
         return None, "ids"
     if has_secret(statement) or has_secret(str(item["subject"])):
         return None, "secret"
+    if _PRONOUN.match(str(item["subject"]).strip()) or _PRONOUN.match(statement):
+        return None, "unresolved"  # "she is a nurse": whose fact, the reader cannot tell
     cited = tuple(lines[n] for n in dict.fromkeys(item["source_seqs"]) if n in lines)
     if not cited:
         return None, "unsourced"

@@ -344,6 +344,8 @@ class RunRecall:
                 if isinstance(item, MemoryHit)
                 else MemoryHit(**{k: v for k, v in dict(item).items() if k in MemoryHit.__dataclass_fields__})
             )
-            extra = {k: v for k, v in (("scope", h.scope), ("id", h.id)) if v is not None}
+            extra: dict[str, Any] = {k: v for k, v in (("scope", h.scope), ("id", h.id)) if v is not None}
+            if h.provenance:  # where the fact came from: the runs and record seqs of its original words
+                extra["provenance"] = h.provenance
             out.append(RecallHit(text=h.text, score=float(h.score), source="memory", ts=h.ts, extra=extra))
         return out

@@ -44,12 +44,13 @@ def load(explicit: Path | None) -> tuple[Path, Any]:
     return path, load_agents(path)
 
 
-def runtime(*, show_events: bool = False) -> Any:
-    """The runtime on the default record; ``show_events`` renders each event live on stderr."""
+def runtime(*, show_events: bool = False, user: str | None = None) -> Any:
+    """The runtime on the default record; ``show_events`` renders each event live on stderr;
+    ``user`` names the runs' ``user`` memory scope (default ``$LOOMRT_USER``)."""
     from loomrt.cli._render import EventPrinter
     from loomrt.runtime import Runtime
 
-    return Runtime(listeners=[EventPrinter(err)] if show_events else [])
+    return Runtime(listeners=[EventPrinter(err)] if show_events else [], user=user)
 
 
 def print_json(obj: Any) -> None:

@@ -60,6 +60,10 @@ def validate_cmd(
         for i, tool in enumerate(spec.tools)
         if tool not in BUILTIN_TOOLS and tool not in ("Recall", *SPAWN_TOOLS) and "." not in tool  # SERVER.TOOL: MCP
     ]
+    from loomrt.harvest.wiring import config_problems
+
+    warnings += [f"agents.{name}.context: {problem}" for name, spec in defs.agents.items()
+                 for problem in config_problems(spec.context)]
     if json_output:
         print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents), "warnings": warnings})
         return

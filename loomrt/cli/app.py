@@ -1,7 +1,8 @@
 """``loomrt``: run agents, chat with them, and inspect what happened.
 
 Commands: run, chat, agents (list, validate, schema, fork, promote), runs (list, show,
-events, resume, continue), recall, bench, mcp, doctor. Every inspection command takes --json.
+events, resume, continue), recall, consolidate, memory (search, list, show, forget,
+calibrate), bench, mcp, worker, doctor. Every inspection command takes --json.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
 from loomrt.cli.doctor import doctor
 from loomrt.cli.mcp_cmd import mcp_cmd
+from loomrt.cli.memory_cmd import consolidate_cmd, memory_app
 from loomrt.cli.recall_cmd import recall
 from loomrt.cli.runs_cmd import runs_app
 
@@ -36,11 +38,14 @@ app = typer.Typer(
 )
 app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
+app.add_typer(memory_app, name="memory")
+app.command("consolidate")(consolidate_cmd)
 
 AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
 ModeOpt = typer.Option(None, "--mode", help="Override context.mode: append, recap, stateful, compaction, fold, auto.")
 JsonOpt = typer.Option(False, "--json", help="Print one JSON object instead of rendering events.")
 QuietOpt = typer.Option(False, "--quiet", "-q", help="Print only the answer.")
+UserOpt = typer.Option(None, "--user", help="Whom the run works for: its `user` memory scope (default $LOOMRT_USER).")
 
 
 @app.command("run")
@@ -52,10 +57,11 @@ def run_cmd(
     mode: str | None = ModeOpt,
     json_output: bool = JsonOpt,
     quiet: bool = QuietOpt,
+    user: str | None = UserOpt,
 ) -> None:
     """Run an agent once on PROMPT and print its answer."""
     path, defs = load(agents)
-    rt = runtime(show_events=not (json_output or quiet))
+    rt = runtime(show_events=not (json_output or quiet), user=user)
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
     result = asyncio.run(rt.send(run, prompt))
     if json_output:
@@ -76,10 +82,11 @@ def chat_cmd(
     agents: Path | None = AgentsOpt,
     mode: str | None = ModeOpt,
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object per turn."),
+    user: str | None = UserOpt,
 ) -> None:
     """Talk with an agent. Without a TTY, each line of stdin is one user turn."""
     path, defs = load(agents)
-    rt = runtime()
+    rt = runtime(user=user)
     run = rt.start(agent, agents=defs, mode=mode, interactive=True, agents_file=str(path.resolve()))
     tty = sys.stdin.isatty()
     if tty and not json_output:

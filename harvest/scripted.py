@@ -1,0 +1,65 @@
+"""Model-free extractors for deterministic tests and the load benchmark (never the product's).
+
+- :func:`echo_extractor`: each user line it is sent becomes one fact, verbatim (so a test can
+  count facts against spans: 0 lost, 0 doubled).
+- :func:`coreference_extractor`: like a careful reader with no world knowledge: a line that
+  begins with a pronoun becomes a fact about the last name the call's own text mentioned
+  before it; with no such name, the pronoun stays (and the fact is dropped as unresolved).
+  Whole-batch extraction keeps what per-span extraction loses because of what the
+  extractor is *sent*, which is what the tests assert.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from loomrt.providers.base import ModelRequest
+from loomrt.providers.scripted import FunctionProvider
+
+__all__ = ["echo_extractor", "coreference_extractor", "conversation_lines"]
+
+_LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
+_NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
+_PRONOUN = re.compile(r"^(She|He|They)\b\s+(.*)$")
+_NOT_NAMES = {"The", "This", "That", "Then", "She", "They", "His", "Her", "And", "But", "When", "What", "Yes", "Our"}
+
+
+def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:
+    """(n, role, text) of each numbered conversation line in an extraction request."""
+    text = request.messages[-1]["content"]
+    return [(int(m.group(1)), m.group(2), m.group(3)) for line in text.splitlines() if (m := _LINE.match(line))]
+
+
+def _echo(request: ModelRequest) -> str:
+    facts = [{"statement": text, "class": "fact", "subject": text.split()[0] if text.split() else "x",
+              "source_seqs": [n]} for n, role, text in conversation_lines(request) if role == "user" and len(text) >= 8]
+    return json.dumps({"facts": facts})
+
+
+def echo_extractor() -> FunctionProvider:
+    """Every user line becomes one fact, verbatim."""
+    return FunctionProvider(_echo, name="scripted/echo-extractor")
+
+
+def _coreference(request: ModelRequest) -> str:
+    facts: list[dict[str, Any]] = []
+    last_name: str | None = None
+    for n, role, text in conversation_lines(request):
+        if role != "user":
+            continue
+        m = _PRONOUN.match(text)
+        if m:
+            subject = last_name or m.group(1)
+            facts.append({"statement": f"{subject} {m.group(2)}", "class": "fact", "subject": subject,
+                          "source_seqs": [n]})
+        names = [w for w in _NAME.findall(text) if w not in _NOT_NAMES]
+        if names:
+            last_name = names[-1]
+    return json.dumps({"facts": facts})
+
+
+def coreference_extractor() -> FunctionProvider:
+    """Resolves a leading pronoun to the last name the call's own text mentioned."""
+    return FunctionProvider(_coreference, name="scripted/coreference-extractor")

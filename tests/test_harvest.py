@@ -1,0 +1,409 @@
+"""Harvest: banking, the consolidator, durable memory, scopes (issue 16)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from harvest_kit import bank_spans, chat, harvest_agent, padded
+from loomrt import Runtime
+from loomrt.harvest import Consolidator, MemoryStore, NewFact, ScopedMemory, ScopeError
+from loomrt.harvest.db import harvest_db
+from loomrt.harvest.extract import check_fact, parse_reply, Unparseable
+from loomrt.harvest.queue import Queue
+from loomrt.harvest.scripted import coreference_extractor, echo_extractor
+from loomrt.harvest.wiring import memory_store
+from loomrt.harvest.coreference import CASES
+from loomrt.providers.scripted import FunctionProvider
+from loomrt.record.sqlite import SQLiteStore
+
+TALK = [padded(f"My colleague Rosa{i} works on the billing service and prefers tabs over spaces.") for i in range(6)]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SQLiteStore:
+    return SQLiteStore(tmp_path / "record.sqlite")
+
+
+def _banked(store: SQLiteStore) -> list[tuple]:
+    return harvest_db(store.path).rows("SELECT run_id, distillation_seq, scope, turns FROM harvest_spans ORDER BY id")
+
+
+def _consolidator(store: SQLiteStore, provider=None, **kw) -> Consolidator:
+    return Consolidator(store, provider=provider or echo_extractor(), embedder="hash", settle_s=0, **kw)
+
+
+# ---------------------------------------------------------------- banking
+
+
+def test_each_applied_distillation_is_banked_once_with_provenance(store: SQLiteStore) -> None:
+    _, run_id = chat(store, harvest_agent(), TALK)
+    events = store.events(run_id)
+    distilled = [e.seq for e in events if e.kind == "distillation"]
+    banked = [e for e in events if e.kind == "harvest_banked"]
+    assert distilled and [b.data["distillation_seq"] for b in banked] == distilled
+    assert all(b.data["outcome"] == "banked" and b.data["scope"] == "user:alice" for b in banked)
+    rows = _banked(store)
+    assert [(r[0], r[1], r[2]) for r in rows] == [(run_id, s, "user:alice") for s in distilled]
+    row = harvest_db(store.path).rows("SELECT agent, def_hash, seq_lo, seq_hi, ts_lo FROM harvest_spans LIMIT 1")[0]
+    assert row[0] == "agent" and len(row[1]) == 16 and row[2] <= row[3] and row[4] is not None
+    # the conversation only: no system prompt, no synthetic blocks
+    turns = [t for r in rows for t in json.loads(r[3])]
+    assert {t["role"] for t in turns} <= {"user", "assistant"}
+    assert not any("Recall:" in t["text"] for t in turns)
+
+
+def test_declined_distillations_bank_nothing(store: SQLiteStore) -> None:
+    spec = harvest_agent()
+    from loomrt.providers.scripted import ScriptedProvider
+
+    provider = ScriptedProvider(turns=["ok " * 30] * 6, summaries=["an unrelated recap about the weather"])
+    rt = Runtime(store, providers=lambda s, m: provider, embedder="hash", user="alice")
+
+    async def play() -> str:
+        run = await rt.astart(spec, interactive=True)
+        for text in TALK:
+            await rt.send(run, text)
+        return run.run_id
+
+    run_id = asyncio.run(play())
+    kinds = [e.kind for e in store.events(run_id)]
+    assert "distillation_declined" in kinds and "distillation" not in kinds
+    assert _banked(store) == []
+
+
+def test_resuming_and_rebuilding_recall_bank_nothing_new(store: SQLiteStore) -> None:
+    rt, run_id = chat(store, harvest_agent(), TALK, finish=False)
+    before = _banked(store)
+    assert before
+    run = rt.open(run_id)
+    run.toolset.recall.size()  # the recall index rebuilt from the record
+    asyncio.run(rt.resume(run_id))
+    assert _banked(store) == before
+    assert len([e for e in store.events(run_id) if e.kind == "harvest_banked"]) == len(before)
+
+
+def test_banking_twice_writes_one_row(store: SQLiteStore) -> None:
+    bank_spans(store.path, 3)
+    bank_spans(store.path, 3)
+    assert len(_banked(store)) == 3
+
+
+def test_secrets_are_redacted_and_private_material_is_never_banked(store: SQLiteStore) -> None:
+    from loomrt.harvest.bank import conversation_turns
+    from loomrt.messages import Message
+
+    messages = (Message(role="user", content="my api_key = sk-abcdefghijklmnopqrstuvwx and the db is at "
+                        "postgres://bob:hunter22@db/x", seq=1),
+                Message(role="tool", name="Read", content="top secret payroll " * 30, seq=2),
+                Message(role="assistant", content="Noted.", seq=3))
+    turns, redacted = conversation_turns(messages, private={2})
+    assert redacted == 2 and [t["seq"] for t in turns] == [1, 3]
+    assert "sk-abc" not in turns[0]["text"] and "hunter22" not in turns[0]["text"]
+
+
+def test_a_span_of_tool_traffic_only_is_counted_not_banked(store: SQLiteStore) -> None:
+    from loomrt.harvest.bank import Bank
+    from loomrt.messages import EvictedSpan, Message, ToolCall
+
+    bank = Bank(harvest_db(store.path), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
+                max_tokens=100, private=set, record=lambda k, d: None)
+    only_tools = EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=4, messages=(
+        Message(role="assistant", tool_calls=(ToolCall(id="c", name="Read", arguments={"path": "x"}),), seq=2),
+        Message(role="tool", name="Read", tool_call_id="c", content="file body", seq=3)))
+    assert bank.bank(only_tools)["outcome"] == "empty"
+    huge = EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=9, messages=(
+        Message(role="user", content="word " * 500, seq=5),))
+    refused = bank.bank(huge)
+    assert refused["outcome"] == "refused" and "harvest_max_tokens" in refused["reason"]
+    assert bank.counts == {"banked": 0, "empty": 1, "refused": 1} and _banked(store) == []
+
+
+def test_misconfiguration_is_one_error_event_per_run(store: SQLiteStore) -> None:
+    _, run_id = chat(store, harvest_agent(memory_scopes=[]), TALK[:3], finish=False)
+    errors = [e for e in store.events(run_id) if e.kind == "harvest_error"]
+    assert len(errors) == 1 and "memory_scopes is empty" in errors[0].data["message"]
+    rt, _ = chat(store, harvest_agent(memory_scopes=[]), [], finish=False)
+    asyncio.run(rt.reopen(run_id))  # reopened: not said again
+    assert len([e for e in store.events(run_id) if e.kind == "harvest_error"]) == 1
+    _, no_user = chat(store, harvest_agent(), TALK[:3], user=None)
+    (error,) = [e for e in store.events(no_user) if e.kind == "harvest_error"]
+    assert "--user" in error.data["message"] and _banked(store) == []
+    assert store.get_run(no_user).status == "done"  # the run itself is fine
+
+
+def test_agents_validate_warns_of_harvest_without_scopes(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+
+    path = tmp_path / "agents.yaml"
+    path.write_text("agents:\n  a:\n    model: local/smollm2-135m\n    context: {harvest_to_memory: true}\n")
+    result = CliRunner().invoke(app, ["agents", "validate", str(path)])
+    assert "memory_scopes is empty" in result.output
+
+
+# ---------------------------------------------------------------- the consolidator
+
+
+def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) -> None:
+    for i, (named, said, _) in enumerate(CASES):
+        from loomrt.harvest.bank import Bank
+        from loomrt.messages import EvictedSpan, Message
+
+        bank = Bank(harvest_db(store.path), run_id=f"c{i}", agent="a", def_hash="0" * 16, scope="user:alice",
+                    max_tokens=8000, private=set, record=lambda k, d: None)
+        for j, text in enumerate((named, said)):
+            bank.bank(EvictedSpan(run_id=f"c{i}", agent="a", mode="recap", distillation_seq=10 + j,
+                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),)))
+    whole = coreference_extractor()
+    report = _consolidator(store, whole, batch_tokens=60).run_once()
+    assert report.dead == 0 and report.spans == 2 * len(CASES)
+    # what it was sent: both spans of a case in one call, and nothing but the conversation
+    for named, said, _ in CASES:
+        (call,) = [c for c in whole.calls if said in c.messages[-1]["content"]]
+        text = call.messages[-1]["content"]
+        assert named in text
+        assert "c0" not in text and "distillation" not in text and "{" not in text
+        assert all(m["role"] != "system" or "long-term memory" in m["content"] for m in call.messages)
+    kept = {f.statement for f in memory_store(store.path, "hash").list()}
+
+    per_span_store = SQLiteStore(store.path.parent / "per-span.sqlite")
+    for i, (named, said, _) in enumerate(CASES):
+        from loomrt.harvest.bank import Bank
+        from loomrt.messages import EvictedSpan, Message
+
+        bank = Bank(harvest_db(per_span_store.path), run_id=f"c{i}", agent="a", def_hash="0" * 16,
+                    scope="user:alice", max_tokens=8000, private=set, record=lambda k, d: None)
+        for j, text in enumerate((named, said)):
+            bank.bank(EvictedSpan(run_id=f"c{i}", agent="a", mode="recap", distillation_seq=10 + j,
+                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),)))
+    per_span = coreference_extractor()
+    report = _consolidator(per_span_store, per_span, batch_tokens=1).run_once()
+    assert len(per_span.calls) == 2 * len(CASES)  # one span per call
+    lost = {f.statement for f in memory_store(per_span_store.path, "hash").list()}
+    assert report.dropped["unresolved"] == len(CASES)
+    assert len(kept) == len(CASES) and lost == set()
+
+
+def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLiteStore) -> None:
+    bank_spans(store.path, 3)
+    calls = []
+
+    def extractor(request):
+        calls.append(request)
+        text = request.messages[-1]["content"]
+        if "Item1x0" in text:
+            return "I cannot answer in JSON, sorry"
+        return json.dumps({"facts": []})
+
+    worker = _consolidator(store, FunctionProvider(extractor), batch_tokens=1, retries=2)
+    report = worker.run_once()
+    assert report.dead == 1 and report.retries == 2 and report.empty_batches == 2
+    (letter,) = worker.queue.dead_letters()
+    assert letter["reply_prefix"].startswith("I cannot answer") and "JSON" in letter["error"]
+    assert worker.queue.status()[0]["watermark"] == 3  # the poison batch did not pin the queue
+    worker.retry_dead()
+    healed = _consolidator(store, echo_extractor(), batch_tokens=1)
+    again = healed.run_once()
+    assert again.batches == 1 and again.facts["new"] == 1 and not healed.queue.dead_letters()
+
+
+def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: SQLiteStore,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = bank_spans(store.path, 4)
+    worker = _consolidator(store, batch_tokens=1)
+    real = MemoryStore.write
+    calls = {"n": 0}
+
+    def flaky(self, facts, **kw):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError("disk full")
+        return real(self, facts, **kw)
+
+    monkeypatch.setattr(MemoryStore, "write", flaky)
+    report = worker.run_once()
+    assert report.held and "disk full" in report.held[0] and report.batches == 1
+    assert worker.queue.status()[0]["watermark"] == 1
+    monkeypatch.setattr(MemoryStore, "write", real)
+    again = worker.run_once()
+    assert again.batches == 3
+    statements = [f.statement for f in worker.memory.list()]
+    assert sorted(statements) == sorted(texts)  # nothing lost, nothing doubled
+
+
+def test_a_retried_batch_writes_nothing_new(store: SQLiteStore) -> None:
+    bank_spans(store.path, 2)
+    queue = Queue(harvest_db(store.path))
+    spans = queue.pending("user:alice", after=0)
+    batch = queue.claim("user:alice", spans)
+    worker = _consolidator(store)
+    first = asyncio.run(worker.arun_once())
+    assert first.facts["new"] == 2
+    queue.revive(batch)  # as if the worker died after writing and the batch came round again
+    second = asyncio.run(worker.arun_once())
+    assert second.facts["new"] == 0 and second.facts["already"] == 2
+    assert len(worker.memory.list()) == 2
+
+
+def test_only_settled_runs_are_consolidated(store: SQLiteStore) -> None:
+    _, run_id = chat(store, harvest_agent(), TALK, finish=False)
+    waiting = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=3600).run_once()
+    assert waiting.batches == 0 and waiting.unsettled == len(_banked(store))
+    now = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=0).run_once()
+    assert now.batches >= 1 and now.unsettled == 0
+
+
+def test_a_busy_scope_is_left_to_the_worker_that_holds_its_lease(store: SQLiteStore) -> None:
+    bank_spans(store.path, 2)
+    assert store.take_lease("harvest:user:alice", "someone-else", 60)
+    report = _consolidator(store).run_once()
+    assert report.busy == ["user:alice"] and report.batches == 0
+
+
+def test_the_extraction_contract() -> None:
+    from loomrt.harvest.extract import Line
+
+    lines = {1: Line(1, "[1] user: x", "r", 5, 1_683_554_160.0, 3)}
+    assert parse_reply('{"facts": []}') == [] and parse_reply("[]") == []
+    with pytest.raises(Unparseable):
+        parse_reply("no json here")
+    ok = {"statement": "Caroline went to a support group yesterday.", "class": "fact", "subject": "Caroline",
+          "source_seqs": [1]}
+    fact, _ = check_fact(ok, lines)
+    assert fact is not None and fact.statement == "Caroline went to a support group on 7 May 2023."
+    assert fact.observed_at == "2023-05-08" and fact.lines[0].seq == 5
+    drops = {
+        "meta": "Caroline asked the assistant about support groups.",
+        "ids": "Run 3f9a2b7c1d0e recorded the group at seq 12.",
+        "secret": "Caroline's password is hunter22.",
+        "unresolved": "She went to a support group.",
+    }
+    for why, statement in drops.items():
+        assert check_fact({**ok, "statement": statement, "subject": "Caroline"}, lines) == (None, why), why
+    assert check_fact({**ok, "class": "gossip"}, lines) == (None, "invalid")
+    assert check_fact({**ok, "source_seqs": [9]}, lines) == (None, "unsourced")
+
+
+# ---------------------------------------------------------------- durable memory
+
+
+def _fact(statement: str, subject: str, *, cls: str = "fact", key: str, scope: str = "user:alice") -> NewFact:
+    return NewFact(statement=statement, cls=cls, subject=subject, scope=scope, key=key,
+                   sources=[{"run_id": "r", "seqs": [1]}])
+
+
+@pytest.mark.slow
+def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
+    from loomrt.recall.embedders import MiniLMEmbedder
+
+    memory = MemoryStore(harvest_db(store.path), embedder=MiniLMEmbedder())
+    wordings = [
+        ("Joaquim", ["Joaquim keeps bees on the roof of his flat.", "Joaquim is a rooftop beekeeper at his flat.",
+                     "On the roof of his flat, Joaquim keeps bees."]),
+        ("Ines", ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.",
+                  "Ines likes black coffee."]),
+        ("Bertrand", ["Bertrand is training for a triathlon.", "Bertrand trains for a triathlon.",
+                      "Bertrand is preparing to compete in a triathlon."]),
+        ("Yuki", ["Yuki teaches piano to children.", "Yuki is a piano teacher for kids.",
+                  "Yuki gives piano lessons to children."]),
+        ("Oskar", ["Oskar grew up in Gdansk.", "Oskar spent his childhood in Gdansk.", "Oskar was raised in Gdansk."]),
+    ]
+    for batch in range(3):
+        memory.write([_fact(ws[batch], who, key=f"b{batch}:{who}") for who, ws in wordings])
+    rows = memory.list()
+    assert len(rows) <= 6, [f.statement for f in rows]
+
+
+def test_a_changed_value_supersedes_and_is_kept_marked(store: SQLiteStore) -> None:
+    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory.write([_fact("Keiko's deploy window is 14:00 to 16:00.", "Keiko", key="a")])
+    memory.write([_fact("Keiko's deploy window is 17:00 to 19:00.", "Keiko", key="b")])
+    live = memory.list()
+    assert [f.statement for f in live] == ["Keiko's deploy window is 17:00 to 19:00."]
+    (old,) = [f for f in memory.list(include_hidden=True) if f.status == "superseded"]
+    assert old.superseded_by == live[0].fact_id and old.changed_at is not None
+    assert [h["action"] for h in memory.history(old.fact_id)] == ["created", "superseded"]
+    assert all(h.id != old.fact_id for h in memory.search("Keiko deploy window", 5, ["user:alice"]))
+
+
+def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
+    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="a")])
+    counts = memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="b")])
+    assert counts["merged"] == 1 and len(memory.list()) == 1
+    (fact,) = memory.list()
+    assert len(fact.sources) == 2 and [h["action"] for h in memory.history(fact.fact_id)] == ["created", "merged"]
+    other_subject = memory.write([_fact("Ravi prefers tea to coffee in the morning.", "Ravi", key="c")])
+    assert other_subject["new"] == 1  # the subject words differ: never merged
+
+
+def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
+    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory.write([_fact("Omar is allergic to peanuts.", "Omar", key="a"), _fact("Ana plays the cello.", "Ana", key="b")])
+    omar, ana = sorted(memory.list(), key=lambda f: f.subject, reverse=True)
+    memory.forget(omar.fact_id)
+    assert memory.get(omar.fact_id).statement == "Omar is allergic to peanuts."  # hidden, not erased
+    assert omar.fact_id not in [h.id for h in memory.search("Omar peanuts allergy", 5, ["user:alice"])]
+    memory.forget(ana.fact_id, erase=True)
+    assert memory.get(ana.fact_id).statement == "" and memory.get(ana.fact_id).status == "erased"
+    assert [h["action"] for h in memory.history(ana.fact_id)][-1] == "erased"
+
+
+def test_scopes_are_checked_on_every_read(store: SQLiteStore) -> None:
+    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory.write([_fact("Bob's locker code is in the blue book.", "Bob", key="a", scope="user:bob"),
+                  _fact("The shop closes at 18:00 on Sundays.", "shop", key="b", scope="project:shop")])
+    mine = ScopedMemory(memory, ["project:shop"], ["project"])
+    assert [h.scope for h in mine.search("locker code shop", 5)] == ["project:shop"]
+    assert [h.scope for h in mine.search("shop closes", 5, ["project"])] == ["project:shop"]
+    with pytest.raises(ScopeError, match="may not read memory scope 'user:bob'"):
+        mine.search("locker code", 5, ["user:bob"])
+
+
+def test_recall_reads_durable_memory_with_provenance_in_a_later_run(store: SQLiteStore) -> None:
+    _, first = chat(store, harvest_agent(), TALK)
+    report = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=0).run_once()
+    assert report.facts["new"] >= 1
+    _, other_user = chat(store, harvest_agent(), ["hello"], user="bob")
+    rt, later = chat(store, harvest_agent(), ["hello again"], finish=False)
+    run = rt.open(later)
+    answer = run.toolset.tools["Recall"].fn(query="Rosa billing service tabs")
+    memory_hits = [r for r in answer["results"] if r["source"] == "memory"]
+    assert memory_hits and all(r["scope"] == "user:alice" for r in memory_hits)
+    source = memory_hits[0]["provenance"]["sources"][0]
+    assert source["run_id"] == first and source["seqs"]
+    bob = rt.open(other_user).toolset.tools["Recall"].fn(query="Rosa billing service tabs")
+    assert not [r for r in bob["results"] if r["source"] == "memory"]  # alice's memory is not bob's
+
+
+def test_memory_cli_search_list_show_forget(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+
+    monkeypatch.setenv("LOOMRT_DB_URL", f"sqlite:{store.path}")
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
+    _, run_id = chat(store, harvest_agent(), TALK)
+    cli = CliRunner()
+    status = json.loads(cli.invoke(app, ["consolidate", "--status", "--json"]).output)
+    assert status["scopes"][0]["pending"] >= 1
+    monkeypatch.setattr("loomrt.harvest.consolidator._default_provider", lambda model: echo_extractor())
+    done = cli.invoke(app, ["consolidate", "--once", "--settle-s", "0", "--json"])
+    assert done.exit_code == 0, done.output
+    assert json.loads(done.output.splitlines()[-1])["facts"]["new"] >= 1
+    listed = json.loads(cli.invoke(app, ["memory", "list", "--json"]).output)
+    fact_id = listed[0]["fact_id"]
+    shown = json.loads(cli.invoke(app, ["memory", "show", fact_id, "--json"]).output)
+    assert shown["origins"] and shown["origins"][0]["run_id"] == run_id
+    assert shown["origins"][0]["text"].startswith(shown["statement"].split()[0])
+    hits = json.loads(cli.invoke(app, ["memory", "search", "Rosa billing", "--json"]).output)
+    assert hits and hits[0]["scope"] == "user:alice"
+    forgotten = json.loads(cli.invoke(app, ["memory", "forget", fact_id, "--json"]).output)
+    assert forgotten["status"] == "forgotten"
+    bad = cli.invoke(app, ["memory", "search", "x", "--scope", "nobody"])
+    assert bad.exit_code != 0 and "KIND:IDENTITY" in bad.output
