@@ -27,7 +27,15 @@ from typing import Any
 
 from loomrt.crashpoints import reached
 from loomrt.harvest.db import HarvestDB, harvest_db
-from loomrt.harvest.extract import REPLY_SCHEMA, Line, Unparseable, check_fact, extraction_messages, parse_reply, parts_of
+from loomrt.harvest.extract import (
+    REPLY_SCHEMA,
+    Line,
+    Unparseable,
+    check_fact,
+    extraction_messages,
+    parse_reply,
+    parts_of,
+)
 from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
 from loomrt.harvest.queue import Queue
 from loomrt.providers.base import ModelProvider, ModelRequest
@@ -157,10 +165,10 @@ class Consolidator:
                 spans = self._next_spans(scope, report)
                 if not spans:
                     return
-                batch_id = self.queue.claim(scope, spans)
-                if batch_id is None:
+                claimed = self.queue.claim(scope, spans)
+                if claimed is None:
                     return  # claimed elsewhere meanwhile (a lease that expired under us)
-                if not await self._batch(scope, batch_id, spans, report):
+                if not await self._batch(scope, claimed, spans, report):
                     return
                 if not self.store.take_lease(lease, self.holder, self.lease_s):
                     return

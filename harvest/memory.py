@@ -247,7 +247,7 @@ class MemoryStore:
         return [{"at": at, "action": action, **json.loads(data)} for at, action, data in self.db.rows(
             "SELECT at, action, data FROM memory_history WHERE fact_id = ? ORDER BY id", (fact_id,))]
 
-    def list(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000) -> list[Fact]:
+    def facts(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000) -> list[Fact]:
         sql, args = f"SELECT {_COLUMNS} FROM memory_facts WHERE 1=1", []
         if scopes is not None:
             sql += f" AND scope IN ({','.join('?' * len(scopes))})"

@@ -96,12 +96,12 @@ def wire(
         if memory is not None and not isinstance(memory, MemoryStore):
             out.memory = memory  # the caller's own MemorySource, read with this run's scope keys
         elif memory is not None or has_file:
-            out.memory = ScopedMemory(memory or memory_store(path, embedder), out.scopes, context.memory_scopes)
+            out.memory = ScopedMemory(memory or memory_store(str(path), embedder), out.scopes, context.memory_scopes)
         if context.harvest_to_memory:
             if not has_file:
                 loud(no_file)
             else:
-                out.bank = Bank(harvest_db(path), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
+                out.bank = Bank(harvest_db(str(path)), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
                                 max_tokens=context.harvest_max_tokens, private=private, record=emit)
         elif out.memory is None:
             loud(no_file)

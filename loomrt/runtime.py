@@ -31,12 +31,12 @@ from loomrt.run.family import Family
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for, resolve_mode
 from loomrt.run.pins import definition_pins_text
-from loomrt.visibility import withhold
 from loomrt.run.projection import message_limit, project
 from loomrt.run.state import RunResult, RunState
 from loomrt.spec import SPAWN_TOOLS, AgentsFile, AgentSpec, definition_hash
 from loomrt.tools import Tool
 from loomrt.toolset import resolve_toolset
+from loomrt.visibility import withhold
 
 __all__ = ["Runtime", "drive"]
 

@@ -105,7 +105,7 @@ def numpy_encoder(model: Any) -> NumpyEncoder | None:
         )
         if mode != "mean":
             return None
-        bert: Any = getattr(model[0], "auto_model", None) or getattr(model[0], "model")
+        bert: Any = getattr(model[0], "auto_model", None) or model[0].model
         config = bert.config
         if (config.model_type != "bert" or config.hidden_act != "gelu"
                 or getattr(config, "position_embedding_type", "absolute") != "absolute"):

@@ -1,15 +1,11 @@
-"""Helpers for the harvest tests: an agent that banks, a chat that evicts, spans banked directly."""
+"""Helpers for the harvest tests: an agent that banks, a chat that evicts."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 from loomrt import Runtime
-from loomrt.harvest.bank import Bank
-from loomrt.harvest.db import harvest_db
-from loomrt.messages import EvictedSpan, Message
 from loomrt.providers.scripted import ScriptedProvider
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.spec import AgentSpec
@@ -43,21 +39,3 @@ def chat(store: SQLiteStore, spec: AgentSpec, inputs: list[str], *, user: str | 
 def padded(text: str, words: int = 45) -> str:
     """``text`` with filler after it, so a few turns fill the budget."""
     return text + " " + " ".join(["filler"] * words)
-
-
-def bank_spans(path: Path, n: int, *, run_id: str = "r0", scope: str = "user:alice", turns: int = 1,
-               start: int = 0) -> list[str]:
-    """Bank ``n`` spans directly (no run), each with ``turns`` user lines ``Item K is V``; their texts."""
-    db = harvest_db(path)
-    bank = Bank(db, run_id=run_id, agent="loader", def_hash="0" * 16, scope=scope, max_tokens=8000,
-                private=set, record=lambda kind, data: None)
-    texts = []
-    for i in range(start, start + n):
-        messages = []
-        for j in range(turns):
-            text = f"Item{i}x{j} is worth {i * 7 + j} credits."
-            texts.append(text)
-            messages.append(Message(role="user", content=text, seq=2 * (i * turns + j) + 1, ts=1_700_000_000.0 + i))
-        bank.bank(EvictedSpan(run_id=run_id, agent="loader", mode="recap", distillation_seq=10 * i + 5,
-                              messages=tuple(messages)))
-    return texts

@@ -7,16 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from harvest_kit import chat, harvest_agent, padded
 
-from harvest_kit import bank_spans, chat, harvest_agent, padded
 from loomrt import Runtime
+from loomrt.bench.harvest_load import bank_load
 from loomrt.harvest import Consolidator, MemoryStore, NewFact, ScopedMemory, ScopeError
+from loomrt.harvest.coreference import CASES
 from loomrt.harvest.db import harvest_db
-from loomrt.harvest.extract import check_fact, parse_reply, Unparseable
+from loomrt.harvest.extract import Unparseable, check_fact, parse_reply
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.scripted import coreference_extractor, echo_extractor
 from loomrt.harvest.wiring import memory_store
-from loomrt.harvest.coreference import CASES
 from loomrt.providers.scripted import FunctionProvider
 from loomrt.record.sqlite import SQLiteStore
 
@@ -87,8 +88,8 @@ def test_resuming_and_rebuilding_recall_bank_nothing_new(store: SQLiteStore) -> 
 
 
 def test_banking_twice_writes_one_row(store: SQLiteStore) -> None:
-    bank_spans(store.path, 3)
-    bank_spans(store.path, 3)
+    bank_load(store.path, 3, scopes=("user:alice",))
+    bank_load(store.path, 3, scopes=("user:alice",))
     assert len(_banked(store)) == 3
 
 
@@ -169,7 +170,7 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) ->
         assert named in text
         assert "c0" not in text and "distillation" not in text and "{" not in text
         assert all(m["role"] != "system" or "long-term memory" in m["content"] for m in call.messages)
-    kept = {f.statement for f in memory_store(store.path, "hash").list()}
+    kept = {f.statement for f in memory_store(store.path, "hash").facts()}
 
     per_span_store = SQLiteStore(store.path.parent / "per-span.sqlite")
     for i, (named, said, _) in enumerate(CASES):
@@ -184,13 +185,13 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) ->
     per_span = coreference_extractor()
     report = _consolidator(per_span_store, per_span, batch_tokens=1).run_once()
     assert len(per_span.calls) == 2 * len(CASES)  # one span per call
-    lost = {f.statement for f in memory_store(per_span_store.path, "hash").list()}
+    lost = {f.statement for f in memory_store(per_span_store.path, "hash").facts()}
     assert report.dropped["unresolved"] == len(CASES)
     assert len(kept) == len(CASES) and lost == set()
 
 
 def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLiteStore) -> None:
-    bank_spans(store.path, 3)
+    bank_load(store.path, 3, scopes=("user:alice",))
     calls = []
 
     def extractor(request):
@@ -214,7 +215,7 @@ def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLit
 
 def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: SQLiteStore,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    texts = bank_spans(store.path, 4)
+    texts = bank_load(store.path, 4, scopes=("user:alice",))
     worker = _consolidator(store, batch_tokens=1)
     real = MemoryStore.write
     calls = {"n": 0}
@@ -232,12 +233,12 @@ def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: S
     monkeypatch.setattr(MemoryStore, "write", real)
     again = worker.run_once()
     assert again.batches == 3
-    statements = [f.statement for f in worker.memory.list()]
+    statements = [f.statement for f in worker.memory.facts()]
     assert sorted(statements) == sorted(texts)  # nothing lost, nothing doubled
 
 
 def test_a_retried_batch_writes_nothing_new(store: SQLiteStore) -> None:
-    bank_spans(store.path, 2)
+    bank_load(store.path, 2, scopes=("user:alice",))
     queue = Queue(harvest_db(store.path))
     spans = queue.pending("user:alice", after=0)
     batch = queue.claim("user:alice", spans)
@@ -247,7 +248,7 @@ def test_a_retried_batch_writes_nothing_new(store: SQLiteStore) -> None:
     queue.revive(batch)  # as if the worker died after writing and the batch came round again
     second = asyncio.run(worker.arun_once())
     assert second.facts["new"] == 0 and second.facts["already"] == 2
-    assert len(worker.memory.list()) == 2
+    assert len(worker.memory.facts()) == 2
 
 
 def test_only_settled_runs_are_consolidated(store: SQLiteStore) -> None:
@@ -259,7 +260,7 @@ def test_only_settled_runs_are_consolidated(store: SQLiteStore) -> None:
 
 
 def test_a_busy_scope_is_left_to_the_worker_that_holds_its_lease(store: SQLiteStore) -> None:
-    bank_spans(store.path, 2)
+    bank_load(store.path, 2, scopes=("user:alice",))
     assert store.take_lease("harvest:user:alice", "someone-else", 60)
     report = _consolidator(store).run_once()
     assert report.busy == ["user:alice"] and report.batches == 0
@@ -315,7 +316,7 @@ def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
     ]
     for batch in range(3):
         memory.write([_fact(ws[batch], who, key=f"b{batch}:{who}") for who, ws in wordings])
-    rows = memory.list()
+    rows = memory.facts()
     assert len(rows) <= 6, [f.statement for f in rows]
 
 
@@ -323,9 +324,9 @@ def test_a_changed_value_supersedes_and_is_kept_marked(store: SQLiteStore) -> No
     memory = MemoryStore(harvest_db(store.path), embedder="hash")
     memory.write([_fact("Keiko's deploy window is 14:00 to 16:00.", "Keiko", key="a")])
     memory.write([_fact("Keiko's deploy window is 17:00 to 19:00.", "Keiko", key="b")])
-    live = memory.list()
+    live = memory.facts()
     assert [f.statement for f in live] == ["Keiko's deploy window is 17:00 to 19:00."]
-    (old,) = [f for f in memory.list(include_hidden=True) if f.status == "superseded"]
+    (old,) = [f for f in memory.facts(include_hidden=True) if f.status == "superseded"]
     assert old.superseded_by == live[0].fact_id and old.changed_at is not None
     assert [h["action"] for h in memory.history(old.fact_id)] == ["created", "superseded"]
     assert all(h.id != old.fact_id for h in memory.search("Keiko deploy window", 5, ["user:alice"]))
@@ -335,8 +336,8 @@ def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
     memory = MemoryStore(harvest_db(store.path), embedder="hash")
     memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="a")])
     counts = memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="b")])
-    assert counts["merged"] == 1 and len(memory.list()) == 1
-    (fact,) = memory.list()
+    assert counts["merged"] == 1 and len(memory.facts()) == 1
+    (fact,) = memory.facts()
     assert len(fact.sources) == 2 and [h["action"] for h in memory.history(fact.fact_id)] == ["created", "merged"]
     other_subject = memory.write([_fact("Ravi prefers tea to coffee in the morning.", "Ravi", key="c")])
     assert other_subject["new"] == 1  # the subject words differ: never merged
@@ -345,7 +346,7 @@ def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
 def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
     memory = MemoryStore(harvest_db(store.path), embedder="hash")
     memory.write([_fact("Omar is allergic to peanuts.", "Omar", key="a"), _fact("Ana plays the cello.", "Ana", key="b")])
-    omar, ana = sorted(memory.list(), key=lambda f: f.subject, reverse=True)
+    omar, ana = sorted(memory.facts(), key=lambda f: f.subject, reverse=True)
     memory.forget(omar.fact_id)
     assert memory.get(omar.fact_id).statement == "Omar is allergic to peanuts."  # hidden, not erased
     assert omar.fact_id not in [h.id for h in memory.search("Omar peanuts allergy", 5, ["user:alice"])]
@@ -407,3 +408,31 @@ def test_memory_cli_search_list_show_forget(store: SQLiteStore, monkeypatch: pyt
     assert forgotten["status"] == "forgotten"
     bad = cli.invoke(app, ["memory", "search", "x", "--scope", "nobody"])
     assert bad.exit_code != 0 and "KIND:IDENTITY" in bad.output
+
+
+# ---------------------------------------------------------------- many workers, crashes
+
+
+def test_two_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(tmp_path: Path) -> None:
+    from loomrt.bench.harvest_load import bank_load, drain, verify
+
+    path = tmp_path / "record.sqlite"
+    SQLiteStore(path).close()
+    texts = bank_load(path, 400)
+    ran = drain(path, workers=2, batch_tokens=60)
+    assert ran["exit_codes"] == [0, 0]
+    figures = verify(path, texts)
+    assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["facts"] == 400
+    assert figures["spans"] == {"done": 400}
+
+
+def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    from loomrt.bench.harvest_load import bank_load, drain, verify
+
+    path = tmp_path / "record.sqlite"
+    SQLiteStore(path).close()
+    texts = bank_load(path, 40, scopes=("user:alice",))
+    ran = drain(path, workers=1, lease_s=1.0, batch_tokens=60, crash_at="in_consolidate:3")
+    assert ran["killed"] and ran["exit_codes"][-1] == 0
+    figures = verify(path, texts)
+    assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["spans"] == {"done": 40}

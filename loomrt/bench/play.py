@@ -16,13 +16,13 @@ from typing import Any
 from loomrt.bench.core import BenchConfig, ModeRun, Probe, split_variant
 from loomrt.bench.model import BenchModel, prompt_text
 from loomrt.errors import LoomError
+from loomrt.events import message_of
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.run.state import RunState
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
-from loomrt.events import message_of
 from loomrt.tokens import count_dicts, count_messages
 from loomrt.tools import Tool
 

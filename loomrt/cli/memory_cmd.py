@@ -152,7 +152,7 @@ def list_cmd(
 ) -> None:
     """List durable facts, oldest first."""
     _, memory = _memory()
-    facts = memory.list(_scopes(scope), include_hidden=all_, limit=limit)
+    facts = memory.facts(_scopes(scope), include_hidden=all_, limit=limit)
     if json_output:
         print_json([f.to_dict() for f in facts])
         return
