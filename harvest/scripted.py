@@ -23,7 +23,9 @@ __all__ = ["echo_extractor", "coreference_extractor", "conversation_lines"]
 _LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
 _PRONOUN = re.compile(r"^(She|He|They)\b\s+(.*)$")
-_NOT_NAMES = {"The", "This", "That", "Then", "She", "They", "His", "Her", "And", "But", "When", "What", "Yes", "Our"}
+_NOT_NAMES = {"The", "This", "That", "Then", "She", "They", "His", "Her", "And", "But", "When", "What", "Yes", "Our",
+              "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+              "November", "December", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"}
 
 
 def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:

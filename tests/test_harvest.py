@@ -423,7 +423,7 @@ def test_two_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(tmp_p
     assert ran["exit_codes"] == [0, 0]
     figures = verify(path, texts)
     assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["facts"] == 400
-    assert figures["spans"] == {"done": 400}
+    assert figures["span_states"] == {"done": 400}
 
 
 def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(tmp_path: Path) -> None:
@@ -435,4 +435,4 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(tmp_path: Path) -> 
     ran = drain(path, workers=1, lease_s=1.0, batch_tokens=60, crash_at="in_consolidate:3")
     assert ran["killed"] and ran["exit_codes"][-1] == 0
     figures = verify(path, texts)
-    assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["spans"] == {"done": 40}
+    assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["span_states"] == {"done": 40}

@@ -86,7 +86,7 @@ def verify(path: Path, texts: list[str]) -> dict[str, Any]:
     stored = Counter(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
     states = dict(db.rows("SELECT state, COUNT(*) FROM harvest_spans GROUP BY state"))
     return {"banked_lines": len(texts), "facts": sum(stored.values()), "lost": sum(1 for t in texts if t not in stored),
-            "doubled": sum(c - 1 for c in stored.values() if c > 1), "spans": states}
+            "doubled": sum(c - 1 for c in stored.values() if c > 1), "span_states": states}
 
 
 if __name__ == "__main__":

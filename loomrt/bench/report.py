@@ -19,6 +19,7 @@ __all__ = [
     "write_report",
     "plot",
     "update_docs",
+    "replace_block",
     "BEGIN",
     "END",
 ]
@@ -452,14 +453,20 @@ def markers(block: str | None = None) -> tuple[str, str]:
             f"<!-- bench:{block}:end -->")
 
 
+def replace_block(doc: Path, begin: str, end: str, body: str, *, title: str = "Benchmarks") -> None:
+    """Replace what lies between the marker lines ``begin`` and ``end`` of ``doc`` with
+    ``body``; the rest of the page is left as it is (a new page gets the block alone)."""
+    text = doc.read_text(encoding="utf-8") if doc.exists() else f"# {title}\n\n{begin}\n{end}\n"
+    if begin not in text or end not in text:
+        raise ValueError(f"{doc} has no figures block; add the two marker lines:\n{begin}\n{end}")
+    block = f"{begin}\n{body}{end}"
+    doc.write_text(re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: block, text, flags=re.S),
+                   encoding="utf-8")
+
+
 def update_docs(doc: Path, results: dict[str, Any], *, command: str, images: str | None, block: str | None = None) -> None:
     """Replace a figures block of ``doc`` (between its :func:`markers`) with the figures of
     ``results``; the rest of the page is left as it is. A page may hold several blocks, each
     written by its own command (the main one, and blocks for measures run on their own)."""
     begin, end = markers(block)
-    text = doc.read_text(encoding="utf-8") if doc.exists() else f"# Benchmarks\n\n{begin}\n{end}\n"
-    if begin not in text or end not in text:
-        raise ValueError(f"{doc} has no figures block; add the two marker lines:\n{begin}\n{end}")
-    body = f"{begin}\n{markdown(results, command=command, images=images)}{end}"
-    new = re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: body, text, flags=re.S)
-    doc.write_text(new, encoding="utf-8")
+    replace_block(doc, begin, end, markdown(results, command=command, images=images))

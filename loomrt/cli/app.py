@@ -20,6 +20,7 @@ from loomrt.cli._common import err, friendly, load, out, print_json, print_resul
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
 from loomrt.cli.bench_cmd import bench_app
+from loomrt.cli.bench_harvest_cmd import harvest_cmd  # noqa: F401 - registers `loomrt bench harvest`
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
 from loomrt.cli.doctor import doctor
 from loomrt.cli.mcp_cmd import mcp_cmd

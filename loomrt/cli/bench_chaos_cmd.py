@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -56,13 +55,13 @@ def chaos_cmd(
         result = run_chaos(per_point, progress=lambda done, total: bar.update(task, completed=done, total=total))
     command = f"loomrt bench chaos --per-point {per_point}"
     if docs is not None:
-        text = docs.read_text(encoding="utf-8") if docs.exists() else f"{CHAOS_BEGIN}\n{CHAOS_END}\n"
-        if CHAOS_BEGIN not in text or CHAOS_END not in text:
-            _err.print(f"[red]error:[/red] {docs} has no chaos block; add the lines {CHAOS_BEGIN} and {CHAOS_END}")
-            raise typer.Exit(2)
-        block = f"{CHAOS_BEGIN}\n{chaos_markdown(result, command)}{CHAOS_END}"
-        docs.write_text(re.sub(re.escape(CHAOS_BEGIN) + r".*?" + re.escape(CHAOS_END), lambda _m: block, text,
-                               flags=re.S), encoding="utf-8")
+        from loomrt.bench.report import replace_block
+
+        try:
+            replace_block(docs, CHAOS_BEGIN, CHAOS_END, chaos_markdown(result, command), title="Reliability")
+        except ValueError as exc:
+            _err.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(2) from None
         _err.print(f"updated the chaos block of {docs}")
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")

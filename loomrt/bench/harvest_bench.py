@@ -1,0 +1,262 @@
+"""``loomrt bench harvest``: does harvest keep what matters, and does its queue hold?
+
+Measures, each able to come out badly:
+
+- **coreference**: the shipped corpus (:mod:`loomrt.harvest.coreference`), extracted as
+  whole batches and span by span, by the model-free coreference extractor and by the
+  embedded model. A case is kept when a live fact names the person and keeps the case's
+  word; the model is told nothing about the cases.
+- **paraphrase**: 5 facts in 3 wordings each, written as three batches with the configured
+  embedder (MiniLM): how many rows they become (at most 6 is the goal; 5 is perfect, 15
+  is no merging at all).
+- **load**: spans banked over 4 scopes, drained by two worker processes with the echo
+  extractor: lost and doubled lines, spans per second.
+- **locomo** (with ``--data``): each session of a LoCoMo conversation banked as one span,
+  consolidated by the embedded model; then every answerable question searches durable
+  memory, and counts as found at k when a top-k fact's sources include an evidence turn.
+  The raw-span tier is ``bench recall``'s run over the same conversations. Reported per
+  category, temporal apart, with the model's throughput (spans and turns per minute).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "harvest_bench"]
+
+Progress = Callable[[str], None]
+
+PARAPHRASE_SET: list[tuple[str, list[str]]] = [
+    ("Joaquim", ["Joaquim keeps bees on the roof of his flat.", "Joaquim is a rooftop beekeeper at his flat.",
+                 "On the roof of his flat, Joaquim keeps bees."]),
+    ("Ines", ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.", "Ines likes black coffee."]),
+    ("Bertrand", ["Bertrand is training for a triathlon.", "Bertrand trains for a triathlon.",
+                  "Bertrand is preparing to compete in a triathlon."]),
+    ("Yuki", ["Yuki teaches piano to children.", "Yuki is a piano teacher for kids.",
+              "Yuki gives piano lessons to children."]),
+    ("Oskar", ["Oskar grew up in Gdansk.", "Oskar spent his childhood in Gdansk.", "Oskar was raised in Gdansk."]),
+]
+"""Five facts in three wordings (not the calibration pairs: the band is not tuned on these)."""
+
+
+def _fresh(tmp: Path, name: str) -> Any:
+    from loomrt.record.sqlite import SQLiteStore
+
+    return SQLiteStore(tmp / f"{name}.sqlite")
+
+
+def _bank_cases(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
+    from loomrt.harvest.bank import Bank
+    from loomrt.harvest.db import harvest_db
+    from loomrt.messages import EvictedSpan, Message
+
+    for i, (named, said, _) in enumerate(cases):
+        bank = Bank(harvest_db(store.path), run_id=f"case{i}", agent="bench", def_hash="0" * 16, scope=f"user:case{i}",
+                    max_tokens=8000, private=set, record=lambda k, d: None)
+        for j, text in enumerate((named, said)):
+            bank.bank(EvictedSpan(run_id=f"case{i}", agent="bench", mode="recap", distillation_seq=10 + j,
+                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1_699_963_200.0),)))
+
+
+def _kept(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> list[bool]:
+    from loomrt.harvest.db import harvest_db
+
+    db = harvest_db(store.path)
+    out = []
+    for i, (_, _, words) in enumerate(cases):
+        facts = [s.lower() for (s,) in db.rows("SELECT statement FROM memory_facts WHERE scope = ? AND status = 'live'",
+                                                (f"user:case{i}",))]
+        out.append(any(all(w.lower() in f for w in words) for f in facts))
+    return out
+
+
+async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
+    """Whole-batch against per-span extraction of the corpus with ``provider``."""
+    from loomrt.harvest.consolidator import Consolidator
+    from loomrt.harvest.coreference import CASES
+
+    out: dict[str, Any] = {"extractor": name, "cases": len(CASES)}
+    for how, batch_tokens in (("whole_batch", 10_000), ("per_span", 1)):
+        store = _fresh(tmp, f"coref-{name}-{how}")
+        _bank_cases(store, CASES)
+        started = time.perf_counter()
+        calls_before = len(getattr(provider, "calls", ()))
+        report = await Consolidator(store, provider=provider, embedder="hash", settle_s=0,
+                                    batch_tokens=batch_tokens).arun_once()
+        kept = _kept(store, CASES)
+        out[how] = {"kept": sum(kept), "rate": round(sum(kept) / len(CASES), 3), "seconds": round(time.perf_counter() - started, 1),
+                    "calls": report.batches if not hasattr(provider, "calls") else len(provider.calls) - calls_before,
+                    "dropped": dict(report.dropped), "dead_letters": report.dead}
+    return out
+
+
+def paraphrase(tmp: Path, embedder: Any = None) -> dict[str, Any]:
+    """How many rows 5 facts in 3 wordings become."""
+    from loomrt.harvest.db import harvest_db
+    from loomrt.harvest.memory import MemoryStore, NewFact
+
+    store = _fresh(tmp, "paraphrase")
+    memory = MemoryStore(harvest_db(store.path), embedder=embedder)
+    for batch in range(3):
+        memory.write([NewFact(statement=ws[batch], cls="fact", subject=who, scope="user:p", key=f"b{batch}:{who}")
+                      for who, ws in PARAPHRASE_SET])
+    rows = memory.facts()
+    return {"facts": len(PARAPHRASE_SET), "wordings": 3, "rows": len(rows), "goal_rows": 6,
+            "embedder": getattr(memory.embedder, "name", "none"), "merge_cosine": memory.bands()[0]}
+
+
+def load(tmp: Path, spans: int, *, workers: int = 2) -> dict[str, Any]:
+    """``spans`` banked spans drained by ``workers`` processes with the echo extractor."""
+    from loomrt.bench.harvest_load import bank_load, drain, verify
+
+    store = _fresh(tmp, "load")
+    store.close()
+    texts = bank_load(store.path, spans)
+    ran = drain(store.path, workers=workers, batch_tokens=200)
+    figures = verify(store.path, texts)
+    return {"spans": spans, "workers": workers, **figures, "seconds": round(ran["wall_s"], 1),
+            "spans_per_s": round(spans / ran["wall_s"], 1), "exit_codes": ran["exit_codes"]}
+
+
+def _session_ts(date: str) -> float | None:
+    for fmt in ("%I:%M %p on %d %B, %Y", "%I:%M %p on %d %b, %Y"):
+        try:
+            return _dt.datetime.strptime(date.strip(), fmt).replace(tzinfo=_dt.UTC).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+async def locomo_tiers(
+    tmp: Path, data: Path, *, provider: Any, conversations: Sequence[str] | None = None, ks: Sequence[int] = (1, 3, 5, 10),
+    embedder: Any = None, part_tokens: int | None = None, raw: bool = True, progress: Progress | None = None,
+) -> dict[str, Any]:
+    """The memory tier (facts the embedded model consolidated from each session) against
+    the raw-span tier (``bench recall``) on the same questions."""
+    from loomrt.bench.locomo_recall import ANSWERABLE, CATEGORY_NAMES, evaluate_locomo_async, evidence_ids, \
+        load_locomo, sample_id, turns_of
+    from loomrt.harvest.bank import Bank
+    from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
+    from loomrt.harvest.db import harvest_db
+    from loomrt.harvest.memory import MemoryStore
+    from loomrt.messages import EvictedSpan, Message
+
+    samples = [(sample_id(s, i), s) for i, s in enumerate(load_locomo(data))]
+    chosen = [(cid, s) for cid, s in samples if not conversations or cid in conversations]
+    store = _fresh(tmp, f"locomo-{part_tokens or PART_TOKENS}")
+    db = harvest_db(store.path)
+    memory = MemoryStore(db, embedder=embedder)
+    seq_to_dia: dict[str, dict[int, str]] = {}
+    turns_total = spans_total = 0
+    for cid, sample in chosen:
+        bank = Bank(db, run_id=f"locomo-{cid}", agent="bench", def_hash="0" * 16, scope=f"user:{cid}",
+                    max_tokens=100_000, private=set, record=lambda k, d: None)
+        by_session: dict[int, list[Message]] = {}
+        seq_to_dia[cid] = {}
+        for i, t in enumerate(turns_of(sample)):
+            text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
+            by_session.setdefault(t.session, []).append(Message(role="user", name=t.speaker, content=text, seq=i + 1,
+                                                               ts=_session_ts(t.date)))
+            seq_to_dia[cid][i + 1] = t.dia_id
+            turns_total += 1
+        for n, messages in sorted(by_session.items()):
+            bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
+                                  messages=tuple(messages)))
+            spans_total += 1
+    parts = part_tokens or PART_TOKENS
+    worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
+                          max_parts=1 if part_tokens else 2,
+                          progress=(lambda b, s: progress(f"consolidated {s}/{spans_total} sessions")) if progress else None)
+    started = time.perf_counter()
+    report = await worker.arun_once()
+    seconds = time.perf_counter() - started
+    hits = {k: 0 for k in ks}
+    by_cat: dict[int, dict[str, Any]] = {}
+    n = 0
+    for cid, sample in chosen:
+        for q in sample["qa"]:
+            if int(q.get("category", 0)) not in ANSWERABLE:
+                continue
+            gold = evidence_ids(q.get("evidence"))
+            if not gold:
+                continue
+            found = memory.search(str(q["question"]), max(ks), [f"user:{cid}"])
+            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks}})
+            cat["questions"] += 1
+            n += 1
+            for k in ks:
+                dias = {seq_to_dia[cid].get(s) for h in found[:k] for src in h.provenance.get("sources", [])
+                        for s in src.get("seqs", [])}
+                if gold & dias:
+                    hits[k] += 1
+                    cat["hits"][k] += 1
+
+    def rate(h: dict[int, int], m: int) -> dict[str, float]:
+        return {str(k): round(v / m, 4) if m else 0.0 for k, v in h.items()}
+
+    out: dict[str, Any] = {
+        "conversations": [cid for cid, _ in chosen], "turns": turns_total, "spans": spans_total,
+        "part_tokens": parts, "facts": len(memory.facts(None)), "dead_letters": report.dead, "retries": report.retries,
+        "dropped": dict(report.dropped), "seconds": round(seconds, 1),
+        "spans_per_min": round(spans_total / seconds * 60, 2) if seconds else None,
+        "turns_per_min": round(turns_total / seconds * 60, 1) if seconds else None,
+        "memory": {"questions": n, "recall_at": rate(hits, n), "by_category": {
+            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["questions"], "recall_at": rate(v["hits"], v["questions"])}
+            for c, v in sorted(by_cat.items())}},
+    }
+    if raw:
+        if progress:
+            progress("the raw-span tier (bench recall)")
+        spans = await evaluate_locomo_async(data, conversations=[cid for cid, _ in chosen], ks=ks, embedder=embedder)
+        out["raw"] = {"questions": spans["questions"], "recall_at": spans["recall_at"],
+                      "by_category": spans["by_category"]}
+    return out
+
+
+def harvest_bench(
+    *, data: Path | None = None, conversations: Sequence[str] | None = None, load_spans: int = 10_000,
+    model: str | None = None, use_model: bool = True, part_sweep: Sequence[int] = (), progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Every measure; the embedded-model ones unless ``use_model`` is off."""
+    from loomrt.harvest.consolidator import _default_provider
+    from loomrt.harvest.scripted import coreference_extractor
+
+    say = progress or (lambda _m: None)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="loomrt-bench-harvest-") as tmp_name:
+        tmp = Path(tmp_name)
+        result: dict[str, Any] = {"model": None}
+        say("coreference (scripted)")
+        result["coreference"] = [asyncio.run(coreference(tmp, provider=coreference_extractor(), name="scripted"))]
+        say("paraphrase")
+        result["paraphrase"] = paraphrase(tmp)
+        say(f"load ({load_spans} spans, 2 workers)")
+        result["load"] = load(tmp, load_spans)
+        if use_model:
+            from loomrt.providers.models import DEFAULT_LOCAL_MODEL
+
+            result["model"] = model or DEFAULT_LOCAL_MODEL
+            provider = _default_provider(model)
+            say(f"coreference ({result['model']})")
+            result["coreference"].append(asyncio.run(coreference(tmp, provider=provider, name=result["model"])))
+            if data is not None:
+                say("locomo: memory tier")
+                result["locomo"] = asyncio.run(locomo_tiers(tmp, data, provider=provider, conversations=conversations,
+                                                            progress=say))
+                sweep = []
+                for parts in part_sweep:
+                    say(f"part budget {parts} tokens")
+                    sweep.append(asyncio.run(locomo_tiers(tmp, data, provider=provider, conversations=conversations,
+                                                          part_tokens=parts, raw=False, progress=say)))
+                if sweep:
+                    result["part_sweep"] = [{k: r[k] for k in ("part_tokens", "facts", "dead_letters", "retries",
+                                                               "seconds", "spans_per_min")}
+                                            | {"memory_recall_at": r["memory"]["recall_at"]} for r in sweep]
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    return result
