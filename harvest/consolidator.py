@@ -5,7 +5,9 @@ scope: take the lease ``harvest:SCOPE`` (it expires, so a dead worker blocks no 
 long) → read the watermark → finish any batch a dead worker claimed → take pending spans
 oldest first, only from runs that have ended or been quiet for ``settle_s`` → claim them as
 one batch → build its parts → extract → write the facts, mark the batch done and advance
-the watermark in one transaction → renew the lease, next batch → release.
+the watermark in one transaction → renew the lease, next batch → release. Before the
+scopes, the sweep (:mod:`loomrt.harvest.sweep`) banks from the record any span a crash kept
+from the bank.
 
 Three outcomes stay apart: ``[]`` (nothing worth keeping: the batch is done with no
 facts); a reply that never parses after ``retries`` more tries (the batch goes to the
@@ -38,16 +40,19 @@ from loomrt.harvest.extract import (
 )
 from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
 from loomrt.harvest.queue import Queue
+from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
 
 __all__ = ["Consolidator", "PassReport", "BATCH_TOKENS", "PART_TOKENS", "MAX_PARTS", "SETTLE_S"]
 
-PART_TOKENS = 1500
+PART_TOKENS = 1200
 """A part's budget in tokens (see docs/memory.md for where the embedded model broke)."""
 MAX_PARTS = 2
 """Parts per extraction call: a batch longer keeps its latest parts and reports the rest."""
 BATCH_TOKENS = PART_TOKENS * MAX_PARTS
 """Spans are taken into a batch while their conversation fits this many tokens (at least one span)."""
+EXTRACT_MAX_TOKENS = 1024
+"""The longest extraction reply (with the prompt and two parts it fits a 4,096-token window)."""
 SETTLE_S = 60.0
 """A run that has not ended is consolidated once it has been quiet this long."""
 ENDED = ("done", "failed", "cancelled")
@@ -73,11 +78,14 @@ class PassReport:
     """Scopes another worker holds the lease of."""
     unsettled: int = 0
     """Pending spans left for later: their runs are still active."""
+    swept: int = 0
+    """Spans banked from the record by the sweep (a crash kept them from the bank)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"batches": self.batches, "spans": self.spans, "facts": dict(self.facts), "dropped": dict(self.dropped),
                 "empty_batches": self.empty_batches, "dead_letters": self.dead, "parts_dropped": self.parts_dropped,
-                "retries": self.retries, "held": self.held, "busy": self.busy, "unsettled": self.unsettled}
+                "retries": self.retries, "held": self.held, "busy": self.busy, "unsettled": self.unsettled,
+                "swept": self.swept}
 
 
 def _default_provider(model: str | None) -> ModelProvider:
@@ -129,6 +137,10 @@ class Consolidator:
 
     async def arun_once(self, scopes: Sequence[str] | None = None) -> PassReport:
         report = PassReport()
+        try:  # spans a crash kept from the bank come from the record first
+            report.swept = sweep(self.store, self.db, self._settled)
+        except Exception as exc:  # noqa: BLE001 - the queue is drained all the same
+            report.held.append(f"sweep: {type(exc).__name__}: {exc}")
         for scope in scopes if scopes is not None else self.queue.scopes():
             await self._pass(scope, report)
         return report
@@ -218,7 +230,7 @@ class Consolidator:
             if attempt:
                 report.retries += 1
             try:
-                reply = await self._extract(parts)
+                reply = await self._extract(parts, retry_after=error)
                 items = parse_reply(reply)
                 break
             except Unparseable as exc:
@@ -247,8 +259,15 @@ class Consolidator:
             self.progress(report.batches, report.spans)
         return True
 
-    async def _extract(self, parts: list[list[Line]]) -> str:
-        request = ModelRequest(messages=extraction_messages(parts), max_tokens=768, temperature=0.0,
+    async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> str:
+        """The extractor's reply; a retry says what was wrong with the last one and asks
+        for fewer facts (the same request again would get the same reply)."""
+        messages = extraction_messages(parts)
+        if retry_after:
+            messages[-1] = {**messages[-1], "content": messages[-1]["content"].removesuffix("JSON:")
+                            + f"Your last answer could not be read ({retry_after}). Answer with valid JSON only, "
+                            "at most 8 facts, the most important ones.\n\nJSON:"}
+        request = ModelRequest(messages=messages, max_tokens=EXTRACT_MAX_TOKENS, temperature=0.0,
                                purpose="extract", response_schema=REPLY_SCHEMA)
         response = await self.provider.complete(request)
         return response.text

@@ -20,7 +20,7 @@ from typing import Any
 from loomrt.errors import StoreError
 from loomrt.record.migrations import migrate
 
-__all__ = ["MIGRATIONS", "HarvestDB", "harvest_db"]
+__all__ = ["MIGRATIONS", "HarvestDB", "harvest_db", "release"]
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -110,6 +110,17 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "harvest_0002_swept_runs",
+        # the consolidator's sweep: how far each run's record was read for spans the bank missed
+        """
+        CREATE TABLE harvest_swept (
+            run_id TEXT PRIMARY KEY,
+            harvest INTEGER NOT NULL,
+            swept_seq INTEGER NOT NULL
+        );
+        """,
+    ),
 ]
 """Harvest's migrations: named, ordered, forward-only (append new ones, never edit old ones)."""
 
@@ -178,3 +189,11 @@ def harvest_db(path: str | Path) -> HarvestDB:
         if db is None:
             db = _open[key] = HarvestDB(path)
         return db
+
+
+def release(path: str | Path) -> None:
+    """Close and forget the process's :class:`HarvestDB` on ``path`` (its file is going away)."""
+    with _open_lock:
+        db = _open.pop(str(Path(path).resolve()), None)
+    if db is not None:
+        db.close()

@@ -60,7 +60,7 @@ Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subje
 - subject: who or what the statement is about, by name.
 - observed_at: the date it happened or was said (YYYY-MM-DD), if the conversation shows it.
 - source_seqs: the [n] numbers of the lines it comes from.
-Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
+Write at most 15 facts, the most important first. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from loomrt.harvest.db import harvest_db
 from loomrt.harvest.memory import MemoryStore, ScopedMemory
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 
-__all__ = ["HarvestWiring", "wire", "memory_store", "config_problems"]
+__all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems"]
 
 
 @dataclass
@@ -46,6 +46,17 @@ def memory_store(path: str | Path, embedder: Any = None) -> MemoryStore:
         if store is None:
             store = _stores[key] = MemoryStore(harvest_db(path), embedder=embedder)
         return store
+
+
+def release(path: str | Path) -> None:
+    """Close the process's durable memory on the record file ``path`` (its file is going away)."""
+    from loomrt.harvest import db
+
+    resolved = str(Path(path).resolve())
+    with _stores_lock:
+        for key in [k for k in _stores if k[0] == resolved]:
+            del _stores[key]
+    db.release(path)
 
 
 def config_problems(context: Any) -> list[str]:

@@ -133,3 +133,14 @@ def test_a_full_disk_fails_the_run_cleanly_and_the_record_stays_consistent(tmp_p
     store = SQLiteStore(db)
     for info in store.list_runs():
         assert verify_chain(store.events(info.run_id)) == []
+
+
+def test_the_harvest_checks_can_fail() -> None:
+    """A bank that lost a line or holds one twice, and memory with a fact doubled, are caught."""
+    scenario = next(s for s in SCENARIOS if s.consolidate)
+    good = Outcome("r", ["a"], None, list(scenario.inputs), [], [], banked=["x", "y"], facts=["x", "y"])
+    lost = Outcome("r", ["a"], None, list(scenario.inputs), [], [], banked=["x"], facts=["x", "y", "y"])
+    text = "\n".join(check(lost, good, [], scenario, lost))
+    assert "the bank holds 1 lines" in text and "durable memory holds 3 facts (2 distinct)" in text
+    doubled = Outcome("r", ["a"], None, list(scenario.inputs), [], [], banked=["x", "x", "y"], facts=["x", "y"])
+    assert "the bank holds 'x' 2 times" in "\n".join(check(doubled, good, [], scenario, doubled))

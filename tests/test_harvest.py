@@ -436,3 +436,18 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(tmp_path: Path) -> 
     assert ran["killed"] and ran["exit_codes"][-1] == 0
     figures = verify(path, texts)
     assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["span_states"] == {"done": 40}
+
+
+def test_the_sweep_banks_from_the_record_what_a_crash_kept_from_the_bank(store: SQLiteStore) -> None:
+    _, run_id = chat(store, harvest_agent(), TALK)
+    db = harvest_db(store.path)
+    rows = _banked(store)
+    lost = rows[1][1]
+    with db.write() as conn:  # as if the process died between the distillation event and the bank
+        conn.execute("DELETE FROM harvest_spans WHERE run_id = ? AND distillation_seq = ?", (run_id, lost))
+    report = _consolidator(store).run_once()
+    assert report.swept == 1
+    assert sorted((r[0], r[1]) for r in _banked(store)) == sorted((r[0], r[1]) for r in rows)
+    assert {json.dumps(json.loads(r[3]), sort_keys=True) for r in _banked(store)} == \
+        {json.dumps(json.loads(r[3]), sort_keys=True) for r in rows}
+    assert _consolidator(store).run_once().swept == 0  # swept once; a run without harvest is never read again

@@ -16,7 +16,9 @@ compared with its record). Then it checks (:func:`check`):
 - every answer and the final Σ equal the uninterrupted run's;
 - the working context rebuilt from the record equals the live one;
 - the recall index rebuilt from the record equals the live one, and holds the same texts
-  as the uninterrupted run's.
+  as the uninterrupted run's;
+- with harvest, once a consolidator has run again: the bank holds every line the
+  uninterrupted run's does, none twice, and durable memory the same facts.
 
 Each failed check is a violation, reported with its point, N, scenario and run id.
 Recall uses the hash embedder here (a MiniLM load per process would dominate the time).
@@ -58,6 +60,9 @@ class Scenario:
     agent: str
     interactive: bool
     inputs: tuple[str, ...]
+    consolidate: bool = False
+    """Harvest: after the chat, a consolidator process drains the banked spans (the echo
+    extractor), and the recovered run's bank and durable memory must equal the uninterrupted one's."""
 
 
 _TOPICS = ["the harbour bridge repairs", "the spring budget", "the library move", "the night-bus timetable",
@@ -85,12 +90,14 @@ SCENARIOS = [
     Scenario("chat-append", True, CHAT_INPUTS),
     Scenario("chat-pins", True, CHAT_INPUTS),
     Scenario("chat-fold", True, CHAT_INPUTS),
+    Scenario("chat-harvest", True, CHAT_INPUTS, consolidate=True),
     Scenario("tools-compaction", False, (TASK,)),
     Scenario("tools-stateful", False, (TASK,)),
     Scenario("tools-mcp", False, (TASK,)),
     Scenario("fanout-stateful", False, ("Check the four stations and merge what they found.",)),
 ]
-"""Every mode is covered: recap, compaction, fold and append with the backstop in a chat;
+"""Every mode is covered: recap, compaction, fold and append with the backstop in a chat
+(and recap banking its spans for a consolidator process: harvest);
 compaction and stateful in a one-shot run with tools (a large tool result, a calculation);
 compaction with the tools of an MCP server (a tool source, its own process); and a stateful
 parent fanning out to four stateful children whose Σ it merges (the spawn ledger)."""
@@ -178,6 +185,8 @@ def write_scenarios(folder: Path) -> Path:
         # folds only at the hard watermark, in the turn: when a soft fold runs depends on the
         # clock (cache-idle deferral, the chat's between-turns thread), and every kill is
         # compared with an uninterrupted run
+        "chat-harvest": {**chat, "context": {"mode": "recap", **small, "harvest_to_memory": True,
+                                             "memory_scopes": ["user"]}},
         "chat-fold": {**chat, "context": {"mode": "fold", **small, "budget_tokens": 1100, "fold": {
             "keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100}}},
         "tools-compaction": {"model": "scripted/tools.yaml", **tools,
@@ -205,7 +214,7 @@ def write_scenarios(folder: Path) -> Path:
 
 def _env(db: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (CRASH_AT_ENV, CRASH_TRACE_ENV)}
-    env.update(LOOMRT_DB_URL=f"sqlite:{db}", LOOMRT_RECALL_EMBEDDER="hash", **extra)
+    env.update(LOOMRT_DB_URL=f"sqlite:{db}", LOOMRT_RECALL_EMBEDDER="hash", LOOMRT_USER="chaos", **extra)
     return env
 
 
@@ -218,12 +227,26 @@ def _loomrt(args: list[str], folder: Path, env: dict[str, str], stdin: str | Non
 
 
 def play(folder: Path, scenario: Scenario, db: Path, **env: str) -> int:
-    """Play ``scenario`` through the CLI (``loomrt chat`` or ``loomrt run``); the exit code."""
+    """Play ``scenario`` through the CLI (``loomrt chat`` or ``loomrt run``), then its
+    consolidator process if it has one; the exit code of the last process."""
     agents = str(folder / "agents.yaml")
     if scenario.interactive:
-        return _loomrt(["chat", scenario.agent, "--agents", agents, "--json"], folder, _env(db, **env),
+        code = _loomrt(["chat", scenario.agent, "--agents", agents, "--json"], folder, _env(db, **env),
                        "\n".join(scenario.inputs) + "\n")
-    return _loomrt(["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder, _env(db, **env))
+    else:
+        code = _loomrt(["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder,
+                       _env(db, **env))
+    if code == 0 and scenario.consolidate:
+        return consolidate(db, **env)
+    return code
+
+
+def consolidate(db: Path, **env: str) -> int:
+    """A consolidator process draining ``db`` (echo extractor; a 1 s lease, so a killed one's
+    batch is taken up a second later); its exit code."""
+    done = subprocess.run([sys.executable, "-m", "loomrt.bench.harvest_load", "work", str(db), "1.0", "200"],
+                          env=_env(db, **env), capture_output=True, text=True, timeout=120)
+    return done.returncode
 
 
 # ---------------------------------------------------------------------- reading a record
@@ -239,6 +262,10 @@ class Outcome:
     inputs: list[str]
     recall_texts: list[str]
     context: list[dict[str, Any]] = field(default_factory=list)
+    banked: list[str] = field(default_factory=list)
+    """Harvest: every conversation line the bank holds, one entry per banked copy."""
+    facts: list[str] = field(default_factory=list)
+    """Harvest: every fact durable memory holds (any status), one entry per row."""
 
 
 def _runtime(store: Any) -> Any:
@@ -269,9 +296,22 @@ def _recall_texts(run: Any) -> list[str]:
     return sorted(RUN_ID.sub("RUN", e.text) for e in recall.index.entries.values())
 
 
-async def _outcome(store: Any, run_id: str, live: Any = None) -> Outcome:
+def _harvested(path: Path) -> tuple[list[str], list[str]]:
+    """The banked lines and the facts of the record at ``path`` (sorted)."""
+    from loomrt.harvest.db import HarvestDB
+
+    db = HarvestDB(path)
+    try:
+        banked = sorted(t["text"] for (turns,) in db.rows("SELECT turns FROM harvest_spans") for t in json.loads(turns))
+        return banked, sorted(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
+    finally:
+        db.close()
+
+
+async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool = False) -> Outcome:
     events = store.events(run_id)
     run = live if live is not None else await _runtime(store).aopen(run_id)
+    banked, facts = _harvested(store.path) if harvest else ([], [])
     return Outcome(
         run_id=run_id,
         answers=_answers(events),
@@ -279,6 +319,8 @@ async def _outcome(store: Any, run_id: str, live: Any = None) -> Outcome:
         inputs=[str(e.data.get("content")) for e in events if e.kind == "user_input"],
         recall_texts=_recall_texts(run),
         context=[m.to_dict() for m in run.context],
+        banked=banked,
+        facts=facts,
     )
 
 
@@ -340,6 +382,14 @@ def check(outcome: Outcome, baseline: Outcome, events: list[Any], scenario: Scen
         problems.append("the recall index rebuilt from the record differs from the live one")
     interrupted = any(e.kind == "tool_result" and str(e.data.get("content", "")).startswith(INTERRUPTED[:40])
                       for e in events)
+    if scenario.consolidate:
+        doubled = [t for t, n in Counter(outcome.banked).items() if n > 1]
+        problems += [f"the bank holds {t[:40]!r} {n} times" for t, n in Counter(outcome.banked).items() if n > 1][:3]
+        if not doubled and outcome.banked != baseline.banked:
+            problems.append(f"the bank holds {len(outcome.banked)} lines, the uninterrupted run's {len(baseline.banked)}")
+        if outcome.facts != baseline.facts:
+            problems.append(f"durable memory holds {len(outcome.facts)} facts ({len(set(outcome.facts))} distinct), "
+                            f"the uninterrupted run's {len(baseline.facts)}")
     if not interrupted and rebuilt.recall_texts != baseline.recall_texts:  # an interrupted call's result differs by design
         problems.append(
             f"the recall index holds {len(rebuilt.recall_texts)} texts, the uninterrupted run's {len(baseline.recall_texts)}"
@@ -378,11 +428,13 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: Pa
     kill.killed = code == -9
     run_id, live = await recover(folder, scenario, db)
     kill.run_id = run_id
+    if scenario.consolidate:  # the user runs the consolidator again (a killed one's lease expires first)
+        consolidate(db)
     store = SQLiteStore(db)
     assert run_id is not None
     events = store.events(run_id)
-    rebuilt = await _outcome(store, run_id)
-    outcome = await _outcome(store, run_id, live) if live is not None else rebuilt
+    rebuilt = await _outcome(store, run_id, harvest=scenario.consolidate)
+    outcome = await _outcome(store, run_id, live, harvest=scenario.consolidate) if live is not None else rebuilt
     kill.violations = check(outcome, baseline, events, scenario, rebuilt)
     store.close()
     return kill
@@ -409,7 +461,8 @@ async def run_chaos_async(
                 raise RuntimeError(f"the uninterrupted {s.agent} run exited {code}")
             counts[s.agent] = dict(Counter(trace.read_text(encoding="utf-8").split()))
             store = SQLiteStore(db)
-            baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id)
+            baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id,
+                                                harvest=s.consolidate)
             store.close()
         plan = plan_kills(counts, per_point)
         by_name = {s.agent: s for s in scenarios}
@@ -417,6 +470,9 @@ async def run_chaos_async(
         for i, (agent, point, n) in enumerate(plan):
             db = work / f"kill-{i}.db"
             kills.append(await _one_kill(work, by_name[agent], point, n, db, baselines[agent]))
+            from loomrt.harvest.wiring import release
+
+            release(db)  # the live run's durable memory, if it had one
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
             if progress:
