@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from loomrt.recall.embedders import Embedder, resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["Fact", "NewFact", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
+__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
 
@@ -88,6 +88,36 @@ _COLUMNS = "fact_id, scope, class, subject, statement, observed_at, created_at, 
 def _fact(row: tuple[Any, ...]) -> Fact:
     return Fact(fact_id=row[0], scope=row[1], cls=row[2], subject=row[3], statement=row[4], observed_at=row[5],
                 created_at=row[6], sources=json.loads(row[7]), status=row[8], superseded_by=row[9], changed_at=row[10])
+
+
+class DurableMemory(Protocol):
+    """What a durable-memory store does (SQLite: :class:`MemoryStore`; a PostgreSQL store
+    will implement the same). Scope checks are the caller's (:class:`ScopedMemory`)."""
+
+    def write(self, facts: Sequence[NewFact], *, also: Callable[[Any], None] | None = None) -> dict[str, int]:
+        """Store facts with placement, idempotently, in one transaction (``also`` joins it)."""
+        ...
+
+    def search(self, query: str, top_k: int, scopes: Sequence[str]) -> list[MemoryHit]:
+        """The best live facts of ``scopes``."""
+        ...
+
+    def facts(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False,
+              limit: int = 1000) -> list[Fact]:
+        """Facts, oldest first."""
+        ...
+
+    def get(self, fact_id: str) -> Fact:
+        """One fact, whatever its status."""
+        ...
+
+    def history(self, fact_id: str) -> list[dict[str, Any]]:
+        """A fact's changes: created, merged, superseded, forgotten, erased."""
+        ...
+
+    def forget(self, fact_id: str, *, erase: bool = False, by: str = "operator") -> Fact:
+        """Hide a fact (and with ``erase`` wipe its words), recorded."""
+        ...
 
 
 class _ScopeIndex:
@@ -305,7 +335,7 @@ class ScopedMemory:
     """Durable memory as one run may read it: only ``granted`` scope keys, checked on every
     call (a :class:`~loomrt.recall.memory.MemorySource`)."""
 
-    def __init__(self, store: MemoryStore, granted: Sequence[str], kinds: Sequence[str] = ()):
+    def __init__(self, store: DurableMemory, granted: Sequence[str], kinds: Sequence[str] = ()):
         self.store = store
         self.granted = list(granted)
         self._by_kind = dict(zip(kinds, granted, strict=False))
