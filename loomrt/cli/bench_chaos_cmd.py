@@ -11,7 +11,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from loomrt.cli.bench_cmd import _err, _out, bench_app
+from loomrt.cli.bench_cmd import _err, _out, bench_app, rewrite_block
 
 __all__ = ["chaos_cmd", "CHAOS_BEGIN", "CHAOS_END", "chaos_markdown"]
 
@@ -55,14 +55,7 @@ def chaos_cmd(
         result = run_chaos(per_point, progress=lambda done, total: bar.update(task, completed=done, total=total))
     command = f"loomrt bench chaos --per-point {per_point}"
     if docs is not None:
-        from loomrt.bench.report import replace_block
-
-        try:
-            replace_block(docs, CHAOS_BEGIN, CHAOS_END, chaos_markdown(result, command), title="Reliability")
-        except ValueError as exc:
-            _err.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(2) from None
-        _err.print(f"updated the chaos block of {docs}")
+        rewrite_block(docs, CHAOS_BEGIN, CHAOS_END, chaos_markdown(result, command), "chaos", title="Reliability")
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
     else:

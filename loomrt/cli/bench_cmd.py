@@ -54,6 +54,18 @@ class RichProgress:
         self.progress.console.log(text)
 
 
+def rewrite_block(docs: Path, begin: str, end: str, body: str, what: str, *, title: str = "Benchmarks") -> None:
+    """Rewrite one generated block of ``docs`` (a clear error and exit 2 if its markers are missing)."""
+    from loomrt.bench.report import replace_block
+
+    try:
+        replace_block(docs, begin, end, body, title=title)
+    except ValueError as exc:
+        _err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2) from None
+    _err.print(f"updated the {what} block of {docs}")
+
+
 def _split(values: list[str] | None) -> list[str]:
     return [v.strip() for item in values or [] for v in item.split(",") if v.strip()]
 

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from loomrt.cli.bench_cmd import _err, _out, bench_app
+from loomrt.cli.bench_cmd import _err, _out, bench_app, rewrite_block
 
 __all__ = ["harvest_cmd", "HARVEST_BEGIN", "HARVEST_END", "harvest_markdown"]
 
@@ -83,14 +83,7 @@ def harvest_cmd(
         f" --conversation {c}" for c in conversations or []) + (f" --load-spans {load_spans}" if load_spans != 10_000 else "") \
         + (" --no-model" if no_model else "") + (f" --part-sweep {part_sweep}" if part_sweep else "")
     if docs is not None:
-        from loomrt.bench.report import replace_block
-
-        try:
-            replace_block(docs, HARVEST_BEGIN, HARVEST_END, harvest_markdown(result, command))
-        except ValueError as exc:
-            _err.print(f"[red]error:[/red] {exc}", highlight=False)
-            raise typer.Exit(2) from None
-        _err.print(f"updated the harvest block of {docs}")
+        rewrite_block(docs, HARVEST_BEGIN, HARVEST_END, harvest_markdown(result, command), "harvest")
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
         return

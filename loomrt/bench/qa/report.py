@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +110,6 @@ def write_report(results: dict[str, Any], folder: Path) -> list[Path]:
 
 def update_docs(doc: Path, results: dict[str, Any], *, images: str | None) -> None:
     """Replace the QA block of ``doc`` (between :data:`QA_BEGIN` and :data:`QA_END`)."""
-    text = doc.read_text(encoding="utf-8") if doc.exists() else f"# Benchmarks\n\n{QA_BEGIN}\n{QA_END}\n"
-    if QA_BEGIN not in text or QA_END not in text:
-        raise ValueError(f"{doc} has no QA block; add the two marker lines:\n{QA_BEGIN}\n{QA_END}")
-    block = f"{QA_BEGIN}\n{markdown(results, images=images)}{QA_END}"
-    doc.write_text(re.sub(re.escape(QA_BEGIN) + r".*?" + re.escape(QA_END), lambda _m: block, text, flags=re.S),
-                   encoding="utf-8")
+    from loomrt.bench.report import replace_block
+
+    replace_block(doc, QA_BEGIN, QA_END, markdown(results, images=images))
