@@ -201,12 +201,16 @@ class Consolidator:
             if not settled[run]:
                 unsettled += 1
                 continue
-            if batch and tokens + span["tokens"] > self.batch_tokens:
-                break
+            if batch and (tokens + span["tokens"] > self.batch_tokens or self._overflows([*batch, span])):
+                break  # whole spans only, and never more parts than one call takes
             batch.append(span)
             tokens += span["tokens"]
         report.unsettled = unsettled
         return batch
+
+    def _overflows(self, spans: list[dict[str, Any]]) -> bool:
+        """Whether ``spans`` cut into parts would need more than one call's parts."""
+        return parts_of(spans, part_tokens=self.part_tokens, max_parts=self.max_parts)[1] > 0
 
     def _settled(self, run_id: str) -> bool:
         """The run ended, or has been quiet for ``settle_s``."""

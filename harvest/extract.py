@@ -60,6 +60,9 @@ Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subje
 - subject: who or what the statement is about, by name.
 - observed_at: the date it happened or was said (YYYY-MM-DD), if the conversation shows it.
 - source_seqs: the [n] numbers of the lines it comes from.
+Prefer concrete facts (what happened, names, places, dates, plans, possessions, changes) to opinions and pleasantries. Example: from the line
+[4] user (Dana): I started pottery classes last week, it really helps me relax
+write {"statement": "Dana started pottery classes in the week of 3 March 2024; they help her relax.", "class": "fact", "subject": "Dana", "observed_at": "2024-03-03", "source_seqs": [4]}.
 Write at most 15 facts, the most important first. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
 
 

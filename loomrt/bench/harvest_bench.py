@@ -83,7 +83,7 @@ async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
 
     out: dict[str, Any] = {"extractor": name, "cases": len(CASES)}
     for how, batch_tokens in (("whole_batch", 10_000), ("per_span", 1)):
-        store = _fresh(tmp, f"coref-{name}-{how}")
+        store = _fresh(tmp, f"coref-{name.replace('/', '-')}-{how}")
         _bank_cases(store, CASES)
         started = time.perf_counter()
         calls_before = len(getattr(provider, "calls", ()))
