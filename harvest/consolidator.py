@@ -13,7 +13,8 @@ Three outcomes stay apart: ``[]`` (nothing worth keeping: the batch is done with
 facts); a reply that never parses after ``retries`` more tries (the batch goes to the
 dead letters with the reply's prefix and the watermark moves on: a batch that can never
 parse must not pin the queue); a failed write (the batch stays claimed and the watermark
-holds; the next pass retries it).
+holds; the next pass retries it). A model call that fails (not its reply: the provider
+raised) holds the batch the same way, for ``retries`` more passes, then dead-letters it.
 """
 
 from __future__ import annotations
@@ -239,6 +240,14 @@ class Consolidator:
                 break
             except Unparseable as exc:
                 error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - the model failed (not its reply): the batch waits
+                failures = self.queue.failed(batch_id)
+                if failures <= self.retries:
+                    report.held.append(f"{scope}: the extraction failed ({type(exc).__name__}: {exc}); "
+                                       f"the batch waits for the next pass ({failures} of {self.retries + 1} tries)")
+                    return False
+                reply, error = "", f"the extraction failed {failures} times: {type(exc).__name__}: {exc}"
+                break
         base = {"spans": len(spans), "parts": len(parts), "parts_dropped": dropped_parts, "lines": len(lines)}
         report.parts_dropped += dropped_parts
         if items is None:

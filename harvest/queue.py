@@ -92,6 +92,13 @@ class Queue:
             conn.execute("INSERT INTO harvest_watermarks VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE "
                          "SET span_id = MAX(span_id, excluded.span_id), at = excluded.at", (scope, top, time.time()))
 
+    def failed(self, batch_id: str) -> int:
+        """Count one more failed attempt at ``batch_id``; how many there have been."""
+        with self.db.write() as conn:
+            conn.execute("UPDATE harvest_batches SET attempts = attempts + 1 WHERE batch_id = ?", (batch_id,))
+            (n,) = conn.execute("SELECT attempts FROM harvest_batches WHERE batch_id = ?", (batch_id,)).fetchone()
+        return int(n)
+
     def dead_letter(self, batch_id: str, scope: str, reply: str, error: str, report: dict[str, Any]) -> None:
         """A batch whose reply never parsed: kept with the reply's prefix; the queue moves on."""
         with self.db.write() as conn:

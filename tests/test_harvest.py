@@ -451,3 +451,38 @@ def test_the_sweep_banks_from_the_record_what_a_crash_kept_from_the_bank(store: 
     assert {json.dumps(json.loads(r[3]), sort_keys=True) for r in _banked(store)} == \
         {json.dumps(json.loads(r[3]), sort_keys=True) for r in rows}
     assert _consolidator(store).run_once().swept == 0  # swept once; a run without harvest is never read again
+
+
+def test_a_batch_takes_whole_spans_while_they_fit_one_call(store: SQLiteStore) -> None:
+    from loomrt.harvest.bank import Bank
+    from loomrt.messages import EvictedSpan, Message
+
+    bank = Bank(harvest_db(store.path), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
+                max_tokens=8000, private=set, record=lambda k, d: None)
+    for i in range(3):
+        lines = tuple(Message(role="user", content=f"Line {i}.{j} says the shelf holds {j} green boxes.", seq=10 * i + j)
+                      for j in range(4))
+        bank.bank(EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=100 + i, messages=lines))
+    extractor = echo_extractor()
+    report = _consolidator(store, extractor, part_tokens=40, max_parts=2, batch_tokens=10_000).run_once()
+    assert report.parts_dropped == 0 and report.batches >= 2
+    assert report.facts["new"] + report.facts["superseded"] == 12  # every line stored (one subject: superseded)
+    huge = tuple(Message(role="user", content=f"Row {j} of a long list of shelves and boxes.", seq=500 + j)
+                 for j in range(12))
+    bank.bank(EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=900, messages=huge))
+    alone = _consolidator(store, extractor, part_tokens=40, max_parts=2).run_once()
+    assert alone.batches == 1 and alone.parts_dropped > 0  # one span over the cap: its latest parts, the rest reported
+
+
+def test_a_failing_model_holds_the_batch_then_dead_letters_it(store: SQLiteStore) -> None:
+    bank_load(store.path, 1, scopes=("user:alice",))
+
+    def broken(request):
+        raise RuntimeError("the prompt is 5000 tokens and the context window (n_ctx) is 4096")
+
+    worker = _consolidator(store, FunctionProvider(broken), retries=1)
+    first = worker.run_once()
+    assert first.batches == 0 and "waits for the next pass (1 of 2" in first.held[0]
+    second = worker.run_once()  # the second try fails too: a batch that always fails must not pin the queue
+    assert second.dead == 1 and "failed 2 times" in worker.queue.dead_letters()[0]["error"]
+    assert worker.queue.status()[0]["watermark"] == 1
