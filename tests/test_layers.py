@@ -5,6 +5,7 @@ testing or bench)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -83,3 +84,13 @@ def test_recall_stands_on_the_bottom_floor() -> None:
     forbidden = {m for m in outside if m.startswith(("loomrt.run", "loomrt.runtime", "loomrt.testing", "loomrt.bench"))}
     assert forbidden == set()
     assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools", "loomrt.crashpoints"}
+
+
+def test_harvest_is_wired_at_the_top_and_never_imported_by_recall_or_the_run() -> None:
+    """harvest/ stands above recall/ and run/: they never import it (even inside a function);
+    the toolset wires it in."""
+    for folder in (REPO / "recall", REPO / "loomrt" / "run"):
+        for f in folder.rglob("*.py"):
+            assert not re.search(r"^\s*(from|import) loomrt\.harvest", f.read_text(encoding="utf-8"), re.M), f
+    harvest = {m for n, deps in _graph().items() if n.startswith("loomrt.harvest") for m in deps}
+    assert not {m for m in harvest if m.startswith(("loomrt.run.", "loomrt.runtime", "loomrt.bench", "loomrt.cli"))}

@@ -519,14 +519,14 @@ def test_events_the_toolset_emits_while_it_is_resolved_land_after_run_started(tm
     assert reopened.run_id == run.run_id
 
 
-def test_harvest_to_memory_says_once_per_run_that_harvest_is_not_installed(tmp_path):
+def test_harvest_without_memory_scopes_is_one_error_event_per_run(tmp_path):
     rt = runtime(tmp_path, ScriptedProvider(["one", "two"]))
     run = rt.start("a", agents=agents_file(tmp_path, harvest_to_memory=True), interactive=True)
     send(rt, run, "first")
     reopened = runtime(tmp_path, ScriptedProvider(["two"])).open(run.run_id)
     asyncio.run(reopened_send(reopened, tmp_path))
-    notices = [e.data for e in events(rt, run.run_id, "notice") if e.data.get("source") == "harvest"]
-    assert len(notices) == 1 and "harvest is not installed" in notices[0]["message"]
+    errors = [e.data for e in events(rt, run.run_id, "harvest_error")]
+    assert len(errors) == 1 and "memory_scopes is empty" in errors[0]["message"]
 
 
 async def reopened_send(run, tmp_path):
