@@ -4,10 +4,11 @@ A new fact **merges** into a stored one only when all three hold: the class matc
 subjects share words (content-word Dice ≥ :data:`SUBJECT_DICE`), and the cosine between
 the two statements clears the merge band (``loomrt memory calibrate`` measures it for the
 configured embedder); and the exact values they carry (numbers, dates, times, quoted
-words) agree. A fact on the same subject and class whose values differ, or a
-``correction``, **supersedes** the most similar stored fact once the cosine clears the
-lower supersede band. Anything else is a new fact. Nothing is overwritten: a merge adds a
-source and a history row; a supersession keeps the old row, marked.
+words) agree. A fact that says the same as a stored one of its subject and class
+apart from its values (the deploy window moved from 14:00 to 17:00), or a ``correction``,
+**supersedes** the most similar stored fact once the cosine clears the lower supersede
+band. Anything else is a new fact. Nothing is overwritten: a merge adds a source and a
+history row; a supersession keeps the old row, marked.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ MERGE_COSINE = 0.80
 
 SUPERSEDE_COSINE = 0.55
 """The cosine a changed value or a correction must clear to supersede a stored fact."""
+
+SAME_WORDS = 0.6
+"""A changed value supersedes only a statement that says the same apart from its values
+(content-word Dice ≥ this with the values taken out): "Alice is 25" never supersedes
+"Alice moved in 2020"."""
 
 _VALUE = re.compile(r"\d+(?:[.:/-]\d+)*|\"[^\"]+\"|'[^']{2,}'")
 
@@ -80,6 +86,7 @@ def place(cls: str, subject: str, statement: str, candidates: list[Candidate], *
         agree = mine == values_of(c.statement)
         if c.cosine >= merge_cosine and agree:
             return Placement("merge", c.fact_id, c.cosine, "restates it")
-        if c.cosine >= supersede_cosine and not agree and (mine or values_of(c.statement)):
-            return Placement("supersede", c.fact_id, c.cosine, "the same subject with other values")
+        if (c.cosine >= supersede_cosine and not agree and (mine or values_of(c.statement))
+                and dice(_VALUE.sub(" ", statement), _VALUE.sub(" ", c.statement)) >= SAME_WORDS):
+            return Placement("supersede", c.fact_id, c.cosine, "the same statement with other values")
     return Placement("new")

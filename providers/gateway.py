@@ -189,8 +189,8 @@ class LiteLLMProvider:
     def _shape(self, request: ModelRequest) -> str:
         """How this call asks: ``decision`` (constrained JSON for tools), ``tools`` (native),
         ``json`` (a reply that follows ``response_schema``) or ``text``."""
-        if request.purpose != "turn":
-            return "text"  # recaps and summaries are prose
+        if request.purpose != "turn":  # recaps and summaries are prose; an extraction asks for JSON
+            return "json" if request.response_schema is not None and self.capabilities.structured_output else "text"
         if request.tools:
             return "tools" if self.capabilities.tool_calling else "decision"
         if request.response_schema is not None and self.capabilities.structured_output:

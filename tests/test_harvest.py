@@ -332,6 +332,13 @@ def test_a_changed_value_supersedes_and_is_kept_marked(store: SQLiteStore) -> No
     assert all(h.id != old.fact_id for h in memory.search("Keiko deploy window", 5, ["user:alice"]))
 
 
+def test_another_fact_with_other_values_supersedes_nothing(store: SQLiteStore) -> None:
+    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory.write([_fact("Alice is 25 years old and lives in Porto.", "Alice", key="a")])
+    counts = memory.write([_fact("Alice moved to Porto in 2020 with her partner.", "Alice", key="b")])
+    assert counts["new"] == 1 and len(memory.facts()) == 2
+
+
 def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
     memory = MemoryStore(harvest_db(store.path), embedder="hash")
     memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="a")])

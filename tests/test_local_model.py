@@ -57,6 +57,18 @@ def test_constrained_json_follows_the_schema() -> None:
 
 
 @pytest.mark.slow
+def test_an_extraction_call_is_constrained_to_its_schema_too() -> None:
+    """Not only turns: the consolidator's extraction (purpose extract) gets the grammar."""
+    from loomrt.harvest.extract import REPLY_SCHEMA
+
+    response = ask(LiteLLMProvider(SMOL), "Ana said: I moved to Porto in 2020. List the facts as JSON.",
+                   response_schema=REPLY_SCHEMA, purpose="extract", max_tokens=200)
+    assert not response.text.lstrip().startswith("`")
+    if response.finish_reason == "stop":
+        jsonschema.validate(json.loads(response.text), REPLY_SCHEMA)
+
+
+@pytest.mark.slow
 def test_a_tool_decision_becomes_an_ordinary_tool_call() -> None:
     response = ask(LiteLLMProvider(SMOL), "What is the weather in Berlin?", tools=(WEATHER,), tool_choice="required")
     assert response.text == "" and len(response.tool_calls) == 1
