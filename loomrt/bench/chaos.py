@@ -48,7 +48,8 @@ from loomrt.crashpoints import CRASH_AT_ENV, CRASH_TRACE_ENV, POINTS
 from loomrt.run.loop import INTERRUPTED
 
 __all__ = [
-    "Scenario", "SCENARIOS", "CHAT_INPUTS", "TASK", "write_scenarios", "play", "recover", "Outcome", "check", "Kill",
+    "Scenario", "SCENARIOS", "CHAT_INPUTS", "TASK", "write_scenarios", "play", "consolidate", "recover", "Outcome",
+    "check", "Kill",
     "plan_kills", "run_chaos", "run_chaos_async",
 ]
 
