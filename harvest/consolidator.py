@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomrt.crashpoints import reached
+from loomrt.errors import ProviderError
 from loomrt.harvest.db import HarvestDB, harvest_db
 from loomrt.harvest.extract import (
     REPLY_SCHEMA,
@@ -240,13 +241,17 @@ class Consolidator:
                 break
             except Unparseable as exc:
                 error = str(exc)
+            except ProviderError as exc:
+                if exc.retryable:  # a timeout, a 5xx: the batch waits for the next pass
+                    if not self._hold(batch_id, scope, exc, report):
+                        return False
+                    reply, error = "", f"the extraction failed {self.retries + 1} times: {exc}"
+                    break
+                error = str(exc)  # e.g. JSON cut off at max_tokens: as unparseable, retried asking for fewer facts
             except Exception as exc:  # noqa: BLE001 - the model failed (not its reply): the batch waits
-                failures = self.queue.failed(batch_id)
-                if failures <= self.retries:
-                    report.held.append(f"{scope}: the extraction failed ({type(exc).__name__}: {exc}); "
-                                       f"the batch waits for the next pass ({failures} of {self.retries + 1} tries)")
+                if not self._hold(batch_id, scope, exc, report):
                     return False
-                reply, error = "", f"the extraction failed {failures} times: {type(exc).__name__}: {exc}"
+                reply, error = "", f"the extraction failed {self.retries + 1} times: {type(exc).__name__}: {exc}"
                 break
         base = {"spans": len(spans), "parts": len(parts), "parts_dropped": dropped_parts, "lines": len(lines)}
         report.parts_dropped += dropped_parts
@@ -270,6 +275,16 @@ class Consolidator:
         report.empty_batches += not items
         if self.progress is not None:
             self.progress(report.batches, report.spans)
+        return True
+
+    def _hold(self, batch_id: str, scope: str, exc: Exception, report: PassReport) -> bool:
+        """Count a failed model call on ``batch_id``: False while it may wait for the next pass
+        (reported as held), True once it has failed ``retries + 1`` passes (a dead letter)."""
+        failures = self.queue.failed(batch_id)
+        if failures <= self.retries:
+            report.held.append(f"{scope}: the extraction failed ({type(exc).__name__}: {exc}); "
+                               f"the batch waits for the next pass ({failures} of {self.retries + 1} tries)")
+            return False
         return True
 
     async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> str:

@@ -493,3 +493,20 @@ def test_a_failing_model_holds_the_batch_then_dead_letters_it(store: SQLiteStore
     second = worker.run_once()  # the second try fails too: a batch that always fails must not pin the queue
     assert second.dead == 1 and "failed 2 times" in worker.queue.dead_letters()[0]["error"]
     assert worker.queue.status()[0]["watermark"] == 1
+
+
+def test_a_reply_cut_off_at_max_tokens_is_retried_asking_for_fewer_facts(store: SQLiteStore) -> None:
+    from loomrt.errors import ProviderError
+
+    bank_load(store.path, 1, scopes=("user:alice",))
+    seen = []
+
+    def cut_then_fine(request):
+        seen.append(request.messages[-1]["content"])
+        if len(seen) == 1:
+            raise ProviderError("the JSON reply was cut off at max_tokens=1024 and is incomplete")
+        return json.dumps({"facts": []})
+
+    report = _consolidator(store, FunctionProvider(cut_then_fine)).run_once()
+    assert report.retries == 1 and report.empty_batches == 1 and not report.held
+    assert "at most 8 facts" in seen[1] and "cut off" in seen[1]

@@ -58,14 +58,10 @@ def test_constrained_json_follows_the_schema() -> None:
 
 @pytest.mark.slow
 def test_an_extraction_call_is_constrained_to_its_schema_too() -> None:
-    """Not only turns: the consolidator's extraction (purpose extract) gets the grammar."""
-    from loomrt.harvest.extract import REPLY_SCHEMA
-
-    response = ask(LiteLLMProvider(SMOL), "Ana said: I moved to Porto in 2020. List the facts as JSON.",
-                   response_schema=REPLY_SCHEMA, purpose="extract", max_tokens=200)
-    assert not response.text.lstrip().startswith("`")
-    if response.finish_reason == "stop":
-        jsonschema.validate(json.loads(response.text), REPLY_SCHEMA)
+    """Not only turns: a consolidator's extraction (purpose extract) gets the grammar."""
+    response = ask(LiteLLMProvider(SMOL), "Which city is the capital of Italy?", response_schema=CITY,
+                   purpose="extract", max_tokens=64)
+    jsonschema.validate(json.loads(response.text), CITY)
 
 
 @pytest.mark.slow

@@ -45,6 +45,24 @@ PARAPHRASE_SET: list[tuple[str, list[str]]] = [
 """Five facts in three wordings (not the calibration pairs: the band is not tuned on these)."""
 
 
+async def drained(worker: Any, passes: int = 4) -> Any:
+    """Passes until the queue is empty (a held batch is retried by the next pass, as a
+    `consolidate --watch` worker would), at most ``passes``; the reports summed."""
+    total = await worker.arun_once()
+    for _ in range(passes - 1):
+        if not worker.queue.scopes():
+            break
+        more = await worker.arun_once()
+        total.batches += more.batches
+        total.spans += more.spans
+        total.facts.update(more.facts)
+        total.dropped.update(more.dropped)
+        total.dead += more.dead
+        total.retries += more.retries
+        total.held += more.held
+    return total
+
+
 def _fresh(tmp: Path, name: str) -> Any:
     from loomrt.record.sqlite import SQLiteStore
 
@@ -87,12 +105,12 @@ async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
         _bank_cases(store, CASES)
         started = time.perf_counter()
         calls_before = len(getattr(provider, "calls", ()))
-        report = await Consolidator(store, provider=provider, embedder="hash", settle_s=0,
-                                    batch_tokens=batch_tokens).arun_once()
+        report = await drained(Consolidator(store, provider=provider, embedder="hash", settle_s=0,
+                                            batch_tokens=batch_tokens))
         kept = _kept(store, CASES)
         out[how] = {"kept": sum(kept), "rate": round(sum(kept) / len(CASES), 3), "seconds": round(time.perf_counter() - started, 1),
                     "calls": report.batches if not hasattr(provider, "calls") else len(provider.calls) - calls_before,
-                    "dropped": dict(report.dropped), "dead_letters": report.dead}
+                    "dropped": dict(report.dropped), "dead_letters": report.dead, "held": len(report.held)}
     return out
 
 
@@ -174,7 +192,7 @@ async def locomo_tiers(
                           max_parts=1 if part_tokens else 2,
                           progress=(lambda b, s: progress(f"consolidated {s}/{spans_total} sessions")) if progress else None)
     started = time.perf_counter()
-    report = await worker.arun_once()
+    report = await drained(worker)
     seconds = time.perf_counter() - started
     hits = {k: 0 for k in ks}
     by_cat: dict[int, dict[str, Any]] = {}
