@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "harvest_bench"]
+__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "harvest_bench", "drained"]
 
 Progress = Callable[[str], None]
 
