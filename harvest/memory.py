@@ -213,12 +213,19 @@ class MemoryStore:
             if other.scope == f.scope:
                 near.append((fid, float(np.dot(v, vec)) if v is not None and vec is not None
                              else dice(other.statement, f.statement)))
-        out = []
-        for fid, cos in near:
-            row = self.db.rows("SELECT class, subject, statement, status FROM memory_facts WHERE fact_id = ?", (fid,))
-            if row and row[0][3] == "live":
-                out.append(Candidate(fid, row[0][0], row[0][1], row[0][2], cos))
+        facts = self._by_id([fid for fid, _ in near])
+        out = [Candidate(fid, facts[fid].cls, facts[fid].subject, facts[fid].statement, cos)
+               for fid, cos in near if fid in facts and facts[fid].status == "live"]
         return sorted(out, key=lambda c: -c.cosine)
+
+    def _by_id(self, ids: Sequence[str]) -> dict[str, Fact]:
+        """The facts of ``ids`` (those that exist), in one query."""
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return {}
+        rows = self.db.rows(f"SELECT {_COLUMNS} FROM memory_facts WHERE fact_id IN ({','.join('?' * len(wanted))})",
+                            wanted)
+        return {r[0]: _fact(r) for r in rows}
 
     def _apply(self, conn: Any, f: NewFact, vec: np.ndarray | None, placed: Placement, now: float) -> str:
         history = {"statement": f.statement, "class": f.cls, "key": f.key, "sources": f.sources,
@@ -323,8 +330,9 @@ class MemoryStore:
                 found += [(h.score, scope, h.entry.run_id) for h in idx.index.search(query, top_k)]
         found.sort(key=lambda x: -x[0])
         hits = []
+        facts = self._by_id([fid for _, _, fid in found[:top_k]])
         for score, scope, fid in found[:top_k]:
-            fact = self.get(fid)
+            fact = facts[fid]
             hits.append(MemoryHit(text=fact.statement, score=score, ts=fact.created_at, scope=scope, id=fid,
                                   provenance={"class": fact.cls, "observed_at": fact.observed_at,
                                               "sources": fact.sources}))
