@@ -187,8 +187,8 @@ def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(
 
 
 def test_bm25_queried_then_changed_scores_as_a_fresh_index() -> None:
-    """Terms queried once keep arrays that later adds, removals and replacements patch; the
-    scores must equal those of an index built from scratch on the same documents."""
+    """After adds, removals (dead slots) and replacements, the scores must equal those of an
+    index built from scratch on the same documents."""
     import random
 
     from loomrt.recall.bm25 import IncrementalBM25
@@ -219,3 +219,22 @@ def test_bm25_queried_then_changed_scores_as_a_fresh_index() -> None:
             for d, tokens in docs.items():
                 fresh.add(d, tokens)
             assert np.allclose(live.scores(query, None, next_id), fresh.scores(query, None, next_id), atol=1e-5), step
+
+
+def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
+    """A removed document leaves a dead slot in each of its terms' arrays; once a quarter of
+    a term's slots are dead they are dropped, and the scores do not move."""
+    from loomrt.recall.bm25 import IncrementalBM25
+
+    live, fresh = IncrementalBM25(), IncrementalBM25()
+    for doc in range(400):
+        live.add(doc, ["common", f"rare{doc}", "odd" if doc % 2 else "even"])
+    for doc in range(150):  # the FIFO cap drops the oldest
+        live.remove(doc, ["common", f"rare{doc}", "odd" if doc % 2 else "even"])
+    for doc in range(150, 400):
+        fresh.add(doc, ["common", f"rare{doc}", "odd" if doc % 2 else "even"])
+    postings = live._postings["common"]
+    assert len(postings.docs) < 400 and len(postings.slot) == 250  # compacted, none lost
+    for query in (["common"], ["odd", "rare399"], ["rare10"], ["even", "even"]):
+        assert np.allclose(live.scores(query, None, 250, first=150), fresh.scores(query, None, 250, first=150),
+                           atol=1e-6), query
