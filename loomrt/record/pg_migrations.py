@@ -1,0 +1,169 @@
+"""The record's migrations on PostgreSQL: the same names, in the same order, as
+:data:`loomrt.record.migrations.MIGRATIONS` (that list is the one list; this module holds
+only the SQL that must differ), and the migration policy a shared database needs.
+
+SQLite migrates as it opens (one machine, one file). PostgreSQL does not: several
+processes on several machines share the schema, so ``loomrt db migrate`` applies what is
+missing, and a process refuses to start against a schema behind its own
+(:func:`check_schema`), naming the command. A schema *ahead* of it (a newer loomrt migrated
+it first: a rolling upgrade) is accepted, since migrations are additive and forward-only.
+
+The record stays append-only in two ways, both tested with direct SQL: triggers refuse
+UPDATE, DELETE and TRUNCATE on ``runs``, ``events`` and ``cards``; and the role
+``loomrt_app`` (created here, NOLOGIN: grant it to the login role the workers use) may
+only read and insert them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loomrt.errors import StoreError
+from loomrt.record.migrations import MIGRATIONS
+
+__all__ = ["POSTGRES_SQL", "APP_ROLE", "migrate", "applied", "missing", "check_schema"]
+
+APP_ROLE = "loomrt_app"
+"""The role the application connects through: SELECT and INSERT on the record, no UPDATE,
+DELETE or TRUNCATE (leases, which come and go, it may change)."""
+
+
+def _refuse(table: str, what: str) -> str:
+    """A trigger function and its triggers: UPDATE, DELETE (per row) and TRUNCATE refused."""
+    fn = f"loomrt_{table}_append_only"
+    return f"""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            RAISE EXCEPTION '{what}: % is refused on {table}', TG_OP USING ERRCODE = 'insufficient_privilege';
+        END $$;
+        CREATE TRIGGER {table}_no_change BEFORE UPDATE OR DELETE ON {table}
+            FOR EACH ROW EXECUTE FUNCTION {fn}();
+        CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {fn}();
+    """
+
+
+POSTGRES_SQL: dict[str, str] = {
+    "0001_runs_and_events": """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            agent TEXT NOT NULL,
+            def_hash TEXT NOT NULL,
+            mode TEXT NOT NULL,
+            model TEXT NOT NULL,
+            interactive INTEGER NOT NULL DEFAULT 0,
+            agents_file TEXT,
+            parent_run_id TEXT,
+            created_at DOUBLE PRECISION NOT NULL
+        );
+        -- data is the canonical JSON text the ledger hashes (loomrt.record.ledger.canonical),
+        -- kept as text: jsonb would reorder keys and refuse a NUL character in a tool's output
+        CREATE TABLE events (
+            run_id TEXT NOT NULL REFERENCES runs(run_id),
+            seq BIGINT NOT NULL,
+            kind TEXT NOT NULL,
+            ts DOUBLE PRECISION NOT NULL,
+            data TEXT NOT NULL,
+            PRIMARY KEY (run_id, seq)
+        );
+        CREATE INDEX events_kind ON events(run_id, kind);
+        CREATE INDEX runs_created ON runs(created_at);
+    """,
+    "0002_append_only_guards": _refuse("events", "the record is append-only"),
+    "0003_runs_append_only": _refuse("runs", "the record is append-only"),
+    # SQLite's INSERT OR REPLACE deletes silently; PostgreSQL has no such statement (an
+    # ON CONFLICT DO UPDATE fires the update trigger and a duplicate key is refused)
+    "0004_insert_never_replaces": "SELECT 1;",
+    "0005_event_hash_chain": "ALTER TABLE events ADD COLUMN hash TEXT;",
+    "0006_run_lineage": """
+        ALTER TABLE runs ADD COLUMN root_run_id TEXT;
+        CREATE INDEX runs_parent ON runs(parent_run_id);
+    """,
+    "0007_forks_and_cards": """
+        ALTER TABLE runs ADD COLUMN forked_from TEXT;
+        ALTER TABLE runs ADD COLUMN fork_seq BIGINT;
+        CREATE TABLE cards (
+            card_id TEXT PRIMARY KEY,
+            run_id TEXT NOT NULL REFERENCES runs(run_id),
+            seq BIGINT NOT NULL,
+            depth INTEGER NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX cards_run ON cards(run_id);
+    """ + _refuse("cards", "cards are immutable"),
+    "0008_leases_and_latest": f"""
+        CREATE TABLE leases (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        );
+        CREATE INDEX events_kind_seq ON events(run_id, kind, seq);
+        DO $$ BEGIN
+            IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{APP_ROLE}') THEN
+                CREATE ROLE {APP_ROLE} NOLOGIN;
+            END IF;
+        END $$;
+        REVOKE ALL ON runs, events, cards, leases FROM PUBLIC;
+        GRANT SELECT, INSERT ON runs, events, cards TO {APP_ROLE};
+        GRANT SELECT, INSERT, UPDATE, DELETE ON leases TO {APP_ROLE};
+        GRANT SELECT ON _migrations TO {APP_ROLE};
+    """,
+}
+"""The PostgreSQL SQL of each migration, by name (``tests/test_postgres.py`` checks the
+names are exactly those of the one list, in its order)."""
+
+_LOCK = 7_710_001
+"""The advisory lock ``loomrt db migrate`` holds: two migrators never interleave."""
+
+
+def _names() -> list[str]:
+    return [name for name, _ in MIGRATIONS]
+
+
+def applied(conn: Any) -> list[str]:
+    """The names of the migrations this database has (none for a fresh one)."""
+    exists = conn.execute("SELECT to_regclass('_migrations') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return []
+    return [r[0] for r in conn.execute("SELECT name FROM _migrations ORDER BY name").fetchall()]
+
+
+def missing(conn: Any) -> list[str]:
+    """This version's migrations the database does not have yet, in order."""
+    have = set(applied(conn))
+    return [n for n in _names() if n not in have]
+
+
+def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
+    """Apply every missing migration, each in its own transaction (whole or not at all),
+    under an advisory lock; return the names applied (with ``dry_run``: that would be).
+    ``conn`` is a psycopg connection in autocommit mode."""
+    if dry_run:
+        return missing(conn)
+    done = []
+    conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK,))
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+        for name in missing(conn):
+            with conn.transaction():
+                conn.execute(POSTGRES_SQL[name])
+                conn.execute("INSERT INTO _migrations VALUES (%s, extract(epoch from clock_timestamp()))", (name,))
+            done.append(name)
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
+    return done
+
+
+def check_schema(conn: Any, where: str) -> list[str]:
+    """Refuse a schema behind this version (:class:`StoreError` naming ``loomrt db migrate``);
+    return the names of newer migrations this version does not know (a rolling upgrade:
+    accepted)."""
+    have = applied(conn)
+    behind = [n for n in _names() if n not in set(have)]
+    if behind:
+        raise StoreError(
+            f"the database at {where} is behind this loomrt: {len(behind)} migration(s) to apply "
+            f"({', '.join(behind[:3])}{', ...' if len(behind) > 3 else ''}). Run `loomrt db migrate` "
+            "(with LOOMRT_DB_URL set to it), then start again."
+        )
+    return [n for n in have if n not in set(_names())]

@@ -1,0 +1,328 @@
+"""The PostgreSQL store: one database shared by several loomrt processes on several machines.
+
+The same protocol as the SQLite store (:class:`loomrt.record.store.Store`), over psycopg 3
+and a psycopg-pool connection pool. What differs:
+
+- **Schema.** Not migrated on open: ``loomrt db migrate`` does it, and opening a database
+  behind this version is refused with that command (:mod:`loomrt.record.pg_migrations`).
+- **Seqs.** The next seq of a run is taken under a transaction-scoped advisory lock on the
+  run id, so writers on any machine serialise per run and never share a seq; ``(run_id,
+  seq)`` is the primary key besides.
+- **Time.** Leases expire in database time (``clock_timestamp()``), so machines whose clocks
+  disagree still agree on who holds one.
+- **Transactions.** ``async with store.transaction()`` pins one pooled connection to the
+  task (a context variable) until the block ends; appends inside join it.
+
+The async face completes inline, as SQLite's does (the run core's sync entry points drive
+it without an event loop; see :func:`loomrt.runtime.drive`): each append is one round trip
+to the database while the caller waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from loomrt.errors import MovedOnError, NotFoundError, StoreError
+from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.record import pg_migrations
+from loomrt.record.ledger import canonical, event_hash
+
+__all__ = ["PostgresStore", "redact_url"]
+
+_LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
+_NOW = "extract(epoch from clock_timestamp())"
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (for messages and logs)."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    auth, host = rest.rsplit("@", 1)
+    user = auth.split(":", 1)[0]
+    return f"{scheme}://{user}{':***' if ':' in auth else ''}@{host}"
+
+
+class PostgresStore:
+    """Append-only record in a PostgreSQL database (``postgresql://...``)."""
+
+    def __init__(self, url: str, *, pool_size: int = 4, check: bool = True):
+        try:
+            import psycopg
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise StoreError(
+                f"LOOMRT_DB_URL names PostgreSQL, but psycopg is not installed ({exc}). "
+                "Install it with: pip install 'loomrt[postgres]'"
+            ) from None
+        self.url = url
+        self.path = redact_url(url)
+        """Where the record is, as messages name it (the URL without its password)."""
+        self._errors = psycopg.Error
+        try:
+            self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True, timeout=30,
+                                        kwargs={"autocommit": True}, name="loomrt-record")
+            self._pool.wait(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error
+            raise StoreError(f"cannot connect to the record at {self.path}: {exc}. Check LOOMRT_DB_URL and that "
+                             "the server is running.") from None
+        self._pinned: contextvars.ContextVar[Any] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
+        self.closed = False
+        self.newer_migrations: list[str] = []
+        """Migrations the database has that this version does not know (a rolling upgrade)."""
+        if check:
+            with self._conn() as conn:
+                try:
+                    self.newer_migrations = pg_migrations.check_schema(conn, self.path)
+                except StoreError:
+                    self._pool.close()
+                    raise
+
+    @contextlib.contextmanager
+    def _conn(self) -> Iterator[Any]:
+        """A connection: the task's pinned one inside :meth:`transaction`, else a pooled one."""
+        pinned = self._pinned.get()
+        if pinned is not None:
+            yield pinned
+            return
+        with self._pool.connection() as conn:
+            yield conn
+
+    def _fail(self, what: str, exc: BaseException) -> StoreError:
+        return StoreError(f"{what} at {self.path}: {str(exc).strip()}")
+
+    # the async face (inline, see the module docstring)
+
+    async def write_run(self, info: RunInfo) -> None:
+        self.create_run(info)
+
+    async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+        return self.append(run_id, kind, data)
+
+    async def write_many(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+    ) -> list[Event]:
+        return self.append_many(run_id, items, after=after)
+
+    async def read(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
+        return self.events(run_id, after=after, kinds=kinds, until=until)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """Everything appended inside is committed together at the end (also when the block
+        raises, as on SQLite: what was appended is what the run saw); a process killed inside
+        commits nothing. Blocks nest."""
+        if self._pinned.get() is not None:
+            yield
+            return
+        with self._pool.connection() as conn:
+            token = self._pinned.set(conn)
+            try:
+                conn.execute("BEGIN")
+                try:
+                    yield
+                finally:
+                    try:
+                        conn.execute("COMMIT")
+                    except self._errors as exc:
+                        raise self._fail("cannot commit to the record", exc) from exc
+            finally:
+                self._pinned.reset(token)
+
+    # the sync face
+
+    def create_run(self, info: RunInfo) -> None:
+        row = (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
+               info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq)
+        import psycopg.errors
+
+        try:
+            with self._conn() as conn:
+                conn.execute(
+                    "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
+                    "created_at, root_run_id, forked_from, fork_seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                    row)
+        except psycopg.errors.UniqueViolation:
+            raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
+        except self._errors as exc:
+            raise self._fail(f"cannot record run {info.run_id}", exc) from exc
+
+    def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
+        return self.append_many(run_id, [(kind, data)])[0]
+
+    def append_many(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+    ) -> list[Event]:
+        """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
+        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`)."""
+        prepared = [(kind, canonical(data)) for kind, data in items]
+        out: list[Event] = []
+        try:
+            with self._conn() as conn, conn.transaction():
+                # one writer per run at a time, on any machine; released at commit
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
+                ts = float(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+                row = conn.execute("SELECT seq, hash FROM events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
+                                   (run_id,)).fetchone()
+                if row is None:  # a fork's first event continues after the seq it was forked at
+                    base = conn.execute("SELECT fork_seq FROM runs WHERE run_id = %s", (run_id,)).fetchone()
+                    row = ((base[0] or 0) if base else 0, "")
+                seq, prev = int(row[0]), row[1] or ""
+                if after is not None and seq != after:
+                    raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
+                                       f"{after}): the write is refused")
+                rows, cards = [], []
+                for (kind, payload), (_, data) in zip(prepared, items, strict=True):
+                    seq += 1
+                    prev = event_hash(prev, run_id, seq, kind, ts, payload)
+                    rows.append((run_id, seq, kind, ts, payload, prev))
+                    for card in data.get("cards") or () if kind == "distillation" else ():
+                        cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
+                    out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+                with conn.cursor() as cur:
+                    cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+                                    rows)
+                    if cards:
+                        cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
+                                        "ON CONFLICT (card_id) DO NOTHING", cards)
+        except MovedOnError:
+            raise
+        except self._errors as exc:
+            raise self._fail(f"cannot append to the record of run {run_id}", exc) from exc
+        return out
+
+    def _select(self, sql: str, args: Iterable[Any]) -> list[tuple[Any, ...]]:
+        try:
+            with self._conn() as conn:
+                return list(conn.execute(sql, list(args)).fetchall())
+        except self._errors as exc:
+            raise self._fail("cannot read the record", exc) from exc
+
+    def events(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
+        sql = "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = %s AND seq > %s"
+        args: list[Any] = [run_id, after]
+        if until is not None:
+            sql += " AND seq <= %s"
+            args.append(until)
+        kinds = list(kinds or [])
+        if kinds:
+            sql += " AND kind = ANY(%s)"
+            args.append(kinds)
+        return [
+            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+            for s, k, t, d, h in self._select(sql + " ORDER BY seq", args)
+        ]
+
+    def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
+        rows = self._select(
+            "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = %s AND kind = %s AND seq <= %s "
+            "ORDER BY seq DESC LIMIT 1", (run_id, kind, until if until is not None else 2**62))
+        if not rows:
+            return None
+        s, k, t, d, h = rows[0]
+        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+
+    def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        wanted = list(dict.fromkeys(ids))
+        if not wanted:
+            return {}
+        return {c: json.loads(d) for c, d in self._select("SELECT card_id, data FROM cards WHERE card_id = ANY(%s)",
+                                                          [wanted])}
+
+    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Hold lease ``name`` for ``ttl_s`` seconds of database time: True if ``holder`` has it
+        now (it was free, expired, or already its own)."""
+        try:
+            with self._conn() as conn:
+                row = conn.execute(
+                    f"INSERT INTO leases (name, holder, expires_at) VALUES (%s, %s, {_NOW} + %s) "
+                    f"ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+                    f"WHERE leases.holder = excluded.holder OR leases.expires_at <= {_NOW} RETURNING holder",
+                    (name, holder, ttl_s)).fetchone()
+        except self._errors as exc:
+            raise self._fail(f"cannot take lease {name}", exc) from exc
+        return row is not None
+
+    def lease_holder(self, name: str) -> str | None:
+        rows = self._select(f"SELECT holder FROM leases WHERE name = %s AND expires_at > {_NOW}", (name,))
+        return rows[0][0] if rows else None
+
+    def release_lease(self, name: str, holder: str) -> None:
+        try:
+            with self._conn() as conn:
+                conn.execute("DELETE FROM leases WHERE name = %s AND holder = %s", (name, holder))
+        except self._errors as exc:
+            raise self._fail(f"cannot release lease {name}", exc) from exc
+
+    def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
+        rows = self._select(
+            "SELECT q.run_id FROM events q WHERE q.kind = %s GROUP BY q.run_id "
+            "HAVING MAX(q.seq) > COALESCE((SELECT MAX(s.seq) FROM events s WHERE s.run_id = q.run_id "
+            "AND s.kind = ANY(%s)), 0) ORDER BY MIN(q.ts)", (kind, list(settled_by)))
+        return [r[0] for r in rows]
+
+    def get_run(self, run_id: str) -> RunInfo:
+        runs = self._runs("WHERE r.run_id = %s", [run_id], 1)
+        if not runs:
+            raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
+        return runs[0]
+
+    def children(self, run_id: str) -> list[RunInfo]:
+        return sorted(self._runs("WHERE r.parent_run_id = %s", [run_id], 10_000), key=lambda r: r.created_at)
+
+    def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
+        if agent:
+            return self._runs("WHERE r.agent = %s", [agent], limit)
+        return self._runs("", [], limit)
+
+    def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
+        sql = f"""
+            SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
+                   r.parent_run_id, r.created_at,
+                   (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
+                    ORDER BY seq DESC LIMIT 1),
+                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
+                   r.root_run_id, r.forked_from, r.fork_seq
+            FROM runs r {where} ORDER BY r.created_at DESC LIMIT %s"""
+        return [
+            RunInfo(
+                run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
+                interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
+                status=run_status(r[9]), last_seq=int(r[10]), root_run_id=r[11], forked_from=r[12], fork_seq=r[13],
+            )
+            for r in self._select(sql, [*args, limit])
+        ]
+
+    def close(self) -> None:
+        """Close the pool's connections."""
+        self.closed = True
+        self._pool.close()
+
+
+def import_run(store: PostgresStore, info: RunInfo, events: list[Event], cards: list[tuple[str, int, int, str]]) -> None:
+    """Write one run's record as it is elsewhere (seqs, times and hashes kept), all or nothing:
+    ``loomrt db copy``'s writer (:mod:`loomrt.record.copy`); never for a run that exists."""
+    with store._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
+            "created_at, root_run_id, forked_from, fork_seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
+             info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq))
+        cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+                        [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
+        cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
+                        "ON CONFLICT (card_id) DO NOTHING", [(c, info.run_id, s, d, data) for c, s, d, data in cards])
+
+
+def run_cards(store: PostgresStore, run_id: str) -> list[tuple[str, int, int, str]]:
+    """The card index rows run ``run_id`` wrote: (card id, seq, depth, data)."""
+    return [(c, int(s), int(d), data) for c, s, d, data in store._select(
+        "SELECT card_id, seq, depth, data FROM cards WHERE run_id = %s ORDER BY seq", (run_id,))]
