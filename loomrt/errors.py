@@ -101,5 +101,14 @@ class MovedOnError(StoreError):
     process (the run's own, playing a turn) wrote meanwhile, so the write was refused."""
 
 
+class RunOwnedError(StoreError):
+    """Another worker owns the run (its lease has not expired): this one may not play it."""
+
+
+class FencedError(StoreError):
+    """A write carried an owner's epoch, and a newer owner has the run now: the writer lost
+    its lease (it slept, or its heartbeat stopped) and must not write."""
+
+
 class NotFoundError(LoomError):
     """A run id, agent name or file that does not exist."""

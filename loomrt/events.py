@@ -69,15 +69,17 @@ class RunInfo(BaseModel):
     last_seq: int = 0
 
 
-LIFECYCLE_KINDS: tuple[str, ...] = ("run_started", "resumed", "user_input", "parked", "final", "error", "cancelled")
+LIFECYCLE_KINDS: tuple[str, ...] = ("run_started", "resumed", "user_input", "parked", "final", "error", "cancelled",
+                                    "run_queued")
 """The kinds a run's status derives from. Every other event (a notice, a retry, a
 callback error, later a pin) is out of band: it never changes the status."""
 
 
 def run_status(last_kind: str | None) -> str:
     """A run's status, derived from the kind of its last lifecycle event (the record is
-    never updated): done, failed, parked, cancelled, else active."""
-    return {"final": "done", "error": "failed", "parked": "parked", "cancelled": "cancelled"}.get(last_kind or "", "active")
+    never updated): done, failed, parked, cancelled, queued (waiting for a worker), else active."""
+    return {"final": "done", "error": "failed", "parked": "parked", "cancelled": "cancelled",
+            "run_queued": "queued"}.get(last_kind or "", "active")
 
 
 def message_of(event: Event) -> Message | None:

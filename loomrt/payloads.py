@@ -20,7 +20,7 @@ __all__ = [
     "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
     "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
     "PinPayload", "UnpinPayload", "MarkPrivate", "CardRejected", "FoldQueued", "FoldSkippedPayload",
-    "HarvestBanked", "HarvestError",
+    "HarvestBanked", "HarvestError", "RunQueued",
 ]
 
 
@@ -334,12 +334,19 @@ class HarvestError(_Payload):
     """What is misconfigured and what to do (recorded once per run, the first time it is hit)."""
 
 
+class RunQueued(_Payload):
+    kind: Literal["run_queued"]
+    by: str | None = None
+    """Who queued it (``loomrt run --detach``): a run waiting, with its input recorded, for any
+    ``loomrt worker`` to claim and play it (its status is ``queued`` until one does)."""
+
+
 PAYLOADS: tuple[type[_Payload], ...] = (
     RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
     SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
     SpawnChildStarted, SpawnChildResult, Notice, Parked,
     Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate, CardRejected, FoldQueued,
-    FoldSkippedPayload, HarvestBanked, HarvestError,
+    FoldSkippedPayload, HarvestBanked, HarvestError, RunQueued,
 )
 
 EventPayload = Annotated[
@@ -347,7 +354,7 @@ EventPayload = Annotated[
     | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
     | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled
     | PinPayload | UnpinPayload | MarkPrivate | CardRejected | FoldQueued | FoldSkippedPayload | HarvestBanked
-    | HarvestError,
+    | HarvestError | RunQueued,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

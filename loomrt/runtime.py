@@ -24,6 +24,7 @@ from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
+from loomrt.record.owners import RUN_LEASE_S, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
@@ -101,8 +102,13 @@ class Runtime:
         memory: Any = None,
         listeners: list[Callable[[Event], None]] | None = None,
         user: str | None = None,
+        owner: str | None = None,
     ):
         self.store = store or default_store()
+        self.owner = owner or (worker_name() if getattr(self.store, "shared", False) else None)
+        """The worker name this runtime claims the runs it plays under (:mod:`loomrt.record.owners`):
+        ``owner``, else this process's on a store that several machines share (PostgreSQL),
+        else None (one machine: nothing to claim)."""
         self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
         self.tools = {t.name: t for t in tools} if isinstance(tools, list) else dict(tools or {})
         self.callbacks = list(callbacks or [])
@@ -188,6 +194,8 @@ class Runtime:
             run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
             provider=provider, summarizer=summarizer, listeners=list(self.listeners), **lineage,
         )
+        if history is None:
+            self.claim(run)  # a new run is this worker's from its first event
         if history:
             run.view = project(history, mode=mode, store=self.store)
         elif fork:
@@ -309,11 +317,47 @@ class Runtime:
                 advance(run.view.turn_calls, run.view.summary_calls)
         return run
 
+    async def detach(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunState:
+        """Start a run with ``prompt`` as its input and queue it (``run_queued``) for any
+        ``loomrt worker`` on this record to claim and play; nothing is played here."""
+        run = await self.astart(agent, **kw)
+        await add_user_input(run, prompt)
+        await run.add("run_queued", {"by": self.owner or worker_name()})
+        if self.owner is not None and run.epoch is not None:
+            self.store.release_run(run.run_id, self.owner, run.epoch)  # any worker may take it now
+        announce = getattr(self.store, "announce", None)
+        if callable(announce):
+            announce(run.run_id)
+        return run
+
+    async def take(self, run_id: str) -> RunResult | None:
+        """Claim a queued run (``loomrt run --detach``) and play it; None when it is not queued
+        any more (another worker took it). :class:`~loomrt.errors.RunOwnedError` while another
+        worker's claim on it is live."""
+        run = await self.aopen(run_id)
+        if run.view.status != "queued":
+            return None
+        self.claim(run)
+        if self.store.get_run(run_id).last_seq != run.last_seq:  # taken and played meanwhile
+            if self.owner is not None and run.epoch is not None:
+                self.store.release_run(run_id, self.owner, run.epoch)
+            return None
+        await run.add("resumed", {"from_seq": run.last_seq})
+        await close_interrupted_calls(run)
+        return await self._play(run)
+
+    def claim(self, run: RunState) -> None:
+        """Make ``run`` this worker's to play (with an :attr:`owner`): its epoch fences every
+        append it makes; :class:`~loomrt.errors.RunOwnedError` while another worker's claim is live."""
+        if self.owner is not None:
+            run.epoch = self.store.claim_run(run.run_id, self.owner, RUN_LEASE_S)
+
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
         run = await self.aopen(run_id)
         if run.view.status in ("done", "cancelled") or (run.view.status == "parked" and not run.view.parked_after_error):
             return self.result(run)
+        self.claim(run)
         await run.add("resumed", {"from_seq": run.last_seq})
         await close_interrupted_calls(run)
         return await self._play(run)
@@ -327,6 +371,7 @@ class Runtime:
         run = await self.aopen(run_id)
         if interactive is not None:
             run.interactive = interactive
+        self.claim(run)
         await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         await close_interrupted_calls(run)
         return run

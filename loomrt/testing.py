@@ -32,9 +32,11 @@ __all__ = [
 ]
 
 
-def scripted_runtime(provider: ModelProvider, *, store_path: str | Path = ":memory:", **kw: Any) -> Runtime:
-    """A runtime whose every agent (and summarizer) is answered by ``provider``."""
-    return Runtime(SQLiteStore(store_path), providers=lambda spec, model: provider, **kw)
+def scripted_runtime(provider: ModelProvider, *, store_path: str | Path = ":memory:", store: Any = None,
+                     **kw: Any) -> Runtime:
+    """A runtime whose every agent (and summarizer) is answered by ``provider``, on ``store``
+    (default: a SQLite store at ``store_path``)."""
+    return Runtime(store if store is not None else SQLiteStore(store_path), providers=lambda spec, model: provider, **kw)
 
 
 _FAULTS = ("429", "500", "503", "timeout", "connection", "malformed_tool_call", "400", "401", "404")

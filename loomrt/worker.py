@@ -1,12 +1,24 @@
 """``loomrt worker``: the background work of runs that are not playing, off any user's path.
 
-Today that is the folds fold mode queued at its soft watermark (``fold_queued``) for runs
-that are parked or ended, whose chat was closed before it could fold between turns. Each
-is done under the run's lease in the store (``distil:RUN_ID``, the same one the chat takes),
-so two workers, or a worker and the run's own chat, never fold one run at once. A run
-that is playing (active) is left to its own process, and the worker's appends are guarded
-(:attr:`loomrt.run.state.RunState.guarded`): if the run's own process starts a turn while
-the worker folds, the worker's next append is refused and its fold dropped, never mixed in.
+Two kinds of work, queued on the record:
+
+- **queued runs** (``run_queued``: ``loomrt run --detach``): the worker claims the run
+  (:mod:`loomrt.record.owners`; of several workers on any machines one gets it, the others
+  are refused and move on) and plays it as ``loomrt runs resume`` would, up to
+  ``concurrency`` at once. A worker that dies mid-run leaves its claim to expire (at once
+  on its own machine, after the lease's ttl elsewhere); the run is then queued work again
+  for any worker: the next ``loomrt worker`` to look resumes it (``work: resume``).
+- **queued folds** (``fold_queued``, fold mode's soft watermark) of runs that are parked or
+  ended, whose chat closed before it could fold between turns. Each is done under the run's
+  lease in the store (``distil:RUN_ID``, the same one the chat takes), so two workers, or a
+  worker and the run's own chat, never fold one run at once. A run that is playing (active)
+  is left to its own process, and the worker's appends are guarded
+  (:attr:`loomrt.run.state.RunState.guarded`): if the run's own process starts a turn while
+  the worker folds, the worker's next append is refused and its fold dropped, never mixed in.
+
+On PostgreSQL an idle worker waits on ``LISTEN loomrt_work`` (a detached run's NOTIFY
+carries its id only) and looks again at once; when that connection drops it falls back to
+looking every ``interval_s`` seconds.
 """
 
 from __future__ import annotations
@@ -16,28 +28,83 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from loomrt.errors import LoomError, RunOwnedError
+from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.runtime import Runtime
 
-__all__ = ["work_once", "work", "QUEUED", "SETTLED"]
+__all__ = ["work_once", "work", "QUEUED", "SETTLED", "RUN_QUEUED", "PLAYED"]
 
 QUEUED = "fold_queued"
 SETTLED = ("distillation", "fold_skipped")
 """A queued fold is settled by the fold (a distillation) or by a skip (it is queued again later)."""
+RUN_QUEUED = "run_queued"
+PLAYED = ("resumed", "final", "error", "cancelled")
+"""A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
 
 
-async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
-    """Do the queued work of every run that is not playing; one row per run looked at."""
-    rows = []
+async def _play_queued(runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None
+                       ) -> list[dict[str, Any]]:
+    """Claim and play the queued runs, ``concurrency`` at once; one row per run."""
+    gate = asyncio.Semaphore(concurrency)
+    rows: list[dict[str, Any]] = []
+
+    async def play(run_id: str) -> None:
+        async with gate:
+            try:
+                result = await runtime.take(run_id)
+                row = ({"run_id": run_id, "work": "play", "done": True, "status": result.status, "reason": None}
+                       if result is not None else
+                       {"run_id": run_id, "work": "play", "done": False, "reason": "another worker has it"})
+            except RunOwnedError:
+                row = {"run_id": run_id, "work": "play", "done": False, "reason": "another worker has it"}
+            except LoomError as exc:
+                row = {"run_id": run_id, "work": "play", "done": False, "reason": f"{type(exc).__name__}: {exc}"}
+        rows.append(row)
+        if tell:
+            tell(row)
+
+    async def pick_up(run_id: str) -> None:
+        async with gate:
+            try:
+                result = await runtime.resume(run_id)
+                row = {"run_id": run_id, "work": "resume", "done": True, "status": result.status, "reason": None}
+            except RunOwnedError:
+                row = {"run_id": run_id, "work": "resume", "done": False, "reason": "another worker has it"}
+            except LoomError as exc:
+                row = {"run_id": run_id, "work": "resume", "done": False, "reason": f"{type(exc).__name__}: {exc}"}
+        rows.append(row)
+        if tell:
+            tell(row)
+
+    await asyncio.gather(*(play(r) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
+                         *(pick_up(r) for r in abandoned(runtime.store)))
+    return rows
+
+
+def abandoned(store: Any) -> list[str]:
+    """Runs a worker was playing when it died: still active, their claim lapsed (or held by a
+    process of this host that is gone)."""
+    claims = store.run_owners(expired=True) + [c for c in store.run_owners() if owner_is_gone(c["owner"])]
+    return [c["run_id"] for c in claims if store.get_run(c["run_id"]).status == "active"]
+
+
+async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] | None = None,
+                    concurrency: int = 1) -> list[dict[str, Any]]:
+    """Do the queued work of every run that is not playing; one row per run looked at.
+    The runtime claims what it plays (as this process's worker, if it has no owner yet)."""
+    if runtime.owner is None:
+        runtime.owner = worker_name()
+    rows = await _play_queued(runtime, concurrency, tell)
     for run_id in runtime.store.pending(QUEUED, SETTLED):
         info = runtime.store.get_run(run_id)
         if info.status == "active":
-            row = {"run_id": run_id, "done": False, "reason": "playing now: its own process folds it"}
+            row = {"run_id": run_id, "work": "fold", "done": False, "reason": "playing now: its own process folds it"}
         else:
             run = await runtime.aopen(run_id)
             run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
             before = run.estimate()
             done = await runtime.between_turns(run)
-            row = {"run_id": run_id, "done": done, "tokens_before": before, "tokens_after": run.estimate(),
+            row = {"run_id": run_id, "work": "fold", "done": done, "tokens_before": before, "tokens_after": run.estimate(),
                    "reason": None if done else "declined, or another worker holds its lease"}
         rows.append(row)
         if tell:
@@ -46,8 +113,13 @@ async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] 
 
 
 def work(runtime: Runtime, *, interval_s: float = 5.0, tell: Callable[[dict[str, Any]], None] | None = None,
-         stop: Callable[[], bool] = lambda: False) -> None:
-    """:func:`work_once` every ``interval_s`` seconds until ``stop()`` (Ctrl-C on the CLI)."""
+         stop: Callable[[], bool] = lambda: False, concurrency: int = 1) -> None:
+    """:func:`work_once`, then wait for more (a NOTIFY where the store has them, else
+    ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI)."""
+    wait = getattr(runtime.store, "wait_for_work", None)
     while not stop():
-        asyncio.run(work_once(runtime, tell=tell))
-        time.sleep(interval_s)
+        asyncio.run(work_once(runtime, tell=tell, concurrency=concurrency))
+        if callable(wait):
+            wait(interval_s)
+        else:
+            time.sleep(interval_s)

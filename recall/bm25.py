@@ -49,7 +49,7 @@ class _Postings:
         docs, tf = self.arrays()
         live = np.flatnonzero(tf > 0)
         self.docs, self.tf = array("q", docs[live].tobytes()), array("f", tf[live].tobytes())
-        self.slot = dict(zip(docs[live].tolist(), range(len(live))))
+        self.slot = dict(zip(docs[live].tolist(), range(len(live)), strict=True))
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray]:
         """The slots as NumPy views (valid until the next change)."""

@@ -93,3 +93,14 @@ def postgres_url(postgres_server: object, request: pytest.FixtureRequest) -> str
     with psycopg.connect(url, autocommit=True) as conn:
         pg_migrations.migrate(conn)
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def record_store(request: pytest.FixtureRequest) -> object:
+    """A fresh record on each backend in turn: an in-memory SQLite one, then a database of
+    the session's PostgreSQL server (for invariants that must hold on both)."""
+    from loomrt.record.sqlite import default_store
+
+    store = default_store("sqlite::memory:" if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
+    yield store
+    store.close()

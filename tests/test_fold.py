@@ -51,11 +51,11 @@ def tool(run: Any, name: str) -> Any:
     return run.toolset.tools[name]
 
 
-def test_a_2000_message_run_folds_within_budget_losslessly() -> None:
+def test_a_2000_message_run_folds_within_budget_losslessly(record_store: Any) -> None:
     rng = random.Random(3)
     n = 1000
     provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(n)], summaries=[{"extractive": 400, "words": 12}])
-    rt = scripted_runtime(provider)
+    rt = scripted_runtime(provider, store=record_store)
     run = rt.start(spec(), interactive=True)
     violations: list[str] = []
 

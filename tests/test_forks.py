@@ -58,9 +58,9 @@ def talk(rt: Runtime, run: Any, texts: list[str]) -> None:
     asyncio.run(go())
 
 
-def test_a_fold_fork_copies_no_text_and_keeps_the_coverage_invariant_in_both_branches() -> None:
+def test_a_fold_fork_copies_no_text_and_keeps_the_coverage_invariant_in_both_branches(record_store: Any) -> None:
     rng = random.Random(1)
-    rt = runtime()
+    rt = runtime(store=record_store)
     parent = rt.start(fold_spec(), interactive=True)
     talk(rt, parent, [said(i, rng) for i in range(60)])
     assert parent.view.cards, "the parent has folded"

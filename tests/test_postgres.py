@@ -37,7 +37,7 @@ def test_the_postgres_migrations_are_the_one_lists_names_in_its_order() -> None:
 
 def test_a_schema_behind_is_refused_with_the_command_and_a_newer_one_is_accepted(postgres_server: Any) -> None:
     url = _fresh_database(postgres_server, "behind")
-    with pytest.raises(StoreError, match=r"behind this loomrt: 8 migration\(s\) .* Run `loomrt db migrate`"):
+    with pytest.raises(StoreError, match=rf"behind this loomrt: {len(MIGRATIONS)} migration\(s\) .* Run `loomrt db migrate`"):
         PostgresStore(url)
     with psycopg.connect(url, autocommit=True) as conn:
         assert pg_migrations.migrate(conn, dry_run=True) == [n for n, _ in MIGRATIONS]

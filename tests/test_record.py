@@ -38,7 +38,8 @@ def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
     assert public == {
         "append", "append_many", "cards", "children", "close", "commits", "create_run", "events", "get_run", "latest",
-        "lease_holder", "list_runs", "pending", "read", "release_lease", "take_lease",
+        "lease_holder", "list_runs", "pending", "read", "release_lease", "take_lease", "claim_run", "release_run",
+        "run_owners", "shared",
         "write",
         "transaction", "write_many", "write_run",
     }

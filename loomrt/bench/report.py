@@ -266,9 +266,11 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _table(["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
                         [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]])
         lines.append("")
+    if "store" in m:
+        lines += _store(m["store"])
     for name, f in m.items():
         if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency", "mcp",
-                        "fanout", "audit", "fork_cost"):
+                        "fanout", "audit", "fork_cost", "store"):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
@@ -399,6 +401,23 @@ def write_report(results: dict[str, Any], folder: Path, *, command: str | None =
         f"# loomrt benchmarks\n\n{markdown(results, command=command, images='.')}", encoding="utf-8"
     )
     return [folder / "results.json", folder / "report.md", *images]
+
+
+def _store(s: dict[str, Any]) -> list[str]:
+    """The store measure: the same appends and reads on each backend."""
+    lines = ["### Store", "", f"{s['events']:,} events over {s['runs']} runs on each backend: half appended one at a "
+             "time, half a turn's four at a time (`write_many`); then each run read whole.", ""]
+    rows = []
+    for name in ("sqlite", "postgres"):
+        f = s.get(name, {})
+        if "skipped" in f:
+            rows.append([name, "skipped", f["skipped"], "", ""])
+        elif f:
+            rows.append([name, f"{f['single_events_per_s']:,}", f"{f['batched_events_per_s']:,}",
+                         f"{f['read_run_ms_median']:.2f}", f.get("server", "a file on this machine")])
+    lines += _table(["backend", "events/s, one at a time", "events/s, four at a time",
+                     f"ms to read a run ({s.get('sqlite', {}).get('events_per_run', '?')} events)", "where"], rows)
+    return lines + [""]
 
 
 def _fanout(f: dict[str, Any]) -> list[str]:

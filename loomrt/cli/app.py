@@ -2,7 +2,7 @@
 
 Commands: run, chat, agents (list, validate, schema, fork, promote), runs (list, show,
 events, resume, continue), recall, consolidate, memory (search, list, show, forget,
-calibrate), db (status, migrate, copy), bench, mcp, worker, doctor. Every inspection command takes --json.
+calibrate), db (status, migrate, copy), workers (list), bench, mcp, worker, doctor. Every inspection command takes --json.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loom
 from loomrt.cli.bench_cmd import bench_app
 from loomrt.cli.bench_harvest_cmd import harvest_cmd  # noqa: F401 - registers `loomrt bench harvest`
 from loomrt.cli.bench_qa_cmd import qa_cmd  # noqa: F401 - registers `loomrt bench qa`
-from loomrt.cli.db_cmd import db_app
+from loomrt.cli.db_cmd import db_app, workers_app
 from loomrt.cli.doctor import doctor
 from loomrt.cli.mcp_cmd import mcp_cmd
 from loomrt.cli.memory_cmd import consolidate_cmd, memory_app
@@ -42,6 +42,7 @@ app.add_typer(agents_app, name="agents")
 app.add_typer(runs_app, name="runs")
 app.add_typer(memory_app, name="memory")
 app.add_typer(db_app, name="db")
+app.add_typer(workers_app, name="workers")
 
 
 @app.callback()
@@ -55,6 +56,8 @@ def _root(
         import os
 
         os.environ["LOOMRT_DB_URL"] = db_url
+
+
 app.command("consolidate")(consolidate_cmd)
 
 AgentsOpt = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS).")
@@ -74,10 +77,20 @@ def run_cmd(
     json_output: bool = JsonOpt,
     quiet: bool = QuietOpt,
     user: str | None = UserOpt,
+    detach: bool = typer.Option(False, "--detach", help="Record the run and its input, queued for any `loomrt "
+                                "worker` to play; print its id and return at once."),
 ) -> None:
     """Run an agent once on PROMPT and print its answer."""
     path, defs = load(agents)
     rt = runtime(show_events=not (json_output or quiet), user=user)
+    if detach:
+        queued = asyncio.run(rt.detach(agent, prompt, agents=defs, mode=mode, agents_file=str(path.resolve())))
+        if json_output:
+            print_json({"run_id": queued.run_id, "status": "queued"})
+        else:
+            out.print(queued.run_id if quiet else f"run {queued.run_id} queued: any `loomrt worker` on this record "
+                      f"plays it (`loomrt runs show {queued.run_id}` follows it)", highlight=False)
+        return
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
     result = asyncio.run(rt.send(run, prompt))
     if json_output:
@@ -149,10 +162,12 @@ app.command("doctor")(friendly(doctor))
 @friendly
 def worker_cmd(
     once: bool = typer.Option(False, "--once", help="Do what is queued now, then exit."),
-    interval_s: float = typer.Option(5.0, "--interval", help="Seconds between looks at the queue.", min=0.1),
+    interval_s: float = typer.Option(5.0, "--interval", help="Seconds between looks at the queue (on PostgreSQL, "
+                                     "a NOTIFY wakes it sooner).", min=0.1),
+    concurrency: int = typer.Option(1, "--concurrency", help="Runs played at once.", min=1),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
 ) -> None:
-    """Do the background work of runs that are not playing: the folds fold mode queued."""
+    """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds."""
     from loomrt.worker import work, work_once
 
     rt = runtime()
@@ -160,18 +175,21 @@ def worker_cmd(
     def tell(row: dict[str, Any]) -> None:
         if json_output:
             print_json(row)
+        elif row["done"] and row["work"] in ("play", "resume"):
+            out.print(f"run {row['run_id']}: {'played' if row['work'] == 'play' else 'resumed'}, {row['status']}",
+                      highlight=False)
         elif row["done"]:
             out.print(f"run {row['run_id']}: folded, {row['tokens_before']} → {row['tokens_after']} tokens", highlight=False)
         else:
             out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)
 
     if once:
-        asyncio.run(work_once(rt, tell=tell))
+        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency))
         return
     if not json_output:
-        err.print(f"[dim]loomrt worker: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
+        err.print(f"[dim]loomrt worker {rt.owner or ''}: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
     try:
-        work(rt, interval_s=interval_s, tell=tell)
+        work(rt, interval_s=interval_s, tell=tell, concurrency=concurrency)
     except KeyboardInterrupt:
         pass
 app.command("mcp")(mcp_cmd)

@@ -17,7 +17,7 @@ import typer
 from loomrt.cli._common import err, friendly, out, print_json
 from loomrt.errors import StoreError
 
-__all__ = ["db_app"]
+__all__ = ["db_app", "workers_app"]
 
 db_app = typer.Typer(help="The record's database: status, migrate, copy.", no_args_is_help=True)
 
@@ -169,3 +169,30 @@ def copy_cmd(
         return
     out.print(f"copied {result['copied']} run(s), {result['events']} events verified"
               + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""), highlight=False)
+
+
+workers_app = typer.Typer(help="The workers sharing this record: who plays which run.", no_args_is_help=True)
+
+
+@workers_app.command("list")
+@friendly
+def workers_list_cmd(json_output: bool = _JSON) -> None:
+    """The live claims: each worker (HOST/PID/NONCE) and the runs it plays, with its epoch."""
+    from loomrt.record.sqlite import default_store
+
+    store = default_store()
+    try:
+        claims = store.run_owners()
+    finally:
+        store.close()
+    if json_output:
+        workers: dict[str, list[dict[str, Any]]] = {}
+        for c in claims:
+            workers.setdefault(c["owner"], []).append({k: v for k, v in c.items() if k != "owner"})
+        print_json({"workers": [{"worker": w, "runs": runs} for w, runs in workers.items()]})
+        return
+    if not claims:
+        out.print("no live claims (no worker is playing a run of this record)", highlight=False)
+    for c in claims:
+        out.print(f"{c['owner']}  run {c['run_id']}  epoch {c['epoch']}  expires in {c['expires_in_s']:.0f} s",
+                  highlight=False)

@@ -118,6 +118,20 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX events_kind_seq ON events(run_id, kind, seq);
         """,
     ),
+    (
+        "0009_run_owners",
+        # a run played by one worker at a time: a lease with an epoch that each of its appends
+        # carries as a fencing token (refused once a newer owner has the run)
+        """
+        CREATE TABLE run_owners (
+            run_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            ttl_s REAL NOT NULL,
+            expires_at REAL NOT NULL
+        );
+        """,
+    ),
 ]
 
 

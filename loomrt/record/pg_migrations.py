@@ -108,6 +108,16 @@ POSTGRES_SQL: dict[str, str] = {
         GRANT SELECT, INSERT, UPDATE, DELETE ON leases TO {APP_ROLE};
         GRANT SELECT ON _migrations TO {APP_ROLE};
     """,
+    "0009_run_owners": f"""
+        CREATE TABLE run_owners (
+            run_id TEXT PRIMARY KEY,
+            owner TEXT NOT NULL,
+            epoch BIGINT NOT NULL,
+            ttl_s DOUBLE PRECISION NOT NULL,
+            expires_at DOUBLE PRECISION NOT NULL
+        );
+        GRANT SELECT, INSERT, UPDATE, DELETE ON run_owners TO {APP_ROLE};
+    """,
 }
 """The PostgreSQL SQL of each migration, by name (``tests/test_postgres.py`` checks the
 names are exactly those of the one list, in its order)."""

@@ -23,13 +23,15 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from loomrt.errors import MovedOnError, NotFoundError, StoreError
+from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
 from loomrt.record import pg_migrations
 from loomrt.record.ledger import canonical, event_hash
+from loomrt.record.owners import claimed, fenced, owner_rows
 
 __all__ = ["PostgresStore", "redact_url"]
 
@@ -49,6 +51,9 @@ def redact_url(url: str) -> str:
 
 class PostgresStore:
     """Append-only record in a PostgreSQL database (``postgresql://...``)."""
+
+    shared = True
+    """Several machines share it: each runtime claims the runs it plays."""
 
     def __init__(self, url: str, *, pool_size: int = 4, check: bool = True):
         try:
@@ -72,6 +77,8 @@ class PostgresStore:
                              "the server is running.") from None
         self._pinned: contextvars.ContextVar[Any] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
         self.closed = False
+        self._listener: Any = None
+        """The connection that LISTENs for work (:meth:`wait_for_work`), opened on first use."""
         self.newer_migrations: list[str] = []
         """Migrations the database has that this version does not know (a rolling upgrade)."""
         if check:
@@ -104,9 +111,9 @@ class PostgresStore:
         return self.append(run_id, kind, data)
 
     async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
     ) -> list[Event]:
-        return self.append_many(run_id, items, after=after)
+        return self.append_many(run_id, items, after=after, epoch=epoch)
 
     async def read(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -157,10 +164,12 @@ class PostgresStore:
         return self.append_many(run_id, [(kind, data)])[0]
 
     def append_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
-        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`)."""
+        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
+        with ``epoch``, only while that claim is the run's newest (else :class:`FencedError`),
+        renewing it."""
         prepared = [(kind, canonical(data)) for kind, data in items]
         out: list[Event] = []
         try:
@@ -177,6 +186,10 @@ class PostgresStore:
                 if after is not None and seq != after:
                     raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
                                        f"{after}): the write is refused")
+                if epoch is not None and conn.execute(
+                        "UPDATE run_owners SET expires_at = %s + ttl_s WHERE run_id = %s AND epoch = %s",
+                        (ts, run_id, epoch)).rowcount == 0:
+                    raise FencedError(fenced(run_id, epoch, self._owner_row(conn, run_id)))
                 rows, cards = [], []
                 for (kind, payload), (_, data) in zip(prepared, items, strict=True):
                     seq += 1
@@ -191,7 +204,7 @@ class PostgresStore:
                     if cards:
                         cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
                                         "ON CONFLICT (card_id) DO NOTHING", cards)
-        except MovedOnError:
+        except (MovedOnError, FencedError):
             raise
         except self._errors as exc:
             raise self._fail(f"cannot append to the record of run {run_id}", exc) from exc
@@ -262,6 +275,44 @@ class PostgresStore:
         except self._errors as exc:
             raise self._fail(f"cannot release lease {name}", exc) from exc
 
+    @staticmethod
+    def _owner_row(conn: Any, run_id: str) -> tuple[str, int, float] | None:
+        row = conn.execute("SELECT owner, epoch, expires_at FROM run_owners WHERE run_id = %s", (run_id,)).fetchone()
+        return (row[0], int(row[1]), float(row[2])) if row else None
+
+    def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
+        """Own run ``run_id`` for ``ttl_s`` seconds of database time (renewed by each fenced
+        append): its epoch. Refused (:class:`RunOwnedError`) while another owner's claim is live;
+        of two workers racing for one run, one wins."""
+        try:
+            with self._conn() as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (run_id,))
+                now = float(conn.execute(f"SELECT {_NOW}").fetchone()[0])
+                epoch = claimed(run_id, owner, self._owner_row(conn, run_id), now)
+                conn.execute(
+                    "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (%s, %s, %s, %s, %s) "
+                    "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
+                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at", (run_id, owner, epoch, ttl_s, now + ttl_s))
+                return epoch
+        except self._errors as exc:
+            raise self._fail(f"cannot claim run {run_id}", exc) from exc
+
+    def release_run(self, run_id: str, owner: str, epoch: int) -> None:
+        """Let the run go (its lease expires now; its epoch stays)."""
+        try:
+            with self._conn() as conn:
+                conn.execute("UPDATE run_owners SET expires_at = 0 WHERE run_id = %s AND owner = %s AND epoch = %s",
+                             (run_id, owner, epoch))
+        except self._errors as exc:
+            raise self._fail(f"cannot release run {run_id}", exc) from exc
+
+    def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
+        """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,
+        epoch and seconds left, soonest to expire first."""
+        rows = self._select(f"SELECT run_id, owner, epoch, expires_at, {_NOW} FROM run_owners "
+                            f"WHERE expires_at {'<=' if expired else '>'} {_NOW} ORDER BY expires_at", ())
+        return owner_rows(rows, float(rows[0][4]) if rows else 0.0)
+
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         rows = self._select(
             "SELECT q.run_id FROM events q WHERE q.kind = %s GROUP BY q.run_id "
@@ -301,9 +352,39 @@ class PostgresStore:
             for r in self._select(sql, [*args, limit])
         ]
 
+    def announce(self, run_id: str) -> None:
+        """Wake the idle workers: ``NOTIFY loomrt_work, 'run:RUN_ID'`` (ids only, never content)."""
+        try:
+            with self._conn() as conn:
+                conn.execute("SELECT pg_notify('loomrt_work', %s)", (f"run:{run_id}",))
+        except self._errors:  # a worker that misses it finds the run when it next looks
+            pass
+
+    def wait_for_work(self, timeout_s: float) -> bool:
+        """Wait for a NOTIFY on ``loomrt_work`` for at most ``timeout_s`` seconds: True if one
+        came. On a listening connection that drops, sleep out the time instead (polling) and
+        listen again next time."""
+        import psycopg
+
+        try:
+            if self._listener is None:
+                self._listener = psycopg.connect(self.url, autocommit=True)
+                self._listener.execute("LISTEN loomrt_work")
+            return any(True for _ in self._listener.notifies(timeout=timeout_s, stop_after=1))
+        except psycopg.Error:
+            if self._listener is not None:
+                with contextlib.suppress(psycopg.Error):
+                    self._listener.close()
+            self._listener = None
+            time.sleep(timeout_s)
+            return False
+
     def close(self) -> None:
-        """Close the pool's connections."""
+        """Close the pool's connections (and the listening one)."""
         self.closed = True
+        if self._listener is not None:
+            with contextlib.suppress(Exception):
+                self._listener.close()
         self._pool.close()
 
 

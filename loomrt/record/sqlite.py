@@ -12,11 +12,12 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
-from loomrt.errors import MovedOnError, NotFoundError, StoreError
+from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
 from loomrt.record import checkpoints
 from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.migrations import migrate
+from loomrt.record.owners import claimed, fenced, owner_rows
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store"]
 
@@ -72,6 +73,9 @@ def default_store(url: str | None = None) -> Any:
 class SQLiteStore:
     """Append-only record in one SQLite file. Safe to share between threads of one process."""
 
+    shared = False
+    """One machine's file: runs need no claim."""
+
     def __init__(self, path: str | Path):
         self.path = Path(path)
         try:
@@ -126,9 +130,9 @@ class SQLiteStore:
         return self.append(run_id, kind, data)
 
     async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
     ) -> list[Event]:
-        return self.append_many(run_id, items, after=after)
+        return self.append_many(run_id, items, after=after, epoch=epoch)
 
     async def read(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -190,10 +194,12 @@ class SQLiteStore:
         return self.append_many(run_id, [(kind, data)])[0]
 
     def append_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
-        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`)."""
+        With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
+        with ``epoch``, only while that claim is the run's newest (else :class:`FencedError`),
+        renewing it."""
         prepared = [(kind, canonical(data)) for kind, data in items]  # stored as the ledger hashes it
         ts = time.time()
         out: list[Event] = []
@@ -211,6 +217,10 @@ class SQLiteStore:
                 if after is not None and seq != after:
                     raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
                                        f"{after}): the write is refused")
+                if epoch is not None and not self._conn.execute(
+                        "UPDATE run_owners SET expires_at = ? + ttl_s WHERE run_id = ? AND epoch = ?",
+                        (ts, run_id, epoch)).rowcount:
+                    raise FencedError(fenced(run_id, epoch, self._owner_row(run_id)))
                 for (kind, payload), (_, data) in zip(prepared, items, strict=True):
                     seq += 1
                     prev = event_hash(prev, run_id, seq, kind, ts, payload)
@@ -225,7 +235,7 @@ class SQLiteStore:
                     out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
                 if not self._atomic:
                     self._conn.execute("COMMIT")
-            except MovedOnError:
+            except (MovedOnError, FencedError):
                 if self._conn.in_transaction and not self._atomic:
                     self._conn.execute("ROLLBACK")
                 raise
@@ -311,6 +321,44 @@ class SQLiteStore:
         """Give lease ``name`` back (if ``holder`` still has it)."""
         with self._lock:
             self._conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+    def _owner_row(self, run_id: str) -> tuple[str, int, float] | None:
+        row = self._conn.execute("SELECT owner, epoch, expires_at FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
+        return (row[0], int(row[1]), float(row[2])) if row else None
+
+    def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
+        """Own run ``run_id`` for ``ttl_s`` seconds (renewed by each fenced append): its epoch.
+        Refused (:class:`RunOwnedError`) while another owner's claim is live."""
+        now = time.time()
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                epoch = claimed(run_id, owner, self._owner_row(run_id), now)
+                self._conn.execute(
+                    "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (?, ?, ?, ?, ?) "
+                    "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
+                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at", (run_id, owner, epoch, ttl_s, now + ttl_s))
+                self._conn.execute("COMMIT")
+                return epoch
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
+    def release_run(self, run_id: str, owner: str, epoch: int) -> None:
+        """Let the run go (its lease expires now; its epoch stays)."""
+        with self._lock:
+            self._conn.execute("UPDATE run_owners SET expires_at = 0 WHERE run_id = ? AND owner = ? AND epoch = ?",
+                               (run_id, owner, epoch))
+
+    def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
+        """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,
+        epoch and seconds left, soonest to expire first."""
+        with self._lock:
+            rows = self._conn.execute("SELECT run_id, owner, epoch, expires_at FROM run_owners WHERE "
+                                      f"expires_at {'<=' if expired else '>'} ? ORDER BY expires_at",
+                                      (time.time(),)).fetchall()
+        return owner_rows(rows, time.time())
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         """The runs whose last ``kind`` event (a ``fold_queued``) came after their last

@@ -38,11 +38,13 @@ class Store(Protocol):
         """Append one event, assigning the next ``seq`` of that run, and return it."""
 
     async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or
         none. With ``after``, only if the run's last seq is still ``after``, else
-        :class:`~loomrt.errors.MovedOnError` (a writer working beside the run's own process)."""
+        :class:`~loomrt.errors.MovedOnError` (a writer working beside the run's own process).
+        With ``epoch`` (a claim's fencing token, :meth:`claim_run`), only while that claim is
+        the run's newest, else :class:`~loomrt.errors.FencedError`; the write renews it."""
 
     async def read(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -79,6 +81,17 @@ class Store(Protocol):
 
     def lease_holder(self, name: str) -> str | None:
         """Who holds lease ``name`` now, if anyone."""
+
+    def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
+        """Own run ``run_id`` for ``ttl_s`` seconds, renewed by each fenced append, and return
+        its epoch; :class:`~loomrt.errors.RunOwnedError` while another owner's claim is live
+        (see :mod:`loomrt.record.owners`)."""
+
+    def release_run(self, run_id: str, owner: str, epoch: int) -> None:
+        """Let a claimed run go: its lease expires now, its epoch stays."""
+
+    def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
+        """The live claims (``loomrt workers list``); with ``expired``, the lapsed ones."""
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         """The runs with a ``kind`` event after their last ``settled_by`` one."""

@@ -60,6 +60,9 @@ class RunState:
     _atomic: int = 0
     _unheard: list[Event] = field(default_factory=list)
     """Events of the open :meth:`atomic` block, told to the listeners once it commits."""
+    epoch: int | None = None
+    """This worker's claim on the run (:mod:`loomrt.record.owners`), carried by every append
+    as a fencing token; None when the runtime claims nothing (a single machine's default)."""
     guarded: bool = False
     """Appends only if the record is as this process last read it (a ``loomrt worker`` folding
     a run whose own process may start a turn meanwhile): else MovedOnError, nothing written."""
@@ -87,10 +90,11 @@ class RunState:
 
     async def _write(self, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
         reached("before_append")
+        fence = {"epoch": self.epoch} if self.epoch is not None else {}
         if self.guarded:
-            events = await self.store.write_many(self.run_id, items, after=self.view.last_seq)
+            events = await self.store.write_many(self.run_id, items, after=self.view.last_seq, **fence)
         else:
-            events = await self.store.write_many(self.run_id, items)
+            events = await self.store.write_many(self.run_id, items, **fence)
         reached("after_append")
         applied = events
         if events and events[0].seq > self.view.last_seq + 1:  # someone else wrote meanwhile (an operator's pin)

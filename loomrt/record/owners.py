@@ -1,0 +1,81 @@
+"""Who plays a run: one worker at a time, through a lease with an epoch.
+
+A worker *claims* a run before it plays it (:meth:`Store.claim_run`): it gets the run's
+epoch, which each of its appends then carries as a fencing token. The claim holds for its
+``ttl_s`` and every fenced append renews it (the heartbeat is the work itself). Another
+worker's claim is refused while the lease is live, and succeeds once it has expired, with
+the epoch one higher; from then on the old owner's appends are refused
+(:class:`~loomrt.errors.FencedError`), so a worker that wakes after losing its run cannot
+write. Releasing a run expires its lease and keeps its epoch (epochs only grow).
+
+Owner names are ``HOST/PID/NONCE`` (:func:`worker_name`): a claim held by a process of
+this host that no longer exists has expired, whatever its time said (a crashed worker's
+run is resumable at once on its own machine; on another machine, after the lease's ttl).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+from loomrt.errors import RunOwnedError
+
+__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows"]
+
+RUN_LEASE_S = 900.0
+"""How long a claim holds without an append: longer than any one model call may take
+(the local model's timeout is the longest), so a run that is thinking is never taken over."""
+
+
+_name: dict[int, str] = {}
+
+
+def worker_name() -> str:
+    """This process's owner name, ``HOST/PID/NONCE`` (one per process: its runtimes are one worker)."""
+    pid = os.getpid()
+    if pid not in _name:
+        _name[pid] = f"{socket.gethostname()}/{pid}/{uuid.uuid4().hex[:6]}"
+    return _name[pid]
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True if ``owner`` names a process of this host that no longer runs."""
+    parts = owner.split("/")
+    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
+        return False
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: float) -> int:
+    """The epoch ``owner`` gets for ``run_id`` whose claim is ``row`` (owner, epoch,
+    expires_at) at time ``now``: 1 for a run never claimed, the same for its own owner, one
+    more once the lease expired (or its process is gone); else :class:`RunOwnedError`."""
+    if row is None:
+        return 1
+    holder, epoch, expires_at = row
+    if holder == owner:
+        return epoch
+    if expires_at <= now or owner_is_gone(holder):
+        return epoch + 1
+    raise RunOwnedError(f"run {run_id} is owned by worker {holder} (epoch {epoch}) for {expires_at - now:.0f} s more; "
+                        "it is playing there. Wait for it, or for its lease to expire if that worker is dead "
+                        "(`loomrt workers list` shows the live claims).")
+
+
+def fenced(run_id: str, epoch: int, row: tuple[str, int, float] | None) -> str:
+    """Why a write with ``epoch`` was refused."""
+    now_owner = f"worker {row[0]} owns it at epoch {row[1]}" if row else "nobody owns it"
+    return (f"run {run_id}: this worker's claim (epoch {epoch}) is no longer the run's; {now_owner}. The write is "
+            "refused so that two workers never play one run; nothing was written.")
+
+
+def owner_rows(rows: list[Any], now: float) -> list[dict[str, Any]]:
+    return [{"run_id": r[0], "owner": r[1], "epoch": int(r[2]), "expires_in_s": round(float(r[3]) - now, 1)} for r in rows]
