@@ -22,6 +22,8 @@ from __future__ import annotations
 
 __all__ = [
     "LoomError",
+    "RunOwnedError",
+    "FencedError",
     "SpecError",
     "RunError",
     "ProviderError",

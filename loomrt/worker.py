@@ -32,7 +32,7 @@ from loomrt.errors import LoomError, RunOwnedError
 from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.runtime import Runtime
 
-__all__ = ["work_once", "work", "QUEUED", "SETTLED", "RUN_QUEUED", "PLAYED"]
+__all__ = ["work_once", "work", "abandoned", "QUEUED", "SETTLED", "RUN_QUEUED", "PLAYED"]
 
 QUEUED = "fold_queued"
 SETTLED = ("distillation", "fold_skipped")

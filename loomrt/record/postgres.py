@@ -33,7 +33,7 @@ from loomrt.record import pg_migrations
 from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.owners import claimed, fenced, owner_rows
 
-__all__ = ["PostgresStore", "redact_url"]
+__all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
 
 _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 _NOW = "extract(epoch from clock_timestamp())"

@@ -19,7 +19,7 @@ from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.migrations import migrate
 from loomrt.record.owners import claimed, fenced, owner_rows
 
-__all__ = ["SQLiteStore", "loomrt_home", "default_store"]
+__all__ = ["SQLiteStore", "loomrt_home", "default_store", "import_run", "run_cards"]
 
 _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 
