@@ -41,10 +41,14 @@ socket.socket.connect = _guarded_connect  # type: ignore[method-assign]
 
 @pytest.fixture(autouse=True)
 def _loomrt_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test gets its own LOOMRT_HOME (record, caches), except the local-model cache,
-    which is shared so the model is assembled once per session."""
+    """Each test gets its own LOOMRT_HOME (record, caches) and no LOOMRT_DB_URL, except the
+    local-model cache, which is shared so the model is assembled once per session."""
     home = tmp_path_factory.mktemp("loomrt-home")
     monkeypatch.setenv("LOOMRT_HOME", str(home))
+    # no test reaches a database from the environment, and `loomrt --db-url` (which sets
+    # LOOMRT_DB_URL for its process) run in-process by CliRunner is undone after each test
+    monkeypatch.setenv("LOOMRT_DB_URL", "")
+    monkeypatch.delenv("LOOMRT_DB_URL")
     monkeypatch.setenv("LOOMRT_MODEL_CACHE", str(_shared_model_cache(tmp_path_factory)))
 
 

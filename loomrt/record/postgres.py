@@ -176,13 +176,14 @@ class PostgresStore:
             with self._conn() as conn, conn.transaction():
                 # one writer per run at a time, on any machine; released at commit
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
-                ts = float(conn.execute(f"SELECT {_NOW}").fetchone()[0])
-                row = conn.execute("SELECT seq, hash FROM events WHERE run_id = %s ORDER BY seq DESC LIMIT 1",
-                                   (run_id,)).fetchone()
-                if row is None:  # a fork's first event continues after the seq it was forked at
-                    base = conn.execute("SELECT fork_seq FROM runs WHERE run_id = %s", (run_id,)).fetchone()
-                    row = ((base[0] or 0) if base else 0, "")
-                seq, prev = int(row[0]), row[1] or ""
+                # the time, the run's last seq and hash, and where a fork's seqs start: one round
+                # trip, in a snapshot taken after the lock (read committed: every earlier append shows)
+                now, last, last_hash, fork_seq = conn.execute(
+                    f"SELECT {_NOW}, last.seq, last.hash, (SELECT fork_seq FROM runs WHERE run_id = %s) FROM "
+                    "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
+                    "ORDER BY seq DESC LIMIT 1) last ON true", (run_id, run_id)).fetchone()
+                ts = float(now)
+                seq, prev = (int(last), last_hash or "") if last is not None else (int(fork_seq or 0), "")
                 if after is not None and seq != after:
                     raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
                                        f"{after}): the write is refused")
@@ -199,8 +200,12 @@ class PostgresStore:
                         cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
                     out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
                 with conn.cursor() as cur:
-                    cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
-                                    rows)
+                    if len(rows) == 1:  # executemany prepares; one row needs one round trip
+                        cur.execute("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+                                    rows[0])
+                    else:
+                        cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) "
+                                        "VALUES (%s, %s, %s, %s, %s, %s)", rows)
                     if cards:
                         cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
                                         "ON CONFLICT (card_id) DO NOTHING", cards)
