@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from loomrt.errors import LoomError, RunOwnedError
 from loomrt.record.owners import owner_is_gone, worker_name
+from loomrt.run.state import RunResult
 from loomrt.runtime import Runtime
 
 __all__ = ["work_once", "work", "abandoned", "QUEUED", "SETTLED", "RUN_QUEUED", "PLAYED"]
@@ -44,40 +45,28 @@ PLAYED = ("resumed", "final", "error", "cancelled")
 
 async def _play_queued(runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None
                        ) -> list[dict[str, Any]]:
-    """Claim and play the queued runs, ``concurrency`` at once; one row per run."""
+    """Claim and play the queued runs and resume the abandoned ones, ``concurrency`` at once;
+    one row per run."""
     gate = asyncio.Semaphore(concurrency)
     rows: list[dict[str, Any]] = []
 
-    async def play(run_id: str) -> None:
+    async def do(work: str, run_id: str, step: Callable[[str], Awaitable[RunResult | None]]) -> None:
         async with gate:
             try:
-                result = await runtime.take(run_id)
-                row = ({"run_id": run_id, "work": "play", "done": True, "status": result.status, "reason": None}
+                result = await step(run_id)
+                row = ({"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": None}
                        if result is not None else
-                       {"run_id": run_id, "work": "play", "done": False, "reason": "another worker has it"})
+                       {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"})
             except RunOwnedError:
-                row = {"run_id": run_id, "work": "play", "done": False, "reason": "another worker has it"}
+                row = {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
             except LoomError as exc:
-                row = {"run_id": run_id, "work": "play", "done": False, "reason": f"{type(exc).__name__}: {exc}"}
+                row = {"run_id": run_id, "work": work, "done": False, "reason": f"{type(exc).__name__}: {exc}"}
         rows.append(row)
         if tell:
             tell(row)
 
-    async def pick_up(run_id: str) -> None:
-        async with gate:
-            try:
-                result = await runtime.resume(run_id)
-                row = {"run_id": run_id, "work": "resume", "done": True, "status": result.status, "reason": None}
-            except RunOwnedError:
-                row = {"run_id": run_id, "work": "resume", "done": False, "reason": "another worker has it"}
-            except LoomError as exc:
-                row = {"run_id": run_id, "work": "resume", "done": False, "reason": f"{type(exc).__name__}: {exc}"}
-        rows.append(row)
-        if tell:
-            tell(row)
-
-    await asyncio.gather(*(play(r) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
-                         *(pick_up(r) for r in abandoned(runtime.store)))
+    await asyncio.gather(*(do("play", r, runtime.take) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
+                         *(do("resume", r, runtime.resume) for r in abandoned(runtime.store)))
     return rows
 
 

@@ -27,15 +27,16 @@ import time
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
-from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
-from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.errors import FencedError, MovedOnError, StoreError
+from loomrt.events import Event, RunInfo
 from loomrt.record import pg_migrations
+from loomrt.record.inline import InlineAsyncFace
 from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.owners import claimed, fenced, owner_rows
+from loomrt.record.rows import RunReads, insert_run_sql, run_info, run_row, runs_sql
 
 __all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
 
-_LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 _NOW = "extract(epoch from clock_timestamp())"
 
 
@@ -49,11 +50,13 @@ def redact_url(url: str) -> str:
     return f"{scheme}://{user}{':***' if ':' in auth else ''}@{host}"
 
 
-class PostgresStore:
+class PostgresStore(InlineAsyncFace, RunReads):
     """Append-only record in a PostgreSQL database (``postgresql://...``)."""
 
     shared = True
     """Several machines share it: each runtime claims the runs it plays."""
+    mark = "%s"
+    """psycopg's placeholder (:class:`~loomrt.record.rows.RunReads`)."""
 
     def __init__(self, url: str, *, pool_size: int = 4, check: bool = True):
         try:
@@ -102,23 +105,7 @@ class PostgresStore:
     def _fail(self, what: str, exc: BaseException) -> StoreError:
         return StoreError(f"{what} at {self.path}: {str(exc).strip()}")
 
-    # the async face (inline, see the module docstring)
-
-    async def write_run(self, info: RunInfo) -> None:
-        self.create_run(info)
-
-    async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
-        return self.append(run_id, kind, data)
-
-    async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
-    ) -> list[Event]:
-        return self.append_many(run_id, items, after=after, epoch=epoch)
-
-    async def read(
-        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
-    ) -> list[Event]:
-        return self.events(run_id, after=after, kinds=kinds, until=until)
+    # the async face: InlineAsyncFace (write_run, write, write_many, read)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -145,16 +132,11 @@ class PostgresStore:
     # the sync face
 
     def create_run(self, info: RunInfo) -> None:
-        row = (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
-               info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq)
         import psycopg.errors
 
         try:
             with self._conn() as conn:
-                conn.execute(
-                    "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
-                    "created_at, root_run_id, forked_from, fork_seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    row)
+                conn.execute(insert_run_sql("%s"), run_row(info))
         except psycopg.errors.UniqueViolation:
             raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
         except self._errors as exc:
@@ -325,37 +307,8 @@ class PostgresStore:
             "AND s.kind = ANY(%s)), 0) ORDER BY MIN(q.ts)", (kind, list(settled_by)))
         return [r[0] for r in rows]
 
-    def get_run(self, run_id: str) -> RunInfo:
-        runs = self._runs("WHERE r.run_id = %s", [run_id], 1)
-        if not runs:
-            raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
-        return runs[0]
-
-    def children(self, run_id: str) -> list[RunInfo]:
-        return sorted(self._runs("WHERE r.parent_run_id = %s", [run_id], 10_000), key=lambda r: r.created_at)
-
-    def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
-        if agent:
-            return self._runs("WHERE r.agent = %s", [agent], limit)
-        return self._runs("", [], limit)
-
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
-        sql = f"""
-            SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
-                   r.parent_run_id, r.created_at,
-                   (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
-                    ORDER BY seq DESC LIMIT 1),
-                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
-                   r.root_run_id, r.forked_from, r.fork_seq
-            FROM runs r {where} ORDER BY r.created_at DESC LIMIT %s"""
-        return [
-            RunInfo(
-                run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
-                interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
-                status=run_status(r[9]), last_seq=int(r[10]), root_run_id=r[11], forked_from=r[12], fork_seq=r[13],
-            )
-            for r in self._select(sql, [*args, limit])
-        ]
+        return [run_info(r) for r in self._select(runs_sql(where, self.mark), [*args, limit])]
 
     def announce(self, run_id: str) -> None:
         """Wake the idle workers: ``NOTIFY loomrt_work, 'run:RUN_ID'`` (ids only, never content)."""
@@ -397,11 +350,7 @@ def import_run(store: PostgresStore, info: RunInfo, events: list[Event], cards: 
     """Write one run's record as it is elsewhere (seqs, times and hashes kept), all or nothing:
     ``loomrt db copy``'s writer (:mod:`loomrt.record.copy`); never for a run that exists."""
     with store._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
-        cur.execute(
-            "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
-            "created_at, root_run_id, forked_from, fork_seq) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
-             info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq))
+        cur.execute(insert_run_sql("%s"), run_row(info))
         cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
                         [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
         cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "

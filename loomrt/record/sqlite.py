@@ -12,16 +12,17 @@ from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
-from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
-from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.errors import FencedError, MovedOnError, StoreError
+from loomrt.events import Event, RunInfo
 from loomrt.record import checkpoints
+from loomrt.record.inline import InlineAsyncFace
 from loomrt.record.ledger import canonical, event_hash
 from loomrt.record.migrations import migrate
 from loomrt.record.owners import claimed, fenced, owner_rows
+from loomrt.record.rows import RunReads, insert_run_sql, run_info, run_row, runs_sql
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store", "import_run", "run_cards"]
 
-_LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 
 
 
@@ -70,7 +71,7 @@ def default_store(url: str | None = None) -> Any:
     )
 
 
-class SQLiteStore:
+class SQLiteStore(InlineAsyncFace, RunReads):
     """Append-only record in one SQLite file. Safe to share between threads of one process."""
 
     shared = False
@@ -121,23 +122,7 @@ class SQLiteStore:
                     raise
                 time.sleep(0.05)
 
-    # the async face (the run core awaits these): inline, see loomrt.record.store
-
-    async def write_run(self, info: RunInfo) -> None:
-        self.create_run(info)
-
-    async def write(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
-        return self.append(run_id, kind, data)
-
-    async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
-    ) -> list[Event]:
-        return self.append_many(run_id, items, after=after, epoch=epoch)
-
-    async def read(
-        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
-    ) -> list[Event]:
-        return self.events(run_id, after=after, kinds=kinds, until=until)
+    # the async face: InlineAsyncFace (write_run, write, write_many, read)
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
@@ -166,25 +151,9 @@ class SQLiteStore:
     # the sync face
 
     def create_run(self, info: RunInfo) -> None:
-        row = (
-            info.run_id,
-            info.agent,
-            info.def_hash,
-            info.mode,
-            info.model,
-            int(info.interactive),
-            info.agents_file,
-            info.parent_run_id,
-            info.created_at,
-            info.root_run_id,
-            info.forked_from,
-            info.fork_seq,
-        )
         with self._lock:
             try:
-                self._conn.execute(
-                    "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
-                    "created_at, root_run_id, forked_from, fork_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                self._conn.execute(insert_run_sql("?"), run_row(info))
             except sqlite3.IntegrityError:
                 raise StoreError(f"run {info.run_id} already exists in {self.path}; run ids are never reused") from None
             except sqlite3.Error as exc:
@@ -372,40 +341,10 @@ class SQLiteStore:
                 f"AND s.kind IN ({marks})), 0) ORDER BY MIN(q.ts)", [kind, *settled]).fetchall()
         return [r[0] for r in rows]
 
-    def get_run(self, run_id: str) -> RunInfo:
-        runs = self._runs("WHERE r.run_id = ?", [run_id], 1)
-        if not runs:
-            raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
-        return runs[0]
-
-    def children(self, run_id: str) -> list[RunInfo]:
-        """The runs ``run_id`` spawned (sub-agents), oldest first."""
-        return sorted(self._runs("WHERE r.parent_run_id = ?", [run_id], 10_000), key=lambda r: r.created_at)
-
-    def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
-        if agent:
-            return self._runs("WHERE r.agent = ?", [agent], limit)
-        return self._runs("", [], limit)
-
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
-        sql = f"""
-            SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
-                   r.parent_run_id, r.created_at,
-                   (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
-                    ORDER BY seq DESC LIMIT 1),
-                   (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
-                   r.root_run_id, r.forked_from, r.fork_seq
-            FROM runs r {where} ORDER BY r.created_at DESC LIMIT ?"""
         with self._lock:
-            rows = self._conn.execute(sql, [*args, limit]).fetchall()
-        return [
-            RunInfo(
-                run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4],
-                interactive=bool(r[5]), agents_file=r[6], parent_run_id=r[7], created_at=r[8],
-                status=run_status(r[9]), last_seq=r[10], root_run_id=r[11], forked_from=r[12], fork_seq=r[13],
-            )
-            for r in rows
-        ]
+            rows = self._conn.execute(runs_sql(where, self.mark), [*args, limit]).fetchall()
+        return [run_info(r) for r in rows]
 
     def close(self) -> None:
         """Checkpoint the WAL into the file (so a copy of the file alone holds everything:
@@ -427,11 +366,7 @@ def import_run(store: SQLiteStore, info: RunInfo, events: list[Event], cards: li
         conn = store._conn
         conn.execute("BEGIN IMMEDIATE")
         try:
-            conn.execute(
-                "INSERT INTO runs (run_id, agent, def_hash, mode, model, interactive, agents_file, parent_run_id, "
-                "created_at, root_run_id, forked_from, fork_seq) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
-                 info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq))
+            conn.execute(insert_run_sql("?"), run_row(info))
             conn.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
                              [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
             conn.executemany("INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",

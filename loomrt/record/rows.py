@@ -1,0 +1,77 @@
+"""The SQL and row shapes both stores share (only the placeholder differs: SQLite's ``?``,
+psycopg's ``%s``): a run's row, and the query that reads runs with their derived status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loomrt.errors import NotFoundError
+from loomrt.events import LIFECYCLE_KINDS, RunInfo, run_status
+
+__all__ = ["RUN_COLUMNS", "run_row", "insert_run_sql", "runs_sql", "run_info", "RunReads"]
+
+RUN_COLUMNS = ("run_id", "agent", "def_hash", "mode", "model", "interactive", "agents_file", "parent_run_id",
+               "created_at", "root_run_id", "forked_from", "fork_seq")
+
+_LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
+
+
+def run_row(info: RunInfo) -> tuple[Any, ...]:
+    """``info`` as the values of :data:`RUN_COLUMNS`."""
+    return (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
+            info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq)
+
+
+def insert_run_sql(mark: str) -> str:
+    """INSERT of one run row, with ``mark`` as the placeholder."""
+    return f"INSERT INTO runs ({', '.join(RUN_COLUMNS)}) VALUES ({', '.join([mark] * len(RUN_COLUMNS))})"
+
+
+def runs_sql(where: str, mark: str) -> str:
+    """Runs with their last lifecycle kind and last seq, newest first, ``where`` applied and
+    the limit a ``mark`` placeholder (read them with :func:`run_info`)."""
+    return f"""
+        SELECT r.run_id, r.agent, r.def_hash, r.mode, r.model, r.interactive, r.agents_file,
+               r.parent_run_id, r.created_at,
+               (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
+                ORDER BY seq DESC LIMIT 1),
+               (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
+               r.root_run_id, r.forked_from, r.fork_seq
+        FROM runs r {where} ORDER BY r.created_at DESC LIMIT {mark}"""
+
+
+def run_info(r: tuple[Any, ...]) -> RunInfo:
+    """One row of :func:`runs_sql` as a :class:`RunInfo`."""
+    return RunInfo(
+        run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4], interactive=bool(r[5]), agents_file=r[6],
+        parent_run_id=r[7], created_at=r[8], status=run_status(r[9]), last_seq=int(r[10]), root_run_id=r[11],
+        forked_from=r[12], fork_seq=r[13],
+    )
+
+
+class RunReads:
+    """``get_run``, ``children`` and ``list_runs`` over a store's ``_runs(where, args, limit)``
+    (which runs :func:`runs_sql` with its placeholder, :attr:`mark`)."""
+
+    mark = "?"
+    path: Any
+
+    def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
+        raise NotImplementedError
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """One run; :class:`~loomrt.errors.NotFoundError` for an unknown id."""
+        runs = self._runs(f"WHERE r.run_id = {self.mark}", [run_id], 1)
+        if not runs:
+            raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
+        return runs[0]
+
+    def children(self, run_id: str) -> list[RunInfo]:
+        """The runs ``run_id`` spawned (sub-agents), oldest first."""
+        return sorted(self._runs(f"WHERE r.parent_run_id = {self.mark}", [run_id], 10_000), key=lambda r: r.created_at)
+
+    def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
+        """Recent runs, newest first (of one agent, with ``agent``)."""
+        if agent:
+            return self._runs(f"WHERE r.agent = {self.mark}", [agent], limit)
+        return self._runs("", [], limit)
