@@ -55,7 +55,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
 
     shared = True
     """Several machines share it: each runtime claims the runs it plays."""
-    mark = "%s"
+    _mark = "%s"
     """psycopg's placeholder (:class:`~loomrt.record.rows.RunReads`)."""
 
     def __init__(self, url: str, *, pool_size: int = 4, check: bool = True):
@@ -308,7 +308,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
         return [r[0] for r in rows]
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
-        return [run_info(r) for r in self._select(runs_sql(where, self.mark), [*args, limit])]
+        return [run_info(r) for r in self._select(runs_sql(where, self._mark), [*args, limit])]
 
     def announce(self, run_id: str) -> None:
         """Wake the idle workers: ``NOTIFY loomrt_work, 'run:RUN_ID'`` (ids only, never content)."""

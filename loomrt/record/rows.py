@@ -51,9 +51,9 @@ def run_info(r: tuple[Any, ...]) -> RunInfo:
 
 class RunReads:
     """``get_run``, ``children`` and ``list_runs`` over a store's ``_runs(where, args, limit)``
-    (which runs :func:`runs_sql` with its placeholder, :attr:`mark`)."""
+    (which runs :func:`runs_sql` with its placeholder, ``_mark``)."""
 
-    mark = "?"
+    _mark = "?"
     path: Any
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
@@ -61,17 +61,17 @@ class RunReads:
 
     def get_run(self, run_id: str) -> RunInfo:
         """One run; :class:`~loomrt.errors.NotFoundError` for an unknown id."""
-        runs = self._runs(f"WHERE r.run_id = {self.mark}", [run_id], 1)
+        runs = self._runs(f"WHERE r.run_id = {self._mark}", [run_id], 1)
         if not runs:
             raise NotFoundError(f"no run {run_id!r} in {self.path}. `loomrt runs list` shows the runs.")
         return runs[0]
 
     def children(self, run_id: str) -> list[RunInfo]:
         """The runs ``run_id`` spawned (sub-agents), oldest first."""
-        return sorted(self._runs(f"WHERE r.parent_run_id = {self.mark}", [run_id], 10_000), key=lambda r: r.created_at)
+        return sorted(self._runs(f"WHERE r.parent_run_id = {self._mark}", [run_id], 10_000), key=lambda r: r.created_at)
 
     def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
         """Recent runs, newest first (of one agent, with ``agent``)."""
         if agent:
-            return self._runs(f"WHERE r.agent = {self.mark}", [agent], limit)
+            return self._runs(f"WHERE r.agent = {self._mark}", [agent], limit)
         return self._runs("", [], limit)

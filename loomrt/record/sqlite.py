@@ -343,7 +343,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
         with self._lock:
-            rows = self._conn.execute(runs_sql(where, self.mark), [*args, limit]).fetchall()
+            rows = self._conn.execute(runs_sql(where, self._mark), [*args, limit]).fetchall()
         return [run_info(r) for r in rows]
 
     def close(self) -> None:
