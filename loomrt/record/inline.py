@@ -5,7 +5,7 @@ drive them without an event loop (:func:`loomrt.runtime.drive`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event, RunInfo
 
@@ -15,19 +15,16 @@ __all__ = ["InlineAsyncFace"]
 class InlineAsyncFace:
     """``write_run``, ``write``, ``write_many`` and ``read`` over the sync methods."""
 
-    def create_run(self, info: RunInfo) -> None:
-        raise NotImplementedError
+    if TYPE_CHECKING:  # what the store itself defines
+        def create_run(self, info: RunInfo) -> None: ...
 
-    def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event:
-        raise NotImplementedError
+        def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event: ...
 
-    def append_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None,
-                    epoch: int | None = None) -> list[Event]:
-        raise NotImplementedError
+        def append_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None,
+                        epoch: int | None = None) -> list[Event]: ...
 
-    def events(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None,
-               until: int | None = None) -> list[Event]:
-        raise NotImplementedError
+        def events(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None,
+                   until: int | None = None) -> list[Event]: ...
 
     async def write_run(self, info: RunInfo) -> None:
         self.create_run(info)
