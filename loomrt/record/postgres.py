@@ -31,9 +31,9 @@ from loomrt.errors import FencedError, MovedOnError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.record import pg_migrations
 from loomrt.record.inline import InlineAsyncFace
-from loomrt.record.ledger import canonical, event_hash
+from loomrt.record.ledger import canonical
 from loomrt.record.owners import claimed, fenced, owner_rows
-from loomrt.record.rows import RunReads, insert_run_sql, run_info, run_row, runs_sql
+from loomrt.record.rows import RunReads, chained, insert_run_sql, run_info, run_row, runs_sql
 
 __all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
 
@@ -152,7 +152,6 @@ class PostgresStore(InlineAsyncFace, RunReads):
         With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
         with ``epoch``, only while that claim is the run's newest (else :class:`FencedError`),
         renewing it."""
-        prepared = [(kind, canonical(data)) for kind, data in items]
         out: list[Event] = []
         try:
             with self._conn() as conn, conn.transaction():
@@ -173,14 +172,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                         "UPDATE run_owners SET expires_at = %s + ttl_s WHERE run_id = %s AND epoch = %s",
                         (ts, run_id, epoch)).rowcount == 0:
                     raise FencedError(fenced(run_id, epoch, self._owner_row(conn, run_id)))
-                rows, cards = [], []
-                for (kind, payload), (_, data) in zip(prepared, items, strict=True):
-                    seq += 1
-                    prev = event_hash(prev, run_id, seq, kind, ts, payload)
-                    rows.append((run_id, seq, kind, ts, payload, prev))
-                    for card in data.get("cards") or () if kind == "distillation" else ():
-                        cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
-                    out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+                rows, cards, out = chained(run_id, seq, prev, ts, items)
                 with conn.cursor() as cur:
                     if len(rows) == 1:  # executemany prepares; one row needs one round trip
                         cur.execute("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",

@@ -3,12 +3,14 @@ psycopg's ``%s``): a run's row, and the query that reads runs with their derived
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import NotFoundError
-from loomrt.events import LIFECYCLE_KINDS, RunInfo, run_status
+from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
+from loomrt.record.ledger import canonical, event_hash
 
-__all__ = ["RUN_COLUMNS", "run_row", "insert_run_sql", "runs_sql", "run_info", "RunReads"]
+__all__ = ["RUN_COLUMNS", "run_row", "insert_run_sql", "runs_sql", "run_info", "RunReads", "chained"]
 
 RUN_COLUMNS = ("run_id", "agent", "def_hash", "mode", "model", "interactive", "agents_file", "parent_run_id",
                "created_at", "root_run_id", "forked_from", "fork_seq")
@@ -38,6 +40,26 @@ def runs_sql(where: str, mark: str) -> str:
                (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
                r.root_run_id, r.forked_from, r.fork_seq
         FROM runs r {where} ORDER BY r.created_at DESC LIMIT {mark}"""
+
+
+def chained(run_id: str, seq: int, prev: str, ts: float, items: list[tuple[str, dict[str, Any]]]
+            ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[Event]]:
+    """The rows of ``items`` (kind, data) appended after ``seq`` (whose hash is ``prev``) at
+    ``ts``: event rows (run_id, seq, kind, ts, data, hash) with each data the canonical text
+    the ledger hashes, card index rows (card_id, run_id, seq, depth, data) of the
+    distillations' cards, and the events as written."""
+    rows: list[tuple[Any, ...]] = []
+    cards: list[tuple[Any, ...]] = []
+    events: list[Event] = []
+    for kind, data in items:
+        payload = canonical(data)
+        seq += 1
+        prev = event_hash(prev, run_id, seq, kind, ts, payload)
+        rows.append((run_id, seq, kind, ts, payload, prev))
+        for card in data.get("cards") or () if kind == "distillation" else ():
+            cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
+        events.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+    return rows, cards, events
 
 
 def run_info(r: tuple[Any, ...]) -> RunInfo:

@@ -16,10 +16,10 @@ from loomrt.errors import FencedError, MovedOnError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.record import checkpoints
 from loomrt.record.inline import InlineAsyncFace
-from loomrt.record.ledger import canonical, event_hash
+from loomrt.record.ledger import canonical
 from loomrt.record.migrations import migrate
 from loomrt.record.owners import claimed, fenced, owner_rows
-from loomrt.record.rows import RunReads, insert_run_sql, run_info, run_row, runs_sql
+from loomrt.record.rows import RunReads, chained, insert_run_sql, run_info, run_row, runs_sql
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store", "import_run", "run_cards"]
 
@@ -169,7 +169,6 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
         with ``epoch``, only while that claim is the run's newest (else :class:`FencedError`),
         renewing it."""
-        prepared = [(kind, canonical(data)) for kind, data in items]  # stored as the ledger hashes it
         ts = time.time()
         out: list[Event] = []
         with self._lock:
@@ -190,18 +189,11 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                         "UPDATE run_owners SET expires_at = ? + ttl_s WHERE run_id = ? AND epoch = ?",
                         (ts, run_id, epoch)).rowcount:
                     raise FencedError(fenced(run_id, epoch, self._owner_row(run_id)))
-                for (kind, payload), (_, data) in zip(prepared, items, strict=True):
-                    seq += 1
-                    prev = event_hash(prev, run_id, seq, kind, ts, payload)
-                    self._conn.execute(
-                        "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
-                        (run_id, seq, kind, ts, payload, prev),
-                    )
-                    for card in data.get("cards") or () if kind == "distillation" else ():  # the card index
-                        self._conn.execute(
-                            "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
-                            (card["id"], run_id, seq, int(card["depth"]), canonical(card)))
-                    out.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+                rows, cards, out = chained(run_id, seq, prev, ts, items)
+                self._conn.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+                                       rows)
+                self._conn.executemany("INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) "
+                                       "VALUES (?, ?, ?, ?, ?)", cards)
                 if not self._atomic:
                     self._conn.execute("COMMIT")
             except (MovedOnError, FencedError):
