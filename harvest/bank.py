@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from loomrt.crashpoints import reached
-from loomrt.harvest.db import HarvestDB
+from loomrt.harvest.db import Tables
 from loomrt.harvest.redact import redact_secrets
 from loomrt.messages import EvictedSpan, Message
 from loomrt.tokens import count_text
@@ -69,7 +69,7 @@ class Bank:
     """
 
     def __init__(
-        self, db: HarvestDB, *, run_id: str, agent: str, def_hash: str, scope: str, max_tokens: int,
+        self, db: Tables, *, run_id: str, agent: str, def_hash: str, scope: str, max_tokens: int,
         private: Callable[[], set[int]], record: Callable[[str, dict[str, Any]], Any],
     ):
         self.db = db
@@ -108,8 +108,9 @@ class Bank:
         reached("in_harvest_bank")
         with self.db.write() as conn:
             cur = conn.execute(
-                "INSERT OR IGNORE INTO harvest_spans (run_id, distillation_seq, scope, agent, def_hash, seq_lo, seq_hi, "
-                "ts_lo, ts_hi, banked_at, tokens, turns, redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO harvest_spans (run_id, distillation_seq, scope, agent, def_hash, seq_lo, seq_hi, "
+                "ts_lo, ts_hi, banked_at, tokens, turns, redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT DO NOTHING",
                 (self.run_id, span.distillation_seq, self.scope, self.agent, self.def_hash, min(seqs), max(seqs),
                  min(stamps) if stamps else None, max(stamps) if stamps else None, time.time(), tokens,
                  json.dumps(turns, ensure_ascii=False), redacted))

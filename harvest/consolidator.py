@@ -30,7 +30,7 @@ from typing import Any
 
 from loomrt.crashpoints import reached
 from loomrt.errors import ProviderError
-from loomrt.harvest.db import HarvestDB, harvest_db
+from loomrt.harvest.db import Tables, harvest_db
 from loomrt.harvest.extract import (
     REPLY_SCHEMA,
     Line,
@@ -40,7 +40,7 @@ from loomrt.harvest.extract import (
     parse_reply,
     parts_of,
 )
-from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
+from loomrt.harvest.memory import MemoryStore, NewFact, fact_key, memory_of
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
@@ -100,7 +100,7 @@ def _default_provider(model: str | None) -> ModelProvider:
 
 
 class Consolidator:
-    """Drains the harvest queue of the record ``store`` (a :class:`~loomrt.record.sqlite.SQLiteStore`).
+    """Drains the harvest queue of the record ``store`` (SQLite or PostgreSQL).
 
     ``provider`` answers the extraction calls (default: ``model``, else the embedded local
     model); ``embedder`` is durable memory's (as for recall). ``progress(batches, spans)``
@@ -111,13 +111,13 @@ class Consolidator:
         self, store: Any, *, provider: ModelProvider | None = None, model: str | None = None, embedder: Any = None,
         settle_s: float = SETTLE_S, part_tokens: int = PART_TOKENS, max_parts: int = MAX_PARTS,
         batch_tokens: int | None = None, retries: int = 2, lease_s: float = 300.0, holder: str | None = None,
-        db: HarvestDB | None = None, memory: MemoryStore | None = None,
+        db: Tables | None = None, memory: MemoryStore | None = None,
         progress: Callable[[int, int], None] | None = None,
     ):
         self.store = store
-        self.db = db or harvest_db(store.path)
+        self.db = db or harvest_db(store)
         self.queue = Queue(self.db)
-        self.memory = memory or MemoryStore(self.db, embedder=embedder)
+        self.memory = memory or memory_of(self.db, embedder)
         self._provider, self._model = provider, model
         self.settle_s, self.part_tokens, self.max_parts = settle_s, part_tokens, max_parts
         self.batch_tokens = batch_tokens or part_tokens * max_parts

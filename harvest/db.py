@@ -1,4 +1,5 @@
-"""Harvest's tables in the record's SQLite file: the span queue and durable memory.
+"""Harvest's tables in the record's SQLite file: the span queue and durable memory (on
+PostgreSQL, in the shared database: :mod:`loomrt.harvest.pg`).
 
 They live beside the record (one file to back up) under their own named migrations
 (:data:`MIGRATIONS`, applied by the record's :func:`~loomrt.record.migrations.migrate`), and
@@ -15,12 +16,12 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loomrt.errors import StoreError
 from loomrt.record.migrations import migrate
 
-__all__ = ["MIGRATIONS", "HarvestDB", "harvest_db", "release"]
+__all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of"]
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -121,13 +122,44 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "harvest_0003_memory_search",
+        # PostgreSQL searches facts in the database (lexemes, pgvector, pg_trgm: harvest/pg.py);
+        # SQLite searches them in the process (a RecallIndex per scope), so it adds nothing
+        "SELECT 1;",
+    ),
 ]
 """Harvest's migrations: named, ordered, forward-only (append new ones, never edit old ones)."""
+
+
+class Tables(Protocol):
+    """Harvest's tables on either backend: SQL with ``?`` placeholders, written once."""
+
+    dialect: str
+    row_key: str
+    lock_claimed: str
+    path: Any
+
+    def write(self) -> contextlib.AbstractContextManager[Any]:
+        """One write transaction; what it yields has ``execute(sql, args)``."""
+        ...
+
+    def rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        ...
+
+    def close(self) -> None:
+        ...
 
 
 class HarvestDB:
     """One connection to the harvest tables of a record file. Safe to share between the
     threads of one process; several processes may open the same file (WAL)."""
+
+    dialect = "sqlite"
+    row_key = "rowid"
+    """The column that orders facts as they were inserted."""
+    lock_claimed = ""
+    """A claim's write transaction (BEGIN IMMEDIATE) already excludes every other writer."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -177,23 +209,42 @@ class HarvestDB:
             self.conn.close()
 
 
-_open: dict[str, HarvestDB] = {}
+_open: dict[str, Tables] = {}
 _open_lock = threading.Lock()
 
 
-def harvest_db(path: str | Path) -> HarvestDB:
-    """The process's one :class:`HarvestDB` on ``path`` (opened, and migrated, on first use)."""
-    key = str(Path(path).resolve())
+def where_of(where: Any) -> str:
+    """Where a record's harvest tables are: a PostgreSQL URL (a store's, with its password),
+    or a SQLite file's resolved path. ``where`` is a store, a path or a URL."""
+    url = getattr(where, "url", None)
+    if isinstance(url, str):
+        return url
+    where = getattr(where, "path", where)
+    if isinstance(where, str) and where.startswith(("postgresql://", "postgres://")):
+        return where
+    return str(Path(where).resolve())
+
+
+def harvest_db(where: Any) -> Tables:
+    """The process's one harvest database for ``where`` (a store, a SQLite path or a
+    PostgreSQL URL): a :class:`HarvestDB` (opened, and migrated, on first use) or a
+    :class:`~loomrt.harvest.pg.PgHarvestDB` (migrated by ``loomrt db migrate``)."""
+    key = where_of(where)
     with _open_lock:
         db = _open.get(key)
         if db is None:
-            db = _open[key] = HarvestDB(path)
+            if key.startswith("postgres"):
+                from loomrt.harvest.pg import PgHarvestDB
+
+                db = _open[key] = PgHarvestDB(key)
+            else:
+                db = _open[key] = HarvestDB(key)
         return db
 
 
-def release(path: str | Path) -> None:
-    """Close and forget the process's :class:`HarvestDB` on ``path`` (its file is going away)."""
+def release(where: Any) -> None:
+    """Close and forget the process's harvest database for ``where`` (it is going away)."""
     with _open_lock:
-        db = _open.pop(str(Path(path).resolve()), None)
+        db = _open.pop(where_of(where), None)
     if db is not None:
         db.close()

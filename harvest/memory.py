@@ -23,14 +23,14 @@ from typing import Any, Protocol
 import numpy as np
 
 from loomrt.errors import NotFoundError
-from loomrt.harvest.db import HarvestDB
+from loomrt.harvest.db import Tables
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
 from loomrt.recall.embedders import Embedder, resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
+__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key", "memory_of"]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
 
@@ -91,8 +91,9 @@ def _fact(row: tuple[Any, ...]) -> Fact:
 
 
 class DurableMemory(Protocol):
-    """What a durable-memory store does (SQLite: :class:`MemoryStore`; a PostgreSQL store
-    will implement the same). Scope checks are the caller's (:class:`ScopedMemory`)."""
+    """What a durable-memory store does (SQLite: :class:`MemoryStore`; PostgreSQL:
+    :class:`~loomrt.harvest.pg_memory.PgMemoryStore`). Scope checks are the caller's
+    (:class:`ScopedMemory`; on PostgreSQL row-level security checks them again)."""
 
     def write(self, facts: Sequence[NewFact], *, also: Callable[[Any], None] | None = None) -> dict[str, int]:
         """Store facts with placement, idempotently, in one transaction (``also`` joins it)."""
@@ -136,7 +137,7 @@ class MemoryStore:
     ``embedder`` is as for recall (``None``: MiniLM, ``"hash"`` in tests, ``False``:
     lexical-only)."""
 
-    def __init__(self, db: HarvestDB, *, embedder: Any = None):
+    def __init__(self, db: Tables, *, embedder: Any = None):
         self.db = db
         self.embedder = resolve_embedder(embedder)
         self._indexes: dict[str, _ScopeIndex] = {}
@@ -243,6 +244,7 @@ class MemoryStore:
             f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?)",
             (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources),
              vec.tobytes() if vec is not None else None, getattr(self.embedder, "name", None)))
+        self._stored(conn, fact_id, f.statement, vec)
         conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
                      (fact_id, now, json.dumps(history)))
         if placed.action == "supersede":
@@ -255,6 +257,39 @@ class MemoryStore:
             conn.execute("UPDATE memory_revision SET rev = rev + 1")
         return fact_id
 
+    def import_facts(self, items: Sequence[tuple[str, str]], *, cls: str = "fact") -> list[str]:
+        """Store ``(scope, statement)`` items as they are, in one transaction: no extraction,
+        no placement (text known to stand alone, e.g. a corpus measured for search). A
+        statement already imported to its scope is kept once. Their fact ids, in order."""
+        vectors = self._embed([text for _, text in items])
+        now = time.time()
+        ids = []
+        with self._lock, self._writing() as conn:
+            for i, (scope, text) in enumerate(items):
+                key = f"import:{scope}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+                fact_id = "m" + hashlib.sha256(key.encode()).hexdigest()[:11]
+                ids.append(fact_id)
+                if conn.execute("SELECT 1 FROM memory_keys WHERE key = ?", (key,)).fetchone():
+                    continue
+                vec = vectors[i] if vectors is not None else None
+                conn.execute(
+                    f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder) VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', "
+                    "'live', NULL, NULL, ?, ?)", (fact_id, scope, cls, "", text, now,
+                                                  vec.tobytes() if vec is not None else None,
+                                                  getattr(self.embedder, "name", None)))
+                self._stored(conn, fact_id, text, vec)
+                conn.execute("INSERT INTO memory_keys VALUES (?, ?, 'import')", (key, fact_id))
+                conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
+                             (fact_id, now, json.dumps({"statement": text, "key": key, "why": "imported"})))
+        return ids
+
+    def _stored(self, conn: Any, fact_id: str, statement: str, vec: np.ndarray | None) -> None:
+        """Inside the write that inserted fact ``fact_id``: what a backend keeps beside the row
+        for searching it (SQLite: nothing; its search indexes live in the process)."""
+
+    def _erased(self, conn: Any, fact_id: str) -> None:
+        """Inside the write that erased fact ``fact_id``: wipe what :meth:`_stored` kept."""
+
     def forget(self, fact_id: str, *, erase: bool = False, by: str = "operator") -> Fact:
         """Hide a fact from search (an operator's action, recorded in its history); with
         ``erase`` its statement and vector are wiped too (its history says so)."""
@@ -265,6 +300,7 @@ class MemoryStore:
                 conn.execute("UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
                              "changed_at = ? WHERE fact_id = ?", (now, fact_id))
                 conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
+                self._erased(conn, fact_id)
             else:
                 conn.execute("UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id))
             conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
@@ -304,8 +340,9 @@ class MemoryStore:
         if idx is None or idx.rev != rev:
             idx = self._indexes[scope] = _ScopeIndex(self.embedder)
             idx.rev = rev
-        rows = self.db.rows("SELECT rowid, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
-                            "status = 'live' AND rowid > ? ORDER BY rowid", (scope, idx.rowid))
+        n = self.db.row_key
+        rows = self.db.rows(f"SELECT {n}, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
+                            f"status = 'live' AND {n} > ? ORDER BY {n}", (scope, idx.rowid))
         if rows:
             drafts = [Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role="fact", text=text)
                       for _, fid, text, _ in rows]
@@ -337,6 +374,15 @@ class MemoryStore:
                                   provenance={"class": fact.cls, "observed_at": fact.observed_at,
                                               "sources": fact.sources}))
         return hits
+
+
+def memory_of(db: Tables, embedder: Any = None) -> MemoryStore:
+    """Durable memory in ``db``: searched in the process on SQLite, in the database on PostgreSQL."""
+    if db.dialect == "postgres":
+        from loomrt.harvest.pg_memory import PgMemoryStore
+
+        return PgMemoryStore(db, embedder=embedder)  # type: ignore[arg-type]
+    return MemoryStore(db, embedder=embedder)
 
 
 class ScopedMemory:

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from loomrt.harvest.db import HarvestDB
+from loomrt.harvest.db import Tables
 
 __all__ = ["Queue"]
 
@@ -24,7 +24,7 @@ __all__ = ["Queue"]
 class Queue:
     """The queue in ``db``."""
 
-    def __init__(self, db: HarvestDB):
+    def __init__(self, db: Tables):
         self.db = db
 
     def scopes(self) -> list[str]:
@@ -67,9 +67,9 @@ class Queue:
         batch_id = hashlib.sha256(f"{scope}|{','.join(map(str, ids))}".encode()).hexdigest()[:16]
         with self.db.write() as conn:
             marks = ",".join("?" * len(ids))
-            (free,) = conn.execute(f"SELECT COUNT(*) FROM harvest_spans WHERE id IN ({marks}) AND state = 'pending'",
-                                   ids).fetchone()
-            if free != len(ids):
+            free = conn.execute(f"SELECT id FROM harvest_spans WHERE id IN ({marks}) AND state = 'pending'"
+                                + self.db.lock_claimed, ids).fetchall()
+            if len(free) != len(ids):
                 return None
             conn.execute("INSERT INTO harvest_batches (batch_id, scope, span_ids, state, claimed_at) "
                          "VALUES (?, ?, ?, 'claimed', ?)", (batch_id, scope, json.dumps(ids), time.time()))
@@ -90,7 +90,8 @@ class Queue:
                               (scope, blocked) if blocked is not None else (scope,)).fetchone()
         if top is not None:
             conn.execute("INSERT INTO harvest_watermarks VALUES (?, ?, ?) ON CONFLICT(scope) DO UPDATE "
-                         "SET span_id = MAX(span_id, excluded.span_id), at = excluded.at", (scope, top, time.time()))
+                         "SET span_id = CASE WHEN excluded.span_id > harvest_watermarks.span_id THEN excluded.span_id "
+                         "ELSE harvest_watermarks.span_id END, at = excluded.at", (scope, top, time.time()))
 
     def failed(self, batch_id: str) -> int:
         """Count one more failed attempt at ``batch_id``; how many there have been."""

@@ -16,12 +16,15 @@ from typing import Any
 
 from loomrt.events import message_of
 from loomrt.harvest.bank import Bank
-from loomrt.harvest.db import HarvestDB
+from loomrt.harvest.db import Tables
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 from loomrt.messages import EvictedSpan
 from loomrt.visibility import private_seqs
 
 __all__ = ["sweep"]
+
+_SWEPT = ("INSERT INTO harvest_swept VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE "
+          "SET harvest = excluded.harvest, swept_seq = excluded.swept_seq")
 
 
 def _scope(started: Any) -> str | None:
@@ -36,7 +39,7 @@ def _scope(started: Any) -> str | None:
         return None
 
 
-def sweep(store: Any, db: HarvestDB, settled: Callable[[str], bool]) -> int:
+def sweep(store: Any, db: Tables, settled: Callable[[str], bool]) -> int:
     """Bank what the record's settled harvest runs evicted and the bank never saw; how many spans."""
     known = {r: (h, s) for r, h, s in db.rows("SELECT run_id, harvest, swept_seq FROM harvest_swept")}
     banked = 0
@@ -48,7 +51,7 @@ def sweep(store: Any, db: HarvestDB, settled: Callable[[str], bool]) -> int:
         scope = _scope(started) if started is not None else None
         if scope is None:
             with db.write() as conn:
-                conn.execute("INSERT OR REPLACE INTO harvest_swept VALUES (?, 0, ?)", (info.run_id, info.last_seq))
+                conn.execute(_SWEPT, (info.run_id, 0, info.last_seq))
             continue
         have = {s for (s,) in db.rows("SELECT distillation_seq FROM harvest_spans WHERE run_id = ?", (info.run_id,))}
         events = store.events(info.run_id)
@@ -66,5 +69,5 @@ def sweep(store: Any, db: HarvestDB, settled: Callable[[str], bool]) -> int:
                                                   distillation_seq=e.seq, messages=span))["outcome"] == "banked":
                     banked += 1
         with db.write() as conn:
-            conn.execute("INSERT OR REPLACE INTO harvest_swept VALUES (?, 1, ?)", (info.run_id, info.last_seq))
+            conn.execute(_SWEPT, (info.run_id, 1, info.last_seq))
     return banked

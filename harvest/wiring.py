@@ -2,8 +2,8 @@
 :func:`loomrt.toolset.resolve_toolset`, the one place a run's toolset is resolved).
 
 Misconfiguration is loud, once per run: harvest on with no ``memory_scopes``, a scope with
-no identity (``user`` and no ``--user``), or a store without a file for durable memory (an
-in-memory record, or PostgreSQL, which has no durable memory yet) is
+no identity (``user`` and no ``--user``), or a store without a place for durable memory (an
+in-memory record) is
 a ``harvest_error`` event (recorded once; ``loomrt agents validate`` warns of the first
 two). The run goes on without the part that cannot work.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 from loomrt.events import Event
 from loomrt.harvest.bank import Bank
-from loomrt.harvest.db import harvest_db
-from loomrt.harvest.memory import MemoryStore, ScopedMemory
+from loomrt.harvest.db import harvest_db, where_of
+from loomrt.harvest.memory import MemoryStore, ScopedMemory, memory_of
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 
 __all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems"]
@@ -39,25 +39,26 @@ _stores: dict[tuple[str, str], MemoryStore] = {}
 _stores_lock = threading.Lock()
 
 
-def memory_store(path: str | Path, embedder: Any = None) -> MemoryStore:
-    """The process's durable memory on the record file ``path`` (one per embedder)."""
-    key = (str(Path(path).resolve()), repr(embedder) if embedder is not None and not isinstance(embedder, str) else str(embedder))
+def memory_store(where: Any, embedder: Any = None) -> MemoryStore:
+    """The process's durable memory beside a record (``where``: the store, its SQLite file or
+    its PostgreSQL URL), one per embedder."""
+    key = (where_of(where), repr(embedder) if embedder is not None and not isinstance(embedder, str) else str(embedder))
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            store = _stores[key] = MemoryStore(harvest_db(path), embedder=embedder)
+            store = _stores[key] = memory_of(harvest_db(where), embedder)
         return store
 
 
-def release(path: str | Path) -> None:
-    """Close the process's durable memory on the record file ``path`` (its file is going away)."""
+def release(where: Any) -> None:
+    """Close the process's durable memory beside a record (it is going away)."""
     from loomrt.harvest import db
 
-    resolved = str(Path(path).resolve())
+    resolved = where_of(where)
     with _stores_lock:
         for key in [k for k in _stores if k[0] == resolved]:
             del _stores[key]
-    db.release(path)
+    db.release(where)
 
 
 def config_problems(context: Any) -> list[str]:
@@ -101,22 +102,19 @@ def wire(
         loud(f"durable memory is off for this run: {exc}")
         return out
     path = getattr(store, "path", None)
-    has_file = isinstance(path, Path) and str(path) != ":memory:"
+    has_file = (isinstance(path, Path) and str(path) != ":memory:") or isinstance(getattr(store, "url", None), str)
     no_file = ("durable memory is off for this run: its store has no file to keep memory in (an in-memory "
-               "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH)")
-    if path is not None and not isinstance(path, Path):
-        no_file = (f"durable memory is off for this run: durable memory and the harvest queue live in SQLite only "
-                   f"so far, and this run's record is {path}; use LOOMRT_DB_URL=sqlite:PATH for harvest")
+               "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH) or PostgreSQL")
     try:
         if memory is not None and not isinstance(memory, MemoryStore):
             out.memory = memory  # the caller's own MemorySource, read with this run's scope keys
         elif memory is not None or has_file:
-            out.memory = ScopedMemory(memory or memory_store(str(path), embedder), out.scopes, context.memory_scopes)
+            out.memory = ScopedMemory(memory or memory_store(store, embedder), out.scopes, context.memory_scopes)
         if context.harvest_to_memory:
             if not has_file:
                 loud(no_file)
             else:
-                out.bank = Bank(harvest_db(str(path)), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
+                out.bank = Bank(harvest_db(store), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
                                 max_tokens=context.harvest_max_tokens, private=private, record=emit)
         elif out.memory is None:
             loud(no_file)

@@ -16,6 +16,11 @@ Two kinds of work, queued on the record:
   (:attr:`loomrt.run.state.RunState.guarded`): if the run's own process starts a turn while
   the worker folds, the worker's next append is refused and its fold dropped, never mixed in.
 
+- **consolidation** (with a :class:`~loomrt.harvest.consolidator.Consolidator`): one pass
+  over the harvest queue, scope by scope under the scope's lease, as ``loomrt consolidate``
+  does; of several workers each takes the scopes no other holds, and a claim locks its
+  spans, so none is taken twice.
+
 On PostgreSQL an idle worker waits on ``LISTEN loomrt_work`` (a detached run's NOTIFY
 carries its id only) and looks again at once; when that connection drops it falls back to
 looking every ``interval_s`` seconds.
@@ -78,8 +83,9 @@ def abandoned(store: Any) -> list[str]:
 
 
 async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] | None = None,
-                    concurrency: int = 1) -> list[dict[str, Any]]:
-    """Do the queued work of every run that is not playing; one row per run looked at.
+                    concurrency: int = 1, consolidator: Any = None) -> list[dict[str, Any]]:
+    """Do the queued work of every run that is not playing, then (with ``consolidator``) one
+    consolidation pass; one row per run looked at, and one for the pass if it did anything.
     The runtime claims what it plays (as this process's worker, if it has no owner yet)."""
     if runtime.owner is None:
         runtime.owner = worker_name()
@@ -98,16 +104,25 @@ async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] 
         rows.append(row)
         if tell:
             tell(row)
+    if consolidator is not None and consolidator.queue.scopes():
+        report = (await consolidator.arun_once()).to_dict()
+        row = {"run_id": None, "work": "consolidate", "done": bool(report["batches"]), **report,
+               "reason": None if report["batches"] else "nothing settled, or other workers hold its scopes"}
+        rows.append(row)
+        if tell:
+            tell(row)
     return rows
 
 
 def work(runtime: Runtime, *, interval_s: float = 5.0, tell: Callable[[dict[str, Any]], None] | None = None,
-         stop: Callable[[], bool] = lambda: False, concurrency: int = 1) -> None:
+         stop: Callable[[], bool] = lambda: False, concurrency: int = 1, consolidator: Any = None) -> None:
     """:func:`work_once`, then wait for more (a NOTIFY where the store has them, else
     ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI)."""
     wait = getattr(runtime.store, "wait_for_work", None)
     while not stop():
-        asyncio.run(work_once(runtime, tell=tell, concurrency=concurrency))
+        rows = asyncio.run(work_once(runtime, tell=tell, concurrency=concurrency, consolidator=consolidator))
+        if any(r["work"] == "consolidate" and r["done"] for r in rows):
+            continue  # more of the queue may be waiting
         if callable(wait):
             wait(interval_s)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from harvest_kit import chat, harvest_agent, padded
 from loomrt import Runtime
 from loomrt.bench.harvest_load import bank_load
 from loomrt.harvest import Consolidator, MemoryStore, NewFact, ScopedMemory, ScopeError
+from loomrt.harvest.memory import memory_of
 from loomrt.harvest.coreference import CASES
 from loomrt.harvest.db import harvest_db
 from loomrt.harvest.extract import Unparseable, check_fact, parse_reply
@@ -24,13 +26,22 @@ from loomrt.record.sqlite import SQLiteStore
 TALK = [padded(f"My colleague Rosa{i} works on the billing service and prefers tabs over spaces.") for i in range(6)]
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> SQLiteStore:
-    return SQLiteStore(tmp_path / "record.sqlite")
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore]:
+    """A record on each backend in turn; harvest's tables live beside it (the SQLite file, or
+    the PostgreSQL database)."""
+    from loomrt.harvest.wiring import release
+    from loomrt.record.sqlite import default_store
+
+    record = (SQLiteStore(tmp_path / "record.sqlite") if request.param == "sqlite"
+              else default_store(request.getfixturevalue("postgres_url")))
+    yield record
+    release(record)
+    record.close()
 
 
 def _banked(store: SQLiteStore) -> list[tuple]:
-    return harvest_db(store.path).rows("SELECT run_id, distillation_seq, scope, turns FROM harvest_spans ORDER BY id")
+    return harvest_db(store).rows("SELECT run_id, distillation_seq, scope, turns FROM harvest_spans ORDER BY id")
 
 
 def _consolidator(store: SQLiteStore, provider=None, **kw) -> Consolidator:
@@ -49,7 +60,7 @@ def test_each_applied_distillation_is_banked_once_with_provenance(store: SQLiteS
     assert all(b.data["outcome"] == "banked" and b.data["scope"] == "user:alice" for b in banked)
     rows = _banked(store)
     assert [(r[0], r[1], r[2]) for r in rows] == [(run_id, s, "user:alice") for s in distilled]
-    row = harvest_db(store.path).rows("SELECT agent, def_hash, seq_lo, seq_hi, ts_lo FROM harvest_spans LIMIT 1")[0]
+    row = harvest_db(store).rows("SELECT agent, def_hash, seq_lo, seq_hi, ts_lo FROM harvest_spans LIMIT 1")[0]
     assert row[0] == "agent" and len(row[1]) == 16 and row[2] <= row[3] and row[4] is not None
     # the conversation only: no system prompt, no synthetic blocks
     turns = [t for r in rows for t in json.loads(r[3])]
@@ -88,8 +99,8 @@ def test_resuming_and_rebuilding_recall_bank_nothing_new(store: SQLiteStore) -> 
 
 
 def test_banking_twice_writes_one_row(store: SQLiteStore) -> None:
-    bank_load(store.path, 3, scopes=("user:alice",))
-    bank_load(store.path, 3, scopes=("user:alice",))
+    bank_load(store, 3, scopes=("user:alice",))
+    bank_load(store, 3, scopes=("user:alice",))
     assert len(_banked(store)) == 3
 
 
@@ -110,7 +121,7 @@ def test_a_span_of_tool_traffic_only_is_counted_not_banked(store: SQLiteStore) -
     from loomrt.harvest.bank import Bank
     from loomrt.messages import EvictedSpan, Message, ToolCall
 
-    bank = Bank(harvest_db(store.path), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
+    bank = Bank(harvest_db(store), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
                 max_tokens=100, private=set, record=lambda k, d: None)
     only_tools = EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=4, messages=(
         Message(role="assistant", tool_calls=(ToolCall(id="c", name="Read", arguments={"path": "x"}),), seq=2),
@@ -150,12 +161,12 @@ def test_agents_validate_warns_of_harvest_without_scopes(tmp_path: Path) -> None
 # ---------------------------------------------------------------- the consolidator
 
 
-def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) -> None:
+def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore, tmp_path: Path) -> None:
     for i, (named, said, _) in enumerate(CASES):
         from loomrt.harvest.bank import Bank
         from loomrt.messages import EvictedSpan, Message
 
-        bank = Bank(harvest_db(store.path), run_id=f"c{i}", agent="a", def_hash="0" * 16, scope="user:alice",
+        bank = Bank(harvest_db(store), run_id=f"c{i}", agent="a", def_hash="0" * 16, scope="user:alice",
                     max_tokens=8000, private=set, record=lambda k, d: None)
         for j, text in enumerate((named, said)):
             bank.bank(EvictedSpan(run_id=f"c{i}", agent="a", mode="recap", distillation_seq=10 + j,
@@ -170,9 +181,9 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) ->
         assert named in text
         assert "c0" not in text and "distillation" not in text and "{" not in text
         assert all(m["role"] != "system" or "long-term memory" in m["content"] for m in call.messages)
-    kept = {f.statement for f in memory_store(store.path, "hash").facts()}
+    kept = {f.statement for f in memory_store(store, "hash").facts()}
 
-    per_span_store = SQLiteStore(store.path.parent / "per-span.sqlite")
+    per_span_store = SQLiteStore(tmp_path / "per-span.sqlite")
     for i, (named, said, _) in enumerate(CASES):
         from loomrt.harvest.bank import Bank
         from loomrt.messages import EvictedSpan, Message
@@ -191,7 +202,7 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore) ->
 
 
 def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLiteStore) -> None:
-    bank_load(store.path, 3, scopes=("user:alice",))
+    bank_load(store, 3, scopes=("user:alice",))
     calls = []
 
     def extractor(request):
@@ -215,7 +226,7 @@ def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLit
 
 def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: SQLiteStore,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    texts = bank_load(store.path, 4, scopes=("user:alice",))
+    texts = bank_load(store, 4, scopes=("user:alice",))
     worker = _consolidator(store, batch_tokens=1)
     real = MemoryStore.write
     calls = {"n": 0}
@@ -238,8 +249,8 @@ def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: S
 
 
 def test_a_retried_batch_writes_nothing_new(store: SQLiteStore) -> None:
-    bank_load(store.path, 2, scopes=("user:alice",))
-    queue = Queue(harvest_db(store.path))
+    bank_load(store, 2, scopes=("user:alice",))
+    queue = Queue(harvest_db(store))
     spans = queue.pending("user:alice", after=0)
     batch = queue.claim("user:alice", spans)
     worker = _consolidator(store)
@@ -260,7 +271,7 @@ def test_only_settled_runs_are_consolidated(store: SQLiteStore) -> None:
 
 
 def test_a_busy_scope_is_left_to_the_worker_that_holds_its_lease(store: SQLiteStore) -> None:
-    bank_load(store.path, 2, scopes=("user:alice",))
+    bank_load(store, 2, scopes=("user:alice",))
     assert store.take_lease("harvest:user:alice", "someone-else", 60)
     report = _consolidator(store).run_once()
     assert report.busy == ["user:alice"] and report.batches == 0
@@ -302,7 +313,7 @@ def _fact(statement: str, subject: str, *, cls: str = "fact", key: str, scope: s
 def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
     from loomrt.recall.embedders import MiniLMEmbedder
 
-    memory = MemoryStore(harvest_db(store.path), embedder=MiniLMEmbedder())
+    memory = memory_of(harvest_db(store), embedder=MiniLMEmbedder())
     wordings = [
         ("Joaquim", ["Joaquim keeps bees on the roof of his flat.", "Joaquim is a rooftop beekeeper at his flat.",
                      "On the roof of his flat, Joaquim keeps bees."]),
@@ -321,7 +332,7 @@ def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
 
 
 def test_a_changed_value_supersedes_and_is_kept_marked(store: SQLiteStore) -> None:
-    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory = memory_of(harvest_db(store), embedder="hash")
     memory.write([_fact("Keiko's deploy window is 14:00 to 16:00.", "Keiko", key="a")])
     memory.write([_fact("Keiko's deploy window is 17:00 to 19:00.", "Keiko", key="b")])
     live = memory.facts()
@@ -333,14 +344,14 @@ def test_a_changed_value_supersedes_and_is_kept_marked(store: SQLiteStore) -> No
 
 
 def test_another_fact_with_other_values_supersedes_nothing(store: SQLiteStore) -> None:
-    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory = memory_of(harvest_db(store), embedder="hash")
     memory.write([_fact("Alice is 25 years old and lives in Porto.", "Alice", key="a")])
     counts = memory.write([_fact("Alice moved to Porto in 2020 with her partner.", "Alice", key="b")])
     assert counts["new"] == 1 and len(memory.facts()) == 2
 
 
 def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
-    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory = memory_of(harvest_db(store), embedder="hash")
     memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="a")])
     counts = memory.write([_fact("Priya prefers tea to coffee in the morning.", "Priya", key="b")])
     assert counts["merged"] == 1 and len(memory.facts()) == 1
@@ -351,7 +362,7 @@ def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
 
 
 def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
-    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory = memory_of(harvest_db(store), embedder="hash")
     memory.write([_fact("Omar is allergic to peanuts.", "Omar", key="a"), _fact("Ana plays the cello.", "Ana", key="b")])
     omar, ana = sorted(memory.facts(), key=lambda f: f.subject, reverse=True)
     memory.forget(omar.fact_id)
@@ -363,7 +374,7 @@ def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
 
 
 def test_scopes_are_checked_on_every_read(store: SQLiteStore) -> None:
-    memory = MemoryStore(harvest_db(store.path), embedder="hash")
+    memory = memory_of(harvest_db(store), embedder="hash")
     memory.write([_fact("Bob's locker code is in the blue book.", "Bob", key="a", scope="user:bob"),
                   _fact("The shop closes at 18:00 on Sundays.", "shop", key="b", scope="project:shop")])
     mine = ScopedMemory(memory, ["project:shop"], ["project"])
@@ -394,7 +405,7 @@ def test_memory_cli_search_list_show_forget(store: SQLiteStore, monkeypatch: pyt
 
     from loomrt.cli import app
 
-    monkeypatch.setenv("LOOMRT_DB_URL", f"sqlite:{store.path}")
+    monkeypatch.setenv("LOOMRT_DB_URL", getattr(store, "url", f"sqlite:{store.path}"))
     monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
     _, run_id = chat(store, harvest_agent(), TALK)
     cli = CliRunner()
@@ -420,34 +431,30 @@ def test_memory_cli_search_list_show_forget(store: SQLiteStore, monkeypatch: pyt
 # ---------------------------------------------------------------- many workers, crashes
 
 
-def test_two_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(tmp_path: Path) -> None:
+def test_four_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(store: SQLiteStore) -> None:
     from loomrt.bench.harvest_load import bank_load, drain, verify
 
-    path = tmp_path / "record.sqlite"
-    SQLiteStore(path).close()
-    texts = bank_load(path, 400)
-    ran = drain(path, workers=2, batch_tokens=60)
-    assert ran["exit_codes"] == [0, 0]
-    figures = verify(path, texts)
+    texts = bank_load(store, 400)
+    ran = drain(store, workers=4, batch_tokens=60)
+    assert ran["exit_codes"] == [0, 0, 0, 0]
+    figures = verify(store, texts)
     assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["facts"] == 400
     assert figures["span_states"] == {"done": 400}
 
 
-def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(tmp_path: Path) -> None:
+def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(store: SQLiteStore) -> None:
     from loomrt.bench.harvest_load import bank_load, drain, verify
 
-    path = tmp_path / "record.sqlite"
-    SQLiteStore(path).close()
-    texts = bank_load(path, 40, scopes=("user:alice",))
-    ran = drain(path, workers=1, lease_s=1.0, batch_tokens=60, crash_at="in_consolidate:3")
+    texts = bank_load(store, 40, scopes=("user:alice",))
+    ran = drain(store, workers=1, lease_s=1.0, batch_tokens=60, crash_at="in_consolidate:3")
     assert ran["killed"] and ran["exit_codes"][-1] == 0
-    figures = verify(path, texts)
+    figures = verify(store, texts)
     assert figures["lost"] == 0 and figures["doubled"] == 0 and figures["span_states"] == {"done": 40}
 
 
 def test_the_sweep_banks_from_the_record_what_a_crash_kept_from_the_bank(store: SQLiteStore) -> None:
     _, run_id = chat(store, harvest_agent(), TALK)
-    db = harvest_db(store.path)
+    db = harvest_db(store)
     rows = _banked(store)
     lost = rows[1][1]
     with db.write() as conn:  # as if the process died between the distillation event and the bank
@@ -464,7 +471,7 @@ def test_a_batch_takes_whole_spans_while_they_fit_one_call(store: SQLiteStore) -
     from loomrt.harvest.bank import Bank
     from loomrt.messages import EvictedSpan, Message
 
-    bank = Bank(harvest_db(store.path), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
+    bank = Bank(harvest_db(store), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
                 max_tokens=8000, private=set, record=lambda k, d: None)
     for i in range(3):
         lines = tuple(Message(role="user", content=f"Line {i}.{j} says the shelf holds {j} green boxes.", seq=10 * i + j)
@@ -482,7 +489,7 @@ def test_a_batch_takes_whole_spans_while_they_fit_one_call(store: SQLiteStore) -
 
 
 def test_a_failing_model_holds_the_batch_then_dead_letters_it(store: SQLiteStore) -> None:
-    bank_load(store.path, 1, scopes=("user:alice",))
+    bank_load(store, 1, scopes=("user:alice",))
 
     def broken(request):
         raise RuntimeError("the prompt is 5000 tokens and the context window (n_ctx) is 4096")
@@ -498,7 +505,7 @@ def test_a_failing_model_holds_the_batch_then_dead_letters_it(store: SQLiteStore
 def test_a_reply_cut_off_at_max_tokens_is_retried_asking_for_fewer_facts(store: SQLiteStore) -> None:
     from loomrt.errors import ProviderError
 
-    bank_load(store.path, 1, scopes=("user:alice",))
+    bank_load(store, 1, scopes=("user:alice",))
     seen = []
 
     def cut_then_fine(request):

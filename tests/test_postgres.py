@@ -32,17 +32,22 @@ def _fresh_database(postgres_server: Any, name: str) -> str:
 
 
 def test_the_postgres_migrations_are_the_one_lists_names_in_its_order() -> None:
+    from loomrt.harvest import db, pg
+
     assert list(pg_migrations.POSTGRES_SQL) == [name for name, _ in MIGRATIONS]
+    assert list(pg.POSTGRES_SQL) == [name for name, _ in db.MIGRATIONS]
+    assert pg_migrations.names() == [*pg_migrations.POSTGRES_SQL, *pg.POSTGRES_SQL]
 
 
 def test_a_schema_behind_is_refused_with_the_command_and_a_newer_one_is_accepted(postgres_server: Any) -> None:
     url = _fresh_database(postgres_server, "behind")
-    with pytest.raises(StoreError, match=rf"behind this loomrt: {len(MIGRATIONS)} migration\(s\) .* Run `loomrt db migrate`"):
+    every = pg_migrations.names()
+    with pytest.raises(StoreError, match=rf"behind this loomrt: {len(every)} migration\(s\) .* Run `loomrt db migrate`"):
         PostgresStore(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        assert pg_migrations.migrate(conn, dry_run=True) == [n for n, _ in MIGRATIONS]
+        assert pg_migrations.migrate(conn, dry_run=True) == every
         assert pg_migrations.applied(conn) == []  # a dry run applies nothing
-        assert pg_migrations.migrate(conn) == [n for n, _ in MIGRATIONS]
+        assert pg_migrations.migrate(conn) == every
         assert pg_migrations.migrate(conn) == []  # idempotent
         conn.execute("INSERT INTO _migrations VALUES ('9999_from_a_newer_loomrt', 0)")  # a rolling upgrade
     store = PostgresStore(url)
@@ -105,11 +110,12 @@ def test_db_commands_migrate_report_and_copy_a_sqlite_history(tmp_path: Any, pos
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url = _fresh_database(postgres_server, "copied")
     status = json.loads(runner.invoke(app, ["db", "status", "--db-url", url, "--json"]).stdout)
-    assert (status["backend"], status["applied"], len(status["missing"])) == ("postgresql", [], len(MIGRATIONS))
+    every = pg_migrations.names()  # the record's and harvest's
+    assert (status["backend"], status["applied"], status["missing"]) == ("postgresql", [], every)
     dry = json.loads(runner.invoke(app, ["db", "migrate", "--db-url", url, "--dry-run", "--json"]).stdout)
-    assert dry == {"dry_run": True, "would_apply": [n for n, _ in MIGRATIONS]}
+    assert dry == {"dry_run": True, "would_apply": every}
     done = runner.invoke(app, ["db", "migrate", "--db-url", url])
-    assert done.exit_code == 0 and f"applied {len(MIGRATIONS)} migration(s)" in done.stdout
+    assert done.exit_code == 0 and f"applied {len(every)} migration(s)" in done.stdout
     assert json.loads(runner.invoke(app, ["db", "status", "--db-url", url, "--json"]).stdout)["missing"] == []
 
     # a single machine's history: two runs, one a fork of the other
@@ -142,18 +148,23 @@ def test_db_commands_migrate_report_and_copy_a_sqlite_history(tmp_path: Any, pos
     local.close()
 
 
-def test_harvest_on_a_postgres_record_is_one_clear_event_and_the_run_goes_on(
-        tmp_path: Any, postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
-    write(tmp_path, "s.yaml", "turns: []\n")
-    agents = load_agents(write(tmp_path, "agents.yaml", """
-        agents:
-          a:
-            model: scripted/s.yaml
-            context: {recall: true, memory_scopes: [agent], harvest_to_memory: true}
-    """))
-    rt = Runtime(PostgresStore(postgres_url), providers=lambda spec, model: ScriptedProvider(["fine"]))
-    result = rt.run_sync("a", "go", agents=agents)
-    assert (result.status, result.output) == ("done", "fine")
-    (problem,) = rt.store.events(result.run_id, kinds=["harvest_error"])
-    assert "live in SQLite only so far" in problem.data["message"]
+def test_a_worker_consolidates_the_harvest_queue_in_the_shared_database(postgres_url: str) -> None:
+    import asyncio
+
+    from loomrt.bench.harvest_load import bank_load, verify
+    from loomrt.harvest import Consolidator
+    from loomrt.harvest.scripted import echo_extractor
+    from loomrt.harvest.wiring import release
+    from loomrt.worker import work_once
+
+    store = PostgresStore(postgres_url)
+    texts = bank_load(store, 12, scopes=("user:alice", "user:bob"))
+    rt = Runtime(store, owner="host-a/1/abc")
+    consolidator = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=0, holder=rt.owner)
+    rows = asyncio.run(work_once(rt, consolidator=consolidator))
+    (row,) = [r for r in rows if r["work"] == "consolidate"]
+    assert row["done"] and row["spans"] == 12
+    assert verify(store, texts)["lost"] == 0
+    assert not [r for r in asyncio.run(work_once(rt, consolidator=consolidator)) if r["work"] == "consolidate"]
+    release(store)
+    store.close()

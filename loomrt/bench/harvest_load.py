@@ -2,7 +2,7 @@
 
 ``bank_load`` banks ``n`` synthetic spans (each user line a distinct fact) over some
 scopes; ``drain`` starts worker processes (``python -m loomrt.bench.harvest_load work
-DB``), each passing over the queue with the model-free echo extractor until nothing is
+DB``, DB a SQLite file or a PostgreSQL URL), each passing over the queue with the model-free echo extractor until nothing is
 left, optionally one of them killed at a crash point; ``verify`` counts what durable memory
 holds against what was banked: lost (a banked line with no fact) and doubled (a line
 stored twice). The figures can come out badly: a batch taken by two workers doubles its
@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 __all__ = ["bank_load", "drain", "verify", "SCOPES"]
@@ -24,13 +23,13 @@ __all__ = ["bank_load", "drain", "verify", "SCOPES"]
 SCOPES = ("user:alice", "user:bob", "project:shop", "agent:historian")
 
 
-def bank_load(path: Path, n: int, *, scopes: tuple[str, ...] = SCOPES, turns: int = 1) -> list[str]:
+def bank_load(where: Any, n: int, *, scopes: tuple[str, ...] = SCOPES, turns: int = 1) -> list[str]:
     """Bank ``n`` spans round-robin over ``scopes``; the user lines they hold."""
     from loomrt.harvest.bank import Bank
     from loomrt.harvest.db import harvest_db
     from loomrt.messages import EvictedSpan, Message
 
-    db = harvest_db(path)
+    db = harvest_db(where)
     banks = {s: Bank(db, run_id=f"load-{k}", agent="loader", def_hash="0" * 16, scope=s, max_tokens=8000,
                      private=set, record=lambda kind, data: None) for k, s in enumerate(scopes)}
     texts = []
@@ -50,9 +49,9 @@ def _work(db: str, lease_s: float, batch_tokens: int) -> None:
     """One worker process: pass over the queue until nothing is pending or claimed."""
     from loomrt.harvest.consolidator import Consolidator
     from loomrt.harvest.scripted import echo_extractor
-    from loomrt.record.sqlite import SQLiteStore
+    from loomrt.record.sqlite import default_store
 
-    store = SQLiteStore(db)
+    store = default_store(db if db.startswith("postgres") else f"sqlite:{db}")
     worker = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=0, lease_s=lease_s,
                           batch_tokens=batch_tokens)
     while worker.queue.scopes():
@@ -61,13 +60,15 @@ def _work(db: str, lease_s: float, batch_tokens: int) -> None:
             time.sleep(0.05)  # the scopes left are another worker's (or a dead one's, until its lease expires)
 
 
-def drain(path: Path, *, workers: int = 2, lease_s: float = 5.0, batch_tokens: int = 200,
+def drain(where: Any, *, workers: int = 2, lease_s: float = 5.0, batch_tokens: int = 200,
           crash_at: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
-    """Start ``workers`` processes on the record at ``path``; the first is killed at
+    """Start ``workers`` processes on the record at ``where`` (a store, a file or a URL); the first is killed at
     ``crash_at`` (``POINT:N``), and a replacement started once it died. Returns the
     wall time, the exit codes, and whether a worker was killed."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    cmd = [sys.executable, "-m", "loomrt.bench.harvest_load", "work", str(path), str(lease_s), str(batch_tokens)]
+    from loomrt.harvest.db import where_of
+
+    cmd = [sys.executable, "-m", "loomrt.bench.harvest_load", "work", where_of(where), str(lease_s), str(batch_tokens)]
     start = time.perf_counter()
     procs = [subprocess.Popen(cmd, env={**env, **({"LOOMRT_CRASH_AT": crash_at} if crash_at and i == 0 else {})})
              for i in range(workers)]
@@ -78,11 +79,11 @@ def drain(path: Path, *, workers: int = 2, lease_s: float = 5.0, batch_tokens: i
     return {"wall_s": time.perf_counter() - start, "exit_codes": codes, "killed": killed}
 
 
-def verify(path: Path, texts: list[str]) -> dict[str, Any]:
+def verify(where: Any, texts: list[str]) -> dict[str, Any]:
     """What durable memory holds against the banked ``texts``."""
     from loomrt.harvest.db import harvest_db
 
-    db = harvest_db(path)
+    db = harvest_db(where)
     stored = Counter(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
     states = dict(db.rows("SELECT state, COUNT(*) FROM harvest_spans GROUP BY state"))
     return {"banked_lines": len(texts), "facts": sum(stored.values()), "lost": sum(1 for t in texts if t not in stored),

@@ -417,6 +417,29 @@ def _store(s: dict[str, Any]) -> list[str]:
                          f"{f['read_run_ms_median']:.2f}", f.get("server", "a file on this machine")])
     lines += _table(["backend", "events/s, one at a time", "events/s, four at a time",
                      f"ms to read a run ({s.get('sqlite', {}).get('events_per_run', '?')} events)", "where"], rows)
+    return lines + [""] + _memory_search(s.get("memory") or {})
+
+
+def _memory_search(m: dict[str, Any]) -> list[str]:
+    """Durable-memory search on each backend: latency, and R@k on the same imported turns."""
+    if not m:
+        return []
+    lines = ["Durable-memory search (real embedder, the query's embedding included): SQLite in the process, "
+             "PostgreSQL in the database (BM25 over full-text lexemes, pgvector HNSW).", ""]
+    rows = [[b, f"{f['facts']:,}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}", f"{f['import_s']:.1f}"]
+            for b, f in (m.get("latency") or {}).items()]
+    lines += _table(["backend", "facts", "search p50 ms", "search p95 ms", "import s"], rows) + [""]
+    parity = m.get("parity") or {}
+    if "skipped" in parity:
+        return lines + [f"Parity: skipped ({parity['skipped']}).", ""]
+    rows = [[b, f"{f['facts']:,}", str(f["questions"]), f"{f['r@1']:.3f}", f"{f['r@5']:.3f}"]
+            for b, f in parity.items() if isinstance(f, dict)]
+    lines += ["Parity: LoCoMo turns imported verbatim as facts (a scope per conversation), queried with its "
+              "answerable questions; found at k when an evidence turn's fact is in the top k.", ""]
+    lines += _table(["backend", "facts", "questions", "R@1", "R@5"], rows)
+    if "r@5_gap" in parity:
+        lines += ["", f"R@5 gap {parity['r@5_gap']:.3f}: {'within' if parity['within_0.02'] else '**outside**'} "
+                  "the 0.02 the issue asks for."]
     return lines + [""]
 
 

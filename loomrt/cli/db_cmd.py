@@ -85,6 +85,7 @@ def _schema(url: str) -> dict[str, Any]:
         with _pg(url) as conn:
             have = pg_migrations.applied(conn)
         where, backend = redact_url(url), "postgresql"
+        names = pg_migrations.names()  # harvest's tables are migrated here too (on SQLite, as they open)
     return {"backend": backend, "where": where, "version": len(names), "applied": [n for n in have if n in names],
             "missing": [n for n in names if n not in have], "newer": [n for n in have if n not in known],
             "other_parts": [n for n in have if n in known and n not in names]}

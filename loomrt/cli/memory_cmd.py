@@ -32,18 +32,16 @@ def _memory() -> Any:
     from loomrt.record.sqlite import default_store
 
     store = _file_store(default_store())
-    return store, memory_store(store.path)
+    return store, memory_store(store)
 
 
 def _file_store(store: Any) -> Any:
-    """``store``, if durable memory can live beside it (a SQLite file)."""
-    from loomrt.record.sqlite import SQLiteStore
-
-    if not isinstance(store, SQLiteStore):
+    """``store``, if durable memory can live beside it (a SQLite file or PostgreSQL)."""
+    if getattr(store, "url", None) is None and str(getattr(store, "path", ":memory:")) == ":memory:":
         from loomrt.errors import StoreError
 
-        raise StoreError(f"durable memory and the harvest queue live in SQLite only so far; the record here is "
-                         f"{store.path}. Unset LOOMRT_DB_URL (or use sqlite:PATH) for memory commands.")
+        raise StoreError("durable memory needs a record file or PostgreSQL, and this record is in memory. "
+                         "Set LOOMRT_HOME, or LOOMRT_DB_URL=sqlite:PATH or postgresql://...")
     return store
 
 

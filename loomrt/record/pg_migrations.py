@@ -21,7 +21,7 @@ from typing import Any
 from loomrt.errors import StoreError
 from loomrt.record.migrations import MIGRATIONS
 
-__all__ = ["POSTGRES_SQL", "APP_ROLE", "migrate", "applied", "missing", "check_schema"]
+__all__ = ["POSTGRES_SQL", "APP_ROLE", "migrate", "applied", "missing", "check_schema", "names"]
 
 APP_ROLE = "loomrt_app"
 """The role the application connects through: SELECT and INSERT on the record, no UPDATE,
@@ -126,8 +126,22 @@ _LOCK = 7_710_001
 """The advisory lock ``loomrt db migrate`` holds: two migrators never interleave."""
 
 
-def _names() -> list[str]:
-    return [name for name, _ in MIGRATIONS]
+def _parts() -> list[tuple[list[tuple[str, str]], dict[str, str]]]:
+    """Each part's one list of migrations and its PostgreSQL SQL by name: the record's, then
+    harvest's (the span queue and durable memory, :mod:`loomrt.harvest.pg`)."""
+    from loomrt.harvest.db import MIGRATIONS as HARVEST
+    from loomrt.harvest.pg import POSTGRES_SQL as HARVEST_SQL
+
+    return [(MIGRATIONS, POSTGRES_SQL), (HARVEST, HARVEST_SQL)]
+
+
+def names() -> list[str]:
+    """Every migration a database of this version has, in the order they apply."""
+    return [name for migrations, _ in _parts() for name, _ in migrations]
+
+
+def _sql(name: str) -> str:
+    return next(sql[name] for _, sql in _parts() if name in sql)
 
 
 def applied(conn: Any) -> list[str]:
@@ -141,7 +155,7 @@ def applied(conn: Any) -> list[str]:
 def missing(conn: Any) -> list[str]:
     """This version's migrations the database does not have yet, in order."""
     have = set(applied(conn))
-    return [n for n in _names() if n not in have]
+    return [n for n in names() if n not in have]
 
 
 def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
@@ -156,7 +170,7 @@ def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
         conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
         for name in missing(conn):
             with conn.transaction():
-                conn.execute(POSTGRES_SQL[name])
+                conn.execute(_sql(name))
                 conn.execute("INSERT INTO _migrations VALUES (%s, extract(epoch from clock_timestamp()))", (name,))
             done.append(name)
     finally:
@@ -169,11 +183,11 @@ def check_schema(conn: Any, where: str) -> list[str]:
     return the names of newer migrations this version does not know (a rolling upgrade:
     accepted)."""
     have = applied(conn)
-    behind = [n for n in _names() if n not in set(have)]
+    behind = [n for n in names() if n not in set(have)]
     if behind:
         raise StoreError(
             f"the database at {where} is behind this loomrt: {len(behind)} migration(s) to apply "
             f"({', '.join(behind[:3])}{', ...' if len(behind) > 3 else ''}). Run `loomrt db migrate` "
             "(with LOOMRT_DB_URL set to it), then start again."
         )
-    return [n for n in have if n not in set(_names())]
+    return [n for n in have if n not in set(names())]

@@ -1,0 +1,277 @@
+"""Harvest's tables on PostgreSQL: the span queue and durable memory in the shared database.
+
+The same named migrations as :data:`loomrt.harvest.db.MIGRATIONS` (that list is the one
+list; :data:`POSTGRES_SQL` holds PostgreSQL's SQL for each name), applied by ``loomrt db
+migrate`` with the record's (:mod:`loomrt.record.pg_migrations`). What PostgreSQL adds:
+
+- **Search in the database.** ``memory_facts.lexemes`` is a ``tsvector`` built with the
+  ``simple`` configuration (no second stemming: the application gives it recall's BM25
+  tokens, so identifiers survive and both backends match the same words), under a GIN
+  index; ``memory_facts.embedding`` is a pgvector ``vector`` with an HNSW index (cosine)
+  for the embedder's dimension, where the server has the extension. Without it vectors stay
+  ``bytea`` only and are searched exactly (:mod:`loomrt.harvest.pg_memory` says so once).
+  ``pg_trgm``, where the server has it, indexes statements for substring matches.
+- **Scopes in the database.** Row-level security on ``memory_facts``: a row is visible only
+  when its scope is in the connection's ``loomrt.scopes`` setting (``*``: every scope, for
+  the consolidator and operators). The application role is subject to it; the tables'
+  owner is not (PostgreSQL's rule), so workers connect as a role granted ``loomrt_app``.
+- **Many workers.** A claim locks its spans ``FOR UPDATE SKIP LOCKED``: two workers never
+  take one span, and neither waits on the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from loomrt.errors import StoreError
+
+__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS"]
+
+HNSW_DIMS = (384,)
+"""Vector dimensions with an HNSW index (all-MiniLM-L6-v2's 384); others are searched exactly."""
+
+_APP = "loomrt_app"
+
+_TABLES = ("harvest_spans, harvest_batches, harvest_watermarks, harvest_dead_letters, memory_facts, memory_keys, "
+           "memory_history, memory_revision, memory_settings")
+
+POSTGRES_SQL: dict[str, str] = {
+    "harvest_0001_queue_and_memory": f"""
+        CREATE TABLE harvest_spans (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            run_id TEXT NOT NULL,
+            distillation_seq BIGINT NOT NULL,
+            scope TEXT NOT NULL,
+            agent TEXT NOT NULL,
+            def_hash TEXT NOT NULL,
+            seq_lo BIGINT NOT NULL,
+            seq_hi BIGINT NOT NULL,
+            ts_lo DOUBLE PRECISION,
+            ts_hi DOUBLE PRECISION,
+            banked_at DOUBLE PRECISION NOT NULL,
+            tokens INTEGER NOT NULL,
+            turns TEXT NOT NULL,
+            redacted INTEGER NOT NULL DEFAULT 0,
+            state TEXT NOT NULL DEFAULT 'pending',
+            batch_id TEXT,
+            UNIQUE (run_id, distillation_seq, scope)
+        );
+        CREATE INDEX harvest_spans_queue ON harvest_spans(scope, state, id);
+        CREATE INDEX harvest_spans_batch ON harvest_spans(batch_id);
+        CREATE TABLE harvest_batches (
+            batch_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            span_ids TEXT NOT NULL,
+            state TEXT NOT NULL,
+            claimed_at DOUBLE PRECISION NOT NULL,
+            done_at DOUBLE PRECISION,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            report TEXT
+        );
+        CREATE TABLE harvest_watermarks (
+            scope TEXT PRIMARY KEY,
+            span_id BIGINT NOT NULL,
+            at DOUBLE PRECISION NOT NULL
+        );
+        CREATE TABLE harvest_dead_letters (
+            batch_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            span_ids TEXT NOT NULL,
+            reply_prefix TEXT NOT NULL,
+            error TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            retried_at DOUBLE PRECISION
+        );
+        CREATE TABLE memory_facts (
+            row_no BIGINT GENERATED ALWAYS AS IDENTITY UNIQUE,
+            fact_id TEXT PRIMARY KEY,
+            scope TEXT NOT NULL,
+            class TEXT NOT NULL,
+            subject TEXT NOT NULL,
+            statement TEXT NOT NULL,
+            observed_at TEXT,
+            created_at DOUBLE PRECISION NOT NULL,
+            sources TEXT NOT NULL,
+            vector BYTEA,
+            embedder TEXT,
+            status TEXT NOT NULL DEFAULT 'live',
+            superseded_by TEXT,
+            changed_at DOUBLE PRECISION
+        );
+        CREATE INDEX memory_facts_scope ON memory_facts(scope, status);
+        CREATE TABLE memory_keys (
+            key TEXT PRIMARY KEY,
+            fact_id TEXT NOT NULL,
+            action TEXT NOT NULL
+        );
+        CREATE TABLE memory_history (
+            id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            fact_id TEXT NOT NULL,
+            at DOUBLE PRECISION NOT NULL,
+            action TEXT NOT NULL,
+            data TEXT NOT NULL
+        );
+        CREATE INDEX memory_history_fact ON memory_history(fact_id);
+        CREATE TABLE memory_revision (
+            id INTEGER PRIMARY KEY CHECK (id = 1),
+            rev BIGINT NOT NULL
+        );
+        INSERT INTO memory_revision VALUES (1, 0);
+        CREATE TABLE memory_settings (
+            key TEXT PRIMARY KEY,
+            value TEXT NOT NULL
+        );
+        GRANT SELECT, INSERT, UPDATE, DELETE ON {_TABLES} TO {_APP};
+    """,
+    "harvest_0002_swept_runs": f"""
+        CREATE TABLE harvest_swept (
+            run_id TEXT PRIMARY KEY,
+            harvest INTEGER NOT NULL,
+            swept_seq BIGINT NOT NULL
+        );
+        GRANT SELECT, INSERT, UPDATE, DELETE ON harvest_swept TO {_APP};
+    """,
+    "harvest_0003_memory_search": f"""
+        ALTER TABLE memory_facts ADD COLUMN lexemes tsvector;
+        ALTER TABLE memory_facts ADD COLUMN n_tokens INTEGER;
+        CREATE INDEX memory_facts_lexemes ON memory_facts USING gin (lexemes);
+        DO $$ BEGIN
+            BEGIN
+                CREATE EXTENSION IF NOT EXISTS vector;
+            EXCEPTION WHEN OTHERS THEN
+                RAISE NOTICE 'pgvector is not available (%): memory vectors are searched exactly', SQLERRM;
+            END;
+            IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector') THEN
+                EXECUTE 'ALTER TABLE memory_facts ADD COLUMN embedding vector';
+                {"".join(
+                    f"EXECUTE 'CREATE INDEX memory_facts_hnsw_{d} ON memory_facts USING hnsw "
+                    f"((embedding::vector({d})) vector_cosine_ops) WHERE vector_dims(embedding) = {d}';"
+                    for d in HNSW_DIMS)}
+            END IF;
+            BEGIN
+                CREATE EXTENSION IF NOT EXISTS pg_trgm;
+            EXCEPTION WHEN OTHERS THEN
+                RAISE NOTICE 'pg_trgm is not available (%): substrings are matched without an index', SQLERRM;
+            END;
+            IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'pg_trgm') THEN
+                EXECUTE 'CREATE INDEX memory_facts_trgm ON memory_facts USING gin (statement gin_trgm_ops)';
+            END IF;
+        END $$;
+        -- scopes enforced by the database: a row is visible to a connection whose loomrt.scopes
+        -- names its scope (or is '*'); the tables' owner is exempt, the application role is not
+        ALTER TABLE memory_facts ENABLE ROW LEVEL SECURITY;
+        CREATE POLICY memory_facts_scope ON memory_facts
+            USING (current_setting('loomrt.scopes', true) = '*'
+                   OR scope = ANY (string_to_array(current_setting('loomrt.scopes', true), ',')))
+            WITH CHECK (current_setting('loomrt.scopes', true) = '*'
+                        OR scope = ANY (string_to_array(current_setting('loomrt.scopes', true), ',')));
+    """,
+}
+"""PostgreSQL's SQL for each of harvest's migrations, by name (in the one list's order)."""
+
+
+class PgHarvestDB:
+    """Harvest's tables in the PostgreSQL database at ``url``: the same face as
+    :class:`~loomrt.harvest.db.HarvestDB` (``write()``, ``rows()``; ``?`` placeholders), over
+    a small connection pool. Inside :meth:`write`, :meth:`rows` on the same thread reads
+    through the transaction's connection (it sees its own writes, as SQLite's one
+    connection does). Every statement runs with ``loomrt.scopes`` set: ``*`` unless a
+    caller narrows it with :meth:`scoped` (a run's search reads only its granted scopes, and
+    the database checks)."""
+
+    dialect = "postgres"
+    row_key = "row_no"
+    """The column that orders facts as they were inserted (SQLite's ``rowid``)."""
+    lock_claimed = " FOR UPDATE SKIP LOCKED"
+    """Appended to a claim's select: spans another worker is claiming are skipped, not waited on."""
+
+    def __init__(self, url: str, *, pool_size: int = 4):
+        try:
+            from psycopg_pool import ConnectionPool
+        except ImportError as exc:
+            raise StoreError(f"durable memory on PostgreSQL needs psycopg ({exc}). Install it with: "
+                             "pip install 'loomrt[postgres]'") from None
+        from loomrt.record.pg_migrations import check_schema
+        from loomrt.record.postgres import redact_url
+
+        self.url = url
+        self.path = redact_url(url)
+        try:
+            self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True, timeout=30,
+                                        kwargs={"autocommit": True}, name="loomrt-harvest")
+            self._pool.wait(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error
+            raise StoreError(f"cannot connect to durable memory at {self.path}: {exc}") from None
+        self._local = threading.local()
+        with self._pool.connection() as conn:
+            try:
+                check_schema(conn, self.path)
+            except StoreError:
+                self._pool.close()
+                raise
+            self.extensions = {r[0] for r in conn.execute("SELECT extname FROM pg_extension").fetchall()}
+            """The server's extensions this database has (``vector``, ``pg_trgm``)."""
+
+    @contextlib.contextmanager
+    def scoped(self, scopes: Sequence[str]) -> Iterator[None]:
+        """Statements on this thread inside the block see only ``scopes``' memory rows."""
+        old = getattr(self._local, "scopes", "*")
+        self._local.scopes = ",".join(scopes)
+        try:
+            yield
+        finally:
+            self._local.scopes = old
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[_Conn]:
+        pinned = getattr(self._local, "conn", None)
+        if pinned is not None:
+            yield pinned
+            return
+        with self._pool.connection() as raw, raw.transaction():
+            raw.execute("SELECT set_config('loomrt.scopes', %s, true)", (getattr(self._local, "scopes", "*"),))
+            conn = _Conn(raw)
+            self._local.conn = conn
+            try:
+                yield conn
+            finally:
+                self._local.conn = None
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[_Conn]:
+        """One write transaction (committed at the end; rolled back if the block raises)."""
+        import psycopg
+
+        try:
+            with self._transaction() as conn:
+                yield conn
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot write durable memory at {self.path}: {str(exc).strip()}") from exc
+
+    def rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of one query."""
+        import psycopg
+
+        try:
+            with self._transaction() as conn:
+                found: list[tuple[Any, ...]] = conn.execute(sql, args).fetchall()
+                return found
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read durable memory at {self.path}: {str(exc).strip()}") from exc
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+class _Conn:
+    """A psycopg connection that takes SQLite's ``?`` placeholders (harvest's SQL is written
+    once, for both)."""
+
+    def __init__(self, raw: Any):
+        self.raw = raw
+
+    def execute(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> Any:
+        return self.raw.execute(sql.replace("%", "%%").replace("?", "%s") if args else sql, args or None)
