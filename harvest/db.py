@@ -124,7 +124,7 @@ MIGRATIONS: list[tuple[str, str]] = [
     ),
     (
         "harvest_0003_memory_search",
-        # PostgreSQL searches facts in the database (lexemes, pgvector, pg_trgm: harvest/pg.py);
+        # PostgreSQL searches facts in the database (postings for BM25, pgvector: harvest/pg.py);
         # SQLite searches them in the process (a RecallIndex per scope), so it adds nothing
         "SELECT 1;",
     ),

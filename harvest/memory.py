@@ -240,17 +240,15 @@ class MemoryStore:
                          (placed.fact_id, now, json.dumps(history)))
             return placed.fact_id
         fact_id = "m" + hashlib.sha256(f.key.encode()).hexdigest()[:11]
-        conn.execute(
-            f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?)",
-            (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources),
-             vec.tobytes() if vec is not None else None, getattr(self.embedder, "name", None)))
-        self._stored(conn, fact_id, f.statement, vec)
+        self._insert(conn, (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources)),
+                     vec)
         conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
                      (fact_id, now, json.dumps(history)))
         if placed.action == "supersede":
             assert placed.fact_id is not None
             conn.execute("UPDATE memory_facts SET status = 'superseded', superseded_by = ?, changed_at = ? "
                          "WHERE fact_id = ?", (fact_id, now, placed.fact_id))
+            self._hidden(conn, placed.fact_id, erased=False)
             conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'superseded', ?)",
                          (placed.fact_id, now, json.dumps({"by": fact_id, "statement": f.statement,
                                                            "cosine": placed.cosine, "why": placed.why})))
@@ -272,23 +270,35 @@ class MemoryStore:
                 if conn.execute("SELECT 1 FROM memory_keys WHERE key = ?", (key,)).fetchone():
                     continue
                 vec = vectors[i] if vectors is not None else None
-                conn.execute(
-                    f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder) VALUES (?, ?, ?, ?, ?, NULL, ?, '[]', "
-                    "'live', NULL, NULL, ?, ?)", (fact_id, scope, cls, "", text, now,
-                                                  vec.tobytes() if vec is not None else None,
-                                                  getattr(self.embedder, "name", None)))
-                self._stored(conn, fact_id, text, vec)
+                self._insert(conn, (fact_id, scope, cls, "", text, None, now, "[]"), vec)
                 conn.execute("INSERT INTO memory_keys VALUES (?, ?, 'import')", (key, fact_id))
                 conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
                              (fact_id, now, json.dumps({"statement": text, "key": key, "why": "imported"})))
         return ids
 
-    def _stored(self, conn: Any, fact_id: str, statement: str, vec: np.ndarray | None) -> None:
-        """Inside the write that inserted fact ``fact_id``: what a backend keeps beside the row
-        for searching it (SQLite: nothing; its search indexes live in the process)."""
+    def _insert(self, conn: Any, row: tuple[Any, ...], vec: np.ndarray | None) -> None:
+        """Insert a live fact: ``row`` is fact id, scope, class, subject, statement, observed
+        at, created at and sources (JSON), then its vector and what search keeps beside it."""
+        extra = self._search_columns(row[4], vec)
+        conn.execute(
+            f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder{''.join(', ' + c for c in extra)}) VALUES "
+            f"(?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?{''.join(', ' + e for e, _ in extra.values())})",
+            (*row, vec.tobytes() if vec is not None else None, getattr(self.embedder, "name", None),
+             *(v for _, v in extra.values())))
+        self._indexed(conn, row[0], row[1], row[4])
 
-    def _erased(self, conn: Any, fact_id: str) -> None:
-        """Inside the write that erased fact ``fact_id``: wipe what :meth:`_stored` kept."""
+    def _search_columns(self, statement: str, vec: np.ndarray | None) -> dict[str, tuple[str, Any]]:
+        """Columns a backend keeps beside a fact for searching it, as ``{column: (SQL
+        placeholder, value)}`` (SQLite: none; its search indexes live in the process)."""
+        return {}
+
+    def _indexed(self, conn: Any, fact_id: str, scope: str, statement: str) -> None:
+        """Inside the write that inserted live fact ``fact_id``: what a backend indexes beside
+        it (SQLite: nothing)."""
+
+    def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
+        """Inside the write that took fact ``fact_id`` out of search (superseded, forgotten or
+        erased): drop what :meth:`_indexed` kept (and, ``erased``, what :meth:`_search_columns` did)."""
 
     def forget(self, fact_id: str, *, erase: bool = False, by: str = "operator") -> Fact:
         """Hide a fact from search (an operator's action, recorded in its history); with
@@ -300,11 +310,11 @@ class MemoryStore:
                 conn.execute("UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
                              "changed_at = ? WHERE fact_id = ?", (now, fact_id))
                 conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
-                self._erased(conn, fact_id)
             else:
                 conn.execute("UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id))
             conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
                          (fact_id, now, "erased" if erase else "forgotten", json.dumps({"by": by, "was": fact.status})))
+            self._hidden(conn, fact_id, erased=erase)
             conn.execute("UPDATE memory_revision SET rev = rev + 1")
         return self.get(fact_id)
 

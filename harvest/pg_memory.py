@@ -4,10 +4,10 @@ Writing, placement, history and forgetting are :class:`~loomrt.harvest.memory.Me
 (the same SQL on both backends). Search is the database's, over the columns
 ``harvest_0003_memory_search`` adds:
 
-- **Lexical**: the statement's recall tokens (:func:`loomrt.recall.index.tokenize`: stems,
-  compounds kept whole) stored as a ``tsvector`` with their positions and matched through
-  its GIN index; scored with BM25 in SQL (k1 1.5, b 0.75, as :mod:`loomrt.recall.bm25`),
-  since ``ts_rank`` has no inverse document frequency.
+- **Lexical**: BM25 in SQL (k1 1.5, b 0.75, as :mod:`loomrt.recall.bm25`) over
+  ``memory_terms``, each live fact's recall tokens (:func:`loomrt.recall.index.tokenize`:
+  stems, compounds whole and in parts) with their frequencies; a fact's postings are written
+  with it and deleted when it is superseded, forgotten or erased.
 - **Dense**: cosine through pgvector's HNSW index (iterative scans, so a scope filter still
   yields ``k`` rows) where the server has pgvector and the embedder's dimension is indexed;
   else exactly, over the stored ``bytea`` vectors.
@@ -33,27 +33,16 @@ from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
 from loomrt.recall.index import tokenize
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["PgMemoryStore", "lexemes"]
+__all__ = ["PgMemoryStore"]
 
 _log = logging.getLogger("loomrt.harvest")
 _K1, _B = 1.5, 0.75
 _POOL = 64
 """Candidates each signal contributes before fusion (at least ``4 * top_k``)."""
+_ANALYZE_AFTER = 500
+"""An import this large refreshes the tables' statistics (autovacuum would, a minute later)."""
 _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
-
-
-def _quote(term: str) -> str:
-    return "'" + term.replace("\\", "\\\\").replace("'", "''") + "'"
-
-
-def lexemes(text: str) -> tuple[str, int]:
-    """``text``'s recall tokens as a ``tsvector`` literal (each with its positions), and how many."""
-    positions: dict[str, list[int]] = {}
-    tokens = tokenize(text)
-    for i, t in enumerate(tokens[:16383], start=1):
-        positions.setdefault(t, []).append(i)
-    return " ".join(f"{_quote(t)}:{','.join(map(str, p[:256]))}" for t, p in positions.items()), len(tokens)
 
 
 def _vector(vec: np.ndarray) -> str:
@@ -68,6 +57,7 @@ class PgMemoryStore(MemoryStore):
     def __init__(self, db: PgHarvestDB, *, embedder: Any = None):
         super().__init__(db, embedder=embedder)
         self.pgvector = "vector" in db.extensions
+        self._cache: dict[tuple[tuple[str, ...], int], tuple[tuple[Any, Any], tuple[int, float, np.ndarray | None]]] = {}
         if self.embedder is not None and not self.pgvector:
             self._notice(f"pgvector is not installed in {db.path}: durable-memory vectors are searched exactly "
                          "(fine to ~100,000 facts; install pgvector and run `loomrt db migrate` for an HNSW index)")
@@ -82,18 +72,32 @@ class PgMemoryStore(MemoryStore):
 
     # the columns search reads, kept with each row MemoryStore writes
 
-    def _stored(self, conn: Any, fact_id: str, statement: str, vec: np.ndarray | None) -> None:
-        text, n = lexemes(statement)
+    def _search_columns(self, statement: str, vec: np.ndarray | None) -> dict[str, tuple[str, Any]]:
+        out: dict[str, tuple[str, Any]] = {"n_tokens": ("?", len(tokenize(statement)))}
         if vec is not None and self.pgvector:
-            conn.execute("UPDATE memory_facts SET lexemes = ?::tsvector, n_tokens = ?, embedding = ?::vector "
-                         "WHERE fact_id = ?", (text, n, _vector(vec), fact_id))
-        else:
-            conn.execute("UPDATE memory_facts SET lexemes = ?::tsvector, n_tokens = ? WHERE fact_id = ?",
-                         (text, n, fact_id))
+            out["embedding"] = ("?::vector", _vector(vec))
+        return out
 
-    def _erased(self, conn: Any, fact_id: str) -> None:
-        conn.execute("UPDATE memory_facts SET lexemes = NULL" + (", embedding = NULL" if self.pgvector else "")
-                     + " WHERE fact_id = ?", (fact_id,))
+    def _indexed(self, conn: Any, fact_id: str, scope: str, statement: str) -> None:
+        tokens = tokenize(statement)
+        tf = Counter(tokens)
+        if tf:
+            conn.execute("INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens) "
+                         "SELECT ?, t, ?, f, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
+                         (scope, fact_id, len(tokens), list(tf), list(tf.values())))
+
+    def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
+        conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fact_id,))
+        if erased and self.pgvector:
+            conn.execute("UPDATE memory_facts SET embedding = NULL WHERE fact_id = ?", (fact_id,))
+
+    def import_facts(self, items: Sequence[tuple[str, str]], *, cls: str = "fact") -> list[str]:
+        ids = super().import_facts(items, cls=cls)
+        if len(items) >= _ANALYZE_AFTER:  # the planner picks the HNSW and postings indexes from fresh statistics
+            with self.db.write() as conn:
+                conn.execute("ANALYZE memory_facts")
+                conn.execute("ANALYZE memory_terms")
+        return ids
 
     # search
 
@@ -104,8 +108,8 @@ class PgMemoryStore(MemoryStore):
         pool = max(_POOL, 4 * top_k)
         q = self._embed([query])
         with self.db.scoped(scopes), self.db.write() as conn:  # one snapshot; RLS sees only ``scopes``
-            lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool)
-            dense, mean = self._dense(conn, q[0], scopes, pool) if q is not None else ({}, 0.0)
+            n, avgdl, centroid = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
+            lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl)
             score: dict[str, float] = {}
             weight = 0.0
             if lexical:
@@ -114,9 +118,9 @@ class PgMemoryStore(MemoryStore):
                     score[fid] = 0.5 * s / best
                 weight += 0.5
             if q is not None:
-                missing = [fid for fid in score if fid not in dense]
-                dense.update(self._cosines(conn, q[0], missing))
-                best = max(dense.values(), default=0.0)
+                dense = self._dense(conn, q[0], scopes, pool)
+                dense.update(self._cosines(conn, q[0], [fid for fid in score if fid not in dense]))
+                best, mean = max(dense.values(), default=0.0), float(centroid @ q[0]) if centroid is not None else 0.0
                 for fid, cos in dense.items():
                     scaled = (cos - mean) / (best - mean) if best > mean else 0.0
                     score[fid] = score.get(fid, 0.0) + 0.5 * scaled
@@ -129,50 +133,67 @@ class PgMemoryStore(MemoryStore):
                                       "sources": facts[fid].sources})
                 for fid, s in ranked if fid in facts]
 
-    def _bm25(self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int) -> dict[str, float]:
-        """BM25 of the facts that match any of ``terms`` (the best ``pool``), in the database."""
-        if not terms:
+    def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:
+        """The live facts of ``scopes``: how many, their mean length in tokens, their mean
+        vector; computed again only when facts were added or hidden since (one cheap query)."""
+        (rev, top), = conn.execute("SELECT (SELECT rev FROM memory_revision), (SELECT max(row_no) FROM memory_facts)"
+                                   ).fetchall()
+        key = (tuple(sorted(scopes)), d)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] == (rev, top):
+            return cached[1]
+        n, avgdl = conn.execute("SELECT count(*), coalesce(avg(n_tokens), 1) FROM memory_facts "
+                                "WHERE scope = ANY(?) AND status = 'live'", [list(scopes)]).fetchone()
+        centroid = None
+        if d:
+            ids, vecs = (None, None)
+            if self.pgvector:
+                (text,) = conn.execute(f"SELECT avg(embedding::vector({d}))::text FROM memory_facts WHERE scope = ANY(?) "
+                                       f"AND status = 'live' AND vector_dims(embedding) = {d}", [list(scopes)]).fetchone()
+                centroid = np.array(text.strip("[]").split(","), dtype=np.float32) if text else None
+            else:
+                ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
+                centroid = vecs.mean(axis=0) if ids else None
+        value = (int(n), float(avgdl) or 1.0, centroid)
+        self._cache[key] = ((rev, top), value)
+        return value
+
+    def _bm25(self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int,
+              avgdl: float) -> dict[str, float]:
+        """BM25 of the facts holding any of ``terms`` (the best ``pool``), in the database, from
+        the postings: each term's frequency in a fact, and its document frequency."""
+        if not terms or not n:
             return {}
         words = list(terms)
-        stats = conn.execute(
-            "SELECT count(*), coalesce(avg(n_tokens), 1), "
-            + ", ".join("count(*) FILTER (WHERE lexemes @@ ?::tsquery)" for _ in words)
-            + " FROM memory_facts WHERE scope = ANY(?) AND status = 'live'",
-            [*(_quote(w) for w in words), list(scopes)]).fetchone()
-        n, avgdl, dfs = int(stats[0]), float(stats[1]) or 1.0, stats[2:]
-        idf = [float(np.log(1 + (n - df + 0.5) / (df + 0.5))) * terms[w] for w, df in zip(words, dfs, strict=True)]
         rows = conn.execute(
-            "WITH q AS (SELECT * FROM unnest(?::text[], ?::float8[]) AS q(term, idf)), "
-            "c AS (SELECT fact_id, lexemes, n_tokens FROM memory_facts WHERE scope = ANY(?) AND status = 'live' "
-            "AND lexemes @@ ?::tsquery) "
-            "SELECT c.fact_id, sum(q.idf * array_length(u.positions, 1) / (array_length(u.positions, 1) "
-            "+ ? * (1 - ? + ? * c.n_tokens / ?))) AS s "
-            "FROM c, unnest(c.lexemes) AS u JOIN q ON q.term = u.lexeme GROUP BY c.fact_id ORDER BY s DESC LIMIT ?",
-            [words, idf, list(scopes), " | ".join(_quote(w) for w in words), _K1, _B, _B, avgdl, pool]).fetchall()
+            "WITH q AS (SELECT * FROM unnest(?::text[], ?::float8[]) AS q(term, qtf)), "
+            "p AS (SELECT m.term, m.fact_id, m.tf::float8 AS tf, m.n_tokens::float8 AS len FROM memory_terms m "
+            "JOIN q USING (term) WHERE m.scope = ANY(?)), "
+            "w AS (SELECT p.term, q.qtf * ln(1.0::float8 + (?::float8 - count(*) + 0.5::float8) "
+            "/ (count(*) + 0.5::float8)) AS idf FROM p JOIN q USING (term) GROUP BY p.term, q.qtf) "
+            "SELECT p.fact_id, sum(w.idf * p.tf / (p.tf + ?::float8 * (1.0::float8 - ?::float8 + ?::float8 * p.len "
+            "/ ?::float8))) AS s FROM p JOIN w USING (term) GROUP BY p.fact_id ORDER BY s DESC LIMIT ?",
+            [words, [float(terms[w]) for w in words], list(scopes), n, _K1, _B, _B, avgdl, pool]).fetchall()
         return {fid: float(s) for fid, s in rows if s and s > 0}
 
-    def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int) -> tuple[dict[str, float], float]:
-        """The ``pool`` facts nearest ``q`` by cosine, and the scopes' mean cosine with ``q``."""
+    def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int) -> dict[str, float]:
+        """The ``pool`` facts nearest ``q`` by cosine."""
         d = len(q)
         if self.pgvector:
             cast = f"embedding::vector({d})"
             if d in HNSW_DIMS:  # the index filters by scope as it goes, rather than after its first ef rows
                 conn.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
                 conn.execute(f"SET LOCAL hnsw.ef_search = {max(40, pool)}")
-            where = f"scope = ANY(?) AND status = 'live' AND vector_dims(embedding) = {d}"
             rows = conn.execute(
-                f"SELECT fact_id, 1 - ({cast} <=> ?::vector({d})) FROM memory_facts WHERE {where} "
-                f"ORDER BY {cast} <=> ?::vector({d}) LIMIT ?", [_vector(q), list(scopes), _vector(q), pool]).fetchall()
-            (centroid,) = conn.execute(f"SELECT avg({cast})::text FROM memory_facts WHERE {where}",
-                                       [list(scopes)]).fetchone()
-            mean = float(np.fromstring(centroid.strip("[]"), sep=",", dtype=np.float32) @ q) if centroid else 0.0
-            return {fid: float(c) for fid, c in rows}, mean
+                f"SELECT fact_id, 1 - ({cast} <=> ?::vector({d})) FROM memory_facts WHERE scope = ANY(?) AND "
+                f"status = 'live' AND vector_dims(embedding) = {d} ORDER BY {cast} <=> ?::vector({d}) LIMIT ?",
+                [_vector(q), list(scopes), _vector(q), pool]).fetchall()
+            return {fid: float(c) for fid, c in rows}
         ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
         if not ids:
-            return {}, 0.0
+            return {}
         cos = vecs @ q
-        top = np.argsort(-cos, kind="stable")[:pool]
-        return {ids[i]: float(cos[i]) for i in top}, float(vecs.mean(axis=0) @ q)
+        return {ids[i]: float(cos[i]) for i in np.argsort(-cos, kind="stable")[:pool]}
 
     def _cosines(self, conn: Any, q: np.ndarray, fact_ids: list[str]) -> dict[str, float]:
         """The cosine of each of ``fact_ids`` with ``q`` (facts without a vector: 0)."""
