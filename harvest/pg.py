@@ -221,7 +221,7 @@ class PgHarvestDB:
                 self._pool.close()
                 raise
             self.extensions = {r[0] for r in conn.execute("SELECT extname FROM pg_extension").fetchall()}
-            """The server's extensions this database has (``vector``, ``pg_trgm``)."""
+            """The server's extensions this database has (``vector`` is the one read)."""
 
     @contextlib.contextmanager
     def scoped(self, scopes: Sequence[str]) -> Iterator[None]:

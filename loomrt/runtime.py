@@ -11,6 +11,7 @@ agent definition, resolves its retention mode once, and resolves its toolset in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -24,7 +25,7 @@ from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
-from loomrt.record.owners import RUN_LEASE_S, worker_name
+from loomrt.record.owners import RUN_LEASE_S, Heartbeat, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
@@ -109,6 +110,10 @@ class Runtime:
         """The worker name this runtime claims the runs it plays under (:mod:`loomrt.record.owners`):
         ``owner``, else this process's on a store that several machines share (PostgreSQL),
         else None (one machine: nothing to claim)."""
+        self.claim_ttl_s = RUN_LEASE_S
+        """How long a claim holds without an append or a heartbeat."""
+        self.heartbeat_s = RUN_LEASE_S / 3
+        """How often a playing turn renews its run's claim (apart from its appends)."""
         self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
         self.tools = {t.name: t for t in tools} if isinstance(tools, list) else dict(tools or {})
         self.callbacks = list(callbacks or [])
@@ -245,7 +250,8 @@ class Runtime:
     async def _play(self, run: RunState) -> RunResult:
         log = get_logger(run_id=run.run_id, agent=run.agent, mode=run.mode.name)
         try:
-            await play_turn(run)
+            with self._heartbeat(run):
+                await play_turn(run)
         except LoomError as exc:
             log.info("turn failed", error=str(exc), last_seq=run.last_seq)
             if run.interactive:  # one failed turn never ends a chat: the run parks for the next input
@@ -346,11 +352,18 @@ class Runtime:
         await close_interrupted_calls(run)
         return await self._play(run)
 
+    def _heartbeat(self, run: RunState) -> contextlib.AbstractContextManager[Any]:
+        """While a turn of a claimed run plays, its claim is renewed apart from its appends
+        (a model call longer than the claim's ttl keeps the run)."""
+        if self.owner is None or run.epoch is None:
+            return contextlib.nullcontext()
+        return Heartbeat(self.store, run.run_id, self.owner, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s)
+
     def claim(self, run: RunState) -> None:
         """Make ``run`` this worker's to play (with an :attr:`owner`): its epoch fences every
         append it makes; :class:`~loomrt.errors.RunOwnedError` while another worker's claim is live."""
         if self.owner is not None:
-            run.epoch = self.store.claim_run(run.run_id, self.owner, RUN_LEASE_S)
+            run.epoch = self.store.claim_run(run.run_id, self.owner, self.claim_ttl_s)
 
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""

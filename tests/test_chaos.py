@@ -23,6 +23,14 @@ def test_twenty_kills_at_every_point_lose_nothing() -> None:
     assert all(f["kills"] == 3 for f in result["points"].values())
 
 
+def test_a_kill_at_every_point_on_postgres_loses_nothing(postgres_server: object) -> None:
+    """The same harness with the record, run claims and durable memory in PostgreSQL."""
+    result = run_chaos(1, backend="postgres", postgres=postgres_server.get_uri())  # type: ignore[attr-defined]
+    assert result["backend"] == "postgres" and result["kills"] == len(POINTS)
+    assert result["landed"] == result["kills"]
+    assert result["violations"] == 0, result["failures"]
+
+
 def test_the_checks_can_fail() -> None:
     """A record with a duplicated input, a lost answer and a second result for one call is caught."""
     scenario = SCENARIOS[0]

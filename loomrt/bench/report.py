@@ -405,8 +405,12 @@ def write_report(results: dict[str, Any], folder: Path, *, command: str | None =
 
 def _store(s: dict[str, Any]) -> list[str]:
     """The store measure: the same appends and reads on each backend."""
-    lines = ["### Store", "", f"{s['events']:,} events over {s['runs']} runs on each backend: half appended one at a "
-             "time, half a turn's four at a time (`write_many`); then each run read whole.", ""]
+    lines = ["### Store", ""]
+    if s.get("measured"):  # run apart from the rest (`loomrt bench run store`), its results merged in
+        m = s["measured"]
+        lines += [f"Measured apart by `{m['command']}` ({m['when'][:16].replace('T', ' ')} UTC, {m['seconds']} s).", ""]
+    lines += [f"{s['events']:,} events over {s['runs']} runs on each backend: half appended one at a "
+              "time, half a turn's four at a time (`write_many`); then each run read whole.", ""]
     rows = []
     for name in ("sqlite", "postgres"):
         f = s.get(name, {})
@@ -425,7 +429,7 @@ def _memory_search(m: dict[str, Any]) -> list[str]:
     if not m:
         return []
     lines = ["Durable-memory search (real embedder, the query's embedding included): SQLite in the process, "
-             "PostgreSQL in the database (BM25 over full-text lexemes, pgvector HNSW).", ""]
+             "PostgreSQL in the database (BM25 in SQL over a postings table, pgvector HNSW).", ""]
     rows = [[b, f"{f['facts']:,}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}", f"{f['import_s']:.1f}"]
             for b, f in (m.get("latency") or {}).items()]
     lines += _table(["backend", "facts", "search p50 ms", "search p95 ms", "import s"], rows) + [""]

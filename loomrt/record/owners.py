@@ -2,7 +2,9 @@
 
 A worker *claims* a run before it plays it (:meth:`Store.claim_run`): it gets the run's
 epoch, which each of its appends then carries as a fencing token. The claim holds for its
-``ttl_s`` and every fenced append renews it (the heartbeat is the work itself). Another
+``ttl_s``; every fenced append renews it, and while a turn plays a heartbeat thread renews
+it every third of the ttl (:class:`Heartbeat`: a model call longer than the ttl keeps its
+run). Another
 worker's claim is refused while the lease is live, and succeeds once it has expired, with
 the epoch one higher; from then on the old owner's appends are refused
 (:class:`~loomrt.errors.FencedError`), so a worker that wakes after losing its run cannot
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import uuid
 from typing import Any
 
 from loomrt.errors import RunOwnedError
 
-__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows"]
+__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows", "Heartbeat"]
 
 RUN_LEASE_S = 900.0
 """How long a claim holds without an append: longer than any one model call may take
@@ -79,3 +82,43 @@ def fenced(run_id: str, epoch: int, row: tuple[str, int, float] | None) -> str:
 
 def owner_rows(rows: list[Any], now: float) -> list[dict[str, Any]]:
     return [{"run_id": r[0], "owner": r[1], "epoch": int(r[2]), "expires_in_s": round(float(r[3]) - now, 1)} for r in rows]
+
+
+class Heartbeat:
+    """Renews ``owner``'s claim on ``run_id`` every ``every_s`` seconds on a thread, until
+    :meth:`stop` (a ``with`` block). A renewal that finds the run owned by another worker
+    stops the heartbeat: the run's next append is then refused (fenced), as it must be; a
+    store error is retried at the next beat (the claim has the rest of its ttl)."""
+
+    def __init__(self, store: Any, run_id: str, owner: str, *, ttl_s: float = RUN_LEASE_S,
+                 every_s: float | None = None):
+        self.store, self.run_id, self.owner, self.ttl_s = store, run_id, owner, ttl_s
+        self.every_s = every_s if every_s is not None else ttl_s / 3
+        self.beats = 0
+        self.lost: str | None = None
+        """Why the heartbeat stopped early (the run is another worker's), else None."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"loomrt-heartbeat-{run_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.store.claim_run(self.run_id, self.owner, self.ttl_s)
+                self.beats += 1
+            except RunOwnedError as exc:
+                self.lost = str(exc)
+                return
+            except Exception:  # noqa: BLE001 - a store hiccup: the claim has the rest of its ttl; beat again
+                continue
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
