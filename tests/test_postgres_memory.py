@@ -115,3 +115,69 @@ def test_two_claims_of_the_same_spans_one_wins_and_neither_waits(db: Any) -> Non
     assert results["second"] is None
     assert queue.claim("user:alice", spans) is not None  # once free, a claim takes them
     assert queue.claim("user:alice", spans) is None  # and no one takes them twice
+
+
+def test_db_copy_moves_durable_memory_and_its_queue_and_search_works_there(tmp_path: Path, postgres_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+    from loomrt.harvest.wiring import release as release_memory
+    from loomrt.record.sqlite import SQLiteStore
+
+    path = tmp_path / "record.sqlite"
+    SQLiteStore(path).close()
+    bank_load(path, 5, scopes=("user:alice",))
+    lite = memory_of(harvest_db(path), HashEmbedder(dim=384))
+    ids = lite.import_facts([("user:alice", t) for t in TEXTS])
+    lite.forget(ids[0])
+    release(path)
+    args = ["db", "copy", "--from", f"sqlite:{path}", "--to", postgres_url, "--json"]
+    copied = json.loads(CliRunner().invoke(app, args).stdout)
+    assert copied["memory"]["memory_facts"] == len(TEXTS) and copied["memory"]["harvest_spans"] == 5
+    assert json.loads(CliRunner().invoke(app, args).stdout)["memory"] == copied["memory"]  # again: nothing doubled
+    pg = memory_of(harvest_db(postgres_url), HashEmbedder(dim=384))
+    assert [h.id for h in pg.search("staging database VPN", 1, ["user:alice"])] == [ids[1]]
+    assert ids[0] not in [h.id for h in pg.search("tabs spaces billing", 8, ["user:alice"])]  # forgotten stays so
+    assert pg.get(ids[0]).status == "forgotten" and [h["action"] for h in pg.history(ids[0])] == ["created", "forgotten"]
+    assert Queue(harvest_db(postgres_url)).status()[0]["pending"] == 5
+    release(postgres_url)
+    release_memory(postgres_url)
+
+
+def _sample(name: str) -> dict[str, Any]:
+    turns = [{"dia_id": f"D1:{i + 1}", "speaker": "Ana" if i % 2 else "Bo", "text": t} for i, t in enumerate(TEXTS)]
+    qa = [{"question": q, "evidence": [f"D1:{i + 1}"], "category": 4} for i, q in enumerate(QUERIES)]
+    return {"sample_id": name, "conversation": {"session_1_date_time": "1:00 pm on 8 May, 2023", "session_1": turns},
+            "qa": qa}
+
+
+def test_the_parity_measure_reports_both_backends_and_can_find_them_apart(db: Any, tmp_path: Path) -> None:
+    from loomrt.bench.memory_search import latency_figures, parity_figures
+
+    embedder = HashEmbedder(dim=384)
+    places = {"sqlite": tmp_path / "a.sqlite", "postgres": db.url}
+    same = parity_figures(lambda b: memory_of(harvest_db(places[b]), embedder), [_sample("c1")])
+    assert same["sqlite"]["questions"] == same["postgres"]["questions"] == len(QUERIES)
+    assert same["sqlite"]["r@5"] == same["postgres"]["r@5"] and same["within_0.02"]
+
+    class Reversed:  # a search that ranks worst first: the measure must see it
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def import_facts(self, items: Any) -> list[str]:
+            return list(self.inner.import_facts(items))
+
+        def search(self, query: str, top_k: int, scopes: Any) -> list[Any]:
+            return list(self.inner.search(query, 50, scopes))[::-1][:top_k]
+
+    other = {"sqlite": tmp_path / "b.sqlite", "postgres": db.url}
+    apart = parity_figures(lambda b: memory_of(harvest_db(other[b]), embedder) if b == "sqlite"
+                           else Reversed(memory_of(harvest_db(other[b]), embedder)), [_sample("c2")])
+    assert apart["r@5_gap"] > 0.02 and not apart["within_0.02"]
+    figures = latency_figures(memory_of(db, embedder), facts=200, queries=20)
+    assert figures["facts"] == 200 and 0 < figures["p50_ms"] <= figures["p95_ms"]
+    for path in (places["sqlite"], other["sqlite"]):
+        release(path)

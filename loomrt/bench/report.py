@@ -421,7 +421,22 @@ def _store(s: dict[str, Any]) -> list[str]:
                          f"{f['read_run_ms_median']:.2f}", f.get("server", "a file on this machine")])
     lines += _table(["backend", "events/s, one at a time", "events/s, four at a time",
                      f"ms to read a run ({s.get('sqlite', {}).get('events_per_run', '?')} events)", "where"], rows)
-    return lines + [""] + _memory_search(s.get("memory") or {})
+    return lines + [""] + _memory_search(s.get("memory") or {}) + _queue(s.get("queue") or {})
+
+
+def _queue(q: dict[str, Any]) -> list[str]:
+    """The harvest queue drained by several worker processes on each backend."""
+    if not q:
+        return []
+    rows = []
+    for b in ("sqlite", "postgres"):
+        f = q.get(b) or {}
+        if "skipped" in f:
+            rows.append([b, "skipped", f["skipped"], "", ""])
+        elif f:
+            rows.append([b, str(f["lost"]), str(f["doubled"]), f"{f['seconds']:.1f}", f"{f['spans_per_s']:.1f}"])
+    return [f"The harvest queue: {q['spans']:,} banked spans drained by {q['workers']} consolidator processes "
+            "(echo extractor) on each backend.", "", *_table(["backend", "lost", "doubled", "s", "spans/s"], rows), ""]
 
 
 def _memory_search(m: dict[str, Any]) -> list[str]:

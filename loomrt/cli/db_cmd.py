@@ -150,7 +150,8 @@ def copy_cmd(
     target: str = typer.Option(..., "--to", help="Where to: postgresql://... (migrated) or sqlite:PATH."),
     json_output: bool = _JSON,
 ) -> None:
-    """Copy every run (ids, seqs, times, hashes kept) and verify each on the target."""
+    """Copy every run (ids, seqs, times, hashes kept) and verify each on the target; durable memory and the
+    harvest queue beside the record go with it."""
     from rich.progress import Progress
 
     from loomrt.record.copy import copy_record
@@ -162,6 +163,16 @@ def copy_cmd(
         with Progress(console=err, transient=True, disable=json_output) as bar:
             task = bar.add_task("copying runs", total=total)
             result = copy_record(src, dst, progress=lambda _run: bar.advance(task))
+        from loomrt.harvest.copy import copy_memory, has_memory
+
+        if has_memory(src):  # the harvest queue and durable memory beside the record go with it
+            from loomrt.harvest.db import harvest_db, release
+            from loomrt.harvest.memory import memory_of
+
+            target = harvest_db(dst)
+            result["memory"] = copy_memory(harvest_db(src), target, memory_of(target, embedder=False))
+            release(src)
+            release(dst)
     finally:
         src.close()
         dst.close()
@@ -170,6 +181,9 @@ def copy_cmd(
         return
     out.print(f"copied {result['copied']} run(s), {result['events']} events verified"
               + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""), highlight=False)
+    if "memory" in result:
+        out.print(f"durable memory: {result['memory']['memory_facts']} fact(s), {result['memory']['harvest_spans']} "
+                  "banked span(s) on the target", highlight=False)
 
 
 workers_app = typer.Typer(help="The workers sharing this record: who plays which run.", no_args_is_help=True)
