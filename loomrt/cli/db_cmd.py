@@ -169,8 +169,8 @@ def copy_cmd(
             from loomrt.harvest.db import harvest_db, release
             from loomrt.harvest.memory import memory_of
 
-            target = harvest_db(dst)
-            result["memory"] = copy_memory(harvest_db(src), target, memory_of(target, embedder=False))
+            there = harvest_db(dst)
+            result["memory"] = copy_memory(harvest_db(src), there, memory_of(there, embedder=False))
             release(src)
             release(dst)
     finally:
