@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
@@ -359,6 +359,24 @@ class Runtime:
             return contextlib.nullcontext()
         return Heartbeat(self.store, run.run_id, self.owner, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s)
 
+    @contextlib.contextmanager
+    def holding(self, run: RunState) -> Iterator[None]:
+        """Out-of-band work on a run that is not playing here (a refold, a compaction, a
+        worker's queued fold) writes through the run's claim: taken for the block, so its
+        appends are fenced like the owner's, and let go after, unless this worker held it
+        already. :class:`~loomrt.errors.RunOwnedError` while another worker plays the run."""
+        if self.owner is None or run.epoch is not None:
+            yield
+            return
+        held = any(c["run_id"] == run.run_id and c["owner"] == self.owner for c in self.store.run_owners())
+        self.claim(run)
+        try:
+            yield
+        finally:
+            if not held and run.epoch is not None:
+                self.store.release_run(run.run_id, self.owner, run.epoch)
+                run.epoch = None
+
     def claim(self, run: RunState) -> None:
         """Make ``run`` this worker's to play (with an :attr:`owner`): its epoch fences every
         append it makes; :class:`~loomrt.errors.RunOwnedError` while another worker's claim is live."""
@@ -434,8 +452,9 @@ class Runtime:
         if model:
             run.summarizer = self.providers(run.spec, model)
         before = run.estimate()
-        changed = await maybe_distil(run, force=True, require_smaller=False,
-                                     reduce=lambda r: r.mode.refold(r, fallback_only=fallback_only))
+        with self.holding(run):
+            changed = await maybe_distil(run, force=True, require_smaller=False,
+                                         reduce=lambda r: r.mode.refold(r, fallback_only=fallback_only))
         last = self.store.latest(run_id, "distillation") if changed else None
         declined = None if changed else self.store.latest(run_id, "distillation_declined")
         return {"run_id": run_id, "refolded": (last.data.get("folds") or {}).get("refolded", 0) if last else 0,
@@ -473,7 +492,8 @@ class Runtime:
                     "tokens_after": before, "reason": "append mode keeps everything (context.backstop is off)"}
         heard: list[Event] = []
         run.listeners.append(heard.append)
-        distilled = await maybe_distil(run, force=True)
+        with self.holding(run):
+            distilled = await maybe_distil(run, force=True)
         reason = None if distilled else next((e.data.get("reason") for e in heard if e.kind == "distillation_declined"), None)
         return {"run_id": run_id, "mode": run.mode.name, "distilled": distilled, "tokens_before": before,
                 "tokens_after": run.estimate(), "reason": reason}

@@ -98,9 +98,14 @@ async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] 
             run = await runtime.aopen(run_id)
             run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
             before = run.estimate()
-            done = await runtime.between_turns(run)
+            try:
+                with runtime.holding(run):  # through the run's claim: fenced like its owner's appends
+                    done = await runtime.between_turns(run)
+                reason = None if done else "declined, or another worker holds its lease"
+            except RunOwnedError as exc:
+                done, reason = False, f"another worker has it ({exc})"
             row = {"run_id": run_id, "work": "fold", "done": done, "tokens_before": before, "tokens_after": run.estimate(),
-                   "reason": None if done else "declined, or another worker holds its lease"}
+                   "reason": reason}
         rows.append(row)
         if tell:
             tell(row)

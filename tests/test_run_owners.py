@@ -151,6 +151,33 @@ def test_a_model_call_longer_than_the_claim_keeps_its_run_by_the_heartbeat(share
     rt.store.close()
 
 
+def test_out_of_band_writes_go_through_the_runs_claim(postgres_url: str) -> None:
+    from loomrt.run.pins import pin_in_record
+
+    store = default_store(postgres_url)
+    rt = Runtime(store, owner="host-a/1/x", providers=lambda s, m: ScriptedProvider(["one", "two", "three"]))
+    spec = AgentSpec.model_validate({"model": "scripted/x", "context": {"mode": "recap"}})
+    run_id = asyncio_run(rt.run(spec, "remember the door code 4471")).run_id
+    store.release_run(run_id, "host-a/1/x", 1)  # the run is parked: nobody plays it
+    first_input = next(e.seq for e in store.events(run_id) if e.kind == "user_input")
+    pin_in_record(store, run_id, seq=first_input)  # claimed for the write, fenced, let go
+    assert store.run_owners() == []
+    (lapsed,) = store.run_owners(expired=True)
+    assert (lapsed["owner"], lapsed["epoch"]) == (worker_name(), 2)
+
+    store.claim_run(run_id, "host-b/2/y", 60)  # another worker plays it now
+    answer = next(e.seq for e in store.events(run_id) if e.kind == "assistant_message")
+    pin_in_record(store, run_id, seq=answer)  # handed to the owner through the record
+    assert [(c["owner"], c["epoch"]) for c in store.run_owners()] == [("host-b/2/y", 3)]
+    assert [e.kind for e in store.events(run_id)][-2:] == ["pin", "pin"]
+    with pytest.raises(RunOwnedError, match="host-b/2/y"):  # a compaction is not the owner's to take in
+        asyncio_run(rt.compact(run_id))
+    store.release_run(run_id, "host-b/2/y", 3)
+    done = asyncio_run(rt.compact(run_id))  # parked again: this worker holds it for the write, then lets go
+    assert done["run_id"] == run_id and store.run_owners() == []
+    store.close()
+
+
 def asyncio_run(coro: Any) -> Any:
     import asyncio
 

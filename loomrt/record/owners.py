@@ -23,9 +23,10 @@ import threading
 import uuid
 from typing import Any
 
-from loomrt.errors import RunOwnedError
+from loomrt.errors import FencedError, RunOwnedError, StoreError
 
-__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows", "Heartbeat"]
+__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows", "Heartbeat",
+           "append_out_of_band"]
 
 RUN_LEASE_S = 900.0
 """How long a claim holds without an append: longer than any one model call may take
@@ -122,3 +123,27 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+
+def append_out_of_band(store: Any, run_id: str, kind: str, data: dict[str, Any]) -> Any:
+    """An operator's event on a run (a pin, an unpin), appended through the run's claim where
+    several workers share the record: while the run is parked the writer claims it for the
+    write (fenced like an owner's append, then let go); while another worker plays it the
+    event is handed to that owner through the record, which takes it in at its next event. A
+    write a new owner fenced off meanwhile is tried again, never dropped. The event."""
+    if not getattr(store, "shared", False):
+        return store.append(run_id, kind, data)
+    me = worker_name()
+    for _ in range(10):
+        try:
+            epoch = store.claim_run(run_id, me, 60.0)
+        except RunOwnedError:
+            return store.append(run_id, kind, data)  # the owner's run reads it at its next event
+        try:
+            return store.append_many(run_id, [(kind, data)], epoch=epoch)[0]
+        except FencedError:
+            continue  # a worker claimed the run between the claim and the write: now it is the owner's
+        finally:
+            store.release_run(run_id, me, epoch)
+    raise StoreError(f"run {run_id}: the {kind} could not be written through the run's claim after 10 tries "
+                     "(workers keep taking the run over); nothing was written. Try again.")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import SpecError
 from loomrt.messages import Message
+from loomrt.record.owners import append_out_of_band
 from loomrt.tokens import count_text
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def pin_in_record(store: Any, run_id: str, *, seq: int, note: str = "") -> Pin:
     context = (events[0].data.get("definition") or {}).get("context") or {}
     limit = int(context.get("pins_max_tokens", ContextSpec.model_fields["pins_max_tokens"].default))
     made = check_pin(view, seq=seq, text=None, limit=limit, run_id=run_id)
-    store.append(run_id, "pin", pin_payload(made, note=note, by="operator"))
+    append_out_of_band(store, run_id, "pin", pin_payload(made, note=note, by="operator"))
     return made
 
 
@@ -192,4 +193,4 @@ def unpin_in_record(store: Any, run_id: str, pin_id: str) -> None:
     if pin_id not in view.pins:
         held = ", ".join(view.pins) or "none"
         raise PinError(f"run {run_id} has no pin {pin_id} (its pins: {held})")
-    store.append(run_id, "unpin", {"pin": pin_id, "by": "operator"})
+    append_out_of_band(store, run_id, "unpin", {"pin": pin_id, "by": "operator"})
