@@ -20,12 +20,12 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
-from loomrt.errors import LoomError, MovedOnError, NotFoundError, SpecError, StoreError
+from loomrt.errors import LoomError, MovedOnError, NotFoundError, RunOwnedError, SpecError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
-from loomrt.record.owners import RUN_LEASE_S, Heartbeat, worker_name
+from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
@@ -262,6 +262,9 @@ class Runtime:
             if run.view.status != "parked":  # the run ended (or failed): its tool sources stop
                 await run.toolset.close_sources()
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
+        if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
+            self.store.release_run(run.run_id, self.owner, run.epoch)  # an ended run holds no worker
+            run.epoch = None
         return self.result(run)
 
     async def run(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
@@ -413,7 +416,12 @@ class Runtime:
         if isinstance(run, str):
             run = await self.aopen(run)
         if run.view.status not in ("done", "cancelled"):
-            await run.add("cancelled", {"reason": reason, "output": run.output})
+            try:
+                with self.holding(run):  # parked: claimed for the write, fenced, let go
+                    await run.add("cancelled", {"reason": reason, "output": run.output})
+            except RunOwnedError:  # another worker plays it: handed over, it stops at its next step
+                append_out_of_band(self.store, run.run_id, "cancelled", {"reason": reason, "output": run.output})
+                run = await self.aopen(run.run_id)
         return self.result(run)
 
     async def fork(self, run_id: str, *, at: int | None = None) -> RunState:

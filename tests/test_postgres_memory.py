@@ -16,8 +16,8 @@ from loomrt.harvest.db import harvest_db, release
 from loomrt.harvest.memory import memory_of
 from loomrt.harvest.pg_memory import PgMemoryStore
 from loomrt.harvest.queue import Queue
-from loomrt.record import pg_migrations
 from loomrt.recall.embedders import HashEmbedder
+from loomrt.record import pg_migrations
 
 TEXTS = [
     "Rosa prefers tabs over spaces in the billing service.",

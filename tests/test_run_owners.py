@@ -178,6 +178,31 @@ def test_out_of_band_writes_go_through_the_runs_claim(postgres_url: str) -> None
     store.close()
 
 
+def test_a_cancel_from_another_worker_is_handed_to_the_owner_and_stops_the_run(postgres_url: str) -> None:
+    import threading
+
+    from loomrt.providers.scripted import FunctionProvider
+
+    other = Runtime(default_store(postgres_url), owner="host-b/2/y", providers=lambda s, m: ScriptedProvider([]))
+    said: list[str] = []
+
+    def slow(request: Any) -> str:  # while worker a's model thinks, worker b cancels the run
+        run_id = max(other.store.list_runs(), key=lambda r: r.created_at).run_id
+        t = threading.Thread(target=lambda: said.append(asyncio_run(other.cancel(run_id, reason="b says stop")).status))
+        t.start()
+        t.join()
+        return "an answer nobody should see"
+
+    rt = Runtime(default_store(postgres_url), owner="host-a/1/x", providers=lambda s, m: FunctionProvider(slow))
+    result = asyncio_run(rt.run(AgentSpec(model="scripted/x"), "work on it"))
+    kinds = [e.kind for e in rt.store.events(result.run_id)]
+    assert said == ["cancelled"] and result.status == "cancelled"
+    assert "cancelled" in kinds and "final" not in kinds and "an answer nobody should see" != result.output
+    assert rt.store.run_owners() == []  # the ended run let its claim go
+    other.store.close()
+    rt.store.close()
+
+
 def asyncio_run(coro: Any) -> Any:
     import asyncio
 

@@ -55,6 +55,8 @@ async def play_turn(run: RunState) -> str:
     try:
         await run.toolset.open_sources()  # MCP servers start on first use (and again, after one died)
         for _ in range(run.spec.max_iterations):
+            if await run.cancelled_elsewhere():  # a cancel handed to this owner: the run stops at this step
+                return run.output or ""
             await maybe_distil(run)
             response = await call_model(
                 run, run.context,
@@ -62,6 +64,9 @@ async def play_turn(run: RunState) -> str:
                 response_schema=run.mode.response_schema(run),
                 tool_choice=run.mode.tool_choice(run),
             )
+            if await run.cancelled_elsewhere():  # cancelled while the model thought: its answer is not played
+                await run.flush()  # what the call cost is recorded all the same
+                return run.output or ""
             async with run.atomic():  # the answer, what the mode made of it, and the turn's end: all or nothing
                 step = await run.mode.interpret(run, response)
                 if isinstance(step, FinalOutput):

@@ -107,6 +107,18 @@ class RunState:
             self._tell(applied)
         return events
 
+    async def cancelled_elsewhere(self) -> bool:
+        """Whether the run was cancelled out of band (``cancel_run`` from another process or
+        machine, handed to this owner through the record): on a store several workers share,
+        the events written since the view's last are taken in first. The loop asks at each
+        step and stops there."""
+        if self.view.status != "cancelled" and getattr(self.store, "shared", False) and not self._atomic:
+            later = await self.store.read(self.run_id, after=self.view.last_seq)
+            for event in later:
+                self.view.apply(event)
+            self._tell(later)
+        return self.view.status == "cancelled"
+
     @contextlib.asynccontextmanager
     async def atomic(self) -> AsyncIterator[None]:
         """``async with run.atomic():`` the events added inside are committed together (a
