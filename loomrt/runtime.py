@@ -261,10 +261,10 @@ class Runtime:
         finally:
             if run.view.status != "parked":  # the run ended (or failed): its tool sources stop
                 await run.toolset.close_sources()
+            if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
+                self.store.release_run(run.run_id, self.owner, run.epoch)  # an ended run holds no worker
+                run.epoch = None
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
-        if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
-            self.store.release_run(run.run_id, self.owner, run.epoch)  # an ended run holds no worker
-            run.epoch = None
         return self.result(run)
 
     async def run(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunResult:
