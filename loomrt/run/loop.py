@@ -55,7 +55,7 @@ async def play_turn(run: RunState) -> str:
     try:
         await run.toolset.open_sources()  # MCP servers start on first use (and again, after one died)
         for _ in range(run.spec.max_iterations):
-            if await run.cancelled_elsewhere():  # a cancel handed to this owner: the run stops at this step
+            if run.view.status == "cancelled":  # handed to this owner: its last write took the cancel in
                 return run.output or ""
             await maybe_distil(run)
             response = await call_model(
