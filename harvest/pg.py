@@ -13,9 +13,9 @@ migrate`` with the record's (:mod:`loomrt.record.pg_migrations`). What PostgreSQ
   a pgvector ``vector`` with an HNSW index (cosine) for the embedder's dimension, where the
   server has the extension. Without it vectors stay ``bytea`` only and are searched exactly
   (:mod:`loomrt.harvest.pg_memory` says so once).
-- **Scopes in the database.** Row-level security on ``memory_facts`` and ``memory_terms``: a row is visible only
-  when its scope is in the connection's ``loomrt.scopes`` setting (``*``: every scope, for
-  the consolidator and operators). The application role is subject to it; the tables'
+- **Scopes in the database.** Row-level security on ``memory_facts`` and ``memory_terms``:
+  a row is visible only when its scope is in the connection's ``loomrt.scopes`` setting
+  (``*``: every scope, for the consolidator and operators). The application role is subject to it; the tables'
   owner is not (PostgreSQL's rule), so workers connect as a role granted ``loomrt_app``.
 - **Many workers.** A claim locks its spans ``FOR UPDATE SKIP LOCKED``: two workers never
   take one span, and neither waits on the other.
