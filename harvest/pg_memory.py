@@ -161,19 +161,22 @@ class PgMemoryStore(MemoryStore):
     def _bm25(self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int,
               avgdl: float) -> dict[str, float]:
         """BM25 of the facts holding any of ``terms`` (the best ``pool``), in the database, from
-        the postings: each term's frequency in a fact, and its document frequency."""
+        the postings: each term's document frequency first (an index-only count), then each
+        fact's sum over its terms."""
         if not terms or not n:
             return {}
         words = list(terms)
+        dfs = dict(conn.execute("SELECT term, count(*) FROM memory_terms WHERE scope = ANY(?) AND term = ANY(?) "
+                                "GROUP BY term", [list(scopes), words]).fetchall())
+        found = [w for w in words if dfs.get(w)]
+        if not found:
+            return {}
+        idf = [terms[w] * float(np.log(1 + (n - dfs[w] + 0.5) / (dfs[w] + 0.5))) for w in found]
         rows = conn.execute(
-            "WITH q AS (SELECT * FROM unnest(?::text[], ?::float8[]) AS q(term, qtf)), "
-            "p AS (SELECT m.term, m.fact_id, m.tf::float8 AS tf, m.n_tokens::float8 AS len FROM memory_terms m "
-            "JOIN q USING (term) WHERE m.scope = ANY(?)), "
-            "w AS (SELECT p.term, q.qtf * ln(1.0::float8 + (?::float8 - count(*) + 0.5::float8) "
-            "/ (count(*) + 0.5::float8)) AS idf FROM p JOIN q USING (term) GROUP BY p.term, q.qtf) "
-            "SELECT p.fact_id, sum(w.idf * p.tf / (p.tf + ?::float8 * (1.0::float8 - ?::float8 + ?::float8 * p.len "
-            "/ ?::float8))) AS s FROM p JOIN w USING (term) GROUP BY p.fact_id ORDER BY s DESC LIMIT ?",
-            [words, [float(terms[w]) for w in words], list(scopes), n, _K1, _B, _B, avgdl, pool]).fetchall()
+            "SELECT m.fact_id, sum(w.idf * m.tf / (m.tf + ?::float8 * (1 - ?::float8 + ?::float8 * m.n_tokens / "
+            "?::float8))) AS s FROM memory_terms m JOIN unnest(?::text[], ?::float8[]) AS w(term, idf) USING (term) "
+            "WHERE m.scope = ANY(?) GROUP BY m.fact_id ORDER BY s DESC LIMIT ?",
+            [_K1, _B, _B, avgdl, found, idf, list(scopes), pool]).fetchall()
         return {fid: float(s) for fid, s in rows if s and s > 0}
 
     def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int) -> dict[str, float]:
