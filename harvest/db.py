@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from loomrt.errors import StoreError
 from loomrt.record.migrations import migrate
 
-__all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of"]
+__all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of", "has_place"]
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -211,6 +211,15 @@ class HarvestDB:
 
 _open: dict[str, Tables] = {}
 _open_lock = threading.Lock()
+
+
+def has_place(store: Any) -> bool:
+    """Whether durable memory can live beside the record ``store``: a SQLite file, or a
+    PostgreSQL database (not an in-memory record)."""
+    if isinstance(getattr(store, "url", None), str):
+        return True
+    path = getattr(store, "path", None)
+    return isinstance(path, Path) and str(path) != ":memory:"
 
 
 def where_of(where: Any) -> str:

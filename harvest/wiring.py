@@ -13,12 +13,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from loomrt.events import Event
 from loomrt.harvest.bank import Bank
-from loomrt.harvest.db import harvest_db, where_of
+from loomrt.harvest.db import harvest_db, has_place, where_of
 from loomrt.harvest.memory import MemoryStore, ScopedMemory, memory_of
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 
@@ -101,8 +100,7 @@ def wire(
     except ScopeError as exc:
         loud(f"durable memory is off for this run: {exc}")
         return out
-    path = getattr(store, "path", None)
-    has_file = (isinstance(path, Path) and str(path) != ":memory:") or isinstance(getattr(store, "url", None), str)
+    has_file = has_place(store)
     no_file = ("durable memory is off for this run: its store has no file to keep memory in (an in-memory "
                "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH) or PostgreSQL")
     try:

@@ -176,7 +176,9 @@ def worker_cmd(
 
     rt = runtime()
     consolidator = None
-    if consolidate and (getattr(rt.store, "url", None) or str(rt.store.path) != ":memory:"):
+    from loomrt.harvest.db import has_place
+
+    if consolidate and has_place(rt.store):
         from loomrt.harvest.consolidator import Consolidator
 
         consolidator = Consolidator(rt.store, model=model, holder=rt.owner)

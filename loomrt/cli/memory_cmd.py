@@ -37,7 +37,9 @@ def _memory() -> Any:
 
 def _file_store(store: Any) -> Any:
     """``store``, if durable memory can live beside it (a SQLite file or PostgreSQL)."""
-    if getattr(store, "url", None) is None and str(getattr(store, "path", ":memory:")) == ":memory:":
+    from loomrt.harvest.db import has_place
+
+    if not has_place(store):
         from loomrt.errors import StoreError
 
         raise StoreError("durable memory needs a record file or PostgreSQL, and this record is in memory. "
