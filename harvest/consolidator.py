@@ -294,7 +294,7 @@ class Consolidator:
         if retry_after:
             messages[-1] = {**messages[-1], "content": messages[-1]["content"].removesuffix("JSON:")
                             + f"Your last answer could not be read ({retry_after}). Answer with valid JSON only, "
-                            "at most 8 facts, the most important ones.\n\nJSON:"}
+                            "at most 6 facts, the most important ones.\n\nJSON:"}
         request = ModelRequest(messages=messages, max_tokens=EXTRACT_MAX_TOKENS, temperature=0.0,
                                purpose="extract", response_schema=REPLY_SCHEMA)
         response = await self.provider.complete(request)

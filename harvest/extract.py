@@ -23,16 +23,22 @@ import jsonschema
 from loomrt.harvest.redact import has_secret
 from loomrt.tokens import count_text
 
-__all__ = ["Line", "parts_of", "extraction_messages", "REPLY_SCHEMA", "parse_reply", "Unparseable", "check_fact",
+__all__ = ["MAX_FACTS", "Line", "parts_of", "extraction_messages", "REPLY_SCHEMA", "parse_reply", "Unparseable", "check_fact",
            "absolute_dates", "EXTRACT_PROMPT", "ExtractedFact"]
 
 CLASSES = ["preference", "fact", "decision", "identity", "constraint", "correction"]
+
+MAX_FACTS = 10
+"""Facts one reply may hold. Ten facts of a sentence each fit the reply's 1,024 tokens; with
+15 allowed, every LoCoMo batch's first reply from the embedded model ran to the cap (it
+repeated itself) and was cut off (docs/memory.md)."""
 
 REPLY_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
         "facts": {
             "type": "array",
+            "maxItems": MAX_FACTS,
             "items": {
                 "type": "object",
                 "properties": {
@@ -40,7 +46,7 @@ REPLY_SCHEMA: dict[str, Any] = {
                     "class": {"type": "string", "enum": CLASSES},
                     "subject": {"type": "string", "minLength": 1, "maxLength": 120},
                     "observed_at": {"type": "string"},
-                    "source_seqs": {"type": "array", "items": {"type": "integer"}, "maxItems": 20},
+                    "source_seqs": {"type": "array", "items": {"type": "integer"}, "maxItems": 6},
                 },
                 "required": ["statement", "class", "subject", "source_seqs"],
             },
@@ -63,7 +69,7 @@ Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subje
 Prefer concrete facts (what happened, names, places, dates, plans, possessions, changes) to opinions and pleasantries. Example: from the line
 [4] user (Dana): I started pottery classes last week, it really helps me relax
 write {"statement": "Dana started pottery classes in the week of 3 March 2024; they help her relax.", "class": "fact", "subject": "Dana", "observed_at": "2024-03-03", "source_seqs": [4]}.
-Write at most 15 facts, the most important first. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
+Write at most 10 facts, the most important first. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
 
 
 @dataclass(frozen=True)

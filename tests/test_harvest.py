@@ -516,4 +516,4 @@ def test_a_reply_cut_off_at_max_tokens_is_retried_asking_for_fewer_facts(store: 
 
     report = _consolidator(store, FunctionProvider(cut_then_fine)).run_once()
     assert report.retries == 1 and report.empty_batches == 1 and not report.held
-    assert "at most 8 facts" in seen[1] and "cut off" in seen[1]
+    assert "at most 6 facts" in seen[1] and "cut off" in seen[1]

@@ -163,3 +163,59 @@ def test_a_fold_replay_measures_recall_grep_and_both_on_the_same_run() -> None:
     assert out["grep_at"]["10"] > 0, "Grep finds evidence turns by their words"
     assert out["conversations"]["mini-1"]["distillations"] > 0, "the conversation was folded"
     assert "grep_at" not in evaluate_locomo(MINI, embedder=HashEmbedder())
+
+
+# --------------------------------------------------------------------------- answers stated
+
+
+def test_states_answer_needs_most_of_the_answers_content_words() -> None:
+    from loomrt.bench.qa.grade import answer_words, states_answer
+
+    assert states_answer("Ana adopted a greyhound from the shelter on Maple Street.", "the shelter on Maple Street")
+    assert not states_answer("Ana adopted a greyhound from a shelter.", "the shelter on Maple Street")  # 1 of 3 words
+    assert states_answer("Dee ran it in 4 hours and 12 minutes", "4 hours 12 minutes")
+    assert not states_answer("Ana signed up in May 2024", "April 2024")  # the year alone is half the answer
+    assert states_answer("Bo learns the cello from Mira", "cello, Mira", 1)
+    assert answer_words("the one on it", 4) == set() and not states_answer("anything at all", "the one on it")
+    assert answer_words("Likely yes; she says so", 3) == {"like", "ye"}  # only before the ';', stemmed
+
+
+def test_the_raw_tier_reports_whether_its_turns_state_the_answer() -> None:
+    result = evaluate_locomo(MINI, embedder=False)
+    states = result["states"]
+    assert states["questions"] == 9  # every answer here has content words
+    assert 0 < states["at"]["1"] <= states["at"]["10"] <= 1
+    assert sum(v["questions"] for v in states["by_category"].values()) == 9
+
+
+def _vague(request: Any) -> Any:
+    """An extractor that keeps one vague fact per batch, citing its first lines."""
+    from loomrt.harvest.scripted import conversation_lines
+    from loomrt.providers.base import ModelResponse, Usage
+
+    lines = conversation_lines(request)
+    fact = {"statement": "Ana and Bo talked about their week and their plans.", "class": "fact", "subject": "Ana",
+            "source_seqs": [n for n, _, _ in lines][:6]}
+    return ModelResponse(text=json.dumps({"facts": [fact]}), usage=Usage(1, 1))
+
+
+@pytest.mark.parametrize("extractor", ["echo", "vague"])
+def test_the_memory_tier_counts_a_hit_only_where_a_fact_states_the_answer(tmp_path: Path, extractor: str) -> None:
+    """Verbatim facts state the answers; one vague fact a batch cites the lines but states none,
+    and the measure says so (the old one, any merged source, counted it found)."""
+    from loomrt.bench.harvest_bench import locomo_tiers
+    from loomrt.harvest.scripted import echo_extractor
+    from loomrt.testing import FunctionProvider
+
+    provider = echo_extractor() if extractor == "echo" else FunctionProvider(_vague, name="scripted/vague")
+    kept: list[dict[str, Any]] = []
+    out = asyncio.run(locomo_tiers(tmp_path, MINI, provider=provider, embedder="hash", raw=False,
+                                   checkpoint=lambda lo: kept.append(json.loads(json.dumps(lo)))))
+    assert [k["conversations"] for k in kept] == [["mini-1"], ["mini-1", "mini-2"]]  # figures after each conversation
+    assert out["memory"]["states"]["questions"] == out["memory"]["cites"]["questions"] == 9
+    states, cites = out["memory"]["states"]["recall_at"], out["memory"]["cites"]["recall_at"]
+    if extractor == "echo":
+        assert states["10"] >= 0.5 and cites["10"] >= 0.5  # (the echo drops lines that open with a pronoun)
+    else:
+        assert states["10"] == 0.0  # it states nothing ...
+        assert cites["10"] > 0  # ... though its lines hold some evidence

@@ -24,6 +24,7 @@ import asyncio
 import datetime as _dt
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -151,14 +152,71 @@ def _session_ts(date: str) -> float | None:
     return None
 
 
+def _rate(hits: dict[int, int], n: int) -> dict[str, float]:
+    return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
+
+
+class _Tally:
+    """Hits at each k over questions, overall and by category."""
+
+    def __init__(self, ks: Sequence[int]) -> None:
+        self.ks = list(ks)
+        self.n = 0
+        self.hits = {k: 0 for k in ks}
+        self.by_cat: dict[int, dict[str, Any]] = {}
+
+    def add(self, category: int, found: Sequence[bool]) -> None:
+        """One question: ``found[i]`` says whether it was found at the i-th k."""
+        cat = self.by_cat.setdefault(category, {"questions": 0, "hits": {k: 0 for k in self.ks}})
+        cat["questions"] += 1
+        self.n += 1
+        for k, hit in zip(self.ks, found, strict=True):
+            if hit:
+                self.hits[k] += 1
+                cat["hits"][k] += 1
+
+    def add_figures(self, figures: dict[str, Any]) -> None:
+        """Add another tally's :meth:`figures` (rates are exact to 4 places, so counts come back whole)."""
+        self.n += figures["questions"]
+        for k in self.ks:
+            self.hits[k] += round(figures["recall_at"][str(k)] * figures["questions"])
+        for c, v in figures.get("by_category", {}).items():
+            cat = self.by_cat.setdefault(int(c), {"questions": 0, "hits": {k: 0 for k in self.ks}})
+            cat["questions"] += v["questions"]
+            for k in self.ks:
+                cat["hits"][k] += round(v["recall_at"][str(k)] * v["questions"])
+
+    def figures(self, names: dict[int, str]) -> dict[str, Any]:
+        return {"questions": self.n, "recall_at": _rate(self.hits, self.n), "by_category": {
+            str(c): {"name": names.get(c, str(c)), "questions": v["questions"], "recall_at": _rate(v["hits"], v["questions"])}
+            for c, v in sorted(self.by_cat.items())}}
+
+
 async def locomo_tiers(
     tmp: Path, data: Path, *, provider: Any, conversations: Sequence[str] | None = None, ks: Sequence[int] = (1, 3, 5, 10),
     embedder: Any = None, part_tokens: int | None = None, raw: bool = True, progress: Progress | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """The memory tier (facts the embedded model consolidated from each session) against
-    the raw-span tier (``bench recall``) on the same questions."""
-    from loomrt.bench.locomo_recall import ANSWERABLE, CATEGORY_NAMES, evaluate_locomo_async, evidence_ids, \
-        load_locomo, sample_id, turns_of
+    the raw-span tier (``bench recall``) on the same questions, one conversation at a time:
+    bank its sessions, drain them, ask its questions; ``checkpoint`` gets the figures so far
+    after each conversation, so a run stopped early still says what it measured.
+
+    A memory hit at k is counted two ways, neither of which a fact's merged sources can
+    inflate: **states** (the top-k statements hold the gold answer's content words, as
+    :func:`~loomrt.bench.qa.grade.states_answer` reads them; the raw tier's ``states`` is
+    the same test on the top-k turns) and **cites** (an evidence turn is among the lines
+    the top-k facts were first extracted from, ``sources[0]``, not those merges added)."""
+    from loomrt.bench.locomo_recall import (
+        ANSWERABLE,
+        CATEGORY_NAMES,
+        evaluate_locomo_async,
+        evidence_ids,
+        load_locomo,
+        sample_id,
+        turns_of,
+    )
+    from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer
     from loomrt.harvest.bank import Bank
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
     from loomrt.harvest.db import harvest_db
@@ -170,78 +228,86 @@ async def locomo_tiers(
     store = _fresh(tmp, f"locomo-{part_tokens or PART_TOKENS}")
     db = harvest_db(store.path)
     memory = MemoryStore(db, embedder=embedder)
-    seq_to_dia: dict[str, dict[int, str]] = {}
-    turns_total = spans_total = 0
+    parts = part_tokens or PART_TOKENS
+    tiers = {name: _Tally(ks) for name in ("memory_states", "memory_cites", "raw_states", "raw_evidence")}
+    out: dict[str, Any] = {"conversations": [], "of_conversations": [cid for cid, _ in chosen], "turns": 0,
+                           "spans": 0, "part_tokens": parts, "dead_letters": 0, "retries": 0, "dropped": {},
+                           "seconds": 0.0, "per_conversation": {}}
     for cid, sample in chosen:
         bank = Bank(db, run_id=f"locomo-{cid}", agent="bench", def_hash="0" * 16, scope=f"user:{cid}",
                     max_tokens=100_000, private=set, record=lambda k, d: None)
         by_session: dict[int, list[Message]] = {}
-        seq_to_dia[cid] = {}
+        seq_to_dia: dict[int, str] = {}
         for i, t in enumerate(turns_of(sample)):
             text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
             by_session.setdefault(t.session, []).append(Message(role="user", name=t.speaker, content=text, seq=i + 1,
                                                                ts=_session_ts(t.date)))
-            seq_to_dia[cid][i + 1] = t.dia_id
-            turns_total += 1
+            seq_to_dia[i + 1] = t.dia_id
         for n, messages in sorted(by_session.items()):
             bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
                                   messages=tuple(messages)))
-            spans_total += 1
-    parts = part_tokens or PART_TOKENS
-    worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
-                          max_parts=1 if part_tokens else 2,
-                          progress=(lambda b, s: progress(f"consolidated {s}/{spans_total} sessions")) if progress else None)
-    started = time.perf_counter()
-    report = await drained(worker)
-    seconds = time.perf_counter() - started
-    hits = {k: 0 for k in ks}
-    by_cat: dict[int, dict[str, Any]] = {}
-    n = 0
-    for cid, sample in chosen:
-        for q in sample["qa"]:
-            if int(q.get("category", 0)) not in ANSWERABLE:
-                continue
+        done_before = out["spans"]
+        worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
+                              max_parts=1 if part_tokens else 2,
+                              progress=(lambda b, s, c=cid, n=len(by_session): progress(f"{c}: consolidated {s}/{n} sessions"))
+                              if progress else None)
+        started = time.perf_counter()
+        report = await drained(worker)
+        consolidated_s = time.perf_counter() - started
+        out["seconds"] = round(out["seconds"] + consolidated_s, 1)
+        out["turns"] += len(seq_to_dia)
+        out["spans"] = done_before + len(by_session)
+        out["dead_letters"] += report.dead
+        out["retries"] += report.retries
+        out["dropped"] = dict(Counter(out["dropped"]) + Counter(report.dropped))
+        questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
+        facts = memory.facts([f"user:{cid}"])
+        states, cites = _Tally(ks), _Tally(ks)
+        for q in questions:
+            cat, truth = int(q["category"]), gold_answer(q)
             gold = evidence_ids(q.get("evidence"))
-            if not gold:
-                continue
             found = memory.search(str(q["question"]), max(ks), [f"user:{cid}"])
-            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks}})
-            cat["questions"] += 1
-            n += 1
-            for k in ks:
-                dias = {seq_to_dia[cid].get(s) for h in found[:k] for src in h.provenance.get("sources", [])
-                        for s in src.get("seqs", [])}
-                if gold & dias:
-                    hits[k] += 1
-                    cat["hits"][k] += 1
-
-    def rate(h: dict[int, int], m: int) -> dict[str, float]:
-        return {str(k): round(v / m, 4) if m else 0.0 for k, v in h.items()}
-
-    out: dict[str, Any] = {
-        "conversations": [cid for cid, _ in chosen], "turns": turns_total, "spans": spans_total,
-        "part_tokens": parts, "facts": len(memory.facts(None)), "dead_letters": report.dead, "retries": report.retries,
-        "dropped": dict(report.dropped), "seconds": round(seconds, 1),
-        "spans_per_min": round(spans_total / seconds * 60, 2) if seconds else None,
-        "turns_per_min": round(turns_total / seconds * 60, 1) if seconds else None,
-        "memory": {"questions": n, "recall_at": rate(hits, n), "by_category": {
-            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["questions"], "recall_at": rate(v["hits"], v["questions"])}
-            for c, v in sorted(by_cat.items())}},
-    }
-    if raw:
-        if progress:
-            progress("the raw-span tier (bench recall)")
-        spans = await evaluate_locomo_async(data, conversations=[cid for cid, _ in chosen], ks=ks, embedder=embedder)
-        out["raw"] = {"questions": spans["questions"], "recall_at": spans["recall_at"],
-                      "by_category": spans["by_category"]}
+            own = [{seq_to_dia.get(s) for s in (h.provenance.get("sources") or [{}])[0].get("seqs", [])} for h in found]
+            cites.add(cat, [bool(gold & set().union(*own[:k])) for k in ks])
+            if answer_words(truth, cat):
+                said = [h.text for h in found]
+                states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
+        conv: dict[str, Any] = {"questions": len(questions), "facts": len(facts), "sessions": len(by_session),
+                                "seconds": round(consolidated_s, 1), "dead_letters": report.dead,
+                                "memory": {"states_at": _rate(states.hits, states.n), "cites_at": _rate(cites.hits, cites.n)}}
+        tiers["memory_states"].add_figures(states.figures(CATEGORY_NAMES))
+        tiers["memory_cites"].add_figures(cites.figures(CATEGORY_NAMES))
+        if raw:
+            if progress:
+                progress(f"{cid}: the raw-span tier (bench recall)")
+            spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder)
+            tiers["raw_evidence"].add_figures(spans)
+            tiers["raw_states"].add_figures({"questions": spans["states"]["questions"], "recall_at": spans["states"]["at"],
+                                             "by_category": spans["states"]["by_category"]})
+            conv["raw"] = {"evidence_at": spans["recall_at"], "states_at": spans["states"]["at"]}
+        out["per_conversation"][cid] = conv
+        out["conversations"].append(cid)
+        out["facts"] = len(memory.facts(None))
+        out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
+        out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
+        out["memory"] = {"states": tiers["memory_states"].figures(CATEGORY_NAMES),
+                         "cites": tiers["memory_cites"].figures(CATEGORY_NAMES)}
+        if raw:
+            out["raw"] = {"evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
+                          "states": tiers["raw_states"].figures(CATEGORY_NAMES)}
+        out["sample_facts"] = [f.statement for f in facts[:5]]
+        if checkpoint is not None:
+            checkpoint(out)
     return out
 
 
 def harvest_bench(
     *, data: Path | None = None, conversations: Sequence[str] | None = None, load_spans: int = 10_000,
     model: str | None = None, use_model: bool = True, part_sweep: Sequence[int] = (), progress: Progress | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Every measure; the embedded-model ones unless ``use_model`` is off."""
+    """Every measure; the embedded-model ones unless ``use_model`` is off. ``checkpoint`` gets
+    the figures so far (without ``seconds``) after each LoCoMo conversation."""
     from loomrt.harvest.consolidator import _default_provider
     from loomrt.harvest.scripted import coreference_extractor
 
@@ -265,8 +331,9 @@ def harvest_bench(
             result["coreference"].append(asyncio.run(coreference(tmp, provider=provider, name=result["model"])))
             if data is not None:
                 say("locomo: memory tier")
-                result["locomo"] = asyncio.run(locomo_tiers(tmp, data, provider=provider, conversations=conversations,
-                                                            progress=say))
+                result["locomo"] = asyncio.run(locomo_tiers(
+                    tmp, data, provider=provider, conversations=conversations, progress=say,
+                    checkpoint=None if checkpoint is None else (lambda lo: checkpoint({**result, "locomo": lo}))))
                 sweep = []
                 for parts in part_sweep:
                     say(f"part budget {parts} tokens")
@@ -275,6 +342,6 @@ def harvest_bench(
                 if sweep:
                     result["part_sweep"] = [{k: r[k] for k in ("part_tokens", "facts", "dead_letters", "retries",
                                                                "seconds", "spans_per_min")}
-                                            | {"memory_recall_at": r["memory"]["recall_at"]} for r in sweep]
+                                            | {"memory_states_at": r["memory"]["states"]["recall_at"]} for r in sweep]
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result

@@ -7,7 +7,10 @@ reaches the index through the evicted-span callback, as in any run. Each turn is
 user input, ``[session date] Speaker: text`` (a shared photo adds its caption). Then
 every question of categories 1-4 (5 is adversarial: no answer exists) is put to the
 run's Recall tool, and a question counts as found at k when any of its evidence
-``dia_id`` is among the top k results (``recall_at``), or all of them (``recall_all_at``).
+``dia_id`` is among the top k results (``recall_at``), or all of them (``recall_all_at``);
+and apart from evidence ids, whether the top k results' texts state the gold answer
+(``states``: they hold at least :data:`~loomrt.bench.qa.grade.STATES_AT_LEAST` of its
+content words; questions whose answer has none are left out of it).
 A conversation is replayed as an observer (no replies) or as a chat (a short fixed
 acknowledgement after each turn, which changes what sits beside each turn in the index).
 
@@ -248,6 +251,7 @@ async def evaluate_locomo_async(
     mode: str = "compaction",
 ) -> dict[str, Any]:
     """:func:`evaluate_locomo` for code that is already async."""
+    from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer  # qa imports this module
     started = time.perf_counter()
     samples = load_locomo(path)
     ids = [sample_id(s, i) for i, s in enumerate(samples)]
@@ -278,6 +282,8 @@ async def evaluate_locomo_async(
     hits_all = {k: 0 for k in ks}
     grep_hits = {k: 0 for k in ks}
     fused_hits = {k: 0 for k in ks}
+    states_hits = {k: 0 for k in ks}
+    n_states = 0
     by_cat: dict[int, dict[str, Any]] = {}
     per_conv: dict[str, dict[str, Any]] = {}
     n = 0
@@ -290,8 +296,19 @@ async def evaluate_locomo_async(
         conv_hits = {k: 0 for k in ks}
         for q in questions[cid]:
             answer = tool.fn(query=str(q["question"]), top_k=max(ks))
-            recalled = [int(r["seq"]) for r in answer["results"] if r.get("source") == "run" and r.get("seq") is not None]
+            run_hits = [r for r in answer["results"] if r.get("source") == "run" and r.get("seq") is not None]
+            recalled = [int(r["seq"]) for r in run_hits]
             found = [seq_to_dia.get(s) for s in recalled]
+            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks},
+                                                         "states": 0, "states_hits": {k: 0 for k in ks}})
+            if answer_words(gold_answer(q), int(q["category"])):
+                n_states += 1
+                cat["states"] += 1
+                for k in ks:
+                    said = " ".join(str(r.get("text", "")) for r in run_hits[:k])
+                    stated = states_answer(said, gold_answer(q), int(q["category"]))
+                    states_hits[k] += stated
+                    cat["states_hits"][k] += stated
             gold = evidence_ids(q["evidence"])
             if grep is not None:
                 grepped = grep_ranked(grep, str(q["question"]))
@@ -299,7 +316,6 @@ async def evaluate_locomo_async(
                 for k in ks:
                     grep_hits[k] += bool(gold & {seq_to_dia.get(s) for s in grepped[:k]})
                     fused_hits[k] += bool(gold & {seq_to_dia.get(s) for s in both[:k]})
-            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks}})
             cat["questions"] += 1
             for k in ks:
                 if gold & set(found[:k]):
@@ -324,6 +340,10 @@ async def evaluate_locomo_async(
         "questions": n,
         "recall_at": _rate(hits, n),
         "recall_all_at": _rate(hits_all, n),
+        "states": {"questions": n_states, "at": _rate(states_hits, n_states), "by_category": {
+            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["states"],
+                     "recall_at": _rate(v["states_hits"], v["states"])}
+            for c, v in sorted(by_cat.items())}},
         **out_grep,
         "by_category": {
             str(c): {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,22 +43,45 @@ def harvest_markdown(r: dict[str, Any], command: str) -> str:
               f"{ld['facts']} facts for {ld['banked_lines']} banked lines.", ""]
     lo = r.get("locomo")
     if lo:
-        lines += [f"**LoCoMo dev, memory tier against raw spans** ({', '.join(lo['conversations'])}: {lo['turns']} "
-                  f"turns in {lo['spans']} session spans; {lo['facts']} facts; {lo['dead_letters']} dead letters; "
-                  f"consolidation {lo['seconds']} s = {lo['spans_per_min']} spans/min, {lo['turns_per_min']} "
-                  f"turns/min). Evidence found at k = 1 / 3 / 5 / 10:", "",
-                  "| category | questions | memory tier | raw spans |", "|---|---:|---|---|"]
-        raw = lo.get("raw", {})
-        lines.append(f"| all | {lo['memory']['questions']} | {_at(lo['memory']['recall_at'])} | "
-                     f"{_at(raw['recall_at']) if raw else '–'} |")
-        for cat, m in lo["memory"]["by_category"].items():
-            rr = raw.get("by_category", {}).get(cat)
-            lines.append(f"| {m['name']} | {m['questions']} | {_at(m['recall_at'])} | "
-                         f"{_at(rr['recall_at']) if rr else '–'} |")
+        lines += _locomo_lines(lo)
     for s in r.get("part_sweep", []):
         lines.append(f"\n- part budget {s['part_tokens']} tokens: {s['facts']} facts, {s['dead_letters']} dead "
-                     f"letters, {s['retries']} retries, {s['seconds']} s, memory R@5 {s['memory_recall_at'].get('5')}")
+                     f"letters, {s['retries']} retries, {s['seconds']} s, memory states the answer at 5: {s['memory_states_at'].get('5')}")
     return "\n".join(lines) + "\n"
+
+
+def _locomo_lines(lo: dict[str, Any]) -> list[str]:
+    done, of = lo["conversations"], lo["of_conversations"]
+    partial = "" if len(done) == len(of) else f"; **partial: {len(done)} of {len(of)} conversations**"
+    mem, raw = lo["memory"], lo.get("raw")
+    lines = [f"**LoCoMo dev, memory tier against raw spans** ({', '.join(done)}{partial}: {lo['turns']} turns in "
+             f"{lo['spans']} session spans; {lo['facts']} facts; {lo['dead_letters']} dead letters, {lo['retries']} "
+             f"retries; consolidation {lo['seconds']} s = {lo['spans_per_min']} spans/min, {lo['turns_per_min']} "
+             "turns/min). At k = 1 / 3 / 5 / 10: **states** = the top-k facts (memory) or turns (raw) hold at least "
+             "75% of the gold answer's content words (questions whose answer has none are left out); **cites** = an "
+             "evidence turn is among the lines the top-k facts were first extracted from (not those merges added); "
+             "**evidence** = an evidence turn is among the top-k turns (`bench recall`).", "",
+             "| category | states: questions | memory states | raw states | cites: questions | memory cites | "
+             "raw evidence |", "|---|---:|---|---|---:|---|---|"]
+
+    def row(name: str, ms: dict[str, Any] | None, rs: dict[str, Any] | None, mc: dict[str, Any] | None,
+            re_: dict[str, Any] | None) -> str:
+        def at(f: dict[str, Any] | None) -> str:
+            return _at(f["recall_at"]) if f else "–"
+        return (f"| {name} | {ms['questions'] if ms else 0} | {at(ms)} | {at(rs)} | {mc['questions'] if mc else 0} | "
+                f"{at(mc)} | {at(re_)} |")
+
+    lines.append(row("all", mem["states"], raw and raw["states"], mem["cites"], raw and raw["evidence"]))
+    for cat, c in mem["cites"]["by_category"].items():
+        def of_cat(f: dict[str, Any] | None, cat: str = cat) -> dict[str, Any] | None:
+            found: dict[str, Any] | None = (f or {}).get("by_category", {}).get(cat)
+            return found
+        lines.append(row(c["name"], of_cat(mem["states"]), of_cat(raw and raw["states"]), c,
+                         of_cat(raw and raw["evidence"])))
+    if lo.get("sample_facts"):
+        lines += ["", "First facts of the last conversation, verbatim: "
+                  + " · ".join(f"“{f}”" for f in lo["sample_facts"][:3])]
+    return lines
 
 
 @bench_app.command("harvest")
@@ -68,7 +92,8 @@ def harvest_cmd(
     model: Annotated[str | None, typer.Option("--model", help="The extraction model (default: the embedded one).")] = None,
     no_model: Annotated[bool, typer.Option("--no-model", help="Only the model-free measures.")] = False,
     part_sweep: Annotated[str | None, typer.Option("--part-sweep", help="Part budgets to compare, e.g. 600,1500,3000.")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the harvest block of this Markdown page.")] = None,
+    docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the harvest block of this Markdown page (after each LoCoMo conversation too).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the figures as JSON to this file (after each LoCoMo conversation too).")] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure harvest: whole-batch against per-span extraction, paraphrase merging, the queue under load, and
@@ -76,14 +101,24 @@ def harvest_cmd(
     from loomrt.bench.harvest_bench import harvest_bench
 
     sweep = [int(x) for x in part_sweep.split(",")] if part_sweep else []
-    with _err.status("bench harvest") as status:
-        result = harvest_bench(data=data, conversations=conversations, load_spans=load_spans, model=model,
-                               use_model=not no_model, part_sweep=sweep, progress=lambda m: status.update(f"bench harvest: {m}"))
     command = "loomrt bench harvest" + (f" --data {data}" if data else "") + "".join(
         f" --conversation {c}" for c in conversations or []) + (f" --load-spans {load_spans}" if load_spans != 10_000 else "") \
         + (" --no-model" if no_model else "") + (f" --part-sweep {part_sweep}" if part_sweep else "")
-    if docs is not None:
-        rewrite_block(docs, HARVEST_BEGIN, HARVEST_END, harvest_markdown(result, command), "harvest")
+    started = time.perf_counter()
+
+    def keep(result: dict[str, Any]) -> None:
+        """Write the figures so far (after each LoCoMo conversation, and at the end)."""
+        result = {"seconds": round(time.perf_counter() - started, 1), **result}
+        if out is not None:
+            out.write_text(json.dumps(result, indent=1) + "\n")
+        if docs is not None:
+            rewrite_block(docs, HARVEST_BEGIN, HARVEST_END, harvest_markdown(result, command), "harvest")
+
+    with _err.status("bench harvest") as status:
+        result = harvest_bench(data=data, conversations=conversations, load_spans=load_spans, model=model,
+                               use_model=not no_model, part_sweep=sweep, progress=lambda m: status.update(f"bench harvest: {m}"),
+                               checkpoint=keep if out is not None or docs is not None else None)
+    keep(result)
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
         return
@@ -96,5 +131,7 @@ def harvest_cmd(
     table.add_row("load", f"{ld['spans']} spans: {ld['lost']} lost, {ld['doubled']} doubled, {ld['spans_per_s']} spans/s")
     if "locomo" in result:
         lo = result["locomo"]
-        table.add_row("locomo R@5", f"memory {lo['memory']['recall_at'].get('5')} · raw {lo.get('raw', {}).get('recall_at', {}).get('5')}")
+        raw = lo.get("raw") or {}
+        table.add_row("locomo, states the answer at 5", f"memory {lo['memory']['states']['recall_at'].get('5')} · "
+                      f"raw {raw.get('states', {}).get('recall_at', {}).get('5')}")
     _out.print(table)

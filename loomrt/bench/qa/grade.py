@@ -19,7 +19,8 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["normalize_answer", "f1", "f1_multi", "contains", "abstained", "grade", "gold_answer", "ABSTENTIONS"]
+__all__ = ["normalize_answer", "f1", "f1_multi", "contains", "abstained", "grade", "gold_answer", "ABSTENTIONS",
+           "answer_words", "states_answer", "STATES_AT_LEAST"]
 
 ABSTENTIONS = ("no information available", "not mentioned")
 """The phrases that count as abstaining (LoCoMo's category-5 rule)."""
@@ -46,6 +47,32 @@ def _stemmer() -> Any:
 def _tokens(text: Any) -> list[str]:
     words = normalize_answer(text).split()
     return list(_stemmer().stemWords(words)) if words else []
+
+
+_FUNCTION_WORDS = frozenset(
+    """in on at to of for from with by as or is was were be been it its she he her his him they their them
+    i me my we our you your that this who""".split()
+)
+STATES_AT_LEAST = 0.75
+"""The share of the gold answer's content words a retrieved text must hold to state it."""
+
+
+def answer_words(truth: Any, category: int = 0) -> set[str]:
+    """The gold answer's content words (stemmed, normalised, function words dropped); for
+    category 3 only the text before the first ``;``, as :func:`grade` reads it."""
+    gold = str(truth).split(";")[0] if category == 3 else str(truth)
+    return {w for w in _tokens(gold) if w not in _FUNCTION_WORDS}
+
+
+def states_answer(text: Any, truth: Any, category: int = 0, *, at_least: float = STATES_AT_LEAST) -> bool:
+    """Whether ``text`` states the gold answer: it holds at least ``at_least`` of the
+    answer's content words. False when the answer has none (it cannot be told apart from
+    any text), so callers count those questions apart."""
+    words = answer_words(truth, category)
+    if not words:
+        return False
+    held = set(_tokens(text))
+    return len(words & held) / len(words) >= at_least
 
 
 def f1(prediction: Any, truth: Any) -> float:
