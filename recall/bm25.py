@@ -66,6 +66,8 @@ class IncrementalBM25:
         self._doclen = np.zeros(1024, dtype=np.float32)
         """Document lengths by id (ids are non-negative ints), for vectorised scoring."""
         self._total = 0
+        self._gain = np.empty(0, dtype=np.float32)
+        self._at = np.empty(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self._lengths)
@@ -117,6 +119,14 @@ class IncrementalBM25:
             if slots > 64 and 4 * (slots - len(p.slot)) > slots:
                 p.compact()
 
+    def _scratch(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Work arrays of ``m`` slots (float32 gains, int64 positions), kept between queries:
+        a fresh temporary of 100,000 slots costs more to allocate than to fill."""
+        if len(self._gain) < m:
+            self._gain = np.empty(max(m, 2 * len(self._gain)), dtype=np.float32)
+            self._at = np.empty(len(self._gain), dtype=np.int64)
+        return self._gain[:m], self._at[:m]
+
     def scores(self, query: Sequence[str], position: dict[int, int] | None, size: int, *, first: int = 0) -> np.ndarray:
         """BM25 of every document for ``query``, as an array of ``size``: document ``d`` lands
         at ``position[d]``, or at ``d - first`` when ``position`` is None (contiguous ids)."""
@@ -126,6 +136,7 @@ class IncrementalBM25:
             return out
         avgdl = self._total / n if self._total else 1.0
         k1, b = self.k1, self.b
+        per_length, base = np.float32(k1 * b / avgdl), np.float32(k1 * (1 - b))
         for term, count in Counter(query).items():
             p = self._postings.get(term)
             if p is None:
@@ -136,9 +147,17 @@ class IncrementalBM25:
             if position is not None:  # only live slots: a removed document has no position
                 live = tf > 0
                 docs, tf = docs[live], tf[live]
-            gain = (count * idf) * tf / (tf + k1 * (1 - b + b * self._doclen[docs] / avgdl))
-            if position is None:
-                at = np.maximum(docs - first, 0)  # a removed document's slot adds 0, wherever it lands
+            gain, at = self._scratch(len(docs))
+            # gain = count·idf · tf / (tf + k1·(1 - b + b·|d|/avgdl)), in place
+            np.take(self._doclen, docs, out=gain)
+            gain *= per_length
+            gain += base
+            gain += tf
+            np.divide(tf, gain, out=gain)
+            gain *= np.float32(count * idf)
+            if position is None:  # a removed document's slot adds 0, wherever it lands
+                np.subtract(docs, first, out=at)
+                np.maximum(at, 0, out=at)
             else:
                 at = np.fromiter((position[d] for d in docs.tolist()), dtype=np.int64, count=len(docs))
             np.add.at(out, at, gain)

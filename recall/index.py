@@ -339,9 +339,10 @@ class RecallIndex:
             if w > 0:
                 scores = lex.scores(tokens, None, n, first=first)
                 best = float(scores.max()) if n else 0.0
-                scores = scores / best if best > 0 else scores  # scaled so the best is 1
-                total += w * scores
-                matched |= scores > 0
+                if best > 0:  # scaled so the best is 1, and weighted, in place
+                    scores *= np.float32(w / best)
+                    total += scores
+                    matched |= scores > 0
                 weight += w
         return total, weight, matched
 
