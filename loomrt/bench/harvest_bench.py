@@ -247,10 +247,13 @@ async def locomo_tiers(
             bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
                                   messages=tuple(messages)))
         done_before = out["spans"]
+
+        def tick(_batches: int, spans: int, cid: str = cid, sessions: int = len(by_session)) -> None:
+            if progress is not None:
+                progress(f"{cid}: consolidated {spans}/{sessions} sessions")
+
         worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
-                              max_parts=1 if part_tokens else 2,
-                              progress=(lambda b, s, c=cid, n=len(by_session): progress(f"{c}: consolidated {s}/{n} sessions"))
-                              if progress else None)
+                              max_parts=1 if part_tokens else 2, progress=tick if progress else None)
         started = time.perf_counter()
         report = await drained(worker)
         consolidated_s = time.perf_counter() - started
