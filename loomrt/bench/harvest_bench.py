@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from loomrt.bench.locomo_recall import rates
+
 __all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "harvest_bench", "drained"]
 
 Progress = Callable[[str], None]
@@ -152,10 +154,6 @@ def _session_ts(date: str) -> float | None:
     return None
 
 
-def _rate(hits: dict[int, int], n: int) -> dict[str, float]:
-    return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
-
-
 class _Tally:
     """Hits at each k over questions, overall and by category."""
 
@@ -187,8 +185,8 @@ class _Tally:
                 cat["hits"][k] += round(v["recall_at"][str(k)] * v["questions"])
 
     def figures(self, names: dict[int, str]) -> dict[str, Any]:
-        return {"questions": self.n, "recall_at": _rate(self.hits, self.n), "by_category": {
-            str(c): {"name": names.get(c, str(c)), "questions": v["questions"], "recall_at": _rate(v["hits"], v["questions"])}
+        return {"questions": self.n, "recall_at": rates(self.hits, self.n), "by_category": {
+            str(c): {"name": names.get(c, str(c)), "questions": v["questions"], "recall_at": rates(v["hits"], v["questions"])}
             for c, v in sorted(self.by_cat.items())}}
 
 
@@ -246,7 +244,6 @@ async def locomo_tiers(
         for n, messages in sorted(by_session.items()):
             bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
                                   messages=tuple(messages)))
-        done_before = out["spans"]
 
         def tick(_batches: int, spans: int, cid: str = cid, sessions: int = len(by_session)) -> None:
             if progress is not None:
@@ -259,7 +256,7 @@ async def locomo_tiers(
         consolidated_s = time.perf_counter() - started
         out["seconds"] = round(out["seconds"] + consolidated_s, 1)
         out["turns"] += len(seq_to_dia)
-        out["spans"] = done_before + len(by_session)
+        out["spans"] += len(by_session)
         out["dead_letters"] += report.dead
         out["retries"] += report.retries
         out["dropped"] = dict(Counter(out["dropped"]) + Counter(report.dropped))
@@ -277,7 +274,7 @@ async def locomo_tiers(
                 states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
         conv: dict[str, Any] = {"questions": len(questions), "facts": len(facts), "sessions": len(by_session),
                                 "seconds": round(consolidated_s, 1), "dead_letters": report.dead,
-                                "memory": {"states_at": _rate(states.hits, states.n), "cites_at": _rate(cites.hits, cites.n)}}
+                                "memory": {"states_at": rates(states.hits, states.n), "cites_at": rates(cites.hits, cites.n)}}
         tiers["memory_states"].add_figures(states.figures(CATEGORY_NAMES))
         tiers["memory_cites"].add_figures(cites.figures(CATEGORY_NAMES))
         if raw:

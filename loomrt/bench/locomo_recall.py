@@ -33,6 +33,7 @@ from loomrt.errors import SpecError
 
 __all__ = [
     "Turn",
+    "rates",
     "load_locomo",
     "turns_of",
     "render_turn",
@@ -236,7 +237,8 @@ def fused(*ranked: list[int], k: int = 60) -> list[int]:
     return sorted(score, key=lambda s: -score[s])
 
 
-def _rate(hits: dict[int, int], n: int) -> dict[str, float]:
+def rates(hits: dict[int, int], n: int) -> dict[str, float]:
+    """Hits at each k as shares of ``n`` questions, keyed by ``str(k)`` (0.0 when ``n`` is 0)."""
     return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
 
 
@@ -331,25 +333,25 @@ async def evaluate_locomo_async(
             "turns": len(seq_to_dia),
             "entries": run.toolset.recall.size(),
             "distillations": run.distillations,
-            "recall_at": _rate(conv_hits, len(questions[cid])),
+            "recall_at": rates(conv_hits, len(questions[cid])),
         }
-    out_grep = {"grep_at": _rate(grep_hits, n), "recall_and_grep_at": _rate(fused_hits, n)} if mode == "fold" else {}
+    out_grep = {"grep_at": rates(grep_hits, n), "recall_and_grep_at": rates(fused_hits, n)} if mode == "fold" else {}
     return {
         "replay": "chat" if replies else "observer",
         "mode": mode,
         "questions": n,
-        "recall_at": _rate(hits, n),
-        "recall_all_at": _rate(hits_all, n),
-        "states": {"questions": n_states, "at": _rate(states_hits, n_states), "by_category": {
+        "recall_at": rates(hits, n),
+        "recall_all_at": rates(hits_all, n),
+        "states": {"questions": n_states, "at": rates(states_hits, n_states), "by_category": {
             str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["states"],
-                     "recall_at": _rate(v["states_hits"], v["states"])}
+                     "recall_at": rates(v["states_hits"], v["states"])}
             for c, v in sorted(by_cat.items())}},
         **out_grep,
         "by_category": {
             str(c): {
                 "name": CATEGORY_NAMES.get(c, str(c)),
                 "questions": v["questions"],
-                "recall_at": _rate(v["hits"], v["questions"]),
+                "recall_at": rates(v["hits"], v["questions"]),
             }
             for c, v in sorted(by_cat.items())
         },
