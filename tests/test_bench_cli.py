@@ -85,3 +85,16 @@ def test_model_option_plays_a_given_model(tmp_path: Path) -> None:
     modes = json.loads(result.stdout.strip().splitlines()[-1])["workloads"]["chat200"]["modes"]
     assert modes["append"]["model_calls"] == 60 and modes["append"]["answered"] == 0.0  # it never knows the facts
     assert modes["compaction"]["distillations"] >= 1 and modes["compaction"]["ratio"] < 1
+
+
+def test_harvest_resume_needs_a_readable_out_file(tmp_path: Path) -> None:
+    """``bench harvest --resume`` says what is wrong before measuring anything."""
+    import loomrt.cli.bench_harvest_cmd  # noqa: F401  (registers the command)
+
+    result = runner.invoke(bench_app, ["harvest", "--no-model", "--resume"])
+    assert result.exit_code == 2 and "--resume needs --out FILE" in result.output
+    bad = tmp_path / "harvest.json"
+    bad.write_text('{"coreference": []')
+    result = runner.invoke(bench_app, ["harvest", "--no-model", "--resume", "--out", str(bad)])
+    assert result.exit_code == 2 and "cannot resume from it" in result.output and str(bad) in result.output
+    assert bad.read_text() == '{"coreference": []'  # left as it was

@@ -219,3 +219,24 @@ def test_the_memory_tier_counts_a_hit_only_where_a_fact_states_the_answer(tmp_pa
     else:
         assert states["10"] == 0.0  # it states nothing ...
         assert cites["10"] > 0  # ... though its lines hold some evidence
+
+
+def test_a_resumed_memory_tier_measures_only_the_conversations_not_yet_done(tmp_path: Path) -> None:
+    """``bench harvest --resume``: a record kept from an earlier run is taken as it is (its
+    conversation is not extracted again), and the figures over all conversations come out as
+    one run's would."""
+    from loomrt.bench.harvest_bench import locomo_tiers
+    from loomrt.harvest.scripted import echo_extractor
+
+    def tiers(name: str, provider: Any, **kw: Any) -> dict[str, Any]:
+        return asyncio.run(locomo_tiers(tmp_path / name, MINI, provider=provider, embedder="hash", raw=False, **kw))
+
+    whole_p, resumed_p, second_p = echo_extractor(), echo_extractor(), echo_extractor()
+    whole = tiers("whole", whole_p)
+    resumed = tiers("resumed", resumed_p, done={"mini-1": whole["per_conversation"]["mini-1"]})
+    tiers("second", second_p, conversations=["mini-2"])
+    assert 0 < len(resumed_p.calls) == len(second_p.calls) < len(whole_p.calls)  # only mini-2 was extracted
+    assert resumed["conversations"] == ["mini-1", "mini-2"]
+    assert resumed["per_conversation"]["mini-1"] == whole["per_conversation"]["mini-1"]
+    for name in ("turns", "spans", "facts", "memory"):
+        assert resumed[name] == whole[name], name

@@ -31,7 +31,7 @@ from typing import Any
 
 from loomrt.bench.locomo_recall import rates
 
-__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "harvest_bench", "drained"]
+__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals", "TIERS", "harvest_bench", "drained"]
 
 Progress = Callable[[str], None]
 
@@ -190,30 +190,81 @@ class _Tally:
             for c, v in sorted(self.by_cat.items())}}
 
 
+TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence")
+"""The four tallies a LoCoMo conversation's record keeps (figures with counts by category)."""
+
+
+def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
+    """The LoCoMo figures over every conversation's record so far (``of`` names all the chosen
+    ones). A record may cover several conversations (``covers``): one measured as a group."""
+    from loomrt.bench.locomo_recall import CATEGORY_NAMES
+
+    tiers = {name: _Tally(ks) for name in TIERS}
+    out: dict[str, Any] = {"conversations": [], "of_conversations": list(of), "turns": 0, "spans": 0, "facts": 0,
+                           "dead_letters": 0, "retries": 0, "dropped": {}, "writes": {}, "seconds": 0.0,
+                           "per_conversation": records}
+    for key, rec in records.items():
+        out["conversations"] += rec.get("covers", [key])
+        for name in ("turns", "spans", "facts", "dead_letters", "retries"):
+            out[name] += rec[name]
+        out["seconds"] = round(out["seconds"] + rec["seconds"], 1)
+        for name in ("dropped", "writes"):
+            out[name] = dict(Counter(out[name]) + Counter(rec.get(name, {})))
+        for name, figures in rec["tallies"].items():
+            tiers[name].add_figures(figures)
+        out["part_tokens"] = rec.get("part_tokens")
+        out["sample_facts"] = rec.get("sample_facts", [])
+    out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
+    out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
+    out["memory"] = {"states": tiers["memory_states"].figures(CATEGORY_NAMES),
+                     "cites": tiers["memory_cites"].figures(CATEGORY_NAMES)}
+    if all("raw_states" in rec["tallies"] for rec in records.values()):
+        out["raw"] = {"evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
+                      "states": tiers["raw_states"].figures(CATEGORY_NAMES)}
+    return out
+
+
 async def locomo_tiers(
     tmp: Path, data: Path, *, provider: Any, conversations: Sequence[str] | None = None, ks: Sequence[int] = (1, 3, 5, 10),
     embedder: Any = None, part_tokens: int | None = None, raw: bool = True, progress: Progress | None = None,
-    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None, done: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The memory tier (facts the embedded model consolidated from each session) against
     the raw-span tier (``bench recall``) on the same questions, one conversation at a time:
     bank its sessions, drain them, ask its questions; ``checkpoint`` gets the figures so far
-    after each conversation, so a run stopped early still says what it measured.
+    after each conversation, so a run stopped early still says what it measured. ``done``
+    holds the records of conversations measured before (``--resume``): they are kept as
+    they are and not measured again.
 
     A memory hit at k is counted two ways, neither of which a fact's merged sources can
     inflate: **states** (the top-k statements hold the gold answer's content words, as
     :func:`~loomrt.bench.qa.grade.states_answer` reads them; the raw tier's ``states`` is
     the same test on the top-k turns) and **cites** (an evidence turn is among the lines
     the top-k facts were first extracted from, ``sources[0]``, not those merges added)."""
-    from loomrt.bench.locomo_recall import (
-        ANSWERABLE,
-        CATEGORY_NAMES,
-        evaluate_locomo_async,
-        evidence_ids,
-        load_locomo,
-        sample_id,
-        turns_of,
-    )
+    from loomrt.bench.locomo_recall import load_locomo, sample_id
+
+    samples = [(sample_id(s, i), s) for i, s in enumerate(load_locomo(data))]
+    chosen = [(cid, s) for cid, s in samples if not conversations or cid in conversations]
+    records = dict(done or {})
+    measured = {c for key, rec in records.items() for c in rec.get("covers", [key])}
+    for cid, sample in chosen:
+        if cid in measured:
+            continue
+        rec = await _locomo_conversation(tmp, data, cid, sample, provider=provider, ks=ks, embedder=embedder,
+                                         part_tokens=part_tokens, raw=raw, progress=progress)
+        records[cid] = rec
+        if checkpoint is not None:
+            checkpoint(locomo_totals(records, [c for c, _ in chosen], ks))
+    return locomo_totals(records, [c for c, _ in chosen], ks)
+
+
+async def _locomo_conversation(
+    tmp: Path, data: Path, cid: str, sample: dict[str, Any], *, provider: Any, ks: Sequence[int], embedder: Any,
+    part_tokens: int | None, raw: bool, progress: Progress | None,
+) -> dict[str, Any]:
+    """One conversation's record: bank its sessions in a store of its own, drain them, ask its
+    questions of memory (and of the raw turns, unless ``raw`` is off)."""
+    from loomrt.bench.locomo_recall import ANSWERABLE, CATEGORY_NAMES, evaluate_locomo_async, evidence_ids, turns_of
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer
     from loomrt.harvest.bank import Bank
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
@@ -221,93 +272,70 @@ async def locomo_tiers(
     from loomrt.harvest.memory import MemoryStore
     from loomrt.messages import EvictedSpan, Message
 
-    samples = [(sample_id(s, i), s) for i, s in enumerate(load_locomo(data))]
-    chosen = [(cid, s) for cid, s in samples if not conversations or cid in conversations]
-    store = _fresh(tmp, f"locomo-{part_tokens or PART_TOKENS}")
+    parts = part_tokens or PART_TOKENS
+    store = _fresh(tmp, f"locomo-{cid}-{parts}")
     db = harvest_db(store.path)
     memory = MemoryStore(db, embedder=embedder)
-    parts = part_tokens or PART_TOKENS
-    tiers = {name: _Tally(ks) for name in ("memory_states", "memory_cites", "raw_states", "raw_evidence")}
-    out: dict[str, Any] = {"conversations": [], "of_conversations": [cid for cid, _ in chosen], "turns": 0,
-                           "spans": 0, "part_tokens": parts, "dead_letters": 0, "retries": 0, "dropped": {},
-                           "seconds": 0.0, "per_conversation": {}}
-    for cid, sample in chosen:
-        bank = Bank(db, run_id=f"locomo-{cid}", agent="bench", def_hash="0" * 16, scope=f"user:{cid}",
-                    max_tokens=100_000, private=set, record=lambda k, d: None)
-        by_session: dict[int, list[Message]] = {}
-        seq_to_dia: dict[int, str] = {}
-        for i, t in enumerate(turns_of(sample)):
-            text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
-            by_session.setdefault(t.session, []).append(Message(role="user", name=t.speaker, content=text, seq=i + 1,
-                                                               ts=_session_ts(t.date)))
-            seq_to_dia[i + 1] = t.dia_id
-        for n, messages in sorted(by_session.items()):
-            bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
-                                  messages=tuple(messages)))
+    scope = f"user:{cid}"
+    bank = Bank(db, run_id=f"locomo-{cid}", agent="bench", def_hash="0" * 16, scope=scope,
+                max_tokens=100_000, private=set, record=lambda k, d: None)
+    by_session: dict[int, list[Message]] = {}
+    seq_to_dia: dict[int, str] = {}
+    for i, t in enumerate(turns_of(sample)):
+        text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
+        by_session.setdefault(t.session, []).append(Message(role="user", name=t.speaker, content=text, seq=i + 1,
+                                                           ts=_session_ts(t.date)))
+        seq_to_dia[i + 1] = t.dia_id
+    for n, messages in sorted(by_session.items()):
+        bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
+                              messages=tuple(messages)))
 
-        def tick(_batches: int, spans: int, cid: str = cid, sessions: int = len(by_session)) -> None:
-            if progress is not None:
-                progress(f"{cid}: consolidated {spans}/{sessions} sessions")
+    def tick(_batches: int, spans: int) -> None:
+        if progress is not None:
+            progress(f"{cid}: consolidated {spans}/{len(by_session)} sessions")
 
-        worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
-                              max_parts=1 if part_tokens else 2, progress=tick if progress else None)
-        started = time.perf_counter()
-        report = await drained(worker)
-        consolidated_s = time.perf_counter() - started
-        out["seconds"] = round(out["seconds"] + consolidated_s, 1)
-        out["turns"] += len(seq_to_dia)
-        out["spans"] += len(by_session)
-        out["dead_letters"] += report.dead
-        out["retries"] += report.retries
-        out["dropped"] = dict(Counter(out["dropped"]) + Counter(report.dropped))
-        questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
-        facts = memory.facts([f"user:{cid}"])
-        states, cites = _Tally(ks), _Tally(ks)
-        for q in questions:
-            cat, truth = int(q["category"]), gold_answer(q)
-            gold = evidence_ids(q.get("evidence"))
-            found = memory.search(str(q["question"]), max(ks), [f"user:{cid}"])
-            own = [{seq_to_dia.get(s) for s in (h.provenance.get("sources") or [{}])[0].get("seqs", [])} for h in found]
-            cites.add(cat, [bool(gold & set().union(*own[:k])) for k in ks])
-            if answer_words(truth, cat):
-                said = [h.text for h in found]
-                states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
-        conv: dict[str, Any] = {"questions": len(questions), "facts": len(facts), "sessions": len(by_session),
-                                "seconds": round(consolidated_s, 1), "dead_letters": report.dead,
-                                "memory": {"states_at": rates(states.hits, states.n), "cites_at": rates(cites.hits, cites.n)}}
-        tiers["memory_states"].add_figures(states.figures(CATEGORY_NAMES))
-        tiers["memory_cites"].add_figures(cites.figures(CATEGORY_NAMES))
-        if raw:
-            if progress:
-                progress(f"{cid}: the raw-span tier (bench recall)")
-            spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder)
-            tiers["raw_evidence"].add_figures(spans)
-            tiers["raw_states"].add_figures({"questions": spans["states"]["questions"], "recall_at": spans["states"]["at"],
-                                             "by_category": spans["states"]["by_category"]})
-            conv["raw"] = {"evidence_at": spans["recall_at"], "states_at": spans["states"]["at"]}
-        out["per_conversation"][cid] = conv
-        out["conversations"].append(cid)
-        out["facts"] = len(memory.facts(None))
-        out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
-        out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
-        out["memory"] = {"states": tiers["memory_states"].figures(CATEGORY_NAMES),
-                         "cites": tiers["memory_cites"].figures(CATEGORY_NAMES)}
-        if raw:
-            out["raw"] = {"evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
-                          "states": tiers["raw_states"].figures(CATEGORY_NAMES)}
-        out["sample_facts"] = [f.statement for f in facts[:5]]
-        if checkpoint is not None:
-            checkpoint(out)
-    return out
+    worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
+                          max_parts=1 if part_tokens else 2, progress=tick if progress else None)
+    started = time.perf_counter()
+    report = await drained(worker)
+    consolidated_s = time.perf_counter() - started
+    questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
+    facts = memory.facts([scope])
+    states, cites = _Tally(ks), _Tally(ks)
+    for q in questions:
+        cat, truth = int(q["category"]), gold_answer(q)
+        gold = evidence_ids(q.get("evidence"))
+        found = memory.search(str(q["question"]), max(ks), [scope])
+        own = [{seq_to_dia.get(s) for s in (h.provenance.get("sources") or [{}])[0].get("seqs", [])} for h in found]
+        cites.add(cat, [bool(gold & set().union(*own[:k])) for k in ks])
+        if answer_words(truth, cat):
+            said = [h.text for h in found]
+            states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
+    rec: dict[str, Any] = {
+        "turns": len(seq_to_dia), "spans": len(by_session), "questions": len(questions), "facts": len(facts),
+        "seconds": round(consolidated_s, 1), "part_tokens": parts, "dead_letters": report.dead,
+        "retries": report.retries, "dropped": dict(report.dropped), "writes": dict(report.facts),
+        "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "tallies": {"memory_states": states.figures(CATEGORY_NAMES), "memory_cites": cites.figures(CATEGORY_NAMES)},
+        "sample_facts": [f.statement for f in facts[:5]]}
+    if raw:
+        if progress:
+            progress(f"{cid}: the raw-span tier (bench recall)")
+        spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder)
+        rec["tallies"]["raw_evidence"] = {k: spans[k] for k in ("questions", "recall_at", "by_category")}
+        rec["tallies"]["raw_states"] = {"questions": spans["states"]["questions"], "recall_at": spans["states"]["at"],
+                                        "by_category": spans["states"]["by_category"]}
+    return rec
 
 
 def harvest_bench(
     *, data: Path | None = None, conversations: Sequence[str] | None = None, load_spans: int = 10_000,
     model: str | None = None, use_model: bool = True, part_sweep: Sequence[int] = (), progress: Progress | None = None,
-    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None, done: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every measure; the embedded-model ones unless ``use_model`` is off. ``checkpoint`` gets
-    the figures so far (without ``seconds``) after each LoCoMo conversation."""
+    the figures so far (without ``seconds``) after each LoCoMo conversation; ``done`` holds
+    LoCoMo records measured before (see :func:`locomo_tiers`)."""
     from loomrt.harvest.consolidator import _default_provider
     from loomrt.harvest.scripted import coreference_extractor
 
@@ -332,7 +360,7 @@ def harvest_bench(
             if data is not None:
                 say("locomo: memory tier")
                 result["locomo"] = asyncio.run(locomo_tiers(
-                    tmp, data, provider=provider, conversations=conversations, progress=say,
+                    tmp, data, provider=provider, conversations=conversations, progress=say, done=done,
                     checkpoint=None if checkpoint is None else (lambda lo: checkpoint({**result, "locomo": lo}))))
                 sweep = []
                 for parts in part_sweep:

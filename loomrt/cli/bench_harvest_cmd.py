@@ -78,10 +78,39 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
             return found
         lines.append(row(c["name"], of_cat(mem["states"]), of_cat(raw and raw["states"]), c,
                          of_cat(raw and raw["evidence"])))
+    per = lo.get("per_conversation") or {}
+    if len(per) > 1:
+        lines += ["", "Per conversation (states at 10, memory against raw; live facts; when measured): " + "; ".join(
+            f"{'+'.join(rec.get('covers', [key]))}: {_at10(rec, 'memory_states')} against {_at10(rec, 'raw_states')}, "
+            f"{rec['facts']} facts, {str(rec.get('measured_at', '?'))[:10]}" for key, rec in per.items())]
     if lo.get("sample_facts"):
         lines += ["", "First facts of the last conversation, verbatim: "
                   + " · ".join(f"“{f}”" for f in lo["sample_facts"][:3])]
     return lines
+
+
+def _measured_before(out: Path | None) -> dict[str, dict[str, Any]]:
+    """The LoCoMo conversation records an earlier run wrote to ``out`` (none when it is absent)."""
+    if out is None:
+        _err.print("[red]error:[/red] --resume needs --out FILE (the figures to resume from)")
+        raise typer.Exit(2)
+    if not out.exists():
+        return {}
+    try:
+        records = json.loads(out.read_text())["locomo"]["per_conversation"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        _err.print(f"[red]error:[/red] {out}: cannot resume from it ({type(exc).__name__}: {exc}); "
+                   "it must be a `bench harvest --out` file with LoCoMo figures, or absent")
+        raise typer.Exit(2) from exc
+    kept = {cid: rec for cid, rec in records.items() if isinstance(rec, dict) and "tallies" in rec}
+    if kept:
+        _err.print(f"resuming: {', '.join(kept)} measured before, kept as they are")
+    return kept
+
+
+def _at10(rec: dict[str, Any], tier: str) -> str:
+    figures = rec["tallies"].get(tier)
+    return f"{figures['recall_at'].get('10', 0):.3f}" if figures else "–"
 
 
 @bench_app.command("harvest")
@@ -94,6 +123,7 @@ def harvest_cmd(
     part_sweep: Annotated[str | None, typer.Option("--part-sweep", help="Part budgets to compare, e.g. 600,1500,3000.")] = None,
     docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the harvest block of this Markdown page (after each LoCoMo conversation too).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write the figures as JSON to this file (after each LoCoMo conversation too).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep the LoCoMo conversations the --out file already holds; measure only the rest.")] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure harvest: whole-batch against per-span extraction, paraphrase merging, the queue under load, and
@@ -101,9 +131,11 @@ def harvest_cmd(
     from loomrt.bench.harvest_bench import harvest_bench
 
     sweep = [int(x) for x in part_sweep.split(",")] if part_sweep else []
+    done = _measured_before(out) if resume else None
     command = "loomrt bench harvest" + (f" --data {data}" if data else "") + "".join(
         f" --conversation {c}" for c in conversations or []) + (f" --load-spans {load_spans}" if load_spans != 10_000 else "") \
-        + (" --no-model" if no_model else "") + (f" --part-sweep {part_sweep}" if part_sweep else "")
+        + (" --no-model" if no_model else "") + (f" --part-sweep {part_sweep}" if part_sweep else "") \
+        + (f" --out {out} --resume" if resume else "")
     started = time.perf_counter()
 
     def keep(result: dict[str, Any]) -> None:
@@ -117,7 +149,7 @@ def harvest_cmd(
     with _err.status("bench harvest") as status:
         result = harvest_bench(data=data, conversations=conversations, load_spans=load_spans, model=model,
                                use_model=not no_model, part_sweep=sweep, progress=lambda m: status.update(f"bench harvest: {m}"),
-                               checkpoint=keep if out is not None or docs is not None else None)
+                               checkpoint=keep if out is not None or docs is not None else None, done=done)
     keep(result)
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
