@@ -4,8 +4,9 @@ One :class:`Entry` per evicted message (long messages become overlapping chunks 
 each point at their message). Each entry is matched two ways, on two texts:
 
 - dense: all-MiniLM-L6-v2 vectors (normalised, inner product = cosine) kept in entry
-  order (:class:`~loomrt.recall.dense.DenseVectors`; ids only increase, so the FIFO cap
-  drops the oldest rows), scored exactly up to :data:`EXACT_MAX` entries and, past it, on
+  order (:class:`~loomrt.recall.dense.EntryVectors`; ids only increase, so the FIFO cap
+  drops the oldest rows), one per entry and one per passage of a long entry (the
+  entry scores its best), scored exactly up to :data:`EXACT_MAX` entries and, past it, on
   candidates picked by an 8-bit scan and the lexical scores (the same top ``k``);
 - lexical: BM25 (:class:`~loomrt.recall.bm25.IncrementalBM25`) over tokens that keep exact values whole (paths, ids, numbers,
   ``host:port``) beside their parts, with English stopwords dropped and words stemmed.
@@ -30,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.recall.bm25 import IncrementalBM25
-from loomrt.recall.dense import DenseVectors
+from loomrt.recall.dense import EntryVectors, passages_of
 from loomrt.recall.embedders import Embedder
 
 __all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text", "EXACT_MAX", "CANDIDATES", "CHUNK_WORDS",
@@ -217,7 +218,7 @@ class RecallIndex:
         self.fusion = fusion or Fusion()
         self.entries: OrderedDict[int, Entry] = OrderedDict()
         self._next_id = 0
-        self._dense: DenseVectors | None = None
+        self._dense: EntryVectors | None = None
         # BM25 on each entry, on the entry with the end of the message before it, and on the
         # entry's neighbourhood; all three are updated entry by entry, never rebuilt
         self._lexical = IncrementalBM25()
@@ -232,7 +233,7 @@ class RecallIndex:
         self.candidates = CANDIDATES
         """Dense and lexical candidates each, on a large index (at least ``k``)."""
         if embedder is not None:
-            self._dense = DenseVectors(embedder.dim)
+            self._dense = EntryVectors(embedder.dim)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -248,13 +249,15 @@ class RecallIndex:
         self._dense = None
 
     def embed(self, drafts: Sequence[Entry]) -> np.ndarray:
-        """The vectors of ``drafts`` (what :meth:`add` would compute; safe on another thread)."""
+        """The vectors of ``drafts`` (what :meth:`add` would compute; safe on another thread):
+        one per draft, then one per passage of each long draft, in order."""
         embedder = self.embedder
         if embedder is None:
             raise ValueError("dense search is off: there is no embedder")
-        vecs = np.asarray(embedder.embed([d.label for d in drafts]), dtype=np.float32)
-        if vecs.shape != (len(drafts), embedder.dim):
-            raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(drafts), embedder.dim)}")
+        texts = [d.label for d in drafts] + [w for d in drafts for w in passages_of(d.label)]
+        vecs = np.asarray(embedder.embed(texts), dtype=np.float32)
+        if vecs.shape != (len(texts), embedder.dim):
+            raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(texts), embedder.dim)}")
         return vecs
 
     def add(self, drafts: Sequence[Entry], *, vectors: np.ndarray | None = None) -> list[Entry]:
@@ -266,9 +269,11 @@ class RecallIndex:
         entries = [replace(d, id=self._next_id + i) for i, d in enumerate(drafts)]
         if self._dense is not None and self.embedder is not None:
             vecs = self.embed(entries) if vectors is None else vectors
-            if vecs.shape != (len(entries), self.embedder.dim):
-                raise ValueError(f"vectors of shape {vecs.shape}, expected {(len(entries), self.embedder.dim)}")
-            self._dense.add(vecs)
+            counts = [len(passages_of(e.label)) for e in entries]
+            want = (len(entries) + sum(counts), self.embedder.dim)
+            if vecs.shape != want:
+                raise ValueError(f"vectors of shape {vecs.shape}, expected {want} (each entry, then its passages)")
+            self._dense.add(vecs[: len(entries)], vecs[len(entries):], counts)
         self._next_id += len(entries)
         for e in entries:
             self.entries[e.id] = e
@@ -320,7 +325,7 @@ class RecallIndex:
         """Nothing to do: every index is updated as entries come and go (kept for callers)."""
 
     def dense_size(self) -> int:
-        """Vectors in the dense index; 0 when dense is off."""
+        """Entries in the dense index (each with its own vector, and its windows'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
     def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray]:
@@ -366,7 +371,7 @@ class RecallIndex:
         assert self._dense is not None
         wd = self.fusion.dense
         c = max(k, self.candidates)
-        dense = self._dense.top(q, c)
+        dense, weakest_cos = self._dense.top(q, c)
         best_lexical = np.argpartition(-lexical, c - 1)[:c] if len(lexical) > c else np.arange(len(lexical))
         picked = np.union1d(dense, best_lexical)
         cos = self._dense.gather(q, picked)
@@ -380,7 +385,7 @@ class RecallIndex:
 
         scores = fused(picked, cos)
         kth = float(np.partition(scores, len(scores) - k)[len(scores) - k]) if len(scores) >= k else -np.inf
-        weakest = float(cos[np.isin(picked, dense)].min()) + _CODE_MARGIN if len(dense) else best
+        weakest = weakest_cos + _CODE_MARGIN if len(dense) else best
         bound = lexical + (wd * (weakest - mean) / span if span else 0.0)
         bound[picked] = -np.inf
         more = np.flatnonzero(bound >= kth)

@@ -161,18 +161,30 @@ def test_dense_scores_follow_entry_order_after_fifo_drops() -> None:
     assert np.allclose(fast, (slow - mean) / (best - mean), atol=1e-5)
 
 
+@pytest.mark.parametrize("passages", [False, True])
 @pytest.mark.parametrize("cap", [None, 300])
-def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(cap: int | None) -> None:
+def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(cap: int | None, passages: bool) -> None:
     """Past ``exact_max`` the dense side scores only candidates (8-bit codes and lexical
     scores pick them, a bound adds any other entry that could reach the top): the hits and
-    their scores must equal scoring every entry, with and without FIFO drops."""
+    their scores must equal scoring every entry, with and without FIFO drops, and with
+    long entries whose passages have vectors of their own."""
     import random
+
+    from loomrt.recall.dense import passages_of
 
     rng = random.Random(3)
     words = "deploy billing ledger rollback port cache queue tenant invoice shard replica".split()
+
+    def text(i: int) -> str:
+        if passages and i % 3 == 0:  # a long entry: sentences of 8 words, so about 8 passages
+            return " ".join(" ".join(rng.choice(words) for _ in range(7)) + f" {i}." for _ in range(24))
+        return " ".join(rng.choice(words) for _ in range(6)) + f" {i}"
+
     index = RecallIndex(HashEmbedder(), max_entries=cap or 10_000)
     for start in range(0, 600, 50):
-        index.add([entry(" ".join(rng.choice(words) for _ in range(6)) + f" {i}", i) for i in range(start, start + 50)])
+        index.add([entry(text(i), i) for i in range(start, start + 50)])
+    assert (len(index._dense.passages) > 500) == passages  # type: ignore[union-attr]
+    assert passages == any(len(passages_of(e.label)) > 4 for e in index.entries.values())
     queries = ["deploy ledger", "rollback of the replica shard", "cache", "nothing matches this", "invoice 412",
                "tenant 77 queue"]
     index.candidates = 1  # as few as k: most of the top must come from the bound

@@ -51,3 +51,28 @@ def test_latency_measure_runs_on_a_real_index() -> None:
     out = recall_latency(entries=200, queries=20, embedder=MiniLMEmbedder())
     assert out["entries"] == 200 and out["dense"]
     assert 0 < out["p50_ms"] <= out["p95_ms"]
+
+
+def test_a_fact_said_in_passing_is_found_by_its_passage(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chat200's turns (user turns of about 90 words, a fact sentence in a few of them; the
+    replies of about 130), each fact asked about in other words, dense only: with passage
+    vectors the stated turn is in the top 5 far more often than by the turns' own vectors
+    (measured: 0.96 against 0.71)."""
+    from loomrt.bench.workloads import chat_script
+    from loomrt.recall import index as index_module
+    from loomrt.recall.index import Entry, Fusion, RecallIndex
+
+    _, script, _ = chat_script(0, turns=120, facts=24)
+    said = [("user", t.text) for t in script if t.asks is None] + [("assistant", t.reply) for t in script]
+
+    def found_at_5() -> float:
+        index = RecallIndex(MiniLMEmbedder(), fusion=Fusion(dense=1.0, lexical=0, lexical_window=0, lexical_context=0))
+        index.add([Entry(id=0, run_id="r", seq=i, distillation_seq=1, role=role, text=text)
+                   for i, (role, text) in enumerate(said)])
+        found = [any(t.asks.value in h.entry.text for h in index.search(t.question, 5)) for t in script if t.asks]
+        return sum(found) / len(found)
+
+    with_passages = found_at_5()
+    monkeypatch.setattr(index_module, "passages_of", lambda text: [])
+    without = found_at_5()
+    assert with_passages >= 0.9 and without <= 0.8, (with_passages, without)
