@@ -125,7 +125,8 @@ class _ScopeIndex:
     """The live facts of one scope, searchable; kept in step by rowid and revision."""
 
     def __init__(self, embedder: Embedder | None):
-        self.index = RecallIndex(embedder, max_entries=10_000_000, fusion=_FUSION)
+        # one vector a fact, as stored (a fact is one statement: no passages)
+        self.index = RecallIndex(embedder, max_entries=10_000_000, fusion=_FUSION, passages=False)
         self.ids: dict[int, str] = {}
         self.rowid = 0
         self.rev = -1

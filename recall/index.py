@@ -212,8 +212,12 @@ class RecallIndex:
     drops the oldest entries from every index.
     """
 
-    def __init__(self, embedder: Embedder | None, *, max_entries: int = 4096, fusion: Fusion | None = None):
+    def __init__(self, embedder: Embedder | None, *, max_entries: int = 4096, fusion: Fusion | None = None,
+                 passages: bool = True):
         self.embedder = embedder
+        self.passages = passages
+        """Whether a long entry's passages get vectors too (off for one-sentence entries,
+        such as durable memory's facts, which are stored with one vector each)."""
         self.max_entries = max_entries
         self.fusion = fusion or Fusion()
         self.entries: OrderedDict[int, Entry] = OrderedDict()
@@ -254,7 +258,7 @@ class RecallIndex:
         embedder = self.embedder
         if embedder is None:
             raise ValueError("dense search is off: there is no embedder")
-        texts = [d.label for d in drafts] + [w for d in drafts for w in passages_of(d.label)]
+        texts = [d.label for d in drafts] + [w for d in drafts for w in self._passages(d)]
         vecs = np.asarray(embedder.embed(texts), dtype=np.float32)
         if vecs.shape != (len(texts), embedder.dim):
             raise ValueError(f"embedder returned shape {vecs.shape}, expected {(len(texts), embedder.dim)}")
@@ -269,7 +273,7 @@ class RecallIndex:
         entries = [replace(d, id=self._next_id + i) for i, d in enumerate(drafts)]
         if self._dense is not None and self.embedder is not None:
             vecs = self.embed(entries) if vectors is None else vectors
-            counts = [len(passages_of(e.label)) for e in entries]
+            counts = [len(self._passages(e)) for e in entries]
             want = (len(entries) + sum(counts), self.embedder.dim)
             if vecs.shape != want:
                 raise ValueError(f"vectors of shape {vecs.shape}, expected {want} (each entry, then its passages)")
@@ -286,6 +290,9 @@ class RecallIndex:
         self._enforce_cap()
         self._refresh_context(range(entries[0].id - r, self._next_id))
         return entries
+
+    def _passages(self, entry: Entry) -> list[str]:
+        return passages_of(entry.label) if self.passages else []
 
     def _refresh_context(self, ids: range) -> None:
         """Recompute the neighbourhood document of each entry in ``ids`` (a new or dropped

@@ -309,6 +309,21 @@ def _fact(statement: str, subject: str, *, cls: str = "fact", key: str, scope: s
                    sources=[{"run_id": "r", "seqs": [1]}])
 
 
+def test_a_long_fact_is_found_again_from_its_stored_vector(store: SQLiteStore) -> None:
+    """A fact long enough for recall's passages is indexed by its one stored vector (a store
+    opened later rebuilds its index from the rows; the search must not ask for passages)."""
+    from loomrt.recall.dense import passages_of
+
+    long = ("Alice wants the party in the garden behind the old library, the one with the pond and two benches. "
+            "Her grandmother planted the apple trees there, and the gate that always sticks is still the same one. "
+            "It should be held next summer, on the first Saturday of July, with lanterns along the paths.")
+    assert len(passages_of(f"fact: {long}")) > 1
+    db = harvest_db(store)
+    memory_of(db, embedder="hash").write([_fact(long, "Alice", key="b0:long")])
+    found = memory_of(db, embedder="hash").search("where does Alice want the party", 3, ["user:alice"])
+    assert [h.text for h in found] == [long]
+
+
 @pytest.mark.slow
 def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
     from loomrt.recall.embedders import MiniLMEmbedder
