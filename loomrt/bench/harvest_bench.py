@@ -314,7 +314,7 @@ async def _locomo_conversation(
     rec: dict[str, Any] = {
         "turns": len(seq_to_dia), "spans": len(by_session), "questions": len(questions), "facts": len(facts),
         "seconds": round(consolidated_s, 1), "part_tokens": parts, "dead_letters": report.dead,
-        "retries": report.retries, "dropped": dict(report.dropped), "writes": dict(report.facts),
+        "batches": report.batches, "retries": report.retries, "dropped": dict(report.dropped), "writes": dict(report.facts),
         "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "tallies": {"memory_states": states.figures(CATEGORY_NAMES), "memory_cites": cites.figures(CATEGORY_NAMES)},
         "sample_facts": [f.statement for f in facts[:5]]}
