@@ -332,7 +332,7 @@ class RecallIndex:
         """Nothing to do: every index is updated as entries come and go (kept for callers)."""
 
     def dense_size(self) -> int:
-        """Entries in the dense index (each with its own vector, and its windows'); 0 when dense is off."""
+        """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
     def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray]:
