@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loomrt.bench.locomo_recall import rates
+from loomrt.bench.locomo_recall import CATEGORY_NAMES, rates
 
 __all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals", "TIERS", "harvest_bench", "drained"]
 
@@ -197,8 +197,6 @@ TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence")
 def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
     """The LoCoMo figures over every conversation's record so far (``of`` names all the chosen
     ones). A record may cover several conversations (``covers``): one measured as a group."""
-    from loomrt.bench.locomo_recall import CATEGORY_NAMES
-
     tiers = {name: _Tally(ks) for name in TIERS}
     out: dict[str, Any] = {"conversations": [], "of_conversations": list(of), "turns": 0, "spans": 0, "facts": 0,
                            "dead_letters": 0, "retries": 0, "dropped": {}, "writes": {}, "seconds": 0.0,
@@ -264,7 +262,7 @@ async def _locomo_conversation(
 ) -> dict[str, Any]:
     """One conversation's record: bank its sessions in a store of its own, drain them, ask its
     questions of memory (and of the raw turns, unless ``raw`` is off)."""
-    from loomrt.bench.locomo_recall import ANSWERABLE, CATEGORY_NAMES, evaluate_locomo_async, evidence_ids, turns_of
+    from loomrt.bench.locomo_recall import ANSWERABLE, evaluate_locomo_async, evidence_ids, turns_of
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer
     from loomrt.harvest.bank import Bank
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
