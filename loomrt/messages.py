@@ -13,9 +13,14 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal
 
-__all__ = ["Role", "ToolCall", "Message", "EvictedSpan", "EvictedSpanCallback"]
+__all__ = ["Role", "ToolCall", "Message", "EvictedSpan", "EvictedSpanCallback", "SEARCH_TOOLS", "summarized_text"]
 
 Role = Literal["system", "user", "assistant", "tool"]
+
+SEARCH_TOOLS = frozenset({"Recall", "Describe", "Expand", "Grep"})
+"""The tools that search a run's own history. A call to one is a query, not something said,
+and its result is a copy of what it searched, so Recall and Grep leave both out
+(:meth:`Message.searched_text`): searching the searches finds old queries before the facts."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,24 @@ class Message:
         for tc in self.tool_calls:
             parts.append(f"{tc.name}({json.dumps(tc.arguments, ensure_ascii=False)})")
         return "\n".join(parts)
+
+    def searched_text(self) -> str:
+        """What Recall indexes and Grep searches in this message: :meth:`text_for_search`
+        less the calls to :data:`SEARCH_TOOLS`, and nothing of such a tool's result."""
+        if self.role == "tool":
+            return "" if self.name in SEARCH_TOOLS else self.content
+        calls = tuple(tc for tc in self.tool_calls if tc.name not in SEARCH_TOOLS)
+        return self.text_for_search() if len(calls) == len(self.tool_calls) else replace(self, tool_calls=calls).text_for_search()
+
+
+def summarized_text(m: Message) -> str:
+    """What a summariser is shown of ``m``: its :meth:`~Message.searched_text`, or for a
+    search of the history a mark that one was made (its query and its copies of older
+    messages are no news to summarise; the record keeps them)."""
+    if m.role == "tool" and m.name in SEARCH_TOOLS:
+        return "(search results)"
+    said = m.searched_text()
+    return said if said or not m.tool_calls else "(searched the history)"
 
 
 @dataclass(frozen=True)

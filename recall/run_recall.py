@@ -22,7 +22,7 @@ import numpy as np
 
 from loomrt.crashpoints import reached
 from loomrt.events import Event, message_of
-from loomrt.messages import EvictedSpan, Message
+from loomrt.messages import SEARCH_TOOLS, EvictedSpan, Message
 from loomrt.recall.embedders import resolve_embedder
 from loomrt.recall.index import CHUNK_OVERLAP, Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
@@ -159,12 +159,12 @@ class RunRecall:
     def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
         drafts: list[Entry] = []
         for m in messages:
-            if m.synthetic is not None or m.role == "system" or (m.role == "tool" and m.name == "Recall"):
-                continue  # a Recall result is a copy of what is indexed already
-            text = m.content if m.role == "tool" else m.text_for_search()
+            if m.synthetic is not None or m.role == "system":
+                continue
+            text = m.searched_text()  # a search's query and its result are not indexed (SEARCH_TOOLS)
             if not text.strip():
                 continue
-            tools = (m.name,) if m.role == "tool" and m.name else tuple(tc.name for tc in m.tool_calls)
+            tools = (m.name,) if m.role == "tool" and m.name else tuple(tc.name for tc in m.tool_calls if tc.name not in SEARCH_TOOLS)
             speaker = m.name if m.role != "tool" else None
             pieces = chunk_text(text)
             for i, piece in enumerate(pieces):

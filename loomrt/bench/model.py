@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomrt.bench.reader import ANSWER_OVERLAP, STOP_WORDS, best_line
-from loomrt.messages import ToolCall
+from loomrt.messages import SEARCH_TOOLS, ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.providers.scripted import extractive_summary
 
@@ -65,8 +65,8 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
 
 def readable(message: dict[str, Any]) -> str:
     """What a model reads in one message as a source of answers: its content, and the
-    arguments of its tool calls other than Recall (a query is not an answer)."""
-    calls = [tc for tc in message.get("tool_calls") or () if tc.get("function", {}).get("name") != "Recall"]
+    arguments of its tool calls other than searches (Recall, Grep, …: a query is not an answer)."""
+    calls = [tc for tc in message.get("tool_calls") or () if tc.get("function", {}).get("name") not in SEARCH_TOOLS]
     return prompt_text([{"content": message.get("content"), "tool_calls": calls}])
 
 

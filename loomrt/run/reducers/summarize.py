@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from loomrt.messages import Message
+from loomrt.messages import Message, summarized_text
 from loomrt.run._model_calls import call_model
 from loomrt.run.reducers.base import Declined, Reduction
 from loomrt.run.reducers.prose_check import check_prose
@@ -33,7 +33,7 @@ _PROMPT_OVERHEAD = 400
 def _line(m: Message) -> str:
     ref = f"[#{m.seq}] " if m.seq is not None else ""
     who = f"tool {m.name or ''}".strip() if m.role == "tool" else (m.name or m.role)
-    return f"{ref}{who}: {m.text_for_search()}"
+    return f"{ref}{who}: {summarized_text(m)}"
 
 
 def transcript_parts(messages: list[Message], limit: int) -> list[list[str]]:

@@ -78,7 +78,7 @@ class _Reader:
 
     def messages(self) -> Iterator[Message]:
         """Every message of the history this run sees, oldest first, less the model's own
-        Describe, Expand and Grep calls and their results (searching its searches is noise)."""
+        searches and their results (searching its searches is noise)."""
         view = self.run.view
         if view.family is not None:
             for e in view.family.events(kinds=["user_input", "assistant_message", "tool_result"]):
@@ -105,11 +105,9 @@ TOOL_NAMES = ("Describe", "Expand", "Grep")
 
 
 def _own(m: Message) -> bool:
-    """A fold tool's call (with nothing else said) or result."""
-    if m.role == "tool":
-        return m.name in TOOL_NAMES
-    return m.role == "assistant" and not m.content.strip() and bool(m.tool_calls) and all(
-        c.name in TOOL_NAMES for c in m.tool_calls)
+    """A search of the history (:data:`~loomrt.messages.SEARCH_TOOLS`: Recall's or these tools'),
+    with nothing else said, or its result."""
+    return not m.searched_text().strip()
 
 
 def _number(value: Any, default: int) -> int:
@@ -237,7 +235,7 @@ def fold_tools(run: RunState) -> list[Tool]:
         if scope in ("messages", "both"):
             for m in reader.messages():
                 if inside(m.seq, m.ts):
-                    hit(m.text_for_search(), id=f"#{m.seq}", kind="message", seq=m.seq, time=_when(m.ts))
+                    hit(m.searched_text(), id=f"#{m.seq}", kind="message", seq=m.seq, time=_when(m.ts))
                 if len(hits) >= limit:
                     return hits
         if scope in ("cards", "both"):

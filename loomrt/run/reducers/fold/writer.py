@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from loomrt.messages import Message
+from loomrt.messages import Message, summarized_text
 from loomrt.run._model_calls import call_model
 from loomrt.run.cards import EXPAND_LINE, Card, card_id, card_message
 from loomrt.run.reducers.fold.verify import invented
@@ -65,7 +65,7 @@ def source_lines(messages: list[Message], private: set[int]) -> str:
     for m in messages:
         m = redact(m, private)
         who = f"tool {m.name or ''}".strip() if m.role == "tool" else m.role
-        lines.append(f"[#{m.seq}] {who}: {m.text_for_search()}")
+        lines.append(f"[#{m.seq}] {who}: {summarized_text(m)}")
     return "\n".join(lines)
 
 
