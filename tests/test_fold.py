@@ -443,13 +443,15 @@ def test_a_workers_fold_gives_way_when_the_run_moves_on() -> None:
 
 def test_grep_does_not_find_the_models_own_searches_and_takes_sloppy_arguments() -> None:
     grep = {"tool_call": {"name": "Grep", "arguments": {"pattern": "ZETA-99", "mode": "text", "limit": "lots"}}}
-    provider = ScriptedProvider(turns=[grep, grep, {"text": "done"}, {"tool_call": {"name": "Expand", "arguments": {
+    recall = {"tool_call": {"name": "Recall", "arguments": {"query": "the code word ZETA-99"}}}
+    provider = ScriptedProvider(turns=[recall, grep, grep, {"text": "done"}, {"tool_call": {"name": "Expand", "arguments": {
         "id": "#2", "page": "one"}}}, {"text": "ok"}], summaries=["s"])
     rt = scripted_runtime(provider)
-    run = rt.start(spec(), interactive=True)
+    run = rt.start(AgentSpec(model="scripted/fold", max_iterations=6, context={
+        "mode": "fold", "budget_tokens": 4096, "recall": True}), interactive=True)
     asyncio.run(rt.send(run, "The code word is ZETA-99."))
-    results = [json.loads(e.data["content"]) for e in rt.store.events(run.run_id, kinds=["tool_result"])]
-    assert [[h["seq"] for h in r["hits"]] for r in results] == [[2], [2]], "only the user's message, never the calls"
+    results = [json.loads(e.data["content"]) for e in rt.store.events(run.run_id, kinds=["tool_result"]) if e.data["name"] == "Grep"]
+    assert [[h["seq"] for h in r["hits"]] for r in results] == [[2], [2]], "only the user's message, never the searches (Recall's either)"
     asyncio.run(rt.send(run, "Open it."))
     page = rt.store.events(run.run_id, kinds=["tool_result"])[-1].data
     assert not page["is_error"] and "page 0 does not exist" in page["content"]

@@ -330,3 +330,24 @@ def test_recall_by_seq_gives_back_one_evicted_message_whole() -> None:
     assert hit.text == long and hit.seq == 4
     assert recall.tool.fn(seq=3)["results"][0]["text"] == "short one"
     assert "nothing evicted at #77" in recall.tool.fn(seq=77)["note"]
+
+
+def test_searches_of_the_history_are_not_indexed() -> None:
+    """A Recall or Grep call is a query, and its result a copy of older messages: an evicted
+    span indexes what was said around them (and a non-search call), never the search itself."""
+    from loomrt.messages import EvictedSpan, Message, ToolCall
+
+    question = "Remind me: what was the landlord's door code?"
+    recall = RunRecall(run_id="r1", embedder=False)
+    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 9, (
+        Message(role="user", content="It turns out my landlord's door code is 5619#10.", seq=2, ts=1.0),
+        Message(role="assistant", content="", seq=3, ts=2.0,
+                tool_calls=(ToolCall("c1", "Recall", {"query": question}), ToolCall("c2", "Grep", {"pattern": "door code"}))),
+        Message(role="tool", name="Grep", content='{"hits": [{"snippet": "my landlord\'s door code is 5619#10"}]}', seq=4, ts=3.0),
+        Message(role="assistant", content="Let me look.", seq=5, ts=4.0,
+                tool_calls=(ToolCall("c3", "Recall", {"query": question}), ToolCall("c4", "shell", {"cmd": "cat door.txt"}))),
+    )))
+    texts = {e.seq: e.text for e in recall.index.entries.values()}
+    assert set(texts) == {2, 5}
+    assert "Recall" not in texts[5] and question not in texts[5] and "cat door.txt" in texts[5]
+    assert [h.seq for h in recall.search(question, top_k=5)] == [2, 5]
