@@ -153,9 +153,11 @@ def test_a_chat_replay_indexes_the_replies_between_the_turns() -> None:
 
 
 def test_a_fold_replay_measures_recall_grep_and_both_on_the_same_run() -> None:
-    from loomrt.bench.locomo_recall import fused
+    from loomrt.bench.locomo_recall import fused, with_grep
 
     assert fused([1, 2, 3], [3, 4])[:2] == [3, 1], "a seq both lists rank comes first"
+    assert with_grep([1, 2, 3], [3, 4], every_word=True)[:2] == [3, 1]
+    assert with_grep([1, 2, 3], [3, 4], every_word=False) == [1, 2, 3], "hits on any one word do not rerank Recall"
     out = evaluate_locomo(MINI, embedder=HashEmbedder(), mode="fold")
     assert out["mode"] == "fold" and out["questions"] > 0
     for key in ("recall_at", "grep_at", "recall_and_grep_at"):

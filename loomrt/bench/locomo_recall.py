@@ -41,7 +41,7 @@ __all__ = [
     "replay",
     "evaluate_locomo",
     "evaluate_locomo_async",
-    "ANSWERABLE", "sample_id", "grep_ranked", "fused"]
+    "ANSWERABLE", "sample_id", "grep_ranked", "fused", "with_grep"]
 
 ANSWERABLE = (1, 2, 3, 4)
 """Question categories with an answer in the conversation (1 multi-hop, 2 temporal,
@@ -207,25 +207,36 @@ async def replay(
     return rt, run, {seq: t.dia_id for seq, t in zip(inputs, turns, strict=False)}
 
 
-def grep_ranked(tool: Any, question: str) -> list[int]:
-    """The seqs a reader finds with Grep for ``question``: a message holding all three of its
-    longest words that are not stop words, else any of them; hits holding more of the words
-    first (then oldest first). One or two Grep calls, as an agent would make them."""
+def grep_ranked(tool: Any, question: str) -> tuple[list[int], bool]:
+    """The seqs a reader finds with Grep for ``question``, and whether they hold every word
+    searched: a message holding all three of its longest words that are not stop words,
+    else any of them; hits holding more of the words first (then oldest first). One or two
+    Grep calls, as an agent would make them."""
     from loomrt.bench.reader import STOP_WORDS
 
     words = sorted({w for w in re.findall(r"[A-Za-z0-9']{4,}", question) if w.lower() not in STOP_WORDS},
                    key=len, reverse=True)[:3]
     if not words:
-        return []
+        return [], False
     hits: list[dict[str, Any]] = []
-    for pattern in ("(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words), "|".join(map(re.escape, words))):
+    every = False
+    for every, pattern in ((True, "(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words)),
+                           (False, "|".join(map(re.escape, words)))):
         out = tool.fn(pattern=pattern, mode="regex", scope="messages", limit=200)
         hits = out.get("hits", []) if isinstance(out, dict) else []
         if hits:
             break
     said = [sum(w.lower() in str(h.get("snippet", "")).lower() for w in words) for h in hits]
     order = sorted(range(len(hits)), key=lambda i: (-said[i], hits[i]["seq"]))
-    return [int(hits[i]["seq"]) for i in order]
+    return [int(hits[i]["seq"]) for i in order], every and bool(hits)
+
+
+def with_grep(recalled: list[int], grepped: list[int], every_word: bool) -> list[int]:
+    """What a reader holding both tools ranks: Recall's list fused with Grep's by reciprocal
+    rank when Grep found messages holding every word it searched, else Recall's alone (a
+    message holding any one of three words is weak evidence beside Recall's own ranking,
+    which already weighs each word by how rare it is)."""
+    return fused(recalled, grepped) if every_word else recalled
 
 
 def fused(*ranked: list[int], k: int = 60) -> list[int]:
@@ -313,8 +324,8 @@ async def evaluate_locomo_async(
                     cat["states_hits"][k] += stated
             gold = evidence_ids(q["evidence"])
             if grep is not None:
-                grepped = grep_ranked(grep, str(q["question"]))
-                both = fused(recalled, grepped)
+                grepped, every_word = grep_ranked(grep, str(q["question"]))
+                both = with_grep(recalled, grepped, every_word)
                 for k in ks:
                     grep_hits[k] += bool(gold & {seq_to_dia.get(s) for s in grepped[:k]})
                     fused_hits[k] += bool(gold & {seq_to_dia.get(s) for s in both[:k]})
@@ -377,7 +388,8 @@ def evaluate_locomo(
     :class:`~loomrt.recall.RunRecall` (None: MiniLM; False: lexical-only); ``replies``
     replays as a chat (a short acknowledgement after each turn) instead of an observer.
     ``mode`` fold replays into a fold run and also asks its Grep (:func:`grep_ranked`):
-    ``grep_at`` and ``recall_and_grep_at`` (the two lists fused by reciprocal rank) beside
+    ``grep_at`` and ``recall_and_grep_at`` (:func:`with_grep`: the two lists fused by
+    reciprocal rank where Grep matched every word it searched) beside
     Recall's own ``recall_at`` on that run.
     Returns ``{"replay", "mode", "questions", "recall_at": {"1": x, ...}`` (any evidence turn in
     the top k), ``"recall_all_at"`` (every evidence turn in the top k), ``"by_category",
