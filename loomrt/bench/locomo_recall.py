@@ -218,17 +218,17 @@ def grep_ranked(tool: Any, question: str) -> tuple[list[int], bool]:
                    key=len, reverse=True)[:3]
     if not words:
         return [], False
-    hits: list[dict[str, Any]] = []
-    every = False
-    for every, pattern in ((True, "(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words)),
-                           (False, "|".join(map(re.escape, words)))):
+    def grep(pattern: str) -> list[dict[str, Any]]:
         out = tool.fn(pattern=pattern, mode="regex", scope="messages", limit=200)
-        hits = out.get("hits", []) if isinstance(out, dict) else []
-        if hits:
-            break
+        return out.get("hits", []) if isinstance(out, dict) else []
+
+    hits = grep("(?s)" + "".join(f"(?=.*{re.escape(w)})" for w in words))
+    every = bool(hits)
+    if not hits:
+        hits = grep("|".join(map(re.escape, words)))
     said = [sum(w.lower() in str(h.get("snippet", "")).lower() for w in words) for h in hits]
     order = sorted(range(len(hits)), key=lambda i: (-said[i], hits[i]["seq"]))
-    return [int(hits[i]["seq"]) for i in order], every and bool(hits)
+    return [int(hits[i]["seq"]) for i in order], every
 
 
 def with_grep(recalled: list[int], grepped: list[int], every_word: bool) -> list[int]:
