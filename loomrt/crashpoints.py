@@ -3,7 +3,10 @@
 ``LOOMRT_CRASH_AT=POINT:N`` makes the process SIGKILL itself the N-th time it reaches
 ``POINT`` (a real kill: no cleanup, no flush, no ``finally``). ``LOOMRT_CRASH_TRACE=FILE``
 appends the name of every point reached to FILE, one per line, so a harness can count how
-often a run reaches each point before it chooses where to kill. Both are read once per
+often a run reaches each point before it chooses where to kill. With both set, N counts
+from what FILE already holds: a scenario played by several processes in turn (a chat, then
+a fork of it, then each input to the fork) is killed the N-th time any of them reaches
+POINT, as the trace of an uninterrupted playing counted it. Both are read once per
 process; unset, :func:`reached` costs one check of a module-level flag.
 
 The points (:data:`POINTS`) sit where a crash is most likely to lose or duplicate
@@ -32,6 +35,7 @@ POINTS: dict[str, str] = {
     "in_recall_index": "recall is indexing an evicted span",
     "in_spawn": "a child's result is on the parent's record, and its siblings may still be playing",
     "in_fold": "a card is written (its model call answered), and its fold's distillation is not recorded yet",
+    "in_fork": "a fork's run and its first events are written, and not committed yet",
     "in_harvest_bank": "an evicted span is about to be banked for the consolidator",
     "in_consolidate": "the extractor answered a batch, and its facts are not written yet",
 }
@@ -57,6 +61,10 @@ def _configure() -> None:
     _armed = parse_crash_at(at) if at else None
     _trace = os.environ.get(CRASH_TRACE_ENV, "").strip() or None
     _active = bool(_armed or _trace)
+    if _armed and _trace and os.path.exists(_trace):  # the processes before this one reached these
+        with open(_trace, encoding="utf-8") as f:
+            for line in f:
+                _counts[line.strip()] = _counts.get(line.strip(), 0) + 1
 
 
 _configure()

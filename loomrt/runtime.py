@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
+from loomrt.crashpoints import reached
 from loomrt.errors import LoomError, MovedOnError, NotFoundError, RunOwnedError, SpecError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
@@ -238,6 +239,8 @@ class Runtime:
                     "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
                     **lineage, **(fork or {}), **identity,
                 })
+                if fork:
+                    reached("in_fork")
         return run
 
     # ------------------------------------------------------------------ playing

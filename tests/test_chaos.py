@@ -77,6 +77,31 @@ def test_a_killed_process_leaves_a_record_that_resumes(tmp_path: Path) -> None:
     assert inputs == list(CHAT_INPUTS[: len(inputs)])
 
 
+def test_a_kill_mid_fork_leaves_the_parent_whole_and_no_fork(tmp_path: Path) -> None:
+    """A fork is one transaction: killed inside it, the record holds the parent as it was and
+    no fork; recovery forks again and the fork's outcome is the uninterrupted one's."""
+    import asyncio
+
+    from loomrt.bench.chaos import fork_problems, recover
+
+    folder = tmp_path / "s"
+    write_scenarios(folder)
+    scenario = next(s for s in SCENARIOS if s.fork)
+    db = tmp_path / "kill.db"
+    assert play(folder, scenario, db, LOOMRT_CRASH_AT="in_fork:1") == -9
+    store = SQLiteStore(db)
+    (parent,) = store.list_runs()  # no fork was left behind
+    events = store.events(parent.run_id)
+    assert verify_chain(events) == []
+    assert [e.data["content"] for e in events if e.kind == "user_input"] == list(scenario.inputs[: scenario.fork[1]])
+    assert fork_problems(store, scenario) == ["the parent has 0 forks"]
+    run_id, _ = asyncio.run(recover(folder, scenario, db))
+    assert fork_problems(store, scenario) == []
+    fork = store.get_run(run_id)
+    assert fork.forked_from == parent.run_id
+    store.close()
+
+
 def test_two_processes_share_one_record_without_locking_errors(tmp_path: Path) -> None:
     folder = tmp_path / "s"
     write_scenarios(folder)

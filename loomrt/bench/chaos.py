@@ -8,7 +8,12 @@ scenario again in a fresh record with ``LOOMRT_CRASH_AT=POINT:N``: the process S
 itself the N-th time it reaches POINT. It recovers as a user would: ``loomrt runs resume``
 (the CLI) when the run stopped mid-turn, then the inputs the record does not hold yet
 (through :meth:`~loomrt.Runtime.continue_run`, in this process, so the live run can be
-compared with its record). Then it checks (:func:`check`):
+compared with its record). A fork scenario (``Scenario.fork = (AT, PARENT)``) plays the
+parent's first PARENT inputs as a chat, forks it with ``loomrt runs fork --at`` the seq of
+the answer to input AT, then sends the fork its own inputs with ``loomrt runs continue``,
+each a process of its own; N counts across all of them (the trace file carries the count).
+Recovery forks the parent if the kill left no fork. Then it checks (:func:`check`, and
+:func:`fork_problems` for forks):
 
 - the record audits clean (seqs dense from 1, the ledger chain intact);
 - every input of the script is in the record once, in order; no tool call has two results;
@@ -19,6 +24,8 @@ compared with its record). Then it checks (:func:`check`):
   as the uninterrupted run's;
 - with harvest, once a consolidator has run again: the bank holds every line the
   uninterrupted run's does, none twice, and durable memory the same facts.
+- with a fork: one parent and one fork, the parent's chain audits and holds its inputs
+  once (a kill mid-fork left no half-made fork behind).
 
 Each failed check is a violation, reported with its point, N, scenario and run id.
 Recall uses the hash embedder here (a MiniLM load per process would dominate the time).
@@ -40,7 +47,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -48,172 +54,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from loomrt.bench.chaos_scenarios import CHAT_INPUTS, SCENARIOS, TASK, Scenario, write_scenarios
 from loomrt.crashpoints import CRASH_AT_ENV, CRASH_TRACE_ENV, POINTS
 from loomrt.run.loop import INTERRUPTED
 
 __all__ = [
     "Scenario", "SCENARIOS", "CHAT_INPUTS", "TASK", "write_scenarios", "play", "consolidate", "recover", "Outcome",
-    "check", "Kill",
+    "check", "fork_problems", "Kill",
     "plan_kills", "run_chaos", "run_chaos_async",
 ]
 
-
-@dataclass(frozen=True)
-class Scenario:
-    """One scripted agent and what a user sends it."""
-
-    agent: str
-    interactive: bool
-    inputs: tuple[str, ...]
-    consolidate: bool = False
-    """Harvest: after the chat, a consolidator process drains the banked spans (the echo
-    extractor), and the recovered run's bank and durable memory must equal the uninterrupted one's."""
-
-
-_TOPICS = ["the harbour bridge repairs", "the spring budget", "the library move", "the night-bus timetable",
-           "the school garden", "the clinic rota", "the new bakery", "the river clean-up"]
-
-
-def _chat_inputs(n: int) -> tuple[str, ...]:
-    rng = random.Random(5)
-    out = []
-    for i in range(n):
-        a, b = rng.sample(_TOPICS, 2)
-        out.append(f"Update {i + 1}: {a} needs another look and {b} is nearly settled; the reference for "
-                   f"today is REF-{1000 + 37 * i}. Please keep track of it, since we will come back to it "
-                   f"after the weekend, once {a} has been discussed with everyone involved.")
-    return tuple(out)
-
-
-CHAT_INPUTS = _chat_inputs(8)
 RUN_ID = re.compile(r"\b[0-9a-f]{12}\b")
-TASK = "Read the incident notes in notes.txt, compute the totals, and report."
-
-SCENARIOS = [
-    Scenario("chat-recap", True, CHAT_INPUTS),
-    Scenario("chat-compaction", True, CHAT_INPUTS),
-    Scenario("chat-append", True, CHAT_INPUTS),
-    Scenario("chat-pins", True, CHAT_INPUTS),
-    Scenario("chat-fold", True, CHAT_INPUTS),
-    Scenario("chat-harvest", True, CHAT_INPUTS, consolidate=True),
-    Scenario("tools-compaction", False, (TASK,)),
-    Scenario("tools-stateful", False, (TASK,)),
-    Scenario("tools-mcp", False, (TASK,)),
-    Scenario("fanout-stateful", False, ("Check the four stations and merge what they found.",)),
-]
-"""Every mode is covered: recap, compaction, fold and append with the backstop in a chat
-(and recap banking its spans for a consolidator process: harvest);
-compaction and stateful in a one-shot run with tools (a large tool result, a calculation);
-compaction with the tools of an MCP server (a tool source, its own process); and a stateful
-parent fanning out to four stateful children whose Σ it merges (the spawn ledger)."""
-
-
-def write_scenarios(folder: Path) -> Path:
-    """The scenarios' agents file, scripts and the file their tools read; the agents file's path."""
-    folder.mkdir(parents=True, exist_ok=True)
-    notes = "\n".join(f"note {i}: the pump at station {i % 7} reported {10 + i} litres per minute at {i:02d}:15."
-                      for i in range(60))
-    (folder / "notes.txt").write_text(notes + "\n", encoding="utf-8")
-    replies = "\n".join(f"  - text: \"Noted update {i + 1}; I will keep its reference in mind.\"" for i in range(8))
-    (folder / "chat.yaml").write_text(f"turns:\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
-    pin = '  - tool_call: {name: Pin, arguments: {text: "The user keeps every reference; the pump audit is due at 16:00.", reason: "a decision"}}'
-    (folder / "pins.yaml").write_text(f"turns:\n{pin}\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
-    path = json.dumps(str((folder / "notes.txt").resolve()))
-    (folder / "tools.yaml").write_text(textwrap.dedent("""\
-        turns:
-          - tool_call: {name: read_file, arguments: {path: NOTES}}
-          - tool_call: {name: calculate, arguments: {expression: "10 + 11 + 12"}}
-          - tool_call: {name: read_file, arguments: {path: NOTES}}
-          - tool_call: {name: calculate, arguments: {expression: "33 * 2"}}
-          - text: "The pumps reported 33 litres in the first three notes, 66 over two readings."
-        summaries:
-          - extractive: 400
-        """).replace("NOTES", path), encoding="utf-8")
-    (folder / "state.yaml").write_text(textwrap.dedent("""\
-        turns:
-          - emit_state:
-              reasoning: Read the notes first.
-              patch: {step: 1, facts: []}
-              action: {tool: read_file, arguments: {path: NOTES}}
-          - emit_state:
-              reasoning: The first three notes give 10, 11 and 12.
-              patch: {step: 2, facts: ["10 + 11 + 12"]}
-              action: {tool: calculate, arguments: {expression: "10 + 11 + 12"}}
-          - emit_state:
-              reasoning: Check the doubled total.
-              patch: {step: 3, facts: ["10 + 11 + 12", "33 * 2"]}
-              action: {tool: calculate, arguments: {expression: "33 * 2"}}
-          - emit_state:
-              reasoning: Done.
-              patch: {step: 4}
-              done: true
-              final: "33 litres over the first three notes; 66 doubled."
-        summaries:
-          - extractive: 400
-        """).replace("NOTES", path), encoding="utf-8")
-    (folder / "mcp.yaml").write_text(textwrap.dedent("""\
-        turns:
-          - tool_call: {name: mcp__notes__read_notes, arguments: {}}
-          - tool_call: {name: mcp__notes__add, arguments: {numbers: [10, 11, 12]}}
-          - tool_call: {name: mcp__notes__read_notes, arguments: {}}
-          - tool_call: {name: mcp__notes__add, arguments: {numbers: [33, 33]}}
-          - text: "The pumps reported 33 litres in the first three notes, 66 over two readings."
-        summaries:
-          - extractive: 400
-        """), encoding="utf-8")
-    (folder / "fanout.yaml").write_text(json.dumps({"turns": [
-        {"emit_state": {"reasoning": "Ask every station.", "patch": {"step": 1}, "action": {
-            "tool": "parallel_spawn", "arguments": {"spawns": [{"agent": "station", "prompt": f"Check station {i}."}
-                                                                for i in range(4)]}}}},
-        {"emit_state": {"reasoning": "Merged.", "patch": {"step": 2}, "done": True, "final": "All four stations checked."}},
-    ]}), encoding="utf-8")
-    (folder / "station.yaml").write_text(json.dumps({"turns": [
-        {"emit_state": {"reasoning": "Read the notes.", "patch": {"step": 1},
-                        "action": {"tool": "read_file", "arguments": {"path": str((folder / "notes.txt").resolve())}}}},
-        {"emit_state": {"reasoning": "Sum them.", "patch": {"step": 2},
-                        "action": {"tool": "calculate", "arguments": {"expression": "10 + 11 + 12"}}}},
-        {"emit_state": {"reasoning": "Done.", "patch": {"facts": ["33 litres"]}, "done": True, "final": "33 litres"}},
-    ], "summaries": [{"extractive": 300}]}), encoding="utf-8")
-    notes_server = {"name": "notes", "command": sys.executable, "private": True,
-                    "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())]}
-    chat = {"model": "scripted/chat.yaml", "system_prompt": "You keep track of what the user tells you."}
-    tools = {"system_prompt": "You investigate incidents with tools.", "tools": ["read_file", "calculate"],
-             "max_iterations": 12}
-    small = {"budget_tokens": 700, "keep_last_n": 2, "recall": True}
-    schema = {"type": "object", "properties": {"step": {"type": "integer"},
-                                               "facts": {"type": "array", "items": {"type": "string"}}}}
-    agents = {
-        "chat-recap": {**chat, "context": {"mode": "recap", **small}},
-        "chat-compaction": {**chat, "context": {"mode": "compaction", **small}},
-        "chat-append": {**chat, "context": {"mode": "append", "backstop": True, **small}},
-        "chat-pins": {**chat, "model": "scripted/pins.yaml", "context": {"mode": "recap", "model_pins": True, **small}},
-        # folds only at the hard watermark, in the turn: when a soft fold runs depends on the
-        # clock (cache-idle deferral, the chat's between-turns thread), and every kill is
-        # compared with an uninterrupted run
-        "chat-harvest": {**chat, "context": {"mode": "recap", **small, "harvest_to_memory": True,
-                                             "memory_scopes": ["user"]}},
-        "chat-fold": {**chat, "context": {"mode": "fold", **small, "budget_tokens": 1100, "fold": {
-            "keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100}}},
-        "tools-compaction": {"model": "scripted/tools.yaml", **tools,
-                             "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
-        "tools-stateful": {"model": "scripted/state.yaml", **tools,
-                           "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
-        "fanout-stateful": {"model": "scripted/fanout.yaml", "system_prompt": "You coordinate station checks.",
-                            "tools": ["parallel_spawn"], "spawnable": ["station"], "max_concurrent_children": 2,
-                            "children_state": {"into": "/results", "key": "index"},
-                            "context": {"mode": "stateful", "budget_tokens": 4096, "recall": True, "state_schema": {
-                                "type": "object", "properties": {"step": {"type": "integer"},
-                                                                 "results": {"type": "object"}}}}},
-        "station": {"model": "scripted/station.yaml", **tools,
-                    "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
-        "tools-mcp": {"model": "scripted/mcp.yaml", "system_prompt": tools["system_prompt"], "max_iterations": 12,
-                      "mcp_servers": [notes_server], "tools": ["notes.*"],
-                      "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
-    }
-    (folder / "agents.yaml").write_text(yaml.safe_dump({"agents": agents}, sort_keys=False), encoding="utf-8")
-    return folder / "agents.yaml"
 
 
 # ---------------------------------------------------------------------- processes
@@ -251,18 +102,49 @@ def _loomrt(args: list[str], folder: Path, env: dict[str, str], stdin: str | Non
 
 
 def play(folder: Path, scenario: Scenario, db: str | Path, **env: str) -> int:
-    """Play ``scenario`` through the CLI (``loomrt chat`` or ``loomrt run``), then its
-    consolidator process if it has one; the exit code of the last process."""
+    """Play ``scenario`` through the CLI (``loomrt chat`` or ``loomrt run``; with a fork,
+    ``loomrt runs fork`` and ``loomrt runs continue`` after the chat), then its consolidator
+    process if it has one; the exit code of the first process that failed, else 0."""
     agents = str(folder / "agents.yaml")
     if scenario.interactive:
+        said = scenario.inputs[: scenario.fork[1]] if scenario.fork else scenario.inputs
         code = _loomrt(["chat", scenario.agent, "--agents", agents, "--json"], folder, _env(db, **env),
-                       "\n".join(scenario.inputs) + "\n")
+                       "\n".join(said) + "\n")
     else:
         code = _loomrt(["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder,
                        _env(db, **env))
+    if code == 0 and scenario.fork:
+        code = _fork(folder, scenario, db, _root(db), **env)
+        for text in scenario.own_inputs if code == 0 else ():
+            code = _loomrt(["runs", "continue", _checked(db, scenario), text, "--json"], folder, _env(db, **env))
+            if code:
+                break
     if code == 0 and scenario.consolidate:
         return consolidate(db, **env)
     return code
+
+
+def _fork(folder: Path, scenario: Scenario, db: str | Path, parent: str, **env: str) -> int:
+    """``loomrt runs fork`` of ``parent`` at its answer to input AT of the scenario's fork; its exit code."""
+    assert scenario.fork is not None
+    with contextlib.closing(_store(db)) as store:
+        at = _answer_seqs(store.events(parent))[scenario.fork[0] - 1]
+    return _loomrt(["runs", "fork", parent, "--at", str(at), "--json"], folder, _env(db, **env))
+
+
+def _root(db: str | Path) -> str:
+    """The run the scenario started (not a sub-agent, not a fork)."""
+    with contextlib.closing(_store(db)) as store:
+        return str(next(r.run_id for r in store.list_runs() if r.parent_run_id is None and not r.forked_from))
+
+
+def _checked(db: str | Path, scenario: Scenario) -> str:
+    """The run whose outcome is checked: the scenario's run, or its fork."""
+    root = _root(db)
+    if not scenario.fork:
+        return root
+    with contextlib.closing(_store(db)) as store:
+        return str(next(r.run_id for r in store.list_runs() if r.forked_from == root))
 
 
 def consolidate(db: str | Path, **env: str) -> int:
@@ -300,13 +182,22 @@ def _runtime(store: Any) -> Any:
 
 def _answers(events: list[Any]) -> list[str]:
     """The answer to each input: the first ``final`` or ``parked`` (not after an error) that follows it."""
-    out: list[str] = []
+    return [str(e.data.get("output")) for e in _answering(events)]
+
+
+def _answer_seqs(events: list[Any]) -> list[int]:
+    """The seq of each input's answer."""
+    return [e.seq for e in _answering(events)]
+
+
+def _answering(events: list[Any]) -> list[Any]:
+    out: list[Any] = []
     waiting = False
     for e in events:
         if e.kind == "user_input":
             waiting = True
         elif waiting and (e.kind == "final" or (e.kind == "parked" and not e.data.get("after_error"))):
-            out.append(str(e.data.get("output")))
+            out.append(e)
             waiting = False
     return out
 
@@ -358,33 +249,64 @@ async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool =
 
 
 async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str | None, Any]:
-    """Recover a killed scenario as a user would; the run id and the live run (None if the
-    process died before the run started: then the scenario is played again from the start)."""
+    """Recover a killed scenario as a user would; the id of the run that is checked, and its
+    live run (None if nothing was left to send it; if the process died before the run
+    started, the scenario is played again from the start). With a fork: the parent is
+    finished, forked if it was not yet, and the fork finished."""
     store = _store(db)
-    runs = [r for r in store.list_runs() if r.parent_run_id is None]  # the scenario's run, not a sub-agent
-    if not runs:
+    if not any(r.parent_run_id is None and not r.forked_from for r in store.list_runs()):
         store.close()
         play(folder, scenario, db)
-        store = _store(db)
-        runs = [r for r in store.list_runs() if r.parent_run_id is None]
-        return runs[0].run_id, None
-    run_id = runs[0].run_id
+        return _checked(db, scenario), None
     rt = _runtime(store)
+    run_id = _root(db)
+    if scenario.fork:
+        await _finish(folder, rt, db, run_id, scenario.inputs[: scenario.fork[1]])
+        if not any(r.forked_from == run_id for r in store.list_runs()):
+            code = _fork(folder, scenario, db, run_id)
+            if code:
+                raise RuntimeError(f"loomrt runs fork {run_id} exited {code}")
+        run_id = _checked(db, scenario)
+    return run_id, await _finish(folder, rt, db, run_id, scenario.own_inputs)
+
+
+async def _finish(folder: Path, rt: Any, db: str | Path, run_id: str, inputs: tuple[str, ...]) -> Any:
+    """Finish a killed run: ``loomrt runs resume`` (the CLI) if it stopped mid-turn, then the
+    inputs its record does not hold yet, sent in this process; the live run (None if none was left)."""
     run = await rt.aopen(run_id)
     mid_turn = not (run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error))
-    recorded = sum(1 for e in store.events(run_id) if e.kind == "user_input")
+    recorded = sum(1 for e in rt.store.events(run_id) if e.kind == "user_input")
     if mid_turn and recorded:
         code = _loomrt(["runs", "resume", run_id, "--json"], folder, _env(db))
         if code not in (0, 1):
             raise RuntimeError(f"loomrt runs resume {run_id} exited {code}")
-    remaining = list(scenario.inputs[recorded:])
+    remaining = inputs[recorded:]
     if not remaining:
-        store.close()
-        return run_id, None
+        return None
     live = await rt.aopen(run_id)  # the live run: it plays the inputs the record does not hold yet
     for text in remaining:
         await rt.send(live, text)
-    return run_id, live
+    return live
+
+
+def fork_problems(store: Any, scenario: Scenario) -> list[str]:
+    """A forked scenario's parent and fork: one of each, the parent's record audits clean and
+    holds its inputs once."""
+    from loomrt.record.ledger import verify_chain
+
+    assert scenario.fork is not None
+    roots = [r.run_id for r in store.list_runs() if r.parent_run_id is None and not r.forked_from]
+    if len(roots) != 1:
+        return [f"{len(roots)} parent runs"]
+    forks = [r for r in store.list_runs() if r.forked_from == roots[0]]
+    events = store.events(roots[0])
+    said = [str(e.data.get("content")) for e in events if e.kind == "user_input"]
+    problems = [f"the parent: {p}" for p in verify_chain(events)]
+    if len(forks) != 1:
+        problems.append(f"the parent has {len(forks)} forks")
+    if said != list(scenario.inputs[: scenario.fork[1]]):
+        problems.append(f"the parent's inputs differ: {len(said)} recorded, {scenario.fork[1]} sent")
+    return problems
 
 
 def check(outcome: Outcome, baseline: Outcome, events: list[Any], scenario: Scenario, rebuilt: Outcome) -> list[str]:
@@ -392,8 +314,8 @@ def check(outcome: Outcome, baseline: Outcome, events: list[Any], scenario: Scen
     from loomrt.record.ledger import verify_chain
 
     problems = list(verify_chain(events))
-    if outcome.inputs != list(scenario.inputs):
-        problems.append(f"inputs differ: {len(outcome.inputs)} recorded, {len(scenario.inputs)} sent")
+    if outcome.inputs != list(scenario.own_inputs):
+        problems.append(f"inputs differ: {len(outcome.inputs)} recorded, {len(scenario.own_inputs)} sent")
     results = Counter(e.data.get("tool_call_id") for e in events if e.kind == "tool_result")
     problems += [f"tool call {cid} has {n} results" for cid, n in results.items() if n > 1]
     calls = {e.data.get("id") for e in events if e.kind == "tool_call"}
@@ -450,7 +372,9 @@ def plan_kills(counts: dict[str, dict[str, int]], per_point: int, seed: int = 11
 
 async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: str | Path, baseline: Outcome) -> Kill:
     kill = Kill(scenario.agent, point, n)
-    code = play(folder, scenario, db, **{CRASH_AT_ENV: f"{point}:{n}"})
+    trace = folder / "trace-kill.txt"  # N counts over the scenario's processes, as the uninterrupted trace did
+    trace.unlink(missing_ok=True)
+    code = play(folder, scenario, db, **{CRASH_AT_ENV: f"{point}:{n}", CRASH_TRACE_ENV: str(trace)})
     kill.killed = code == -9
     run_id, live = await recover(folder, scenario, db)
     kill.run_id = run_id
@@ -462,6 +386,8 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: st
     rebuilt = await _outcome(store, run_id, harvest=scenario.consolidate)
     outcome = await _outcome(store, run_id, live, harvest=scenario.consolidate) if live is not None else rebuilt
     kill.violations = check(outcome, baseline, events, scenario, rebuilt)
+    if scenario.fork:
+        kill.violations += fork_problems(store, scenario)
     store.close()
     return kill
 
@@ -546,8 +472,7 @@ async def _run(work: Path, records: _Records, per_point: int, scenarios: list[Sc
             raise RuntimeError(f"the uninterrupted {s.agent} run exited {code}")
         counts[s.agent] = dict(Counter(trace.read_text(encoding="utf-8").split()))
         store = _store(db)
-        baselines[s.agent] = await _outcome(store, [r for r in store.list_runs() if r.parent_run_id is None][0].run_id,
-                                            harvest=s.consolidate)
+        baselines[s.agent] = await _outcome(store, _checked(db, s), harvest=s.consolidate)
         store.close()
     plan = plan_kills(counts, per_point)
     by_name = {s.agent: s for s in scenarios}
