@@ -63,8 +63,8 @@ def _configure() -> None:
     _active = bool(_armed or _trace)
     if _armed and _trace and os.path.exists(_trace):  # the processes before this one reached these
         with open(_trace, encoding="utf-8") as f:
-            for line in f:
-                _counts[line.strip()] = _counts.get(line.strip(), 0) + 1
+            for point in map(str.strip, f):
+                _counts[point] = _counts.get(point, 0) + 1
 
 
 _configure()

@@ -107,16 +107,16 @@ def play(folder: Path, scenario: Scenario, db: str | Path, **env: str) -> int:
     process if it has one; the exit code of the first process that failed, else 0."""
     agents = str(folder / "agents.yaml")
     if scenario.interactive:
-        said = scenario.inputs[: scenario.fork[1]] if scenario.fork else scenario.inputs
         code = _loomrt(["chat", scenario.agent, "--agents", agents, "--json"], folder, _env(db, **env),
-                       "\n".join(said) + "\n")
+                       "\n".join(scenario.parent_inputs) + "\n")
     else:
         code = _loomrt(["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder,
                        _env(db, **env))
     if code == 0 and scenario.fork:
         code = _fork(folder, scenario, db, _root(db), **env)
+        fork = _checked(db, scenario) if code == 0 else ""
         for text in scenario.own_inputs if code == 0 else ():
-            code = _loomrt(["runs", "continue", _checked(db, scenario), text, "--json"], folder, _env(db, **env))
+            code = _loomrt(["runs", "continue", fork, text, "--json"], folder, _env(db, **env))
             if code:
                 break
     if code == 0 and scenario.consolidate:
@@ -261,7 +261,7 @@ async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str
     rt = _runtime(store)
     run_id = _root(db)
     if scenario.fork:
-        await _finish(folder, rt, db, run_id, scenario.inputs[: scenario.fork[1]])
+        await _finish(folder, rt, db, run_id, scenario.parent_inputs)
         if not any(r.forked_from == run_id for r in store.list_runs()):
             code = _fork(folder, scenario, db, run_id)
             if code:
@@ -304,7 +304,7 @@ def fork_problems(store: Any, scenario: Scenario) -> list[str]:
     problems = [f"the parent: {p}" for p in verify_chain(events)]
     if len(forks) != 1:
         problems.append(f"the parent has {len(forks)} forks")
-    if said != list(scenario.inputs[: scenario.fork[1]]):
+    if said != list(scenario.parent_inputs):
         problems.append(f"the parent's inputs differ: {len(said)} recorded, {scenario.fork[1]} sent")
     return problems
 

@@ -38,6 +38,11 @@ class Scenario:
         """The inputs of the run that is checked: the fork's, where there is one."""
         return self.inputs[self.fork[1]:] if self.fork else self.inputs
 
+    @property
+    def parent_inputs(self) -> tuple[str, ...]:
+        """The inputs the scenario's first run is sent: all of them, or the parent's before a fork."""
+        return self.inputs[: self.fork[1]] if self.fork else self.inputs
+
 
 _TOPICS = ["the harbour bridge repairs", "the spring budget", "the library move", "the night-bus timetable",
            "the school garden", "the clinic rota", "the new bakery", "the river clean-up"]
