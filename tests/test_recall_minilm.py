@@ -21,15 +21,15 @@ def test_minilm_vectors_are_normalised_and_semantic() -> None:
     assert float(v[0] @ v[1]) > float(v[0] @ v[2])
 
 
-def test_the_numpy_query_pass_gives_the_models_own_vectors() -> None:
-    """Queries (a text or a few) go through the NumPy forward pass; entries (batches) through
+def test_the_written_out_query_pass_gives_the_models_own_vectors() -> None:
+    """Queries (a text or a few) go through the forward pass written out as tensor operations; entries (batches) through
     sentence-transformers. The two must give the same vectors, short and truncated texts alike."""
     import numpy as np
 
-    from loomrt.recall.query_encoder import numpy_encoder
+    from loomrt.recall.query_encoder import query_encoder
 
     model = MiniLMEmbedder.model()
-    encoder = numpy_encoder(model)
+    encoder = query_encoder(model)
     assert encoder is not None
     texts = ["x", "which port does the staging database listen on?", "ERR-4471 at /etc/app.conf:12",
              "Ünïcödé — 東京 🙂", "word " * 400]
