@@ -31,29 +31,35 @@ __all__ = ["IncrementalBM25"]
 
 
 class _Postings:
-    """One term's documents and their tf, in slots; a removed document's slot has tf 0.
+    """One term's documents, their tf and their lengths, in slots; a removed document's slot
+    has tf 0.
 
     The slots are :class:`array.array` (an append costs what a list's does); a query reads
-    them as NumPy views, without a copy."""
+    them as NumPy views, without a copy. A document's length is kept in each of its slots
+    so that a query reads it in order (gathering it from a table by document took a third
+    of a common term's scoring)."""
 
-    __slots__ = ("docs", "tf", "slot")
+    __slots__ = ("docs", "tf", "lengths", "slot")
 
     def __init__(self) -> None:
         self.docs = array("q")
         self.tf = array("f")
+        self.lengths = array("f")
         self.slot: dict[int, int] = {}
         """Live document → its slot."""
 
     def compact(self) -> None:
         """Drop the dead slots (those of removed documents)."""
-        docs, tf = self.arrays()
+        docs, tf, lengths = self.arrays()
         live = np.flatnonzero(tf > 0)
         self.docs, self.tf = array("q", docs[live].tobytes()), array("f", tf[live].tobytes())
+        self.lengths = array("f", lengths[live].tobytes())
         self.slot = dict(zip(docs[live].tolist(), range(len(live)), strict=True))
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The slots as NumPy views (valid until the next change)."""
-        return np.frombuffer(self.docs, dtype=np.int64), np.frombuffer(self.tf, dtype=np.float32)
+        return (np.frombuffer(self.docs, dtype=np.int64), np.frombuffer(self.tf, dtype=np.float32),
+                np.frombuffer(self.lengths, dtype=np.float32))
 
 
 class IncrementalBM25:
@@ -63,8 +69,6 @@ class IncrementalBM25:
         self.k1, self.b = k1, b
         self._postings: dict[str, _Postings] = {}
         self._lengths: dict[int, int] = {}
-        self._doclen = np.zeros(1024, dtype=np.float32)
-        """Document lengths by id (ids are non-negative ints), for vectorised scoring."""
         self._total = 0
         self._gain = np.empty(0, dtype=np.float32)
         self._at = np.empty(0, dtype=np.int64)
@@ -79,11 +83,7 @@ class IncrementalBM25:
         """Add (or replace) document ``doc`` (a non-negative int)."""
         if doc in self._lengths:
             self.remove(doc)
-        if doc >= len(self._doclen):
-            grown = np.zeros(max(doc + 1, 2 * len(self._doclen)), dtype=np.float32)
-            grown[: len(self._doclen)] = self._doclen
-            self._doclen = grown
-        self._doclen[doc] = len(tokens)
+        length = len(tokens)
         postings = self._postings
         for term, tf in Counter(tokens).items():  # _Postings.add, inlined: the hot loop of indexing
             p = postings.get(term)
@@ -93,8 +93,9 @@ class IncrementalBM25:
             p.slot[doc] = len(docs)
             docs.append(doc)
             p.tf.append(tf)
-        self._lengths[doc] = len(tokens)
-        self._total += len(tokens)
+            p.lengths.append(length)
+        self._lengths[doc] = length
+        self._total += length
 
     def remove(self, doc: int, tokens: Iterable[str] | None = None) -> None:
         """Remove document ``doc`` (``tokens``, if given, spares a scan of the vocabulary)."""
@@ -143,14 +144,13 @@ class IncrementalBM25:
                 continue
             df = len(p.slot)
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
-            docs, tf = p.arrays()
+            docs, tf, lengths = p.arrays()
             if position is not None:  # only live slots: a removed document has no position
                 live = tf > 0
-                docs, tf = docs[live], tf[live]
+                docs, tf, lengths = docs[live], tf[live], lengths[live]
             gain, at = self._scratch(len(docs))
             # gain = count·idf · tf / (tf + k1·(1 - b + b·|d|/avgdl)), in place
-            np.take(self._doclen, docs, out=gain)
-            gain *= per_length
+            np.multiply(lengths, per_length, out=gain)
             gain += base
             gain += tf
             np.divide(tf, gain, out=gain)

@@ -402,7 +402,7 @@ class RecallIndex:
         wd = self.fusion.dense
         c = max(k, self.candidates)
         dense, weakest_cos = self._dense.top(q, c)
-        best_lexical = np.argpartition(-lexical, c - 1)[:c] if len(lexical) > c else np.arange(len(lexical))
+        best_lexical = np.argpartition(lexical, len(lexical) - c)[-c:] if len(lexical) > c else np.arange(len(lexical))
         picked = np.union1d(dense, best_lexical)
         cos = self._dense.gather(q, picked)
         mean, best = float(self._dense.centroid @ q), float(cos.max())
