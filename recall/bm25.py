@@ -39,7 +39,7 @@ class _Postings:
     so that a query reads it in order (gathering it from a table by document took a third
     of a common term's scoring)."""
 
-    __slots__ = ("docs", "tf", "lengths", "slot")
+    __slots__ = ("docs", "tf", "lengths", "slot", "ordered")
 
     def __init__(self) -> None:
         self.docs = array("q")
@@ -47,6 +47,9 @@ class _Postings:
         self.lengths = array("f")
         self.slot: dict[int, int] = {}
         """Live document → its slot."""
+        self.ordered = True
+        """Whether every slot's document is greater than the slot's before it (documents
+        added in the order of their ids, none added twice)."""
 
     def compact(self) -> None:
         """Drop the dead slots (those of removed documents)."""
@@ -90,6 +93,8 @@ class IncrementalBM25:
             if p is None:
                 p = postings[term] = _Postings()
             docs = p.docs
+            if docs and doc <= docs[-1]:
+                p.ordered = False
             p.slot[doc] = len(docs)
             docs.append(doc)
             p.tf.append(tf)
@@ -148,6 +153,11 @@ class IncrementalBM25:
             if position is not None:  # only live slots: a removed document has no position
                 live = tf > 0
                 docs, tf, lengths = docs[live], tf[live], lengths[live]
+            elif p.ordered:  # the documents before ``first`` are all removed ones
+                lo = int(np.searchsorted(docs, first))
+                docs, tf, lengths = docs[lo:], tf[lo:], lengths[lo:]
+            if not len(docs):
+                continue
             gain, at = self._scratch(len(docs))
             # gain = count·idf · tf / (tf + k1·(1 - b + b·|d|/avgdl)), in place
             np.multiply(lengths, per_length, out=gain)
@@ -155,10 +165,16 @@ class IncrementalBM25:
             gain += tf
             np.divide(tf, gain, out=gain)
             gain *= np.float32(count * idf)
-            if position is None:  # a removed document's slot adds 0, wherever it lands
+            if position is not None:
+                at = np.fromiter((position[d] for d in docs.tolist()), dtype=np.int64, count=len(docs))
+            elif p.ordered and docs[-1] - docs[0] == len(docs) - 1:
+                # one run of consecutive documents (a term in every one of them, as a line
+                # every log entry repeats): added as a slice, a fifth of the time of a scatter
+                start = int(docs[0]) - first
+                out[start : start + len(docs)] += gain
+                continue
+            else:  # a removed document's slot adds 0, wherever it lands
                 np.subtract(docs, first, out=at)
                 np.maximum(at, 0, out=at)
-            else:
-                at = np.fromiter((position[d] for d in docs.tolist()), dtype=np.int64, count=len(docs))
             np.add.at(out, at, gain)
         return out

@@ -120,7 +120,8 @@ def test_incremental_bm25_equals_a_fresh_build_after_adds_and_removes() -> None:
 
     rng = random.Random(3)
     vocab = [f"w{i}" for i in range(40)]
-    docs = {i: [rng.choice(vocab) for _ in range(rng.randint(1, 12))] for i in range(300)}
+    # "step" is in every document: its postings are one run of consecutive documents
+    docs = {i: ["step"] + [rng.choice(vocab) for _ in range(rng.randint(1, 12))] for i in range(300)}
     live = IncrementalBM25()
     for i, tokens in docs.items():
         live.add(i, tokens)
@@ -132,10 +133,11 @@ def test_incremental_bm25_equals_a_fresh_build_after_adds_and_removes() -> None:
     fresh = IncrementalBM25()
     for i, tokens in docs.items():
         fresh.add(i, tokens)
-    for query in (["w1"], ["w2", "w7"], ["w3", "w3", "w39"], ["nothing"]):
+    for query in (["w1"], ["w2", "w7"], ["w3", "w3", "w39"], ["nothing"], ["step"], ["step", "w2"]):
         a = live.scores(query, None, 300, first=0)
         b = fresh.scores(query, None, 300, first=0)
         assert np.allclose(a, b)
+        assert np.allclose(live.scores(query, None, 180, first=120), b[120:])
     # a term's score follows the formula: idf * tf / (tf + k1 * (1 - b + b * dl / avgdl))
     one = IncrementalBM25()
     one.add(0, ["a", "b"])
