@@ -22,7 +22,7 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_needles", "mcp", "fanout", "audit", "fork_cost", "store",
+    "recall_clusters", "recall_needles", "mcp", "fanout", "audit", "fork_cost", "store",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
@@ -38,6 +38,7 @@ def _load() -> None:
     import loomrt.bench.locomo  # noqa: F401
     import loomrt.bench.mcp_measure  # noqa: F401
     import loomrt.bench.measures  # noqa: F401
+    import loomrt.bench.recall_clusters  # noqa: F401
     import loomrt.bench.store_measure  # noqa: F401
     import loomrt.bench.workloads  # noqa: F401
 
