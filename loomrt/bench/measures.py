@@ -180,8 +180,9 @@ def recall_latency_measure(config: BenchConfig, progress: Progress) -> dict[str,
 
 @standalone_measure("recall_scale", "Recall p50/p95 on a 100,000-entry index, the query embedded by the real embedder")
 def recall_scale(config: BenchConfig, progress: Progress) -> dict[str, Any]:
-    """The entries get cheap vectors (:class:`~loomrt.bench.recall_targets.QueryEmbedder`: a
-    flat index costs the same whatever they hold); each query is embedded by the real one."""
+    """The entries get cheap vectors (:class:`~loomrt.bench.recall_targets.QueryEmbedder`: the
+    scan reads a quarter of the clusters, and cheap vectors fill them about evenly; what the
+    clusters cost in results is ``recall_clusters``'); each query is embedded by the real one."""
     try:
         from loomrt.bench.recall_targets import QueryEmbedder, recall_latency
     except ImportError as exc:
