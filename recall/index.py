@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
-from contextlib import nullcontext
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
