@@ -18,7 +18,7 @@ from typing import Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
 
-__all__ = ["clustered_agreement"]
+__all__ = ["clustered_agreement", "recall_clusters"]
 
 
 def clustered_agreement(entries: int = 24_000, *, ivf_min: int = 8_192, embedder: Any = None, seed: int = 11,
