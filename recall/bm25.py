@@ -11,8 +11,9 @@ with k1 = 1.5 and b = 0.75. Documents are keyed by int ids; :meth:`scores` retur
 array aligned to any order of ids the caller keeps.
 
 Each term's postings are growable arrays (documents and their tf) that a query scores in a
-few vectorised operations. Adding a document appends to its terms' arrays; removing one
-zeroes its tf in place (a zero tf scores nothing), and a term's arrays are compacted once
+few vectorised operations. Adding a document appends to its terms' arrays; replacing one
+rewrites its tf and length in the slots it keeps; removing one zeroes its tf in place (a
+zero tf scores nothing), and a term's arrays are compacted once
 a quarter of their slots are dead. Earlier the arrays were built lazily from dicts at a term's first
 query: at 100,000 documents a common term's first query took milliseconds per index, which
 was most of Recall's p95.
@@ -65,6 +66,17 @@ class _Postings:
                 np.frombuffer(self.lengths, dtype=np.float32))
 
 
+def _append(p: _Postings, doc: int, tf: int, length: int) -> None:
+    """A slot for ``doc`` after the last of ``p``'s."""
+    docs = p.docs
+    if docs and doc <= docs[-1]:
+        p.ordered = False
+    p.slot[doc] = len(docs)
+    docs.append(doc)
+    p.tf.append(tf)
+    p.lengths.append(length)
+
+
 class IncrementalBM25:
     """BM25 over documents that come and go one at a time."""
 
@@ -82,25 +94,46 @@ class IncrementalBM25:
     def __contains__(self, doc: int) -> bool:
         return doc in self._lengths
 
-    def add(self, doc: int, tokens: Sequence[str]) -> None:
-        """Add (or replace) document ``doc`` (a non-negative int)."""
+    def add(self, doc: int, tokens: Sequence[str], *, old: Iterable[str] | None = None) -> None:
+        """Add document ``doc`` (a non-negative int), or replace it: ``old``, its tokens
+        until now if given, spares a scan of the vocabulary.
+
+        A replaced document keeps its slot in each term it keeps (its tf and length are
+        rewritten there), so the slots stay in the order of their documents: the neighbourhood
+        index replaces its newest documents after every addition, and a term whose slots
+        fell out of order is scored by a scatter, not a slice."""
         if doc in self._lengths:
-            self.remove(doc)
+            self._replace(doc, tokens, old)
+            return
         length = len(tokens)
         postings = self._postings
-        for term, tf in Counter(tokens).items():  # _Postings.add, inlined: the hot loop of indexing
+        for term, tf in Counter(tokens).items():
             p = postings.get(term)
             if p is None:
                 p = postings[term] = _Postings()
-            docs = p.docs
-            if docs and doc <= docs[-1]:
-                p.ordered = False
-            p.slot[doc] = len(docs)
-            docs.append(doc)
-            p.tf.append(tf)
-            p.lengths.append(length)
+            _append(p, doc, tf, length)
         self._lengths[doc] = length
         self._total += length
+
+    def _replace(self, doc: int, tokens: Sequence[str], old: Iterable[str] | None) -> None:
+        length = len(tokens)
+        counts = Counter(tokens)
+        postings = self._postings
+        before = set(old) if old is not None else [t for t, p in postings.items() if doc in p.slot]
+        for term in before:
+            if term not in counts:
+                self._drop(term, doc)
+        for term, tf in counts.items():
+            p = postings.get(term)
+            at = p.slot.get(doc) if p is not None else None
+            if p is None:
+                p = postings[term] = _Postings()
+            if at is None:
+                _append(p, doc, tf, length)
+            else:
+                p.tf[at], p.lengths[at] = tf, length
+        self._total += length - self._lengths[doc]
+        self._lengths[doc] = length
 
     def remove(self, doc: int, tokens: Iterable[str] | None = None) -> None:
         """Remove document ``doc`` (``tokens``, if given, spares a scan of the vocabulary)."""
@@ -109,21 +142,25 @@ class IncrementalBM25:
             return
         self._total -= length
         terms = set(tokens) if tokens is not None else [t for t, p in self._postings.items() if doc in p.slot]
-        postings = self._postings
-        for term in terms:  # _Postings' removal, inlined: the hot loop of the FIFO cap
-            p = postings.get(term)
-            if p is None:
-                continue
-            at = p.slot.pop(doc, None)
-            if at is None:
-                continue
-            if not p.slot:
-                del postings[term]
-                continue
-            p.tf[at] = 0.0
-            slots = len(p.docs)
-            if slots > 64 and 4 * (slots - len(p.slot)) > slots:
-                p.compact()
+        for term in terms:
+            self._drop(term, doc)
+
+    def _drop(self, term: str, doc: int) -> None:
+        """Kill ``doc``'s slot in ``term``'s postings (tf 0), compacting them once a quarter
+        of their slots are dead, and dropping them with their last live slot."""
+        p = self._postings.get(term)
+        if p is None:
+            return
+        at = p.slot.pop(doc, None)
+        if at is None:
+            return
+        if not p.slot:
+            del self._postings[term]
+            return
+        p.tf[at] = 0.0
+        slots = len(p.docs)
+        if slots > 64 and 4 * (slots - len(p.slot)) > slots:
+            p.compact()
 
     def _scratch(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         """Work arrays of ``m`` slots (float32 gains, int64 positions), kept between queries:

@@ -326,10 +326,8 @@ class RecallIndex:
                 continue
             tokens = [t for j in range(i - r, i + r + 1) if j in self._tokens for t in self._tokens[j][0]]
             old = self._context_tokens.get(i)
-            if old is not None:
-                self._lexical_context.remove(i, old)
             self._context_tokens[i] = tokens
-            self._lexical_context.add(i, tokens)
+            self._lexical_context.add(i, tokens, old=old)
 
     def _enforce_cap(self) -> None:
         over = len(self.entries) - self.max_entries
@@ -356,14 +354,13 @@ class RecallIndex:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
-    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray]:
-        """The weighted sum of the scaled BM25 signals of every entry (oldest first), the sum
-        of their weights, and which entries any of them matched."""
+    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float]:
+        """The weighted sum of the scaled BM25 signals of every entry (oldest first) and the
+        sum of their weights. An entry any signal matched has a positive sum."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(n, dtype=np.float32)
         weight = 0.0
-        matched = np.zeros(n, dtype=bool)
         for w, lex in (
             (f.lexical, self._lexical),
             (f.lexical_window, self._lexical_window),
@@ -375,9 +372,8 @@ class RecallIndex:
                 if best > 0:  # scaled so the best is 1, and weighted, in place
                     scores *= np.float32(w / best)
                     total += scores
-                    matched |= scores > 0
                 weight += w
-        return total, weight, matched
+        return total, weight
 
     def _dense_scores(self, q: np.ndarray) -> np.ndarray:
         """Every entry's cosine with ``q`` (oldest first), scaled so the mean is 0 and the best 1."""
@@ -402,7 +398,11 @@ class RecallIndex:
         wd = self.fusion.dense
         c = max(k, self.candidates)
         dense, weakest_cos = self._dense.top(q, c)
-        best_lexical = np.argpartition(lexical, len(lexical) - c)[-c:] if len(lexical) > c else np.arange(len(lexical))
+        # the best lexical entries among those matched (NumPy's selection slows tenfold on
+        # an array that is mostly zeros, as a rare term's scores are)
+        best_lexical = np.flatnonzero(lexical > 0)
+        if len(best_lexical) > c:
+            best_lexical = best_lexical[np.argpartition(lexical[best_lexical], len(best_lexical) - c)[-c:]]
         picked = np.union1d(dense, best_lexical)
         cos = self._dense.gather(q, picked)
         mean, best = float(self._dense.centroid @ q), float(cos.max())
@@ -449,10 +449,10 @@ class RecallIndex:
         f = self.fusion
         embedder = self.embedder if self._dense is not None and f.dense > 0 else None
         q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
-        total, weight, matched = self._lexical_scores(tokenize(query))
+        total, weight = self._lexical_scores(tokenize(query))
         first = next(iter(self.entries))
         if q is None:
-            candidates = np.flatnonzero(matched)
+            candidates = np.flatnonzero(total > 0)
             scores = total[candidates]
         else:
             weight += f.dense

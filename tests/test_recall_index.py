@@ -262,17 +262,35 @@ def test_bm25_queried_then_changed_scores_as_a_fresh_index() -> None:
         elif action < 0.7:
             doc = rng.choice(sorted(docs))
             live.remove(doc, docs.pop(doc))
-        elif action < 0.8:
-            doc = rng.choice(sorted(docs))  # a replacement, as the neighbourhood index does
+        elif action < 0.75:
+            doc = rng.choice(sorted(docs))  # a removal, then the document again
             live.remove(doc, docs[doc])
             docs[doc] = [rng.choice(words) for _ in range(rng.randint(1, 12))]
             live.add(doc, docs[doc])
+        elif action < 0.85:
+            doc = rng.choice(sorted(docs))  # a replacement in place, as the neighbourhood index does
+            tokens = [rng.choice(words) for _ in range(rng.randint(1, 12))]
+            live.add(doc, tokens, old=docs[doc] if rng.random() < 0.7 else None)
+            docs[doc] = tokens
         else:
             query = [rng.choice(words) for _ in range(3)]
             fresh = IncrementalBM25()
             for d, tokens in docs.items():
                 fresh.add(d, tokens)
             assert np.allclose(live.scores(query, None, next_id), fresh.scores(query, None, next_id), atol=1e-5), step
+
+
+def test_the_neighbourhood_index_keeps_a_common_term_in_document_order() -> None:
+    """Each addition replaces the neighbourhood documents of the entries before it; a term
+    they keep keeps its slots, so a term of every entry stays one run of consecutive
+    documents (scored as a slice) through additions and FIFO drops."""
+    index = RecallIndex(None, max_entries=50)
+    for i in range(120):
+        index.add([entry(f"step {i} of the plan", i)])
+    postings = index._lexical_context._postings["step"]
+    assert postings.ordered and len(postings.slot) == 50
+    docs = np.frombuffer(postings.docs, dtype=np.int64)[np.frombuffer(postings.tf, dtype=np.float32) > 0]
+    assert docs.tolist() == list(index.entries)
 
 
 def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
