@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from array import array
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -66,10 +67,35 @@ class _Postings:
                 np.frombuffer(self.lengths, dtype=np.float32))
 
 
+_INSERT_MAX = 64
+"""How many slots a document may go in before the end of a term's slots (kept in order)."""
+
+
 def _append(p: _Postings, doc: int, tf: int, length: int) -> None:
-    """A slot for ``doc`` after the last of ``p``'s."""
+    """A slot for ``doc`` after the last of ``p``'s, or in its place among the last
+    :data:`_INSERT_MAX` (the neighbourhood index gives its newest documents new terms);
+    further back, the slots are no longer in order."""
     docs = p.docs
-    if docs and doc <= docs[-1]:
+    if docs and doc <= docs[-1] and p.ordered:
+        lo = max(0, len(docs) - _INSERT_MAX)
+        at = bisect_left(docs, doc, lo)
+        if at == lo and lo > 0 and docs[lo - 1] >= doc:
+            p.ordered = False
+        elif docs[at] == doc:  # its own dead slot
+            p.slot[doc] = at
+            p.tf[at], p.lengths[at] = tf, length
+            return
+        else:
+            docs.insert(at, doc)
+            p.tf.insert(at, tf)
+            p.lengths.insert(at, length)
+            for j in range(at + 1, len(docs)):  # the live slots after it moved up one
+                later = docs[j]
+                if p.slot.get(later) == j - 1:
+                    p.slot[later] = j
+            p.slot[doc] = at
+            return
+    elif docs and doc <= docs[-1]:
         p.ordered = False
     p.slot[doc] = len(docs)
     docs.append(doc)
@@ -210,8 +236,9 @@ class IncrementalBM25:
                 start = int(docs[0]) - first
                 out[start : start + len(docs)] += gain
                 continue
-            else:  # a removed document's slot adds 0, wherever it lands
+            else:
                 np.subtract(docs, first, out=at)
-                np.maximum(at, 0, out=at)
+                if not p.ordered:  # a removed document's slot adds 0, wherever it lands
+                    np.maximum(at, 0, out=at)
             np.add.at(out, at, gain)
         return out

@@ -278,6 +278,10 @@ def test_bm25_queried_then_changed_scores_as_a_fresh_index() -> None:
             for d, tokens in docs.items():
                 fresh.add(d, tokens)
             assert np.allclose(live.scores(query, None, next_id), fresh.scores(query, None, next_id), atol=1e-5), step
+            for p in live._postings.values():  # every live slot is its document's, in order where it says so
+                slots = np.array(p.docs, dtype=np.int64)
+                assert all(slots[at] == d for d, at in p.slot.items()), step
+                assert not p.ordered or bool(np.all(np.diff(slots) > 0)), step
 
 
 def test_the_neighbourhood_index_keeps_a_common_term_in_document_order() -> None:
@@ -286,11 +290,15 @@ def test_the_neighbourhood_index_keeps_a_common_term_in_document_order() -> None
     documents (scored as a slice) through additions and FIFO drops."""
     index = RecallIndex(None, max_entries=50)
     for i in range(120):
-        index.add([entry(f"step {i} of the plan", i)])
+        index.add([entry(f"step {i} of the plan" + (" retry" if i % 7 == 0 else ""), i)])
     postings = index._lexical_context._postings["step"]
     assert postings.ordered and len(postings.slot) == 50
     docs = np.frombuffer(postings.docs, dtype=np.int64)[np.frombuffer(postings.tf, dtype=np.float32) > 0]
     assert docs.tolist() == list(index.entries)
+    # a term of some entries reaches its neighbours' documents after them: put in its place
+    retry = index._lexical_context._postings["retri"]
+    assert retry.ordered and sorted(retry.slot) == [i for i in index.entries if any(
+        j % 7 == 0 for j in range(i - index.fusion.context_radius, i + index.fusion.context_radius + 1))]
 
 
 def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
