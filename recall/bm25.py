@@ -133,11 +133,18 @@ class IncrementalBM25:
             return
         length = len(tokens)
         postings = self._postings
-        for term, tf in Counter(tokens).items():
+        for term, tf in Counter(tokens).items():  # the hot loop of indexing
             p = postings.get(term)
             if p is None:
                 p = postings[term] = _Postings()
-            _append(p, doc, tf, length)
+            docs = p.docs
+            if docs and doc <= docs[-1]:
+                _append(p, doc, tf, length)
+                continue
+            p.slot[doc] = len(docs)  # after the last slot: _append's common case, inlined
+            docs.append(doc)
+            p.tf.append(tf)
+            p.lengths.append(length)
         self._lengths[doc] = length
         self._total += length
 
