@@ -152,8 +152,7 @@ class IncrementalBM25:
         length = len(tokens)
         counts = Counter(tokens)
         postings = self._postings
-        before = set(old) if old is not None else [t for t, p in postings.items() if doc in p.slot]
-        for term in before:
+        for term in self._terms(doc, old):
             if term not in counts:
                 self._drop(term, doc)
         for term, tf in counts.items():
@@ -174,9 +173,12 @@ class IncrementalBM25:
         if length is None:
             return
         self._total -= length
-        terms = set(tokens) if tokens is not None else [t for t, p in self._postings.items() if doc in p.slot]
-        for term in terms:
+        for term in self._terms(doc, tokens):
             self._drop(term, doc)
+
+    def _terms(self, doc: int, tokens: Iterable[str] | None) -> Iterable[str]:
+        """``doc``'s terms: those of ``tokens`` if given, else a scan of the vocabulary."""
+        return set(tokens) if tokens is not None else [t for t, p in self._postings.items() if doc in p.slot]
 
     def _drop(self, term: str, doc: int) -> None:
         """Kill ``doc``'s slot in ``term``'s postings (tf 0), compacting them once a quarter

@@ -61,8 +61,10 @@ def clustered_agreement(entries: int = 24_000, *, ivf_min: int = 8_192, embedder
     for query in queries:
         clustered = [h.entry.id for h in index.search(query, 5)]
         index.exact_max = 10**9
-        exact = [h.entry.id for h in index.search(query, 5)]
-        index.exact_max = pruned_max
+        try:
+            exact = [h.entry.id for h in index.search(query, 5)]
+        finally:
+            index.exact_max = pruned_max
         same5 += set(clustered) == set(exact)
         same1 += bool(clustered and exact and clustered[0] == exact[0])
         overlap += len(set(clustered) & set(exact)) / max(1, len(exact))
