@@ -281,7 +281,7 @@ def test_the_scripted_model_holds_no_gold_values() -> None:
 
 
 def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
-    from loomrt.bench.reader import best_line, content_words, value_after_key
+    from loomrt.bench.reader import best_line, content_words, owners, value_after_key
 
     assert content_words("Remind me: what was the landlord's code to get in?") == {"landlord", "code", "get"}
     assert content_words("adopted greyhounds") == {"adopt", "greyhound"}
@@ -293,6 +293,9 @@ def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
     line, score = best_line("what was the landlord's code to get in?", texts)
     assert line == "Please note that my landlord's door code is 4417#23." and score == 2
     assert best_line("Leo's door code", ["Nothing about that here."]) == ("", 0)
+    # another owner's door code shares two words, and is still not Leo's: no answer
+    assert best_line("what was Leo's code to get in?", texts) == ("", 0)
+    assert owners("Remind me: what was the football team's room we meet in?") == {"team"}
     assert value_after_key('ERROR ledger: the ticket tracking the ledger outage: OPS-12345') == "OPS-12345"
     assert value_after_key('"the ticket of ledger": "OPS-1"') == "OPS-1"
 

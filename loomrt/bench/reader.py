@@ -4,8 +4,10 @@ The scripted model never looks at the gold values. To answer a question it looks
 line of its prompt that shares the most *content words* with the question (lower-cased
 words of three or more letters, less a short stop list); it answers from that line if the
 line shares at least :data:`ANSWER_OVERLAP` of them, and otherwise, when it can, calls
-Recall with the question's own words. The grader (the workload) then checks whether the
-gold value is in what it answered. A lossy summary that keeps a related but wrong line
+Recall with the question's own words. A question that says whose thing it asks about
+(``Tomas's room``) is answered only from a line naming that owner: a line about another
+owner's room is not an answer, however many other words it shares. The grader (the
+workload) then checks whether the gold value is in what it answered. A lossy summary that keeps a related but wrong line
 makes the model answer wrongly, without Recall: the bench can come out badly.
 """
 
@@ -15,7 +17,7 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
-__all__ = ["content_words", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key", "STOP_WORDS"]
+__all__ = ["content_words", "owners", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key", "STOP_WORDS"]
 
 ANSWER_OVERLAP = 2
 """Content words a line must share with the question for the model to answer from it."""
@@ -30,6 +32,7 @@ _STOP = frozenset(
 STOP_WORDS = _STOP
 """Words a reader never searches by."""
 _WORD = re.compile(r"[a-z0-9]+")
+_POSSESSOR = re.compile(r"([a-z0-9]+)'s\b")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+|\\n|\"\s*[,}\]]\s*|[{\[]\s*\"")
 """Sentence ends, line breaks (also JSON-escaped ones) and JSON string boundaries."""
 
@@ -50,6 +53,12 @@ def content_words(text: str) -> set[str]:
     return {stem(w) for w in _WORD.findall(text.lower()) if len(w) >= 3 and w not in _STOP}
 
 
+def owners(question: str) -> set[str]:
+    """The content words of ``question`` that name whose thing it asks about (the word
+    before a possessive ``'s``), stemmed as :func:`content_words` stems them."""
+    return content_words(" ".join(_POSSESSOR.findall(question.lower())))
+
+
 def lines_of(texts: Iterable[str]) -> list[str]:
     """Every sentence or line of ``texts``, in order (the units a reader quotes from)."""
     out: list[str] = []
@@ -61,13 +70,17 @@ def lines_of(texts: Iterable[str]) -> list[str]:
 def best_line(question: str, texts: Iterable[str]) -> tuple[str, int]:
     """The line sharing the most content words with ``question`` and how many it shares
     (the latest such line on a tie: what was said last is what a reader trusts). Questions
-    (lines ending in ``?``) are not answers and are skipped."""
-    want = content_words(question)
+    (lines ending in ``?``) are not answers and are skipped, and so are lines that do not
+    name the question's :func:`owners`."""
+    want, whose = content_words(question), owners(question)
     best, score = "", 0
     for line in lines_of(texts):
         if line.endswith("?"):
             continue
-        s = len(want & content_words(line))
+        words = content_words(line)
+        if not whose <= words:
+            continue
+        s = len(want & words)
         if s and s >= score:
             best, score = line, s
     return best, score

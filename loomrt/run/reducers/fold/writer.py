@@ -115,7 +115,8 @@ class CardWriter:
         source = "\n\n".join(c.text for c in cards)
         size = sum(c.tokens for c in cards)
         allowed = {s for c in cards for s in c.seqs}
-        text, fallback = await self._write(depth, source, max(48, size // 3), context="", room=size - WRAPPER_TOKENS,
+        target = max(48, sum(count_text(c.text) for c in cards) // len(cards))  # about one child's size
+        text, fallback = await self._write(depth, source, target, context="", room=size - WRAPPER_TOKENS,
                                            allowed=allowed)
         hints = ", ".join(dict.fromkeys(h.strip() for c in cards for h in c.hint.split(",") if h.strip()))
         return self._card(depth, text, source, fallback, hint=hints, seqs=tuple(s for c in cards for s in c.seqs),
