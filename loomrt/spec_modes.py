@@ -41,6 +41,11 @@ class FoldSpec(_Strict):
     """Pressure (% of the budget) at which a fold is queued, to run between turns."""
     hard_pct: int = Field(100, ge=10, le=100)
     """Pressure at which the run folds at once, before the next call."""
+    target_pct: int | None = Field(None, ge=5, le=100)
+    """Where a fold stops: it folds until the context is at most this percentage of the
+    budget, or nothing outside the tail is left to fold. Default: the smaller of 50 and
+    soft_pct, so one fold makes room for many turns (and changes the cached prompt prefix
+    once, not every few turns)."""
     cache_idle_s: float = Field(300, ge=0)
     """A run whose last call was this recent is not folded at the soft watermark (its
     prompt prefix is likely still cached), unless pressure is at 85% or more."""
@@ -57,4 +62,11 @@ class FoldSpec(_Strict):
     def _soft_below_hard(self) -> FoldSpec:
         if self.soft_pct > self.hard_pct:
             raise ValueError(f"soft_pct ({self.soft_pct}) must not be above hard_pct ({self.hard_pct})")
+        if self.target_pct is not None and self.target_pct > self.soft_pct:
+            raise ValueError(f"target_pct ({self.target_pct}) must not be above soft_pct ({self.soft_pct})")
         return self
+
+    @property
+    def fold_target_pct(self) -> int:
+        """target_pct, or its default: the smaller of 50 and soft_pct."""
+        return self.target_pct if self.target_pct is not None else min(50, self.soft_pct)

@@ -475,3 +475,33 @@ def test_a_small_budget_never_sticks_the_fold() -> None:
     sizes = [count_dicts(c.messages) + count_tools(c.tools) for c in provider.calls if c.purpose == "turn"]
     assert max(sizes) <= run.budget, max(sizes)
     assert run.estimate() <= run.budget
+
+
+def test_a_fold_goes_on_to_its_target_not_just_under_the_soft_watermark() -> None:
+    from loomrt.run.reducers.fold.plan import next_step
+    from loomrt.tokens import count_messages
+
+    rng = random.Random(5)
+    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(60)], summaries=[{"extractive": 200}])
+    rt = scripted_runtime(provider)
+    run = rt.start(spec(soft_pct=70, cache_idle_s=0, leaf_min_messages=2, leaf_source_tokens=400), interactive=True)
+    fold = run.spec.context.fold
+    assert fold.target_pct is None and fold.fold_target_pct == 50  # the default: min(50, soft_pct)
+    after: list[int] = []
+
+    async def go() -> None:
+        for i in range(30):
+            await rt.send(run, said(100 + i, rng))
+            folds = len(rt.store.events(run.run_id, kinds=["distillation"]))
+            await rt.between_turns(run)
+            if len(rt.store.events(run.run_id, kinds=["distillation"])) > folds:
+                size = count_messages(run.context) + count_tools(run.mode.offered_tools(run))
+                left = next_step(run.context, run.view.cards, fold, run.budget, pressing=True, critical=False)
+                assert size <= run.budget // 2 or left is None or left.kind == "rollup", (size, left)
+                after.append(size)
+
+    asyncio.run(go())
+    # several leaves a fold (each leaf is at most 400 tokens): down to half the budget, not 70%
+    assert after and max(after) <= run.budget * 60 // 100
+    with pytest.raises(ValueError, match="target_pct"):
+        spec(soft_pct=40, target_pct=45)

@@ -149,7 +149,7 @@ class FoldMode(RetentionMode):
         written: list[Card] = []
         evicted: list[Message] = []
         counts = {"leaves": 0, "rollups": 0, "externalised": 0}
-        tools, target = count_tools(self.offered_tools(run)), spec.soft_pct * budget // 100
+        tools, target = count_tools(self.offered_tools(run)), spec.fold_target_pct * budget // 100
         try:
             while True:
                 size = count_messages(context) + tools
