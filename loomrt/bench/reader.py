@@ -7,8 +7,9 @@ line shares at least :data:`ANSWER_OVERLAP` of them, and otherwise, when it can,
 Recall with the question's own words. A question that says whose thing it asks about
 (``Tomas's room``) is answered only from a line naming that owner: a line about another
 owner's room is not an answer, however many other words it shares. The grader (the
-workload) then checks whether the gold value is in what it answered. A lossy summary that keeps a related but wrong line
-makes the model answer wrongly, without Recall: the bench can come out badly.
+workload) then checks whether the gold value is in what it answered. A lossy summary that
+keeps a related but wrong line makes the model answer wrongly, without Recall: the bench
+can come out badly.
 """
 
 from __future__ import annotations
