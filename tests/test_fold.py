@@ -505,3 +505,32 @@ def test_a_fold_goes_on_to_its_target_not_just_under_the_soft_watermark() -> Non
     assert after and max(after) <= run.budget * 60 // 100
     with pytest.raises(ValueError, match="target_pct"):
         spec(soft_pct=40, target_pct=45)
+
+
+def test_a_fold_shares_the_stretch_out_evenly_and_leaves_no_remnant_raw() -> None:
+    """A raw stretch a little over the leaf limit becomes two leaves of about half each,
+    not one full leaf and a remnant too short to fold (which would stay raw in the context
+    until the tail moved past it)."""
+    from loomrt.messages import Message
+    from loomrt.run.reducers.fold.plan import leaf_source_limit, next_step, tail_start
+    from loomrt.spec import FoldSpec
+    from loomrt.tokens import count_messages
+
+    rng = random.Random(8)
+    fold = FoldSpec(keep_recent=4, leaf_min_messages=8, leaf_source_tokens=1200)
+    context = [Message("system", "You are terse."), Message("user", "the task", seq=0, pinned=True)]
+    context += [Message("user" if i % 2 else "assistant", said(i, rng), seq=i) for i in range(1, 41)]
+    budget, limit = 8192, leaf_source_limit(fold, 8192)
+    stop = tail_start(context, fold, budget)
+    stretch = count_messages(context[2:stop])
+    assert limit < stretch <= 2 * limit  # two leaves are needed, and two are enough
+    leaves_made: list[int] = []
+    while (step := next_step(context, {}, fold, budget, pressing=True, critical=False)) is not None:
+        assert step.kind == "leaf"
+        leaves_made.append(count_messages(context[step.start:step.end]))
+        card = Message("user", "card", seq=None, synthetic=CARD_BLOCK, ref=f"c{len(leaves_made)}")
+        context[step.start:step.end] = [card]
+    assert len(leaves_made) == 2 and all(n <= limit for n in leaves_made)
+    assert abs(leaves_made[0] - leaves_made[1]) <= stretch // 4, leaves_made  # shared out, not full then remnant
+    tail = tail_start(context, fold, budget)
+    assert all(m.synthetic == CARD_BLOCK or m.pinned or m.role == "system" for m in context[:tail])

@@ -95,17 +95,29 @@ def _rollup(context: list[Message], cards: dict[str, Card], size: int, *, any_de
 
 
 def _leaf(context: list[Message], stop: int, spec: FoldSpec, budget: int, *, fewest: int) -> Step | None:
-    """The oldest raw stretch before ``stop`` that makes a leaf."""
+    """The oldest raw stretch before ``stop`` that makes a leaf.
+
+    The raw messages before the tail are shared out evenly among as few leaves as keep
+    each within ``leaf_source_tokens``, so a fold that takes them all leaves no remnant
+    too short to fold (which would stay raw in the context until the tail moved past it)."""
     start = next((i for i in range(head_size(context), stop) if _raw(context[i])), None)
     if start is None:
         return None
-    limit, end, size = leaf_source_limit(spec, budget), start, 0
-    while end < stop and _raw(context[end]):
+    stretch = start
+    while stretch < stop and _raw(context[stretch]):
+        stretch += 1
+    limit = leaf_source_limit(spec, budget)
+    total = count_messages(context[start:stretch])
+    share = -(-total // max(1, -(-total // limit)))  # total ÷ the fewest leaves within the limit, rounded up
+    end, size = start, 0
+    while end < stretch:
         n = count_messages([context[end]])
-        # past the limit only to reach the fewest messages and a size worth a card
-        if end - start >= spec.leaf_min_messages and size >= 2 * MIN_LEAF_TOKENS and size + n > limit:
+        # past the share only to reach the fewest messages and a size worth a card
+        if end - start >= spec.leaf_min_messages and size >= 2 * MIN_LEAF_TOKENS and size + n > share:
             break
         end, size = end + 1, size + n
+    if 0 < stretch - end < spec.leaf_min_messages and size + count_messages(context[end:stretch]) <= limit:
+        end = stretch  # the remnant would be too short to fold on its own
     while end > start and end < len(context) and context[end].role == "tool":
         end -= 1  # a tool call and its result stay on one side
     if end - start < fewest or count_messages(context[start:end]) < MIN_LEAF_TOKENS:
