@@ -23,10 +23,11 @@ class FoldSpec(_Strict):
 
     keep_recent: int = Field(32, ge=2)
     """The newest messages, never folded (or fewer: see keep_recent_pct)."""
-    keep_recent_pct: int = Field(25, ge=5, le=80)
+    keep_recent_pct: int = Field(10, ge=5, le=80)
     """The newest messages fitting this percentage of the budget, if fewer than keep_recent.
     The tail always keeps the newest user input and everything after it, and a tool call
-    with its result."""
+    with its result. The default (10%) keeps a tail of a few messages, as recap keeps its
+    last few: what is older is on a card that Expand unfolds to the exact words."""
     leaf_min_messages: int = Field(8, ge=2)
     """The fewest raw messages a leaf card folds."""
     leaf_source_tokens: int | None = Field(None, ge=256)
@@ -43,7 +44,7 @@ class FoldSpec(_Strict):
     """Pressure at which the run folds at once, before the next call."""
     target_pct: int | None = Field(None, ge=5, le=100)
     """Where a fold stops: it folds until the context is at most this percentage of the
-    budget, or nothing outside the tail is left to fold. Default: the smaller of 50 and
+    budget, or nothing outside the tail is left to fold. Default: the smaller of 25 and
     soft_pct, so one fold makes room for many turns (and changes the cached prompt prefix
     once, not every few turns)."""
     cache_idle_s: float = Field(300, ge=0)
@@ -68,5 +69,5 @@ class FoldSpec(_Strict):
 
     @property
     def fold_target_pct(self) -> int:
-        """target_pct, or its default: the smaller of 50 and soft_pct."""
-        return self.target_pct if self.target_pct is not None else min(50, self.soft_pct)
+        """target_pct, or its default: the smaller of 25 and soft_pct."""
+        return self.target_pct if self.target_pct is not None else min(25, self.soft_pct)

@@ -486,23 +486,24 @@ def test_a_fold_goes_on_to_its_target_not_just_under_the_soft_watermark() -> Non
     rt = scripted_runtime(provider)
     run = rt.start(spec(soft_pct=70, cache_idle_s=0, leaf_min_messages=2, leaf_source_tokens=400), interactive=True)
     fold = run.spec.context.fold
-    assert fold.target_pct is None and fold.fold_target_pct == 50  # the default: min(50, soft_pct)
+    assert fold.target_pct is None and fold.fold_target_pct == 25  # the default: min(25, soft_pct)
     after: list[int] = []
 
     async def go() -> None:
-        for i in range(30):
+        for i in range(55):
             await rt.send(run, said(100 + i, rng))
             folds = len(rt.store.events(run.run_id, kinds=["distillation"]))
             await rt.between_turns(run)
             if len(rt.store.events(run.run_id, kinds=["distillation"])) > folds:
                 size = count_messages(run.context) + count_tools(run.mode.offered_tools(run))
                 left = next_step(run.context, run.view.cards, fold, run.budget, pressing=True, critical=False)
-                assert size <= run.budget // 2 or left is None or left.kind == "rollup", (size, left)
+                assert size <= run.budget // 4 or left is None or left.kind == "rollup", (size, left)
                 after.append(size)
 
     asyncio.run(go())
-    # several leaves a fold (each leaf is at most 400 tokens): down to half the budget, not 70%
-    assert after and max(after) <= run.budget * 60 // 100
+    # several leaves a fold (each leaf is at most 400 tokens): down to about a quarter of the
+    # budget (the cards so far are the floor), not to 70% or to half
+    assert len(after) >= 2 and max(after) <= run.budget * 40 // 100, after
     with pytest.raises(ValueError, match="target_pct"):
         spec(soft_pct=40, target_pct=45)
 

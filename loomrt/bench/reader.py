@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable, Iterable
 from functools import lru_cache
 
+from loomrt.run.cards import EXPAND_LINE
+
 __all__ = ["content_words", "owners", "lines_of", "best_line", "ANSWER_OVERLAP", "value_after_key", "STOP_WORDS"]
 
 ANSWER_OVERLAP = 2
@@ -71,12 +73,13 @@ def lines_of(texts: Iterable[str]) -> list[str]:
 def best_line(question: str, texts: Iterable[str]) -> tuple[str, int]:
     """The line sharing the most content words with ``question`` and how many it shares
     (the latest such line on a tie: what was said last is what a reader trusts). Questions
-    (lines ending in ``?``) are not answers and are skipped, and so are lines that do not
-    name the question's :func:`owners`."""
+    (lines ending in ``?``) and a fold card's list of what it left out ("Expand for details
+    about: ...") are not answers and are skipped, and so are lines that do not name the
+    question's :func:`owners`."""
     want, whose = content_words(question), owners(question)
     best, score = "", 0
     for line in lines_of(texts):
-        if line.endswith("?"):
+        if line.endswith("?") or line.startswith(EXPAND_LINE):
             continue
         words = content_words(line)
         if not whose <= words:
