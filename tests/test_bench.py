@@ -32,7 +32,7 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
         assert list(modes) == [
             "append", "recap", "stateful", "compaction", "fold", "auto",
             "append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
-            "fold/no-recall", "fold/no-tools",
+            "fold/no-recall", "fold/no-tools", "fold/no-defer",
         ]
         assert all(f["status"] == "done" for f in modes.values()), {m: f.get("error") for m, f in modes.items()}
         assert modes["append"]["ratio"] == 1.0
@@ -71,6 +71,39 @@ def test_fidelity_and_cache_figures_are_in_bounds(quick: dict) -> None:
         assert w["modes"]["append"]["retrievable"] == w["modes"]["append"]["answered"] == 1.0
         assert w["modes"]["append"]["recall_calls"] == 0
         assert w["modes"]["append"]["in_context"] == w["modes"]["append"]["probes"]
+
+
+def test_a_turn_prompt_is_split_into_its_parts_and_tool_schemas_are_paid_for(quick: dict) -> None:
+    for name, w in quick["workloads"].items():
+        modes = w["modes"]
+        parts = {m: f["prompt_parts"] for m, f in modes.items()}
+        assert parts["append"]["distilled"] == 0 and parts["append"]["raw"] > parts["recap"]["raw"], name
+        for mode in ("recap", "compaction", "fold"):
+            assert parts[mode]["distilled"] > 0, (name, mode)
+        # Recall's schema, and fold's Describe, Expand and Grep, are on every call that offers them
+        assert parts["recap"]["tools"] > parts["recap/no-recall"]["tools"]
+        assert parts["fold"]["tools"] > parts["fold/no-tools"]["tools"]
+
+    # a provider bills the schemas: the same prompt with a tool reports more input tokens
+    from loomrt.bench.model import schema_tokens
+    from loomrt.bench.workloads import ChatModel
+    from loomrt.providers.base import ModelRequest, ToolSchema
+
+    tool = ToolSchema("Grep", "Search the exact words of this run's history.", {"type": "object", "properties": {}})
+    messages = [{"role": "user", "content": "What is my door code?"}]
+    bare = ChatModel(seed=7).respond(ModelRequest(messages=messages), "4417")
+    offered = ChatModel(seed=7).respond(ModelRequest(messages=messages, tools=(tool,)), "4417")
+    assert offered.usage.input_tokens - bare.usage.input_tokens == schema_tokens((tool,)) > 5
+
+
+def test_fold_without_deferral_folds_at_the_soft_watermark(quick: dict) -> None:
+    """fold/no-defer (cache_idle_s 0) folds as soon as a chat's pressure passes soft_pct; plain
+    fold, never idle in a bench, waits for the 85% escape: more folds, a smaller raw tail."""
+    chat = quick["workloads"]["chat200"]["modes"]
+    assert chat["fold/no-defer"]["distillations"] > chat["fold"]["distillations"]
+    assert chat["fold/no-defer"]["prompt_parts"]["raw"] < chat["fold"]["prompt_parts"]["raw"]
+    assert chat["fold/no-defer"]["input_tokens"] < chat["fold"]["input_tokens"]
+    assert chat["fold/no-defer"]["answered"] >= 0.9
 
 
 def test_series_are_cumulative_per_unit(quick: dict) -> None:

@@ -51,11 +51,13 @@ VARIANTS: dict[str, str] = {
     "no-recall": "the mode with context.recall off: what its working context alone keeps",
     "backstop": "append with the compaction backstop in the model's window (append only)",
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
+    "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
+                "whose prompt cache went cold between turns does (fold only)",
 }
 """Options a workload can play a mode with, written ``MODE/OPTION``."""
 
 DEFAULT_VARIANTS = ["append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
-                    "fold/no-recall", "fold/no-tools"]
+                    "fold/no-recall", "fold/no-tools", "fold/no-defer"]
 """The variants ``loomrt bench run`` plays besides the modes (chat200 and agentic)."""
 
 
@@ -70,7 +72,7 @@ def known_variant(name: str) -> bool:
     base, option = split_variant(name)
     if base not in all_modes():
         return False
-    only = {"backstop": "append", "no-tools": "fold"}
+    only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold"}
     return option is None or option in VARIANTS and only.get(option, base) == base
 
 

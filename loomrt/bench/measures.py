@@ -18,7 +18,7 @@ from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
 
 __all__ = [
-    "tokens", "folding", "cache", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
+    "tokens", "folding", "cache", "prompt", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
 ]
 
 
@@ -66,6 +66,17 @@ def cache(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, 
         "cache_cost": round(cost(run)),
         "cache_ratio": _ratio(cost(run), cost(base)) if base else None,
     }
+
+
+@mode_measure("prompt", "what a turn's prompt holds, in mean estimated tokens per turn call: the head (system "
+              "prompt, pinned task, pins), the tool schemas, what distillations wrote (recaps, summaries, cards, Σ) "
+              "and the record's raw messages")
+def prompt(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
+    parts = [c["parts"] for c in run.calls if c.get("parts")]
+    if not parts:
+        return {}
+    return {"prompt_parts": {k: round(sum(p[k] for p in parts) / len(parts)) for k in parts[0]},
+            "turn_calls": sum(c["purpose"] == "turn" for c in run.calls)}
 
 
 @mode_measure(

@@ -35,7 +35,7 @@ from loomrt.messages import SEARCH_TOOLS, ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.providers.scripted import extractive_summary
 
-__all__ = ["Needle", "BenchModel", "prompt_text", "readable", "reported_tokens", "recall_texts"]
+__all__ = ["Needle", "BenchModel", "prompt_text", "readable", "reported_tokens", "schema_tokens", "recall_texts"]
 
 EMIT_STATE = "emit_state"
 
@@ -78,6 +78,12 @@ def reported_tokens(text: str) -> int:
     return max(1, round(len(_PIECE.findall(text)) * 1.1))
 
 
+def schema_tokens(tools: Any) -> int:
+    """The scripted provider's count of the tool schemas sent with a call: a provider bills
+    them as prompt tokens, and a mode that offers more tools pays for them on every call."""
+    return sum(reported_tokens(json.dumps(t.to_litellm())) for t in tools)
+
+
 def recall_texts(content: str) -> list[str]:
     """The ``text`` of each result in a Recall tool result (JSON); the content itself if it is not one."""
     try:
@@ -115,7 +121,7 @@ class BenchModel(abc.ABC):
     def respond(self, request: ModelRequest, text: str = "", calls: tuple[ToolCall, ...] = ()) -> ModelResponse:
         """A reply whose usage the provider's own tokenizer counted (see :func:`reported_tokens`)."""
         out = reported_tokens(text) + sum(reported_tokens(json.dumps(c.arguments)) for c in calls)
-        prompt = sum(4 + reported_tokens(prompt_text([m])) for m in request.messages)
+        prompt = sum(4 + reported_tokens(prompt_text([m])) for m in request.messages) + schema_tokens(request.tools)
         return ModelResponse(
             text=text,
             tool_calls=calls,

@@ -17,16 +17,17 @@ from loomrt.bench.core import BenchConfig, ModeRun, Probe, split_variant
 from loomrt.bench.model import BenchModel, prompt_text
 from loomrt.errors import LoomError
 from loomrt.events import message_of
-from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
+from loomrt.messages import Message
+from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, ToolSchema
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.run.state import RunState
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
-from loomrt.tokens import count_dicts, count_messages
+from loomrt.tokens import count_dicts, count_messages, count_tools
 from loomrt.tools import Tool
 
-__all__ = ["Recorder", "recall_available", "bench_spec", "play_mode", "probe_run", "folding_figures", "STATE_SCHEMA"]
+__all__ = ["Recorder", "prompt_parts", "DISTILLED", "recall_available", "bench_spec", "play_mode", "probe_run", "folding_figures", "STATE_SCHEMA"]
 
 STATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -50,7 +51,8 @@ class Recorder:
 
     The cached prefix of a call is the run of leading messages identical to the previous
     call's prompt (any purpose: a distillation call in between breaks the cache, as it does
-    on a provider), in estimated tokens.
+    on a provider), and the tool schemas when they are the previous call's (providers put
+    them first in the cached prefix), in estimated tokens.
     """
 
     def __init__(self, inner: ModelProvider):
@@ -59,15 +61,21 @@ class Recorder:
         self.capabilities = inner.capabilities
         self.calls: list[dict[str, Any]] = []
         self._previous: list[dict[str, Any]] = []
+        self._previous_tools: tuple[ToolSchema, ...] = ()
+        self.run: RunState | None = None
+        """The run whose turn prompts are split into parts (:func:`prompt_parts`), once started."""
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        parts = prompt_parts(self.run.context, request) if self.run is not None and request.purpose == "turn" else None
         response = await self.inner.complete(request)
         messages = request.messages
         k = 0
         while k < min(len(messages), len(self._previous)) and messages[k] == self._previous[k]:
             k += 1
         cached = count_dicts(messages[:k]) - 3 if k else 0
-        self._previous = messages
+        if request.tools and request.tools == self._previous_tools:  # providers cache the schemas first
+            cached += count_tools(request.tools)
+        self._previous, self._previous_tools = messages, request.tools
         self.calls.append(
             {
                 "purpose": request.purpose,
@@ -76,9 +84,29 @@ class Recorder:
                 "cached_prefix_tokens": min(cached, response.usage.input_tokens),
                 "messages": len(messages),
                 "recall_call": any(_calls_recall(c) for c in response.tool_calls),
+                **({"parts": parts} if parts else {}),
             }
         )
         return response
+
+
+DISTILLED = frozenset({"recap", "summary", "card", "state"})
+"""The ``synthetic`` tags of what a distillation put in the working context."""
+
+
+def prompt_parts(context: list[Message], request: ModelRequest) -> dict[str, int] | None:
+    """A turn prompt's estimated tokens by part: ``head`` (the system prompt, the pinned task
+    and pins), ``tools`` (the schemas offered), ``distilled`` (recaps, summaries, cards, Σ)
+    and ``raw`` (the record's messages as said, whole, cut or held as a reference). None when
+    the prompt is not the working context (a length that differs)."""
+    if len(context) != len(request.messages):
+        return None
+    parts = {"head": 0, "tools": count_tools(request.tools), "distilled": 0, "raw": 0}
+    for m in context:
+        part = ("distilled" if m.synthetic in DISTILLED else
+                "head" if m.role == "system" or m.pinned or m.synthetic == "pin" else "raw")
+        parts[part] += count_messages([m])
+    return parts
 
 
 def _calls_recall(call: Any) -> bool:
@@ -110,7 +138,8 @@ def bench_spec(
     """The definition every mode of a workload shares; only the context block differs.
 
     ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
-    ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep, ``append/backstop`` is append with the compaction
+    ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep, ``fold/no-defer`` its cache-idle
+    deferral (every fold at the soft watermark), ``append/backstop`` is append with the compaction
     backstop in the model's window (``config.window_tokens``): the baseline that could run.
     """
     base, option = split_variant(mode)
@@ -130,7 +159,8 @@ def bench_spec(
             "state_schema": STATE_SCHEMA,
             # a scripted run plays hours of conversation in seconds: the per-10-minute spend
             # guard would turn most cards into fallbacks, which no real run at this pace sees
-            "fold": {"max_calls_per_10min": 10_000, "tools": option != "no-tools"},
+            "fold": {"max_calls_per_10min": 10_000, "tools": option != "no-tools",
+                     **({"cache_idle_s": 0} if option == "no-defer" else {})},
         },
     )
 
@@ -220,6 +250,7 @@ def play_mode(
 
     async def go() -> None:
         run = await runtime.astart(spec, name=name, interactive=interactive)
+        recorder.run = run
         out.resolved = run.mode.name
         try:
             await drive(runtime, run, model, out)

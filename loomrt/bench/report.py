@@ -108,6 +108,17 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _prompt_parts(workload: dict[str, Any]) -> list[str]:
+    """What a turn's prompt holds, per mode (the ``prompt`` measure), as a table."""
+    rows = [[mode, fmt(f.get("turn_calls")), *(fmt(p[k]) for k in ("head", "tools", "distilled", "raw")),
+             fmt(sum(p.values()))]
+            for mode, f in workload["modes"].items() if (p := f.get("prompt_parts"))]
+    if not rows:
+        return []
+    return ["", "What a turn's prompt holds (mean estimated tokens per turn call):", "",
+            *_table(["mode", "turn calls", "head", "tools", "distilled", "raw", "total"], rows)]
+
+
 def _evidence(ev: dict[str, Any]) -> list[str]:
     at, every = ev["recall_at"], ev.get("recall_all_at", {})
     grep, both = ev.get("grep_at"), ev.get("recall_and_grep_at")
@@ -182,6 +193,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _table([h for _, h in COLUMNS], mode_rows(w))
         failed = [f"- {m}: {f['error']}" for m, f in w["modes"].items() if f.get("error")]
         lines += ["", *failed] if failed else []
+        lines += _prompt_parts(w)
         for key in ("evidence_recall", "evidence_recall_chat", "evidence_recall_fold"):
             if w.get(key):
                 lines += _evidence(w[key])

@@ -77,7 +77,7 @@ def run_cmd(
     ] = None,
     modes: Annotated[
         list[str] | None,
-        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful/no-recall, append/backstop)."),
+        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful|fold/no-recall, append/backstop, fold/no-tools, fold/no-defer)."),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure.")] = False,
     out: Annotated[
