@@ -425,3 +425,43 @@ def test_a_stateful_agent_from_yaml_and_a_script_file(tmp_path):
     assert (result.mode, result.status, result.output) == ("stateful", "done", "the answer is 42")
     assert result.state == {"step": 2, "found": ["42"]} and result.distillations == 2
     assert [e.data["content"] for e in events(rt, result.run_id, "tool_result")][0] == "42"
+
+
+class _Overcounting:
+    """A provider whose tokenizer counts ``factor`` times the runtime's estimate of a prompt."""
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor = inner, factor
+        self.model, self.capabilities = inner.model, inner.capabilities
+
+    async def complete(self, request):
+        import dataclasses
+
+        from loomrt.providers.base import Usage
+        from loomrt.tokens import count_dicts, count_tools
+
+        response = await self.inner.complete(request)
+        counted = int((count_dicts(request.messages) + count_tools(request.tools)) * self.factor)
+        return dataclasses.replace(response, usage=Usage(counted, response.usage.output_tokens, 0))
+
+
+@pytest.mark.parametrize(("factor", "n", "distils"), [(1.25, 280, True), (1.0, 280, False)])
+def test_the_estimate_is_scaled_by_how_far_the_provider_counted_past_it(tmp_path, factor, n, distils):
+    """A tool result takes the estimate to ~70% of the budget; a provider that counts 25% more
+    than the estimate sees ~85%, over the 80% threshold, and the run tries to distil before
+    that call rather than after it (the last report, of a small prompt, was far under)."""
+    context = {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2, "message_max_tokens": 1000}
+    spec = agent(tmp_path, context, tools=["calculate", "blob"])
+    inner = ScriptedProvider([tool_call("blob", n=n), calc(1), "done"], ["the blob tool returned word0 word1"])
+    rt, run = start(tmp_path, spec, _Overcounting(inner, factor), tools=[_blob])
+    assert send(rt, run, "task").status == "done"
+    calls = [e for e in events(rt, run.run_id, "model_call") if e.data["purpose"] == "turn"]
+    assert calls[0].data["usage"]["input_tokens"] < 800  # the last report before the blob's call was far under
+    tried = [e for e in rt.store.events(run.run_id) if e.kind in ("distillation", "distillation_declined")]
+    before_second = [e for e in tried if e.seq < calls[1].seq]  # (nothing to evict yet: declined, but tried)
+    assert bool(before_second) is distils
+    if distils:
+        d = before_second[0].data
+        assert d["pressure"] >= 800 > d["tokens_before"] >= 600  # the estimate alone was under the threshold
+    else:
+        assert 600 <= calls[1].data["estimated_tokens"] < 800

@@ -47,6 +47,7 @@ async def call_model(
 
     # before the provider sees them; the working context's is kept by the view, step by step
     sent = run.view.prompt_hash() if messages is run.context else prompt_hash(request.messages)
+    estimated = run.estimate() if messages is run.context else None
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")
@@ -57,6 +58,6 @@ async def call_model(
         "seconds": round(time.perf_counter() - started, 4),
         "finish_reason": response.finish_reason,
         "prompt_hash": sent,
-        **({"prompt_from": "context"} if messages is run.context else {}),
+        **({"prompt_from": "context", "estimated_tokens": estimated} if estimated is not None else {}),
     })
     return response

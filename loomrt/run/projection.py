@@ -84,6 +84,8 @@ class RunView:
     """The kind of the last lifecycle event (the run's status derives from it)."""
     reported_prompt_tokens: int = 0
     """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
+    estimated_prompt_tokens: int = 0
+    """The runtime's estimate of that call's prompt (0 when unknown, or after a distillation)."""
     pins: dict[str, Pin] = field(default_factory=dict)
     """The pins in force (``pin`` events not undone by an ``unpin``), by id, oldest first."""
     pin_count: int = 0
@@ -153,7 +155,7 @@ class RunView:
                     self.cards[c["id"]] = Card.from_dict(c)
                 self.replace([self._ref(r) for r in d["context"]])
                 self.distillations += 1
-                self.reported_prompt_tokens = 0
+                self.reported_prompt_tokens = self.estimated_prompt_tokens = 0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
             case "distillation_declined":
                 self.declines += 1
@@ -168,6 +170,7 @@ class RunView:
                 if d.get("purpose") == "turn":
                     self.turn_calls += 1
                     self.reported_prompt_tokens = u.get("input_tokens", 0)
+                    self.estimated_prompt_tokens = int(d.get("estimated_tokens") or 0)
                 else:
                     self.summary_calls += 1
             case "summary_rejected":

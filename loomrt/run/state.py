@@ -28,7 +28,11 @@ from loomrt.tools import Toolset
 if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
 
-__all__ = ["RunState", "RunResult"]
+__all__ = ["RunState", "RunResult", "MAX_TOKENIZER_SCALE"]
+
+MAX_TOKENIZER_SCALE = 1.5
+"""The most :meth:`RunState.pressure` scales the estimate by (the provider's count of the last
+prompt over the runtime's estimate of it)."""
 
 
 @dataclass
@@ -198,8 +202,16 @@ class RunState:
         return count_messages(self.context) + count_tools(self.mode.offered_tools(self))
 
     def pressure(self) -> int:
-        """The larger of the estimated size of the next call and the last reported prompt tokens."""
-        return max(self.estimate(), self.view.reported_prompt_tokens)
+        """The larger of the estimated size of the next call, the last reported prompt tokens,
+        and the estimate scaled by how far the provider's count of the last prompt exceeded
+        the runtime's estimate of it: the estimator is not the provider's tokenizer, and a
+        turn whose tool results grow the context past the budget must not wait for the
+        provider to say so. The scale is at most ``MAX_TOKENIZER_SCALE``: tokenizers differ by
+        less, and a larger gap is something else (a provider's own hidden prompt), which the
+        reported count alone covers."""
+        estimate, reported, then = self.estimate(), self.view.reported_prompt_tokens, self.view.estimated_prompt_tokens
+        scaled = estimate * min(reported / then, MAX_TOKENIZER_SCALE) if 0 < then < reported else estimate
+        return max(estimate, reported, int(scaled))
 
 
 @dataclass
