@@ -47,7 +47,7 @@ async def call_model(
 
     # before the provider sees them; the working context's is kept by the view, step by step
     sent = run.view.prompt_hash() if messages is run.context else prompt_hash(request.messages)
-    estimated = run.estimate() if messages is run.context else None
+    estimated = run.judged_estimate() if messages is run.context else None
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")

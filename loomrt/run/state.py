@@ -62,6 +62,8 @@ class RunState:
     _queue: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """Events queued by :meth:`emit`, recorded with the next :meth:`add` (or by :meth:`flush`)."""
     _atomic: int = 0
+    _pressure_estimate: tuple[int, int, int] = (-1, -1, 0)
+    """(the record's last seq, the context's length, the estimate) at the last :meth:`pressure`."""
     _unheard: list[Event] = field(default_factory=list)
     """Events of the open :meth:`atomic` block, told to the listeners once it commits."""
     epoch: int | None = None
@@ -210,8 +212,16 @@ class RunState:
         less, and a larger gap is something else (a provider's own hidden prompt), which the
         reported count alone covers."""
         estimate, reported, then = self.estimate(), self.view.reported_prompt_tokens, self.view.estimated_prompt_tokens
+        self._pressure_estimate = (self.view.last_seq, len(self.context), estimate)
         scaled = estimate * min(reported / then, MAX_TOKENIZER_SCALE) if 0 < then < reported else estimate
         return max(estimate, reported, int(scaled))
+
+    def judged_estimate(self) -> int | None:
+        """The estimate the last :meth:`pressure` took of the context as it still is (no event
+        since), else None: what a model call records beside the provider's count, at no cost
+        on the per-call path (a mode that never asks for pressure, like append, never scales)."""
+        seq, size, estimate = self._pressure_estimate
+        return estimate if (seq, size) == (self.view.last_seq, len(self.context)) else None
 
 
 @dataclass
