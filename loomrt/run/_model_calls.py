@@ -58,6 +58,7 @@ async def call_model(
         "seconds": round(time.perf_counter() - started, 4),
         "finish_reason": response.finish_reason,
         "prompt_hash": sent,
-        **({"prompt_from": "context", "estimated_tokens": estimated} if estimated is not None else {}),
+        **({"prompt_from": "context"} if messages is run.context else {}),
+        **({"estimated_tokens": estimated} if estimated is not None else {}),
     })
     return response
