@@ -535,3 +535,48 @@ def test_a_fold_shares_the_stretch_out_evenly_and_leaves_no_remnant_raw() -> Non
     assert abs(leaves_made[0] - leaves_made[1]) <= stretch // 4, leaves_made  # shared out, not full then remnant
     tail = tail_start(context, fold, budget)
     assert all(m.synthetic == CARD_BLOCK or m.pinned or m.role == "system" for m in context[:tail])
+
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.3])
+def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
+    """A provider that counts 30% more than the runtime's estimate, and turns whose tool
+    results fill the tail: pressure scales the estimate, and the fold's plan reads its steps
+    the same way, so a hard fold started by the scaled pressure goes on (here: externalising
+    the tail's largest results) until the prompt fits in the provider's tokens too. It used
+    to stop where the unscaled estimate fit, and a third of the prompts passed the budget."""
+    from loomrt.tools import tool as make_tool
+
+    rng = random.Random(5)
+
+    @make_tool("blob", "Return n words.", {"type": "object", "properties": {"n": {"type": "integer"}}})
+    def blob(n: int) -> str:
+        return " ".join(rng.choice(WORDS) + str(i) for i in range(n))
+
+    def counted(messages: list[dict[str, Any]]) -> int:
+        return int(count_dicts(messages) * factor)
+
+    turns: list[dict[str, Any]] = []
+    for _ in range(30):
+        turns += [{"tool_call": {"name": "blob", "arguments": {"n": 400}}}] * 4 + [{"text": "checked " + said(0, rng)}]
+    provider = ScriptedProvider(turns=turns, summaries=[{"extractive": 300}], count_tokens=counted)
+    rt = scripted_runtime(provider, tools=[blob])
+    run = rt.start(AgentSpec(model="scripted/blobs", max_iterations=10, tools=["blob"], context={
+        "mode": "fold", "budget_tokens": 4096, "message_max_tokens": 4096,
+        "fold": {"max_calls_per_10min": 10_000, "cache_idle_s": 0}}), interactive=True)
+
+    async def go() -> None:
+        for i in range(30):
+            await rt.send(run, said(1000 + i, rng))
+            await rt.between_turns(run)
+
+    asyncio.run(go())
+    # the scale says how the provider counts, so it outlives the folds that emptied the context
+    record = rt.store.events(run.run_id)
+    after_fold = [project(record[:i + 1]).tokenizer_scale for i, e in enumerate(record) if e.kind == "distillation"]
+    # (the scripted provider counts the messages, the estimate the tool schemas too: ~1.16 here)
+    assert len(after_fold) > 10 and all((scale > 1.1) is (factor > 1) for scale in after_fold), after_fold
+    reported = [e.data["usage"]["input_tokens"] for e in rt.store.events(run.run_id, kinds=["model_call"])
+                if e.data["purpose"] == "turn"]
+    assert len(reported) == 150 and max(reported) <= run.budget, (max(reported), run.budget)
+    assert coverage(run) == history(run)

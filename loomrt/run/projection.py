@@ -27,7 +27,12 @@ from loomrt.tokens import count_text, cut_text
 if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
 
-__all__ = ["RunView", "project", "context_refs", "message_limit", "cut_note"]
+__all__ = ["RunView", "project", "context_refs", "message_limit", "cut_note", "MAX_TOKENIZER_SCALE"]
+
+MAX_TOKENIZER_SCALE = 1.5
+"""The most :meth:`~loomrt.run.state.RunState.pressure` scales the estimate by (the provider's
+count of the last prompt over the runtime's estimate of it): tokenizers differ by less, and a
+larger gap is something else (a provider's own hidden prompt), which the reported count covers."""
 
 
 def message_limit(context: dict[str, Any], budget: int) -> int:
@@ -86,6 +91,11 @@ class RunView:
     """Prompt tokens the provider reported on the last turn call (0 after a distillation)."""
     estimated_prompt_tokens: int = 0
     """The runtime's estimate of that call's prompt (0 when unknown, or after a distillation)."""
+    tokenizer_scale: float = 1.0
+    """The last turn call's reported prompt tokens over the estimate of it, where both are
+    known and the report is the larger (else 1.0). Kept across a distillation when it is at
+    most ``MAX_TOKENIZER_SCALE``, since it then tells how the provider counts, not how large
+    the context was; a larger gap (a hidden prompt) is not carried over."""
     pins: dict[str, Pin] = field(default_factory=dict)
     """The pins in force (``pin`` events not undone by an ``unpin``), by id, oldest first."""
     pin_count: int = 0
@@ -156,6 +166,8 @@ class RunView:
                 self.replace([self._ref(r) for r in d["context"]])
                 self.distillations += 1
                 self.reported_prompt_tokens = self.estimated_prompt_tokens = 0
+                if self.tokenizer_scale > MAX_TOKENIZER_SCALE:
+                    self.tokenizer_scale = 1.0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
             case "distillation_declined":
                 self.declines += 1
@@ -171,6 +183,8 @@ class RunView:
                     self.turn_calls += 1
                     self.reported_prompt_tokens = u.get("input_tokens", 0)
                     self.estimated_prompt_tokens = int(d.get("estimated_tokens") or 0)
+                    if self.estimated_prompt_tokens:
+                        self.tokenizer_scale = max(1.0, self.reported_prompt_tokens / self.estimated_prompt_tokens)
                 else:
                     self.summary_calls += 1
             case "summary_rejected":

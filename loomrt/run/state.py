@@ -20,7 +20,7 @@ from loomrt.messages import EvictedSpanCallback, Message
 from loomrt.payloads import check_payload
 from loomrt.providers.base import ModelProvider, Usage
 from loomrt.record.store import Store
-from loomrt.run.projection import RunView
+from loomrt.run.projection import MAX_TOKENIZER_SCALE, RunView
 from loomrt.spec import AgentSpec
 from loomrt.tokens import count_messages, count_tools
 from loomrt.tools import Toolset
@@ -29,10 +29,6 @@ if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
 
 __all__ = ["RunState", "RunResult", "MAX_TOKENIZER_SCALE"]
-
-MAX_TOKENIZER_SCALE = 1.5
-"""The most :meth:`RunState.pressure` scales the estimate by (the provider's count of the last
-prompt over the runtime's estimate of it)."""
 
 
 @dataclass
@@ -211,10 +207,16 @@ class RunState:
         provider to say so. The scale is at most ``MAX_TOKENIZER_SCALE``: tokenizers differ by
         less, and a larger gap is something else (a provider's own hidden prompt), which the
         reported count alone covers."""
-        estimate, reported, then = self.estimate(), self.view.reported_prompt_tokens, self.view.estimated_prompt_tokens
+        estimate, reported = self.estimate(), self.view.reported_prompt_tokens
         self._pressure_estimate = (self.view.last_seq, len(self.context), estimate)
-        scaled = estimate * min(reported / then, MAX_TOKENIZER_SCALE) if 0 < then < reported else estimate
-        return max(estimate, reported, int(scaled))
+        return max(estimate, reported, int(estimate * self.tokenizer_scale()))
+
+    def tokenizer_scale(self) -> float:
+        """How far the provider's count of the last prompt exceeded the runtime's estimate of
+        it (1.0 when it did not, at most ``MAX_TOKENIZER_SCALE``), kept across distillations:
+        a mode that sizes its own steps against the budget (fold's plan) reads them in the
+        provider's tokens with it."""
+        return min(self.view.tokenizer_scale, MAX_TOKENIZER_SCALE)
 
     def judged_estimate(self) -> int | None:
         """The estimate the last :meth:`pressure` took of the context as it still is (no event

@@ -150,9 +150,10 @@ class FoldMode(RetentionMode):
         evicted: list[Message] = []
         counts = {"leaves": 0, "rollups": 0, "externalised": 0}
         tools, target = count_tools(self.offered_tools(run)), spec.fold_target_pct * budget // 100
+        scale = run.tokenizer_scale()  # the plan's sizes in the provider's tokens, as pressure reads them
         try:
             while True:
-                size = count_messages(context) + tools
+                size = int((count_messages(context) + tools) * scale)
                 first = not (written or counts["externalised"])
                 step = next_step(context, cards, spec, budget, pressing=first or size > target,
                                  critical=size * 100 >= spec.hard_pct * budget)
