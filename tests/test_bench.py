@@ -106,6 +106,18 @@ def test_fold_without_deferral_folds_at_the_soft_watermark(quick: dict) -> None:
     assert chat["fold/no-defer"]["answered"] >= 0.9
 
 
+def test_fold_soft_n_is_no_defer_at_another_watermark() -> None:
+    """``fold/soft-N`` (the watermark sweep in docs/benchmarks.md): fold only, N from 10 to 99,
+    no deferral, the target no higher than the watermark."""
+    from loomrt.bench.core import known_variant
+
+    assert known_variant("fold/soft-50") and known_variant("fold/soft-99")
+    assert not any(map(known_variant, ["recap/soft-50", "fold/soft-5", "fold/soft-100", "fold/soft-x"]))
+    fold = bench_spec(BenchConfig(), "fold/soft-20", system="s").context.fold
+    assert (fold.soft_pct, fold.fold_target_pct, fold.cache_idle_s) == (20, 20, 0)
+    assert bench_spec(BenchConfig(), "fold/soft-60", system="s").context.fold.fold_target_pct == 25
+
+
 def test_series_are_cumulative_per_unit(quick: dict) -> None:
     chat = quick["workloads"]["chat200"]
     for mode, series in chat["series"].items():

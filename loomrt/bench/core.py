@@ -16,6 +16,7 @@ workloads and measures with the decorators::
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_VARIANTS",
     "split_variant",
     "known_variant",
+    "soft_pct",
     "REFERENCE_RATIOS", "timed"]
 
 REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "stateful": 0.20}
@@ -53,6 +55,8 @@ VARIANTS: dict[str, str] = {
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
     "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
                 "whose prompt cache went cold between turns does (fold only)",
+    "soft-N": "fold/no-defer with fold.soft_pct N (10 to 99; its target the smaller of 25 and N): how fold's input "
+              "moves with its watermark (fold only; not played by default)",
 }
 """Options a workload can play a mode with, written ``MODE/OPTION``."""
 
@@ -72,8 +76,16 @@ def known_variant(name: str) -> bool:
     base, option = split_variant(name)
     if base not in all_modes():
         return False
+    if soft_pct(option) is not None:
+        return base == "fold"
     only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold"}
     return option is None or option in VARIANTS and only.get(option, base) == base
+
+
+def soft_pct(option: str | None) -> int | None:
+    """N of a ``soft-N`` option (10 to 99), else None."""
+    match = re.fullmatch(r"soft-(\d{2})", option or "")
+    return int(match.group(1)) if match and int(match.group(1)) >= 10 else None
 
 
 def all_modes() -> list[str]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loomrt.bench.core import BenchConfig, ModeRun, Probe, split_variant
+from loomrt.bench.core import BenchConfig, ModeRun, Probe, soft_pct, split_variant
 from loomrt.bench.model import BenchModel, prompt_text
 from loomrt.errors import LoomError
 from loomrt.events import message_of
@@ -138,12 +138,13 @@ def bench_spec(
     """The definition every mode of a workload shares; only the context block differs.
 
     ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
-    ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep, ``fold/no-defer`` its cache-idle
-    deferral (every fold at the soft watermark), ``append/backstop`` is append with the compaction
-    backstop in the model's window (``config.window_tokens``): the baseline that could run.
+    ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep,
+    ``fold/no-defer`` its cache-idle deferral (every fold at the soft watermark), ``fold/soft-N``
+    the same with ``fold.soft_pct`` N; ``append/backstop`` is append with the compaction backstop
+    in the model's window (``config.window_tokens``): the baseline that could run.
     """
     base, option = split_variant(mode)
-    backstop = option == "backstop"
+    backstop, soft = option == "backstop", soft_pct(option)
     return AgentSpec(
         model=config.model or "bench/scripted",
         system_prompt=system,
@@ -160,7 +161,8 @@ def bench_spec(
             # a scripted run plays hours of conversation in seconds: the per-10-minute spend
             # guard would turn most cards into fallbacks, which no real run at this pace sees
             "fold": {"max_calls_per_10min": 10_000, "tools": option != "no-tools",
-                     **({"cache_idle_s": 0} if option == "no-defer" else {})},
+                     **({"cache_idle_s": 0} if option == "no-defer" or soft is not None else {}),
+                     **({"soft_pct": soft, "target_pct": min(25, soft)} if soft is not None else {})},
         },
     )
 

@@ -77,7 +77,7 @@ def run_cmd(
     ] = None,
     modes: Annotated[
         list[str] | None,
-        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful|fold/no-recall, append/backstop, fold/no-tools, fold/no-defer)."),
+        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful|fold/no-recall, append/backstop, fold/no-tools, fold/no-defer; fold/soft-N, not played by default, is fold/no-defer with fold.soft_pct N)."),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure.")] = False,
     out: Annotated[
@@ -138,7 +138,7 @@ def run_cmd(
     if unknown:
         raise typer.BadParameter(
             f"unknown mode {', '.join(unknown)}; known: {', '.join(all_modes())}, "
-            f"each optionally as MODE/{'|'.join(VARIANTS)} (backstop: append only)",
+            f"each optionally as MODE/{'|'.join(VARIANTS)} (backstop: append only; soft-N, N from 10 to 99: fold only)",
             param_hint="--modes",
         )
     if model and not _model_allowed(model):
