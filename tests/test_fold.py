@@ -537,7 +537,6 @@ def test_a_fold_shares_the_stretch_out_evenly_and_leaves_no_remnant_raw() -> Non
     assert all(m.synthetic == CARD_BLOCK or m.pinned or m.role == "system" for m in context[:tail])
 
 
-
 @pytest.mark.parametrize("factor", [1.0, 1.3])
 def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
     """A provider that counts 30% more than the runtime's estimate, and turns whose tool
