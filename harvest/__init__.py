@@ -14,5 +14,15 @@ from loomrt.harvest.memory import Fact, MemoryStore, NewFact, ScopedMemory
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 from loomrt.harvest.wiring import memory_store
 
-__all__ = ["Bank", "Consolidator", "PassReport", "MemoryStore", "ScopedMemory", "Fact", "NewFact", "ScopeError",
-           "resolve_scopes", "memory_store"]
+__all__ = [
+    "Bank",
+    "Consolidator",
+    "PassReport",
+    "MemoryStore",
+    "ScopedMemory",
+    "Fact",
+    "NewFact",
+    "ScopeError",
+    "resolve_scopes",
+    "memory_store",
+]

@@ -56,8 +56,16 @@ def conversation_turns(messages: Sequence[Message], private: set[int]) -> tuple[
             continue
         text, n = redact_secrets(text)
         redacted += n
-        turns.append({"seq": m.seq, "role": m.role, "speaker": m.name if m.role != "tool" else None,
-                      "tool": m.name if m.role == "tool" else None, "ts": m.ts, "text": text})
+        turns.append(
+            {
+                "seq": m.seq,
+                "role": m.role,
+                "speaker": m.name if m.role != "tool" else None,
+                "tool": m.name if m.role == "tool" else None,
+                "ts": m.ts,
+                "text": text,
+            }
+        )
     return turns, redacted
 
 
@@ -69,8 +77,16 @@ class Bank:
     """
 
     def __init__(
-        self, db: Tables, *, run_id: str, agent: str, def_hash: str, scope: str, max_tokens: int,
-        private: Callable[[], set[int]], record: Callable[[str, dict[str, Any]], Any],
+        self,
+        db: Tables,
+        *,
+        run_id: str,
+        agent: str,
+        def_hash: str,
+        scope: str,
+        max_tokens: int,
+        private: Callable[[], set[int]],
+        record: Callable[[str, dict[str, Any]], Any],
     ):
         self.db = db
         self.run_id, self.agent, self.def_hash, self.scope = run_id, agent, def_hash, scope
@@ -86,15 +102,25 @@ class Bank:
         try:
             self._record("harvest_banked", self.bank(span))
         except Exception as exc:  # noqa: BLE001 - banking never fails a run
-            self._record("callback_error", {"callback": "harvest.bank", "error": f"{type(exc).__name__}: {exc}",
-                                            "distillation_seq": span.distillation_seq})
+            self._record(
+                "callback_error",
+                {
+                    "callback": "harvest.bank",
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "distillation_seq": span.distillation_seq,
+                },
+            )
 
     def bank(self, span: EvictedSpan) -> dict[str, Any]:
         """Put ``span`` on the queue; what happened, as the ``harvest_banked`` payload."""
         turns, redacted = conversation_turns(span.messages, self._private())
         seqs = [m.seq for m in span.messages if m.seq is not None]
-        out: dict[str, Any] = {"distillation_seq": span.distillation_seq, "scope": self.scope, "turns": len(turns),
-                               "redacted": redacted}
+        out: dict[str, Any] = {
+            "distillation_seq": span.distillation_seq,
+            "scope": self.scope,
+            "turns": len(turns),
+            "redacted": redacted,
+        }
         if not any(t["role"] in ("user", "assistant") for t in turns):
             self.counts["empty"] += 1
             return {**out, "outcome": "empty", "reason": "no conversational content (only tool traffic)"}
@@ -102,8 +128,11 @@ class Bank:
         out["tokens"] = tokens
         if tokens > self.max_tokens:
             self.counts["refused"] += 1
-            return {**out, "outcome": "refused",
-                    "reason": f"{tokens} tokens, over context.harvest_max_tokens ({self.max_tokens}): not banked"}
+            return {
+                **out,
+                "outcome": "refused",
+                "reason": f"{tokens} tokens, over context.harvest_max_tokens ({self.max_tokens}): not banked",
+            }
         stamps = [t["ts"] for t in turns if t["ts"] is not None]
         reached("in_harvest_bank")
         with self.db.write() as conn:
@@ -111,8 +140,21 @@ class Bank:
                 "INSERT INTO harvest_spans (run_id, distillation_seq, scope, agent, def_hash, seq_lo, seq_hi, "
                 "ts_lo, ts_hi, banked_at, tokens, turns, redacted) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT DO NOTHING",
-                (self.run_id, span.distillation_seq, self.scope, self.agent, self.def_hash, min(seqs), max(seqs),
-                 min(stamps) if stamps else None, max(stamps) if stamps else None, time.time(), tokens,
-                 json.dumps(turns, ensure_ascii=False), redacted))
+                (
+                    self.run_id,
+                    span.distillation_seq,
+                    self.scope,
+                    self.agent,
+                    self.def_hash,
+                    min(seqs),
+                    max(seqs),
+                    min(stamps) if stamps else None,
+                    max(stamps) if stamps else None,
+                    time.time(),
+                    tokens,
+                    json.dumps(turns, ensure_ascii=False),
+                    redacted,
+                ),
+            )
         self.counts["banked"] += 1
         return {**out, "outcome": "banked" if cur.rowcount else "already_banked"}

@@ -34,7 +34,10 @@ PARAPHRASES: list[tuple[str, str]] = [
     ("Sofia runs a small bakery in Porto.", "Sofia owns and runs a little bakery in Porto."),
     ("Wei is learning Spanish for a trip to Mexico.", "Wei studies Spanish because he is travelling to Mexico."),
     ("The project uses PostgreSQL 15 in production.", "Production runs on PostgreSQL 15 for the project."),
-    ("Grace volunteers at an animal shelter on weekends.", "On weekends Grace does volunteer work at an animal shelter."),
+    (
+        "Grace volunteers at an animal shelter on weekends.",
+        "On weekends Grace does volunteer work at an animal shelter.",
+    ),
     ("Hugo's birthday is on 14 March.", "Hugo was born on 14 March."),
     ("Nadia prefers to be called Nad.", "Nadia likes people to call her Nad."),
     ("Ravi finished a marathon in Berlin.", "Ravi completed the Berlin marathon."),
@@ -51,7 +54,10 @@ OTHERS: list[tuple[str, str]] = [
     ("Keiko moved to Osaka in 2021.", "Keiko moved to Osaka in 2019."),
     ("Dev wants reports as PDF files.", "Dev wants reports every Monday morning."),
     ("Ana plays the cello in a community orchestra.", "Ana plays the violin in a jazz band."),
-    ("The API must not be called more than 100 times a minute.", "The API must not be called more than 10 times a minute."),
+    (
+        "The API must not be called more than 100 times a minute.",
+        "The API must not be called more than 10 times a minute.",
+    ),
     ("Jonas is vegetarian.", "Jonas's partner is vegetarian."),
     ("Fatima's favourite author is Toni Morrison.", "Fatima's favourite film is Spirited Away."),
     ("Marco adopted a dog named Biscuit.", "Marco adopted a cat named Pepper."),
@@ -77,8 +83,17 @@ def _merges(pair: tuple[str, str], cosine: float, threshold: float) -> bool:
     """Whether placement merges the pair's second statement into its first at ``threshold``
     (the same class and subject assumed: the hard case)."""
     subject = pair[0].split()[1] if pair[0].startswith("The ") else pair[0].split()[0].removesuffix("'s")
-    return place("fact", subject, pair[1], [Candidate("x", "fact", subject, pair[0], cosine)],
-                 merge_cosine=threshold, supersede_cosine=2.0).action == "merge"
+    return (
+        place(
+            "fact",
+            subject,
+            pair[1],
+            [Candidate("x", "fact", subject, pair[0], cosine)],
+            merge_cosine=threshold,
+            supersede_cosine=2.0,
+        ).action
+        == "merge"
+    )
 
 
 def calibrate(embedder: Any) -> dict[str, Any]:
@@ -89,16 +104,26 @@ def calibrate(embedder: Any) -> dict[str, Any]:
     same, other = _cosines(embedder, PARAPHRASES), _cosines(embedder, OTHERS)
     best, best_acc = 1.0, -1.0
     for t in sorted(set(same + other)):
-        acc = (sum(_merges(p, c, t) for p, c in zip(PARAPHRASES, same, strict=True))
-               + sum(not _merges(p, c, t) for p, c in zip(OTHERS, other, strict=True))) / (len(same) + len(other))
+        acc = (
+            sum(_merges(p, c, t) for p, c in zip(PARAPHRASES, same, strict=True))
+            + sum(not _merges(p, c, t) for p, c in zip(OTHERS, other, strict=True))
+        ) / (len(same) + len(other))
         if acc > best_acc:  # ties keep the lower threshold: the values check guards the near misses
             best, best_acc = t, acc
-    cosine_only = max((sum(c >= t for c in same) + sum(c < t for c in other)) / (len(same) + len(other))
-                      for t in sorted(set(same + other)))
+    cosine_only = max(
+        (sum(c >= t for c in same) + sum(c < t for c in other)) / (len(same) + len(other))
+        for t in sorted(set(same + other))
+    )
 
     def summary(xs: list[float]) -> dict[str, float]:
         return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
 
-    return {"embedder": getattr(embedder, "name", type(embedder).__name__), "pairs": len(same) + len(other),
-            "paraphrase": summary(same), "other": summary(other), "merge_cosine": round(best, 4),
-            "accuracy": round(best_acc, 4), "accuracy_cosine_only": round(cosine_only, 4)}
+    return {
+        "embedder": getattr(embedder, "name", type(embedder).__name__),
+        "pairs": len(same) + len(other),
+        "paraphrase": summary(same),
+        "other": summary(other),
+        "merge_cosine": round(best, 4),
+        "accuracy": round(best_acc, 4),
+        "accuracy_cosine_only": round(cosine_only, 4),
+    }

@@ -84,10 +84,20 @@ class PassReport:
     """Spans banked from the record by the sweep (a crash kept them from the bank)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "spans": self.spans, "facts": dict(self.facts), "dropped": dict(self.dropped),
-                "empty_batches": self.empty_batches, "dead_letters": self.dead, "parts_dropped": self.parts_dropped,
-                "retries": self.retries, "held": self.held, "busy": self.busy, "unsettled": self.unsettled,
-                "swept": self.swept}
+        return {
+            "batches": self.batches,
+            "spans": self.spans,
+            "facts": dict(self.facts),
+            "dropped": dict(self.dropped),
+            "empty_batches": self.empty_batches,
+            "dead_letters": self.dead,
+            "parts_dropped": self.parts_dropped,
+            "retries": self.retries,
+            "held": self.held,
+            "busy": self.busy,
+            "unsettled": self.unsettled,
+            "swept": self.swept,
+        }
 
 
 def _default_provider(model: str | None) -> ModelProvider:
@@ -108,10 +118,21 @@ class Consolidator:
     """
 
     def __init__(
-        self, store: Any, *, provider: ModelProvider | None = None, model: str | None = None, embedder: Any = None,
-        settle_s: float = SETTLE_S, part_tokens: int = PART_TOKENS, max_parts: int = MAX_PARTS,
-        batch_tokens: int | None = None, retries: int = 2, lease_s: float = 300.0, holder: str | None = None,
-        db: Tables | None = None, memory: MemoryStore | None = None,
+        self,
+        store: Any,
+        *,
+        provider: ModelProvider | None = None,
+        model: str | None = None,
+        embedder: Any = None,
+        settle_s: float = SETTLE_S,
+        part_tokens: int = PART_TOKENS,
+        max_parts: int = MAX_PARTS,
+        batch_tokens: int | None = None,
+        retries: int = 2,
+        lease_s: float = 300.0,
+        holder: str | None = None,
+        db: Tables | None = None,
+        memory: MemoryStore | None = None,
         progress: Callable[[int, int], None] | None = None,
     ):
         self.store = store
@@ -147,8 +168,14 @@ class Consolidator:
             await self._pass(scope, report)
         return report
 
-    async def watch(self, scopes: Sequence[str] | None = None, *, interval_s: float = 5.0,
-                    on_pass: Callable[[PassReport], None] | None = None, stop: Callable[[], bool] = lambda: False) -> None:
+    async def watch(
+        self,
+        scopes: Sequence[str] | None = None,
+        *,
+        interval_s: float = 5.0,
+        on_pass: Callable[[PassReport], None] | None = None,
+        stop: Callable[[], bool] = lambda: False,
+    ) -> None:
         """Pass after pass until ``stop()``, sleeping ``interval_s`` when a pass found nothing to do."""
         while not stop():
             report = await self.arun_once(scopes)
@@ -263,8 +290,12 @@ class Consolidator:
         facts, dropped = self._facts(items, lines, scope, batch_id, spans)
         reached("in_consolidate")
         try:
-            counts = self.memory.write(facts, also=lambda conn: self.queue.finish(
-                conn, batch_id, scope, "done", {**base, "items": len(items), "dropped": dict(dropped)}))
+            counts = self.memory.write(
+                facts,
+                also=lambda conn: self.queue.finish(
+                    conn, batch_id, scope, "done", {**base, "items": len(items), "dropped": dict(dropped)}
+                ),
+            )
         except Exception as exc:  # noqa: BLE001 - the watermark holds; the next pass retries the batch
             report.held.append(f"{scope}: {type(exc).__name__}: {exc}")
             return False
@@ -282,8 +313,10 @@ class Consolidator:
         (reported as held), True once it has failed ``retries + 1`` passes (a dead letter)."""
         failures = self.queue.failed(batch_id)
         if failures <= self.retries:
-            report.held.append(f"{scope}: the extraction failed ({type(exc).__name__}: {exc}); "
-                               f"the batch waits for the next pass ({failures} of {self.retries + 1} tries)")
+            report.held.append(
+                f"{scope}: the extraction failed ({type(exc).__name__}: {exc}); "
+                f"the batch waits for the next pass ({failures} of {self.retries + 1} tries)"
+            )
             return False
         return True
 
@@ -292,16 +325,25 @@ class Consolidator:
         for fewer facts (the same request again would get the same reply)."""
         messages = extraction_messages(parts)
         if retry_after:
-            messages[-1] = {**messages[-1], "content": messages[-1]["content"].removesuffix("JSON:")
-                            + f"Your last answer could not be read ({retry_after}). Answer with valid JSON only, "
-                            "at most 6 facts, the most important ones.\n\nJSON:"}
-        request = ModelRequest(messages=messages, max_tokens=EXTRACT_MAX_TOKENS, temperature=0.0,
-                               purpose="extract", response_schema=REPLY_SCHEMA)
+            messages[-1] = {
+                **messages[-1],
+                "content": messages[-1]["content"].removesuffix("JSON:")
+                + f"Your last answer could not be read ({retry_after}). Answer with valid JSON only, "
+                "at most 6 facts, the most important ones.\n\nJSON:",
+            }
+        request = ModelRequest(
+            messages=messages,
+            max_tokens=EXTRACT_MAX_TOKENS,
+            temperature=0.0,
+            purpose="extract",
+            response_schema=REPLY_SCHEMA,
+        )
         response = await self.provider.complete(request)
         return response.text
 
-    def _facts(self, items: list[Any], lines: dict[int, Line], scope: str, batch_id: str,
-               spans: list[dict[str, Any]]) -> tuple[list[NewFact], Counter[str]]:
+    def _facts(
+        self, items: list[Any], lines: dict[int, Line], scope: str, batch_id: str, spans: list[dict[str, Any]]
+    ) -> tuple[list[NewFact], Counter[str]]:
         by_span = {(s["run_id"], s["distillation_seq"]): s for s in spans}
         dropped: Counter[str] = Counter()
         out: list[NewFact] = []
@@ -313,9 +355,25 @@ class Consolidator:
             sources = []
             for key in dict.fromkeys((line.run_id, line.distillation_seq) for line in fact.lines):
                 span = by_span[key]
-                sources.append({"run_id": key[0], "seqs": [ln.seq for ln in fact.lines if (ln.run_id, ln.distillation_seq) == key],
-                                "distillation_seq": key[1], "agent": span["agent"],
-                                "def_hash": span["def_hash"], "batch_id": batch_id})
-            out.append(NewFact(statement=fact.statement, cls=fact.cls, subject=fact.subject, scope=scope,
-                               key=fact_key(batch_id, fact.statement), observed_at=fact.observed_at, sources=sources))
+                sources.append(
+                    {
+                        "run_id": key[0],
+                        "seqs": [ln.seq for ln in fact.lines if (ln.run_id, ln.distillation_seq) == key],
+                        "distillation_seq": key[1],
+                        "agent": span["agent"],
+                        "def_hash": span["def_hash"],
+                        "batch_id": batch_id,
+                    }
+                )
+            out.append(
+                NewFact(
+                    statement=fact.statement,
+                    cls=fact.cls,
+                    subject=fact.subject,
+                    scope=scope,
+                    key=fact_key(batch_id, fact.statement),
+                    observed_at=fact.observed_at,
+                    sources=sources,
+                )
+            )
         return out, dropped

@@ -21,14 +21,43 @@ from loomrt.harvest.db import Tables
 __all__ = ["copy_memory", "TABLES"]
 
 TABLES: dict[str, tuple[str, ...]] = {
-    "harvest_spans": ("id", "run_id", "distillation_seq", "scope", "agent", "def_hash", "seq_lo", "seq_hi", "ts_lo",
-                      "ts_hi", "banked_at", "tokens", "turns", "redacted", "state", "batch_id"),
+    "harvest_spans": (
+        "id",
+        "run_id",
+        "distillation_seq",
+        "scope",
+        "agent",
+        "def_hash",
+        "seq_lo",
+        "seq_hi",
+        "ts_lo",
+        "ts_hi",
+        "banked_at",
+        "tokens",
+        "turns",
+        "redacted",
+        "state",
+        "batch_id",
+    ),
     "harvest_batches": ("batch_id", "scope", "span_ids", "state", "claimed_at", "done_at", "attempts", "report"),
     "harvest_watermarks": ("scope", "span_id", "at"),
     "harvest_dead_letters": ("batch_id", "scope", "span_ids", "reply_prefix", "error", "at", "retried_at"),
     "harvest_swept": ("run_id", "harvest", "swept_seq"),
-    "memory_facts": ("fact_id", "scope", "class", "subject", "statement", "observed_at", "created_at", "sources",
-                     "vector", "embedder", "status", "superseded_by", "changed_at"),
+    "memory_facts": (
+        "fact_id",
+        "scope",
+        "class",
+        "subject",
+        "statement",
+        "observed_at",
+        "created_at",
+        "sources",
+        "vector",
+        "embedder",
+        "status",
+        "superseded_by",
+        "changed_at",
+    ),
     "memory_keys": ("key", "fact_id", "action"),
     "memory_history": ("id", "fact_id", "at", "action", "data"),
     "memory_settings": ("key", "value"),
@@ -58,7 +87,9 @@ def copy_memory(source: Tables, target: Tables, target_memory: Any = None) -> di
     with target.write() as conn:
         for table, columns in TABLES.items():
             names = ", ".join(columns)
-            rows = source.rows(f"SELECT {names} FROM {table}" + (f" ORDER BY {order}" if table == "memory_facts" else ""))
+            rows = source.rows(
+                f"SELECT {names} FROM {table}" + (f" ORDER BY {order}" if table == "memory_facts" else "")
+            )
             override = " OVERRIDING SYSTEM VALUE" if target.dialect == "postgres" and table in _IDENTITY else ""
             for row in rows:
                 values = list(row)
@@ -68,20 +99,26 @@ def copy_memory(source: Tables, target: Tables, target_memory: Any = None) -> di
                     extra = target_memory._search_columns(values[4], vec)
                 cols = names + "".join(f", {c}" for c in extra)
                 marks = ", ".join("?" * len(columns)) + "".join(f", {e}" for e, _ in extra.values())
-                cur = conn.execute(f"INSERT INTO {table} ({cols}){override} VALUES ({marks}) ON CONFLICT DO NOTHING",
-                                   [*values, *(v for _, v in extra.values())])
+                cur = conn.execute(
+                    f"INSERT INTO {table} ({cols}){override} VALUES ({marks}) ON CONFLICT DO NOTHING",
+                    [*values, *(v for _, v in extra.values())],
+                )
                 if table == "memory_facts" and extra and cur.rowcount:
                     target_memory._indexed(conn, values[0], values[1], values[4])
             if override:
                 column = _IDENTITY[table]
-                conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
-                             f"coalesce((SELECT max({column}) FROM {table}), 0) + 1, false)")
+                conn.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', '{column}'), "
+                    f"coalesce((SELECT max({column}) FROM {table}), 0) + 1, false)"
+                )
             copied[table] = len(rows)
         conn.execute("UPDATE memory_revision SET rev = rev + 1")  # search indexes built before the copy are stale
     for table in TABLES:
         (there,) = target.rows(f"SELECT count(*) FROM {table}")[0]
         if there < copied[table]:
-            raise StoreError(f"durable memory did not copy whole: {table} has {there} rows on the target, "
-                             f"{copied[table]} at the source")
+            raise StoreError(
+                f"durable memory did not copy whole: {table} has {there} rows on the target, "
+                f"{copied[table]} at the source"
+            )
         copied[table] = int(there)
     return copied

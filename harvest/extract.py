@@ -23,8 +23,19 @@ import jsonschema
 from loomrt.harvest.redact import has_secret
 from loomrt.tokens import count_text
 
-__all__ = ["MAX_FACTS", "Line", "parts_of", "extraction_messages", "REPLY_SCHEMA", "parse_reply", "Unparseable", "check_fact",
-           "absolute_dates", "EXTRACT_PROMPT", "ExtractedFact"]
+__all__ = [
+    "MAX_FACTS",
+    "Line",
+    "parts_of",
+    "extraction_messages",
+    "REPLY_SCHEMA",
+    "parse_reply",
+    "Unparseable",
+    "check_fact",
+    "absolute_dates",
+    "EXTRACT_PROMPT",
+    "ExtractedFact",
+]
 
 CLASSES = ["preference", "fact", "decision", "identity", "constraint", "correction"]
 
@@ -125,8 +136,11 @@ def parts_of(spans: Sequence[dict[str, Any]], *, part_tokens: int, max_parts: in
             day = stamp or day
             n = len(lines) + 1
             text = f"{prefix}[{n}] {_who(turn)}: {turn['text']}"
-            lines.append(Line(n, text, span["run_id"], turn.get("seq"), turn.get("ts"), count_text(text),
-                              span["distillation_seq"]))
+            lines.append(
+                Line(
+                    n, text, span["run_id"], turn.get("seq"), turn.get("ts"), count_text(text), span["distillation_seq"]
+                )
+            )
     parts: list[list[Line]] = []
     size = 0
     for line in lines:
@@ -143,8 +157,10 @@ def parts_of(spans: Sequence[dict[str, Any]], *, part_tokens: int, max_parts: in
 def extraction_messages(parts: Sequence[Sequence[Line]]) -> list[dict[str, Any]]:
     """The extraction call: the prompt, then the conversation (every kept part, in order)."""
     conversation = "\n".join(line.text for part in parts for line in part)
-    return [{"role": "system", "content": EXTRACT_PROMPT},
-            {"role": "user", "content": f"Conversation:\n{conversation}\n\nJSON:"}]
+    return [
+        {"role": "system", "content": EXTRACT_PROMPT},
+        {"role": "user", "content": f"Conversation:\n{conversation}\n\nJSON:"},
+    ]
 
 
 def parse_reply(text: str) -> list[dict[str, Any]]:
@@ -168,16 +184,23 @@ def parse_reply(text: str) -> list[dict[str, Any]]:
     if isinstance(data, dict) and isinstance(data.get("facts"), list):
         data = data["facts"]
     if not isinstance(data, list):
-        raise Unparseable("the reply is JSON but not {\"facts\": [...]} or a list")
+        raise Unparseable('the reply is JSON but not {"facts": [...]} or a list')
     return data
 
 
 _RELATIVE = {
-    "yesterday": -1, "today": 0, "tonight": 0, "this morning": 0, "this evening": 0, "tomorrow": 1,
+    "yesterday": -1,
+    "today": 0,
+    "tonight": 0,
+    "this morning": 0,
+    "this evening": 0,
+    "tomorrow": 1,
 }
 _RELATIVE_RE = re.compile(
     r"\b(yesterday|today|tonight|this morning|this evening|tomorrow|last (week|month|year|weekend)|"
-    r"next (week|month|year|weekend)|this (week|month|year))\b", re.I)
+    r"next (week|month|year|weekend)|this (week|month|year))\b",
+    re.I,
+)
 
 
 def absolute_dates(statement: str, ts: float | None) -> str:
@@ -208,15 +231,25 @@ def absolute_dates(statement: str, ts: float | None) -> str:
 
 
 _META = [
-    re.compile(r"\b(asked|asks|asking|inquired|wanted to know|wants to know)\b.*\b(about|whether|if|what|how|why|when|where|who)\b", re.I),
-    re.compile(r"\bthe (assistant|chatbot|AI)\b|\bassistant (said|says|helped|suggested|recommended|provided|explained|answered)\b", re.I),
+    re.compile(
+        r"\b(asked|asks|asking|inquired|wanted to know|wants to know)\b.*\b(about|whether|if|what|how|why|when|where|who)\b",
+        re.I,
+    ),
+    re.compile(
+        r"\bthe (assistant|chatbot|AI)\b|\bassistant (said|says|helped|suggested|recommended|provided|explained|answered)\b",
+        re.I,
+    ),
     re.compile(r"\bthis (conversation|chat|session|run|transcript)\b|\bthe (conversation|chat|transcript)\b", re.I),
     re.compile(r"\b(conversation|session|chat) (took place|happened|occurred|started|ended)\b", re.I),
 ]
-_PRONOUN = re.compile(r"^(he|she|they|it|i|you|we|him|her|them|his|hers|their|the user|user|someone)\b(?!['’]s? \w)",
-                      re.I)
-_IDS = [re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
-        re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I), re.compile(r"\[#?\d+\]|#\d+\b")]
+_PRONOUN = re.compile(
+    r"^(he|she|they|it|i|you|we|him|her|them|his|hers|their|the user|user|someone)\b(?!['’]s? \w)", re.I
+)
+_IDS = [
+    re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
+    re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I),
+    re.compile(r"\[#?\d+\]|#\d+\b"),
+]
 
 
 def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None, str]:

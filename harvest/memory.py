@@ -76,18 +76,40 @@ class Fact:
     changed_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fact_id": self.fact_id, "scope": self.scope, "class": self.cls, "subject": self.subject,
-                "statement": self.statement, "observed_at": self.observed_at, "created_at": self.created_at,
-                "status": self.status, "superseded_by": self.superseded_by, "changed_at": self.changed_at,
-                "sources": self.sources}
+        return {
+            "fact_id": self.fact_id,
+            "scope": self.scope,
+            "class": self.cls,
+            "subject": self.subject,
+            "statement": self.statement,
+            "observed_at": self.observed_at,
+            "created_at": self.created_at,
+            "status": self.status,
+            "superseded_by": self.superseded_by,
+            "changed_at": self.changed_at,
+            "sources": self.sources,
+        }
 
 
-_COLUMNS = "fact_id, scope, class, subject, statement, observed_at, created_at, sources, status, superseded_by, changed_at"
+_COLUMNS = (
+    "fact_id, scope, class, subject, statement, observed_at, created_at, sources, status, superseded_by, changed_at"
+)
 
 
 def _fact(row: tuple[Any, ...]) -> Fact:
-    return Fact(fact_id=row[0], scope=row[1], cls=row[2], subject=row[3], statement=row[4], observed_at=row[5],
-                created_at=row[6], sources=json.loads(row[7]), status=row[8], superseded_by=row[9], changed_at=row[10])
+    return Fact(
+        fact_id=row[0],
+        scope=row[1],
+        cls=row[2],
+        subject=row[3],
+        statement=row[4],
+        observed_at=row[5],
+        created_at=row[6],
+        sources=json.loads(row[7]),
+        status=row[8],
+        superseded_by=row[9],
+        changed_at=row[10],
+    )
 
 
 class DurableMemory(Protocol):
@@ -103,8 +125,9 @@ class DurableMemory(Protocol):
         """The best live facts of ``scopes``."""
         ...
 
-    def facts(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False,
-              limit: int = 1000) -> list[Fact]:
+    def facts(
+        self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000
+    ) -> list[Fact]:
         """Facts, oldest first."""
         ...
 
@@ -148,13 +171,17 @@ class MemoryStore:
 
     def bands(self) -> tuple[float, float]:
         """The merge and supersede cosine bands (calibrated, else the defaults)."""
-        rows = dict(self.db.rows("SELECT key, value FROM memory_settings WHERE key IN ('merge_cosine', 'supersede_cosine')"))
+        rows = dict(
+            self.db.rows("SELECT key, value FROM memory_settings WHERE key IN ('merge_cosine', 'supersede_cosine')")
+        )
         return float(rows.get("merge_cosine", MERGE_COSINE)), float(rows.get("supersede_cosine", SUPERSEDE_COSINE))
 
     def set_band(self, key: str, value: float) -> None:
         with self.db.write() as conn:
-            conn.execute("INSERT INTO memory_settings VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                         (key, str(value)))
+            conn.execute(
+                "INSERT INTO memory_settings VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, str(value)),
+            )
 
     # ------------------------------------------------------------------ writing
 
@@ -179,8 +206,14 @@ class MemoryStore:
                     counts["already"] += 1
                     continue
                 vec = vectors[i] if vectors is not None else None
-                placed = place(f.cls, f.subject, f.statement, self._candidates(f, vec, written),
-                               merge_cosine=merge_cos, supersede_cosine=supersede_cos)
+                placed = place(
+                    f.cls,
+                    f.subject,
+                    f.statement,
+                    self._candidates(f, vec, written),
+                    merge_cosine=merge_cos,
+                    supersede_cosine=supersede_cos,
+                )
                 fact_id = self._apply(conn, f, vec, placed, now)
                 if placed.action != "merge":
                     written.append((f, fact_id, vec))
@@ -201,8 +234,9 @@ class MemoryStore:
             self._indexes.clear()
             raise
 
-    def _candidates(self, f: NewFact, vec: np.ndarray | None, written: list[tuple[NewFact, str, np.ndarray | None]]
-                    ) -> list[Candidate]:
+    def _candidates(
+        self, f: NewFact, vec: np.ndarray | None, written: list[tuple[NewFact, str, np.ndarray | None]]
+    ) -> list[Candidate]:
         """Live facts of ``f``'s scope near it (by cosine; by shared words without vectors),
         the facts this write stored before it included."""
         idx = self._index(f.scope)
@@ -213,11 +247,20 @@ class MemoryStore:
             near = [(idx.ids[h.entry.id], dice(h.entry.text, f.statement)) for h in idx.index.search(f.statement, 8)]
         for other, fid, v in written:
             if other.scope == f.scope:
-                near.append((fid, float(np.dot(v, vec)) if v is not None and vec is not None
-                             else dice(other.statement, f.statement)))
+                near.append(
+                    (
+                        fid,
+                        float(np.dot(v, vec))
+                        if v is not None and vec is not None
+                        else dice(other.statement, f.statement),
+                    )
+                )
         facts = self._by_id([fid for fid, _ in near])
-        out = [Candidate(fid, facts[fid].cls, facts[fid].subject, facts[fid].statement, cos)
-               for fid, cos in near if fid in facts and facts[fid].status == "live"]
+        out = [
+            Candidate(fid, facts[fid].cls, facts[fid].subject, facts[fid].statement, cos)
+            for fid, cos in near
+            if fid in facts and facts[fid].status == "live"
+        ]
         return sorted(out, key=lambda c: -c.cosine)
 
     def _by_id(self, ids: Sequence[str]) -> dict[str, Fact]:
@@ -225,34 +268,57 @@ class MemoryStore:
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return {}
-        rows = self.db.rows(f"SELECT {_COLUMNS} FROM memory_facts WHERE fact_id IN ({','.join('?' * len(wanted))})",
-                            wanted)
+        rows = self.db.rows(
+            f"SELECT {_COLUMNS} FROM memory_facts WHERE fact_id IN ({','.join('?' * len(wanted))})", wanted
+        )
         return {r[0]: _fact(r) for r in rows}
 
     def _apply(self, conn: Any, f: NewFact, vec: np.ndarray | None, placed: Placement, now: float) -> str:
-        history = {"statement": f.statement, "class": f.cls, "key": f.key, "sources": f.sources,
-                   "cosine": placed.cosine, "why": placed.why}
+        history = {
+            "statement": f.statement,
+            "class": f.cls,
+            "key": f.key,
+            "sources": f.sources,
+            "cosine": placed.cosine,
+            "why": placed.why,
+        }
         if placed.action == "merge":
             assert placed.fact_id is not None
-            (sources,) = conn.execute("SELECT sources FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)).fetchone()
-            conn.execute("UPDATE memory_facts SET sources = ? WHERE fact_id = ?",
-                         (json.dumps([*json.loads(sources), *f.sources]), placed.fact_id))
-            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'merged', ?)",
-                         (placed.fact_id, now, json.dumps(history)))
+            (sources,) = conn.execute(
+                "SELECT sources FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)
+            ).fetchone()
+            conn.execute(
+                "UPDATE memory_facts SET sources = ? WHERE fact_id = ?",
+                (json.dumps([*json.loads(sources), *f.sources]), placed.fact_id),
+            )
+            conn.execute(
+                "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'merged', ?)",
+                (placed.fact_id, now, json.dumps(history)),
+            )
             return placed.fact_id
         fact_id = "m" + hashlib.sha256(f.key.encode()).hexdigest()[:11]
-        self._insert(conn, (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources)),
-                     vec)
-        conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
-                     (fact_id, now, json.dumps(history)))
+        self._insert(
+            conn, (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources)), vec
+        )
+        conn.execute(
+            "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
+            (fact_id, now, json.dumps(history)),
+        )
         if placed.action == "supersede":
             assert placed.fact_id is not None
-            conn.execute("UPDATE memory_facts SET status = 'superseded', superseded_by = ?, changed_at = ? "
-                         "WHERE fact_id = ?", (fact_id, now, placed.fact_id))
+            conn.execute(
+                "UPDATE memory_facts SET status = 'superseded', superseded_by = ?, changed_at = ? WHERE fact_id = ?",
+                (fact_id, now, placed.fact_id),
+            )
             self._hidden(conn, placed.fact_id, erased=False)
-            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'superseded', ?)",
-                         (placed.fact_id, now, json.dumps({"by": fact_id, "statement": f.statement,
-                                                           "cosine": placed.cosine, "why": placed.why})))
+            conn.execute(
+                "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'superseded', ?)",
+                (
+                    placed.fact_id,
+                    now,
+                    json.dumps({"by": fact_id, "statement": f.statement, "cosine": placed.cosine, "why": placed.why}),
+                ),
+            )
             conn.execute("UPDATE memory_revision SET rev = rev + 1")
         return fact_id
 
@@ -273,8 +339,10 @@ class MemoryStore:
                 vec = vectors[i] if vectors is not None else None
                 self._insert(conn, (fact_id, scope, cls, "", text, None, now, "[]"), vec)
                 conn.execute("INSERT INTO memory_keys VALUES (?, ?, 'import')", (key, fact_id))
-                conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
-                             (fact_id, now, json.dumps({"statement": text, "key": key, "why": "imported"})))
+                conn.execute(
+                    "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
+                    (fact_id, now, json.dumps({"statement": text, "key": key, "why": "imported"})),
+                )
         return ids
 
     def _insert(self, conn: Any, row: tuple[Any, ...], vec: np.ndarray | None) -> None:
@@ -284,8 +352,13 @@ class MemoryStore:
         conn.execute(
             f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder{''.join(', ' + c for c in extra)}) VALUES "
             f"(?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?{''.join(', ' + e for e, _ in extra.values())})",
-            (*row, vec.tobytes() if vec is not None else None, getattr(self.embedder, "name", None),
-             *(v for _, v in extra.values())))
+            (
+                *row,
+                vec.tobytes() if vec is not None else None,
+                getattr(self.embedder, "name", None),
+                *(v for _, v in extra.values()),
+            ),
+        )
         self._indexed(conn, row[0], row[1], row[4])
 
     def _search_columns(self, statement: str, vec: np.ndarray | None) -> dict[str, tuple[str, Any]]:
@@ -308,13 +381,20 @@ class MemoryStore:
         now = time.time()
         with self._lock, self.db.write() as conn:
             if erase:
-                conn.execute("UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
-                             "changed_at = ? WHERE fact_id = ?", (now, fact_id))
+                conn.execute(
+                    "UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
+                    "changed_at = ? WHERE fact_id = ?",
+                    (now, fact_id),
+                )
                 conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
             else:
-                conn.execute("UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id))
-            conn.execute("INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
-                         (fact_id, now, "erased" if erase else "forgotten", json.dumps({"by": by, "was": fact.status})))
+                conn.execute(
+                    "UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id)
+                )
+            conn.execute(
+                "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
+                (fact_id, now, "erased" if erase else "forgotten", json.dumps({"by": by, "was": fact.status})),
+            )
             self._hidden(conn, fact_id, erased=erase)
             conn.execute("UPDATE memory_revision SET rev = rev + 1")
         return self.get(fact_id)
@@ -328,10 +408,16 @@ class MemoryStore:
         return _fact(rows[0])
 
     def history(self, fact_id: str) -> list[dict[str, Any]]:
-        return [{"at": at, "action": action, **json.loads(data)} for at, action, data in self.db.rows(
-            "SELECT at, action, data FROM memory_history WHERE fact_id = ? ORDER BY id", (fact_id,))]
+        return [
+            {"at": at, "action": action, **json.loads(data)}
+            for at, action, data in self.db.rows(
+                "SELECT at, action, data FROM memory_history WHERE fact_id = ? ORDER BY id", (fact_id,)
+            )
+        ]
 
-    def facts(self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000) -> list[Fact]:
+    def facts(
+        self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000
+    ) -> list[Fact]:
         sql, args = f"SELECT {_COLUMNS} FROM memory_facts WHERE 1=1", []
         if scopes is not None:
             sql += f" AND scope IN ({','.join('?' * len(scopes))})"
@@ -352,11 +438,16 @@ class MemoryStore:
             idx = self._indexes[scope] = _ScopeIndex(self.embedder)
             idx.rev = rev
         n = self.db.row_key
-        rows = self.db.rows(f"SELECT {n}, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
-                            f"status = 'live' AND {n} > ? ORDER BY {n}", (scope, idx.rowid))
+        rows = self.db.rows(
+            f"SELECT {n}, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
+            f"status = 'live' AND {n} > ? ORDER BY {n}",
+            (scope, idx.rowid),
+        )
         if rows:
-            drafts = [Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role="fact", text=text)
-                      for _, fid, text, _ in rows]
+            drafts = [
+                Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role="fact", text=text)
+                for _, fid, text, _ in rows
+            ]
             vectors = None
             if idx.index.dense and self.embedder is not None:
                 dim = self.embedder.dim
@@ -381,9 +472,16 @@ class MemoryStore:
         facts = self._by_id([fid for _, _, fid in found[:top_k]])
         for score, scope, fid in found[:top_k]:
             fact = facts[fid]
-            hits.append(MemoryHit(text=fact.statement, score=score, ts=fact.created_at, scope=scope, id=fid,
-                                  provenance={"class": fact.cls, "observed_at": fact.observed_at,
-                                              "sources": fact.sources}))
+            hits.append(
+                MemoryHit(
+                    text=fact.statement,
+                    score=score,
+                    ts=fact.created_at,
+                    scope=scope,
+                    id=fid,
+                    provenance={"class": fact.cls, "observed_at": fact.observed_at, "sources": fact.sources},
+                )
+            )
         return hits
 
 

@@ -37,15 +37,22 @@ HNSW_DIMS = (384,)
 
 _APP = "loomrt_app"
 
-_TABLES = ("harvest_spans, harvest_batches, harvest_watermarks, harvest_dead_letters, memory_facts, memory_keys, "
-           "memory_history, memory_revision, memory_settings")
+_TABLES = (
+    "harvest_spans, harvest_batches, harvest_watermarks, harvest_dead_letters, memory_facts, memory_keys, "
+    "memory_history, memory_revision, memory_settings"
+)
+
 
 def _scoped(table: str) -> str:
     """Row-level security on ``table`` by its ``scope`` column and ``loomrt.scopes``."""
-    visible = ("current_setting('loomrt.scopes', true) = '*' "
-               "OR scope = ANY (string_to_array(current_setting('loomrt.scopes', true), ','))")
-    return (f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; "
-            f"CREATE POLICY {table}_scope ON {table} USING ({visible}) WITH CHECK ({visible});")
+    visible = (
+        "current_setting('loomrt.scopes', true) = '*' "
+        "OR scope = ANY (string_to_array(current_setting('loomrt.scopes', true), ','))"
+    )
+    return (
+        f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY; "
+        f"CREATE POLICY {table}_scope ON {table} USING ({visible}) WITH CHECK ({visible});"
+    )
 
 
 POSTGRES_SQL: dict[str, str] = {
@@ -166,10 +173,13 @@ POSTGRES_SQL: dict[str, str] = {
             END;
             IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector') THEN
                 EXECUTE 'ALTER TABLE memory_facts ADD COLUMN embedding vector';
-                {"".join(
-                    f"EXECUTE 'CREATE INDEX memory_facts_hnsw_{d} ON memory_facts USING hnsw "
-                    f"((embedding::vector({d})) vector_cosine_ops) WHERE vector_dims(embedding) = {d}';"
-                    for d in HNSW_DIMS)}
+                {
+        "".join(
+            f"EXECUTE 'CREATE INDEX memory_facts_hnsw_{d} ON memory_facts USING hnsw "
+            f"((embedding::vector({d})) vector_cosine_ops) WHERE vector_dims(embedding) = {d}';"
+            for d in HNSW_DIMS
+        )
+    }
             END IF;
         END $$;
         -- scopes enforced by the database: a row is visible to a connection whose loomrt.scopes
@@ -200,16 +210,24 @@ class PgHarvestDB:
         try:
             from psycopg_pool import ConnectionPool
         except ImportError as exc:
-            raise StoreError(f"durable memory on PostgreSQL needs psycopg ({exc}). Install it with: "
-                             "pip install 'loomrt[postgres]'") from None
+            raise StoreError(
+                f"durable memory on PostgreSQL needs psycopg ({exc}). Install it with: pip install 'loomrt[postgres]'"
+            ) from None
         from loomrt.record.pg_migrations import check_schema
         from loomrt.record.postgres import redact_url
 
         self.url = url
         self.path = redact_url(url)
         try:
-            self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True, timeout=30,
-                                        kwargs={"autocommit": True}, name="loomrt-harvest")
+            self._pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=pool_size,
+                open=True,
+                timeout=30,
+                kwargs={"autocommit": True},
+                name="loomrt-harvest",
+            )
             self._pool.wait(timeout=30)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error
             raise StoreError(f"cannot connect to durable memory at {self.path}: {exc}") from None

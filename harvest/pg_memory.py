@@ -57,10 +57,14 @@ class PgMemoryStore(MemoryStore):
     def __init__(self, db: PgHarvestDB, *, embedder: Any = None):
         super().__init__(db, embedder=embedder)
         self.pgvector = "vector" in db.extensions
-        self._cache: dict[tuple[tuple[str, ...], int], tuple[tuple[Any, Any], tuple[int, float, np.ndarray | None]]] = {}
+        self._cache: dict[
+            tuple[tuple[str, ...], int], tuple[tuple[Any, Any], tuple[int, float, np.ndarray | None]]
+        ] = {}
         if self.embedder is not None and not self.pgvector:
-            self._notice(f"pgvector is not installed in {db.path}: durable-memory vectors are searched exactly "
-                         "(fine to ~100,000 facts; install pgvector and run `loomrt db migrate` for an HNSW index)")
+            self._notice(
+                f"pgvector is not installed in {db.path}: durable-memory vectors are searched exactly "
+                "(fine to ~100,000 facts; install pgvector and run `loomrt db migrate` for an HNSW index)"
+            )
 
     @staticmethod
     def _notice(message: str) -> None:
@@ -82,9 +86,11 @@ class PgMemoryStore(MemoryStore):
         tokens = tokenize(statement)
         tf = Counter(tokens)
         if tf:
-            conn.execute("INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens) "
-                         "SELECT ?, t, ?, f, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
-                         (scope, fact_id, len(tokens), list(tf), list(tf.values())))
+            conn.execute(
+                "INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens) "
+                "SELECT ?, t, ?, f, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
+                (scope, fact_id, len(tokens), list(tf), list(tf.values())),
+            )
 
     def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
         conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fact_id,))
@@ -127,29 +133,46 @@ class PgMemoryStore(MemoryStore):
                 weight += 0.5
             ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
             facts = self._by_id([fid for fid, _ in ranked])
-        return [MemoryHit(text=facts[fid].statement, score=round(float(np.clip(s / weight, 0.0, 1.0)), 6),
-                          ts=facts[fid].created_at, scope=facts[fid].scope, id=fid,
-                          provenance={"class": facts[fid].cls, "observed_at": facts[fid].observed_at,
-                                      "sources": facts[fid].sources})
-                for fid, s in ranked if fid in facts]
+        return [
+            MemoryHit(
+                text=facts[fid].statement,
+                score=round(float(np.clip(s / weight, 0.0, 1.0)), 6),
+                ts=facts[fid].created_at,
+                scope=facts[fid].scope,
+                id=fid,
+                provenance={
+                    "class": facts[fid].cls,
+                    "observed_at": facts[fid].observed_at,
+                    "sources": facts[fid].sources,
+                },
+            )
+            for fid, s in ranked
+            if fid in facts
+        ]
 
     def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:
         """The live facts of ``scopes``: how many, their mean length in tokens, their mean
         vector; computed again only when facts were added or hidden since (one cheap query)."""
-        (rev, top), = conn.execute("SELECT (SELECT rev FROM memory_revision), (SELECT max(row_no) FROM memory_facts)"
-                                   ).fetchall()
+        ((rev, top),) = conn.execute(
+            "SELECT (SELECT rev FROM memory_revision), (SELECT max(row_no) FROM memory_facts)"
+        ).fetchall()
         key = (tuple(sorted(scopes)), d)
         cached = self._cache.get(key)
         if cached is not None and cached[0] == (rev, top):
             return cached[1]
-        n, avgdl = conn.execute("SELECT count(*), coalesce(avg(n_tokens), 1) FROM memory_facts "
-                                "WHERE scope = ANY(?) AND status = 'live'", [list(scopes)]).fetchone()
+        n, avgdl = conn.execute(
+            "SELECT count(*), coalesce(avg(n_tokens), 1) FROM memory_facts WHERE scope = ANY(?) AND status = 'live'",
+            [list(scopes)],
+        ).fetchone()
         centroid = None
         if d:
             ids, vecs = (None, None)
             if self.pgvector:
-                (text,) = conn.execute(f"SELECT avg(embedding::vector({d}))::text FROM memory_facts WHERE scope = ANY(?) "
-                                       f"AND status = 'live' AND vector_dims(embedding) = {d}", [list(scopes)]).fetchone()
+                (text,) = conn.execute(
+                    f"SELECT avg(embedding::vector({d}))::text FROM memory_facts WHERE scope = ANY(?) "
+                    f"AND status = 'live' AND vector_dims(embedding) = {d}",
+                    [list(scopes)],
+                ).fetchone()
                 centroid = np.array(text.strip("[]").split(","), dtype=np.float32) if text else None
             else:
                 ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
@@ -158,16 +181,21 @@ class PgMemoryStore(MemoryStore):
         self._cache[key] = ((rev, top), value)
         return value
 
-    def _bm25(self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int,
-              avgdl: float) -> dict[str, float]:
+    def _bm25(
+        self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int, avgdl: float
+    ) -> dict[str, float]:
         """BM25 of the facts holding any of ``terms`` (the best ``pool``), in the database, from
         the postings: each term's document frequency first (an index-only count), then each
         fact's sum over its terms."""
         if not terms or not n:
             return {}
         words = list(terms)
-        dfs = dict(conn.execute("SELECT term, count(*) FROM memory_terms WHERE scope = ANY(?) AND term = ANY(?) "
-                                "GROUP BY term", [list(scopes), words]).fetchall())
+        dfs = dict(
+            conn.execute(
+                "SELECT term, count(*) FROM memory_terms WHERE scope = ANY(?) AND term = ANY(?) GROUP BY term",
+                [list(scopes), words],
+            ).fetchall()
+        )
         found = [w for w in words if dfs.get(w)]
         if not found:
             return {}
@@ -176,7 +204,8 @@ class PgMemoryStore(MemoryStore):
             "SELECT m.fact_id, sum(w.idf * m.tf / (m.tf + ?::float8 * (1 - ?::float8 + ?::float8 * m.n_tokens / "
             "?::float8))) AS s FROM memory_terms m JOIN unnest(?::text[], ?::float8[]) AS w(term, idf) USING (term) "
             "WHERE m.scope = ANY(?) GROUP BY m.fact_id ORDER BY s DESC LIMIT ?",
-            [_K1, _B, _B, avgdl, found, idf, list(scopes), pool]).fetchall()
+            [_K1, _B, _B, avgdl, found, idf, list(scopes), pool],
+        ).fetchall()
         return {fid: float(s) for fid, s in rows if s and s > 0}
 
     def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int) -> dict[str, float]:
@@ -190,7 +219,8 @@ class PgMemoryStore(MemoryStore):
             rows = conn.execute(
                 f"SELECT fact_id, 1 - ({cast} <=> ?::vector({d})) FROM memory_facts WHERE scope = ANY(?) AND "
                 f"status = 'live' AND vector_dims(embedding) = {d} ORDER BY {cast} <=> ?::vector({d}) LIMIT ?",
-                [_vector(q), list(scopes), _vector(q), pool]).fetchall()
+                [_vector(q), list(scopes), _vector(q), pool],
+            ).fetchall()
             return {fid: float(c) for fid, c in rows}
         ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
         if not ids:
@@ -208,8 +238,11 @@ class PgMemoryStore(MemoryStore):
 
     @staticmethod
     def _vectors(conn: Any, where: str, args: list[Any], d: int) -> tuple[list[str], np.ndarray]:
-        rows = [(fid, b) for fid, b in conn.execute(f"SELECT fact_id, vector FROM memory_facts WHERE {where}",
-                                                    args).fetchall() if b is not None and len(b) == 4 * d]
+        rows = [
+            (fid, b)
+            for fid, b in conn.execute(f"SELECT fact_id, vector FROM memory_facts WHERE {where}", args).fetchall()
+            if b is not None and len(b) == 4 * d
+        ]
         if not rows:
             return [], np.zeros((0, d), dtype=np.float32)
         return [fid for fid, _ in rows], np.stack([np.frombuffer(b, dtype=np.float32) for _, b in rows])

@@ -71,8 +71,15 @@ class Placement:
     why: str = ""
 
 
-def place(cls: str, subject: str, statement: str, candidates: list[Candidate], *,
-          merge_cosine: float = MERGE_COSINE, supersede_cosine: float = SUPERSEDE_COSINE) -> Placement:
+def place(
+    cls: str,
+    subject: str,
+    statement: str,
+    candidates: list[Candidate],
+    *,
+    merge_cosine: float = MERGE_COSINE,
+    supersede_cosine: float = SUPERSEDE_COSINE,
+) -> Placement:
     """Decide a new fact's placement against ``candidates`` (most similar first)."""
     mine = values_of(statement)
     for c in sorted(candidates, key=lambda c: -c.cosine):
@@ -86,7 +93,11 @@ def place(cls: str, subject: str, statement: str, candidates: list[Candidate], *
         agree = mine == values_of(c.statement)
         if c.cosine >= merge_cosine and agree:
             return Placement("merge", c.fact_id, c.cosine, "restates it")
-        if (c.cosine >= supersede_cosine and not agree and (mine or values_of(c.statement))
-                and dice(_VALUE.sub(" ", statement), _VALUE.sub(" ", c.statement)) >= SAME_WORDS):
+        if (
+            c.cosine >= supersede_cosine
+            and not agree
+            and (mine or values_of(c.statement))
+            and dice(_VALUE.sub(" ", statement), _VALUE.sub(" ", c.statement)) >= SAME_WORDS
+        ):
             return Placement("supersede", c.fact_id, c.cosine, "the same statement with other values")
     return Placement("new")

@@ -23,8 +23,10 @@ _PATTERNS = [
     re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\b"),  # a JWT
     re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=-]{12,}"),
     re.compile(r"(?i)(?<=://)[^/\s:@]+:[^/\s@]+(?=@)"),  # user:password@ in a URL
-    re.compile(r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?token|auth[_ -]?token|token)"
-               r"\b(\s*(?:is|=|:)\s*)(?!\[redacted)[\"']?[^\s\"',;]{4,}[\"']?"),
+    re.compile(
+        r"(?i)\b(?:password|passwd|pwd|passphrase|secret|api[_ -]?key|access[_ -]?token|auth[_ -]?token|token)"
+        r"\b(\s*(?:is|=|:)\s*)(?!\[redacted)[\"']?[^\s\"',;]{4,}[\"']?"
+    ),
 ]
 
 

@@ -41,13 +41,17 @@ def resolve_scopes(kinds: Sequence[str], *, agent: str, user: str | None, projec
         if kind not in KINDS:
             raise ScopeError(f"unknown memory scope {kind!r}: expected one of {', '.join(KINDS)}")
         if not identity:
-            how = {"user": "pass --user NAME or set LOOMRT_USER",
-                   "project": "set project: at the top of the agents file",
-                   "agent": "give the agent a name"}[kind]
+            how = {
+                "user": "pass --user NAME or set LOOMRT_USER",
+                "project": "set project: at the top of the agents file",
+                "agent": "give the agent a name",
+            }[kind]
             raise ScopeError(f"memory scope {kind!r} has no identity for this run: {how}")
         if not _IDENTITY.match(identity):
-            raise ScopeError(f"memory scope {kind}:{identity!r} is not a valid identity "
-                             "(letters, digits and . _ @ + - only, at most 200)")
+            raise ScopeError(
+                f"memory scope {kind}:{identity!r} is not a valid identity "
+                "(letters, digits and . _ @ + - only, at most 200)"
+            )
         out.append(f"{kind}:{identity}")
     return out
 
@@ -56,7 +60,9 @@ def parse_scope(text: str) -> str:
     """``user:alice`` as typed on the command line, checked; :class:`ScopeError` otherwise."""
     kind, sep, identity = text.partition(":")
     if not sep or kind not in KINDS or not _IDENTITY.match(identity):
-        raise ScopeError(f"scope {text!r}: expected KIND:IDENTITY with KIND one of {', '.join(KINDS)} (e.g. user:alice)")
+        raise ScopeError(
+            f"scope {text!r}: expected KIND:IDENTITY with KIND one of {', '.join(KINDS)} (e.g. user:alice)"
+        )
     return text
 
 
@@ -66,6 +72,7 @@ def check(wanted: Iterable[str], granted: Iterable[str], *, action: str) -> list
     out = list(wanted)
     for key in out:
         if key not in allowed:
-            raise ScopeError(f"this agent may not {action} memory scope {key!r} "
-                             f"(granted: {', '.join(sorted(allowed)) or 'none'})")
+            raise ScopeError(
+                f"this agent may not {action} memory scope {key!r} (granted: {', '.join(sorted(allowed)) or 'none'})"
+            )
     return out

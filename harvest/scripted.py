@@ -23,9 +23,41 @@ __all__ = ["echo_extractor", "coreference_extractor", "conversation_lines"]
 _LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
 _PRONOUN = re.compile(r"^(She|He|They)\b\s+(.*)$")
-_NOT_NAMES = {"The", "This", "That", "Then", "She", "They", "His", "Her", "And", "But", "When", "What", "Yes", "Our",
-              "January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-              "November", "December", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"}
+_NOT_NAMES = {
+    "The",
+    "This",
+    "That",
+    "Then",
+    "She",
+    "They",
+    "His",
+    "Her",
+    "And",
+    "But",
+    "When",
+    "What",
+    "Yes",
+    "Our",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+    "Sunday",
+}
 
 
 def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:
@@ -35,8 +67,11 @@ def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:
 
 
 def _echo(request: ModelRequest) -> str:
-    facts = [{"statement": text, "class": "fact", "subject": text.split()[0] if text.split() else "x",
-              "source_seqs": [n]} for n, role, text in conversation_lines(request) if role == "user" and len(text) >= 8]
+    facts = [
+        {"statement": text, "class": "fact", "subject": text.split()[0] if text.split() else "x", "source_seqs": [n]}
+        for n, role, text in conversation_lines(request)
+        if role == "user" and len(text) >= 8
+    ]
     return json.dumps({"facts": facts})
 
 
@@ -54,8 +89,9 @@ def _coreference(request: ModelRequest) -> str:
         m = _PRONOUN.match(text)
         if m:
             subject = last_name or m.group(1)
-            facts.append({"statement": f"{subject} {m.group(2)}", "class": "fact", "subject": subject,
-                          "source_seqs": [n]})
+            facts.append(
+                {"statement": f"{subject} {m.group(2)}", "class": "fact", "subject": subject, "source_seqs": [n]}
+            )
         names = [w for w in _NAME.findall(text) if w not in _NOT_NAMES]
         if names:
             last_name = names[-1]

@@ -23,8 +23,10 @@ from loomrt.visibility import private_seqs
 
 __all__ = ["sweep"]
 
-_SWEPT = ("INSERT INTO harvest_swept VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE "
-          "SET harvest = excluded.harvest, swept_seq = excluded.swept_seq")
+_SWEPT = (
+    "INSERT INTO harvest_swept VALUES (?, ?, ?) ON CONFLICT (run_id) DO UPDATE "
+    "SET harvest = excluded.harvest, swept_seq = excluded.swept_seq"
+)
 
 
 def _scope(started: Any) -> str | None:
@@ -33,8 +35,12 @@ def _scope(started: Any) -> str | None:
     if not context.get("harvest_to_memory") or not context.get("memory_scopes"):
         return None
     try:
-        return resolve_scopes(context["memory_scopes"][:1], agent=started.data.get("agent", ""),
-                              user=started.data.get("user"), project=started.data.get("project"))[0]
+        return resolve_scopes(
+            context["memory_scopes"][:1],
+            agent=started.data.get("agent", ""),
+            user=started.data.get("user"),
+            project=started.data.get("project"),
+        )[0]
     except ScopeError:
         return None
 
@@ -59,14 +65,33 @@ def sweep(store: Any, db: Tables, settled: Callable[[str], bool]) -> int:
         if missing:
             private = private_seqs(events)
             messages = {e.seq: m for e in events if (m := message_of(e)) is not None}
-            bank = Bank(db, run_id=info.run_id, agent=info.agent, def_hash=info.def_hash, scope=scope,
-                        max_tokens=int(((started.data.get("definition") or {}).get("context") or {})
-                                       .get("harvest_max_tokens", 8000)),
-                        private=lambda: private, record=lambda kind, data: None)
+            bank = Bank(
+                db,
+                run_id=info.run_id,
+                agent=info.agent,
+                def_hash=info.def_hash,
+                scope=scope,
+                max_tokens=int(
+                    ((started.data.get("definition") or {}).get("context") or {}).get("harvest_max_tokens", 8000)
+                ),
+                private=lambda: private,
+                record=lambda kind, data: None,
+            )
             for e in missing:
                 span = tuple(messages[s] for s in e.data.get("span_seqs") or [] if s in messages)
-                if span and bank.bank(EvictedSpan(run_id=info.run_id, agent=info.agent, mode=e.data.get("mode", ""),
-                                                  distillation_seq=e.seq, messages=span))["outcome"] == "banked":
+                if (
+                    span
+                    and bank.bank(
+                        EvictedSpan(
+                            run_id=info.run_id,
+                            agent=info.agent,
+                            mode=e.data.get("mode", ""),
+                            distillation_seq=e.seq,
+                            messages=span,
+                        )
+                    )["outcome"]
+                    == "banked"
+                ):
                     banked += 1
         with db.write() as conn:
             conn.execute(_SWEPT, (info.run_id, 1, info.last_seq))

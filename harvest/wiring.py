@@ -64,11 +64,15 @@ def config_problems(context: Any) -> list[str]:
     """What is wrong with an agent's harvest configuration, knowable from the definition alone."""
     problems = []
     if context.harvest_to_memory and not context.memory_scopes:
-        problems.append("context.harvest_to_memory is on but context.memory_scopes is empty: nothing can be banked "
-                        "(add memory_scopes: [user], [agent] or [project]; the first is where facts go)")
+        problems.append(
+            "context.harvest_to_memory is on but context.memory_scopes is empty: nothing can be banked "
+            "(add memory_scopes: [user], [agent] or [project]; the first is where facts go)"
+        )
     if context.memory_scopes and not context.recall:
-        problems.append("context.memory_scopes is set but context.recall is off: this agent never reads its durable "
-                        "memory (Recall is how it does; set recall: true)")
+        problems.append(
+            "context.memory_scopes is set but context.recall is off: this agent never reads its durable "
+            "memory (Recall is how it does; set recall: true)"
+        )
     return problems
 
 
@@ -77,9 +81,19 @@ def _said(history: Sequence[Event] | None) -> set[str]:
 
 
 def wire(
-    spec: Any, *, run_id: str, agent: str, store: Any, user: str | None, project: str | None,
-    emit: Callable[[str, dict[str, Any]], Any], private: Callable[[], set[int]], def_hash: str,
-    history: Sequence[Event] | None = None, memory: Any = None, embedder: Any = None,
+    spec: Any,
+    *,
+    run_id: str,
+    agent: str,
+    store: Any,
+    user: str | None,
+    project: str | None,
+    emit: Callable[[str, dict[str, Any]], Any],
+    private: Callable[[], set[int]],
+    def_hash: str,
+    history: Sequence[Event] | None = None,
+    memory: Any = None,
+    embedder: Any = None,
 ) -> HarvestWiring:
     """The bank and memory of run ``run_id``; each problem is a ``harvest_error`` event, once."""
     context = spec.context
@@ -101,8 +115,10 @@ def wire(
         loud(f"durable memory is off for this run: {exc}")
         return out
     has_file = has_place(store)
-    no_file = ("durable memory is off for this run: its store has no file to keep memory in (an in-memory "
-               "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH) or PostgreSQL")
+    no_file = (
+        "durable memory is off for this run: its store has no file to keep memory in (an in-memory "
+        "record); use a file store (LOOMRT_HOME or LOOMRT_DB_URL=sqlite:PATH) or PostgreSQL"
+    )
     try:
         if memory is not None and not isinstance(memory, MemoryStore):
             out.memory = memory  # the caller's own MemorySource, read with this run's scope keys
@@ -112,8 +128,16 @@ def wire(
             if not has_file:
                 loud(no_file)
             else:
-                out.bank = Bank(harvest_db(store), run_id=run_id, agent=agent, def_hash=def_hash, scope=out.scopes[0],
-                                max_tokens=context.harvest_max_tokens, private=private, record=emit)
+                out.bank = Bank(
+                    harvest_db(store),
+                    run_id=run_id,
+                    agent=agent,
+                    def_hash=def_hash,
+                    scope=out.scopes[0],
+                    max_tokens=context.harvest_max_tokens,
+                    private=private,
+                    record=emit,
+                )
         elif out.memory is None:
             loud(no_file)
     except Exception as exc:  # noqa: BLE001 - durable memory is optional: the run goes on without it

@@ -25,9 +25,7 @@ def configure_logging(level: str | None = None) -> None:
     _configured = True
     name = (level or os.environ.get("LOOMRT_LOG_LEVEL") or "WARNING").upper()
     renderer = (
-        structlog.dev.ConsoleRenderer(colors=True)
-        if sys.stderr.isatty()
-        else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer(colors=True) if sys.stderr.isatty() else structlog.processors.JSONRenderer()
     )
     structlog.configure(
         processors=[

@@ -23,9 +23,19 @@ from typing import Any
 from loomrt.events import Event, message_of
 from loomrt.messages import Message
 
-__all__ = ["Line", "Marker", "transcript", "context_as_of", "prompt_hash", "message_step", "chained", "CHAINED",
-           "prompt_problems", "to_markdown",
-           "to_jsonl"]
+__all__ = [
+    "Line",
+    "Marker",
+    "transcript",
+    "context_as_of",
+    "prompt_hash",
+    "message_step",
+    "chained",
+    "CHAINED",
+    "prompt_problems",
+    "to_markdown",
+    "to_jsonl",
+]
 
 
 CHAINED = "c2:"
@@ -75,8 +85,15 @@ class Line:
     """Only its own run may see it (:mod:`loomrt.visibility`)."""
 
     def to_dict(self) -> dict[str, Any]:
-        d = {"type": "message", "seq": self.seq, "role": self.role, "name": self.name, "text": self.text,
-             "tool_calls": list(self.tool_calls), "evicted_by": list(self.evicted_by)}
+        d = {
+            "type": "message",
+            "seq": self.seq,
+            "role": self.role,
+            "name": self.name,
+            "text": self.text,
+            "tool_calls": list(self.tool_calls),
+            "evicted_by": list(self.evicted_by),
+        }
         return {**d, "private": True} if self.private else d
 
 
@@ -93,15 +110,24 @@ class Marker:
     """The blocks the distillation put in the working context (recap, summary, Σ, pins)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": "distillation", "seq": self.seq, "mode": self.mode, "covered": list(self.covered),
-                "tokens_before": self.tokens_before, "tokens_after": self.tokens_after,
-                "worked_from": list(self.worked_from)}
+        return {
+            "type": "distillation",
+            "seq": self.seq,
+            "mode": self.mode,
+            "covered": list(self.covered),
+            "tokens_before": self.tokens_before,
+            "tokens_after": self.tokens_after,
+            "worked_from": list(self.worked_from),
+        }
 
 
 def _worked_from(event: Event) -> tuple[str, ...]:
     """The synthetic messages of a distillation's new context, and Σ if it carries one."""
-    blocks = [Message.from_dict(r["message"]).content for r in event.data.get("context") or [] if "message" in r
-              and (r["message"].get("synthetic") or r["message"].get("role") != "system")]
+    blocks = [
+        Message.from_dict(r["message"]).content
+        for r in event.data.get("context") or []
+        if "message" in r and (r["message"].get("synthetic") or r["message"].get("role") != "system")
+    ]
     return tuple(b for b in blocks if b)
 
 
@@ -120,14 +146,31 @@ def transcript(events: Iterable[Event]) -> list[Line | Marker]:
     for e in events:
         if e.kind == "distillation":
             d = e.data
-            out.append(Marker(e.seq, str(d.get("mode")), tuple(int(s) for s in d.get("span_seqs") or []),
-                              int(d.get("tokens_before") or 0), int(d.get("tokens_after") or 0), _worked_from(e)))
+            out.append(
+                Marker(
+                    e.seq,
+                    str(d.get("mode")),
+                    tuple(int(s) for s in d.get("span_seqs") or []),
+                    int(d.get("tokens_before") or 0),
+                    int(d.get("tokens_after") or 0),
+                    _worked_from(e),
+                )
+            )
             continue
         m = message_of(e)
         if m is None or m.role == "system":
             continue
-        out.append(Line(e.seq, m.role, m.content, m.name, tuple(c.name for c in m.tool_calls),
-                        tuple(covered.get(e.seq, ())), e.seq in private))
+        out.append(
+            Line(
+                e.seq,
+                m.role,
+                m.content,
+                m.name,
+                tuple(c.name for c in m.tool_calls),
+                tuple(covered.get(e.seq, ())),
+                e.seq in private,
+            )
+        )
     return out
 
 
@@ -153,8 +196,10 @@ def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
         if e.kind == "model_call" and e.data.get("prompt_from") == "context" and e.data.get("prompt_hash"):
             derived = view.prompt_hash() if e.data["prompt_hash"].startswith(CHAINED) else _whole_prompt_hash(view.wire)
             if derived != e.data["prompt_hash"]:
-                problems.append(f"#{e.seq}: the prompt sent (hash {e.data['prompt_hash']}) is not the working "
-                                f"context the record rebuilds there (hash {derived})")
+                problems.append(
+                    f"#{e.seq}: the prompt sent (hash {e.data['prompt_hash']}) is not the working "
+                    f"context the record rebuilds there (hash {derived})"
+                )
         view.apply(e)
     return problems
 
@@ -171,8 +216,10 @@ def to_markdown(run_id: str, items: Sequence[Line | Marker], *, full: bool = Tru
     for item in items:
         if isinstance(item, Marker):
             span = f"#{item.covered[0]}–#{item.covered[-1]}" if item.covered else "nothing"
-            parts.append(f"> **Distillation #{item.seq}** ({item.mode}): evicted {span} ({len(item.covered)} messages), "
-                         f"{item.tokens_before} → {item.tokens_after} tokens. The agent worked from:\n>")
+            parts.append(
+                f"> **Distillation #{item.seq}** ({item.mode}): evicted {span} ({len(item.covered)} messages), "
+                f"{item.tokens_before} → {item.tokens_after} tokens. The agent worked from:\n>"
+            )
             for block in item.worked_from:
                 parts.append("\n".join(f"> {line}" if line else ">" for line in block.splitlines()))
             parts.append("")

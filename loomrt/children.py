@@ -66,8 +66,13 @@ def spawn_row(index: int, agent: str, result: dict[str, Any]) -> dict[str, Any]:
         status = "max_iterations"
     elif status == "failed" and error and "timed out" in error:
         status = "timeout"
-    row: dict[str, Any] = {"index": index, "agent": agent, "run_id": result["run_id"], "status": status,
-                           "ok": status == "ok"}
+    row: dict[str, Any] = {
+        "index": index,
+        "agent": agent,
+        "run_id": result["run_id"],
+        "status": status,
+        "ok": status == "ok",
+    }
     for key in ("output", "state", "error", "state_withheld"):
         if result.get(key) is not None:
             row[key] = result[key]
@@ -77,8 +82,13 @@ def spawn_row(index: int, agent: str, result: dict[str, Any]) -> dict[str, Any]:
 class Children:
     """The children of one parent run, spawned through ``runtime`` from ``agents``."""
 
-    def __init__(self, runtime: Runtime, parent: RunState, agents: AgentsFile | Callable[[], AgentsFile | None] | None,
-                 agents_file: str | None = None):
+    def __init__(
+        self,
+        runtime: Runtime,
+        parent: RunState,
+        agents: AgentsFile | Callable[[], AgentsFile | None] | None,
+        agents_file: str | None = None,
+    ):
         self.runtime = runtime
         self.parent = parent
         self._agents = agents
@@ -124,19 +134,29 @@ class Children:
             raise SpawnRefused(f"{where}: must be an object like {{agent, prompt, context?, timeout_s?}}")
         agent, prompt = entry.get("agent"), entry.get("prompt")
         if agent not in spec.spawnable:
-            raise SpawnRefused(f"{where}.agent: {agent!r} is not spawnable by {self.parent.agent} "
-                               f"(spawnable: {', '.join(spec.spawnable)})")
+            raise SpawnRefused(
+                f"{where}.agent: {agent!r} is not spawnable by {self.parent.agent} "
+                f"(spawnable: {', '.join(spec.spawnable)})"
+            )
         if self.agents is None or agent not in self.agents.agents:
             raise SpawnRefused(f"{where}.agent: {agent!r} is not in the agents file this run was started from")
         if self.parent.depth + 1 > DEPTH_MAX:
-            raise SpawnRefused(f"{where}: this run is at depth {self.parent.depth}; spawns nest at most {DEPTH_MAX} deep")
+            raise SpawnRefused(
+                f"{where}: this run is at depth {self.parent.depth}; spawns nest at most {DEPTH_MAX} deep"
+            )
         unknown = set(entry) - {"agent", "prompt", "context", "timeout_s"}
         if unknown:
-            raise SpawnRefused(f"{where}: unknown keys {sorted(unknown)} (an entry takes agent, prompt, context, timeout_s)")
+            raise SpawnRefused(
+                f"{where}: unknown keys {sorted(unknown)} (an entry takes agent, prompt, context, timeout_s)"
+            )
         child = self.agents.agents[agent]
         try:
             check_input(prompt)
-            context = narrowed_context(child, entry.get("context"), where=f"{where}.context") if entry.get("context") else None
+            context = (
+                narrowed_context(child, entry.get("context"), where=f"{where}.context")
+                if entry.get("context")
+                else None
+            )
         except LoomError as exc:
             raise SpawnRefused(f"{where}: {exc}" if not str(exc).startswith(where) else str(exc)) from None
         timeout = entry.get("timeout_s", default_timeout)
@@ -144,10 +164,16 @@ class Children:
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
             raise SpawnRefused(f"{where}.timeout_s: must be a positive number of seconds, not {timeout!r}")
         if ceiling is not None and timeout is not None and timeout > ceiling:
-            raise SpawnRefused(f"{where}.timeout_s: {timeout} is above max_child_timeout_s ({ceiling:g}); "
-                               "ask for less (it is refused, not clamped)")
-        return {"agent": agent, "prompt": prompt, "context": context,
-                "timeout_s": timeout if timeout is not None else ceiling}
+            raise SpawnRefused(
+                f"{where}.timeout_s: {timeout} is above max_child_timeout_s ({ceiling:g}); "
+                "ask for less (it is refused, not clamped)"
+            )
+        return {
+            "agent": agent,
+            "prompt": prompt,
+            "context": context,
+            "timeout_s": timeout if timeout is not None else ceiling,
+        }
 
     def _ledger(self, call_id: str) -> dict[str, dict[int, dict[str, Any]]]:
         """What the parent's record says this call already did: started and finished children."""
@@ -173,7 +199,9 @@ class Children:
             self._slots, self._loop = asyncio.Semaphore(self.parent.spec.max_concurrent_children), loop
         return self._slots
 
-    async def _one(self, call_id: str, i: int, c: dict[str, Any], ledger: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    async def _one(
+        self, call_id: str, i: int, c: dict[str, Any], ledger: dict[str, dict[int, dict[str, Any]]]
+    ) -> dict[str, Any]:
         done = ledger["results"].get(i)
         if done is not None:  # finished before a crash: the row is rebuilt from the ledger, in the row's key order
             return {k: done[k] for k in ROW_KEYS if done.get(k) is not None}
@@ -182,11 +210,18 @@ class Children:
             child: RunState | None = None
             if started is None:
                 overrides = {"context": c["context"]} if c["context"] else None
-                child = await self.runtime.astart(c["agent"], agents=self.agents, overrides=overrides,
-                                                  parent=self.parent, agents_file=self.agents_file)
+                child = await self.runtime.astart(
+                    c["agent"],
+                    agents=self.agents,
+                    overrides=overrides,
+                    parent=self.parent,
+                    agents_file=self.agents_file,
+                )
                 child_id = child.run_id
-                await self.parent.add("spawn_child_started", {"tool_call_id": call_id, "index": i, "run_id": child_id,
-                                                              "agent": c["agent"]})
+                await self.parent.add(
+                    "spawn_child_started",
+                    {"tool_call_id": call_id, "index": i, "run_id": child_id, "agent": c["agent"]},
+                )
                 play = self.runtime.send(child, c["prompt"])
             else:
                 child_id = started["run_id"]
@@ -194,11 +229,16 @@ class Children:
             result, timed_out = await self._within(play, child, child_id, c["timeout_s"])
         row = spawn_row(i, c["agent"], result.to_json())
         if timed_out:
-            row.update(status="timeout", ok=False, error=f"the child ran past its timeout ({c['timeout_s']:g} s) and was cancelled")
+            row.update(
+                status="timeout",
+                ok=False,
+                error=f"the child ran past its timeout ({c['timeout_s']:g} s) and was cancelled",
+            )
         if result.mode == "stateful":
             row.pop("output", None)  # a stateful child hands up Σ, not its transcript
-        await self.parent.add("spawn_child_result", {"tool_call_id": call_id, **row,
-                                                      "usage": self.runtime.usage_of(child_id)})
+        await self.parent.add(
+            "spawn_child_result", {"tool_call_id": call_id, **row, "usage": self.runtime.usage_of(child_id)}
+        )
         reached("in_spawn")
         return row
 
@@ -213,7 +253,9 @@ class Children:
             return await self.runtime.send(run, prompt)  # killed before its task was recorded
         return await self.runtime.resume(child_id)
 
-    async def _within(self, play: Any, child: RunState | None, child_id: str, timeout: float | None) -> tuple[RunResult, bool]:
+    async def _within(
+        self, play: Any, child: RunState | None, child_id: str, timeout: float | None
+    ) -> tuple[RunResult, bool]:
         task = asyncio.ensure_future(play)
         try:
             return await asyncio.wait_for(task, timeout), False
@@ -239,8 +281,11 @@ class Children:
         from loomrt.run.reducers.stateful import initial_state, merge_patch, validate_state
 
         schema = spec.context.state_schema or {}
-        entries = {str(r["agent"] if reduce.key == "agent" else r["index"]): r["state"]
-                   for r in rows if r["ok"] and isinstance(r.get("state"), dict)}
+        entries = {
+            str(r["agent"] if reduce.key == "agent" else r["index"]): r["state"]
+            for r in rows
+            if r["ok"] and isinstance(r.get("state"), dict)
+        }
         if not entries:
             return
         patch: dict[str, Any] = entries
@@ -250,11 +295,23 @@ class Children:
         new_state = merge_patch(current, patch)
         problem = validate_state(new_state, schema)
         if problem:
-            await self.parent.add("notice", {"source": "children_state",
-                                             "message": f"children's Σ not merged: the result would be invalid ({problem})"})
+            await self.parent.add(
+                "notice",
+                {
+                    "source": "children_state",
+                    "message": f"children's Σ not merged: the result would be invalid ({problem})",
+                },
+            )
             return
-        await self.parent.add("state_update", {"state": new_state, "patch": patch, "done": False,
-                                               "reasoning": f"children_state: {len(entries)} children's Σ at {reduce.into}"})
+        await self.parent.add(
+            "state_update",
+            {
+                "state": new_state,
+                "patch": patch,
+                "done": False,
+                "reasoning": f"children_state: {len(entries)} children's Σ at {reduce.into}",
+            },
+        )
 
 
 def _fit(row: dict[str, Any], share: int) -> dict[str, Any]:
@@ -270,6 +327,8 @@ def _fit(row: dict[str, Any], share: int) -> dict[str, Any]:
         if key in row and size > share:
             text = str(row[key])
             keep = max(0, len(text) - (size - share) * 4 - 200)
-            row[key] = text[:keep] + f" [cut: the full {key} is in run {row['run_id']} (`loomrt runs show {row['run_id']}`)]"
+            row[key] = (
+                text[:keep] + f" [cut: the full {key} is in run {row['run_id']} (`loomrt runs show {row['run_id']}`)]"
+            )
             row["truncated"] = True
     return row

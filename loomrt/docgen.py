@@ -95,7 +95,9 @@ def _walk(cmd: Any, path: list[str], out: list[str]) -> None:
         if p.param_type_name == "argument":
             rows.append(f"| `{(p.name or '').upper()}` | argument | {getattr(p, 'help', '') or ''} |")
         elif p.param_type_name == "option" and "--help" not in p.opts:
-            rows.append(f"| `{', '.join(p.opts)}` | option | {p.help or ('Machine-readable output.' if '--json' in p.opts else '')} |")
+            rows.append(
+                f"| `{', '.join(p.opts)}` | option | {p.help or ('Machine-readable output.' if '--json' in p.opts else '')} |"
+            )
     if rows:
         out += ["| name | kind | meaning |", "|---|---|---|", *rows, ""]
 

@@ -78,8 +78,13 @@ class ProviderError(RunError):
     """The model provider failed permanently (or its retries ran out)."""
 
     def __init__(
-        self, message: str, *, status: int | None = None, retryable: bool = False,
-        run_id: str | None = None, last_seq: int | None = None,
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        run_id: str | None = None,
+        last_seq: int | None = None,
     ) -> None:
         self.status = status
         self.retryable = retryable

@@ -69,8 +69,16 @@ class RunInfo(BaseModel):
     last_seq: int = 0
 
 
-LIFECYCLE_KINDS: tuple[str, ...] = ("run_started", "resumed", "user_input", "parked", "final", "error", "cancelled",
-                                    "run_queued")
+LIFECYCLE_KINDS: tuple[str, ...] = (
+    "run_started",
+    "resumed",
+    "user_input",
+    "parked",
+    "final",
+    "error",
+    "cancelled",
+    "run_queued",
+)
 """The kinds a run's status derives from. Every other event (a notice, a retry, a
 callback error, later a pin) is out of band: it never changes the status."""
 
@@ -78,8 +86,13 @@ callback error, later a pin) is out of band: it never changes the status."""
 def run_status(last_kind: str | None) -> str:
     """A run's status, derived from the kind of its last lifecycle event (the record is
     never updated): done, failed, parked, cancelled, queued (waiting for a worker), else active."""
-    return {"final": "done", "error": "failed", "parked": "parked", "cancelled": "cancelled",
-            "run_queued": "queued"}.get(last_kind or "", "active")
+    return {
+        "final": "done",
+        "error": "failed",
+        "parked": "parked",
+        "cancelled": "cancelled",
+        "run_queued": "queued",
+    }.get(last_kind or "", "active")
 
 
 def message_of(event: Event) -> Message | None:
@@ -98,6 +111,12 @@ def message_of(event: Event) -> Message | None:
     if event.kind == "assistant_message":
         return Message.from_dict({**d["message"], "seq": event.seq, "ts": event.ts})
     if event.kind == "tool_result":
-        return Message(role="tool", content=d.get("content") or "", tool_call_id=d.get("tool_call_id"),
-                       name=d.get("name"), seq=event.seq, ts=event.ts)
+        return Message(
+            role="tool",
+            content=d.get("content") or "",
+            tool_call_id=d.get("tool_call_id"),
+            name=d.get("name"),
+            seq=event.seq,
+            ts=event.ts,
+        )
     return None

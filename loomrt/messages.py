@@ -125,7 +125,11 @@ class Message:
         if self.role == "tool":
             return "" if self.name in SEARCH_TOOLS else self.content
         calls = tuple(tc for tc in self.tool_calls if tc.name not in SEARCH_TOOLS)
-        return self.text_for_search() if len(calls) == len(self.tool_calls) else replace(self, tool_calls=calls).text_for_search()
+        return (
+            self.text_for_search()
+            if len(calls) == len(self.tool_calls)
+            else replace(self, tool_calls=calls).text_for_search()
+        )
 
 
 def summarized_text(m: Message) -> str:

@@ -15,12 +15,42 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 __all__ = [
-    "EventPayload", "PAYLOADS", "check_payload", "events_json_schema",
-    "RunStarted", "UserInput", "ModelCall", "AssistantMessage", "ToolCallPayload", "ToolResult", "StateUpdate",
-    "PatchRejected", "SchemaProposed", "Distillation", "DistillationDeclined", "SummaryRejected", "Retry",
-    "CallbackError", "ToolSourceError", "SpawnChildStarted", "SpawnChildResult", "Notice", "Parked", "Resumed", "Error", "Final", "Cancelled",
-    "PinPayload", "UnpinPayload", "MarkPrivate", "CardRejected", "FoldQueued", "FoldSkippedPayload",
-    "HarvestBanked", "HarvestError", "RunQueued",
+    "EventPayload",
+    "PAYLOADS",
+    "check_payload",
+    "events_json_schema",
+    "RunStarted",
+    "UserInput",
+    "ModelCall",
+    "AssistantMessage",
+    "ToolCallPayload",
+    "ToolResult",
+    "StateUpdate",
+    "PatchRejected",
+    "SchemaProposed",
+    "Distillation",
+    "DistillationDeclined",
+    "SummaryRejected",
+    "Retry",
+    "CallbackError",
+    "ToolSourceError",
+    "SpawnChildStarted",
+    "SpawnChildResult",
+    "Notice",
+    "Parked",
+    "Resumed",
+    "Error",
+    "Final",
+    "Cancelled",
+    "PinPayload",
+    "UnpinPayload",
+    "MarkPrivate",
+    "CardRejected",
+    "FoldQueued",
+    "FoldSkippedPayload",
+    "HarvestBanked",
+    "HarvestError",
+    "RunQueued",
 ]
 
 
@@ -342,19 +372,73 @@ class RunQueued(_Payload):
 
 
 PAYLOADS: tuple[type[_Payload], ...] = (
-    RunStarted, UserInput, ModelCall, AssistantMessage, ToolCallPayload, ToolResult, StateUpdate, PatchRejected,
-    SchemaProposed, Distillation, DistillationDeclined, SummaryRejected, Retry, CallbackError, ToolSourceError,
-    SpawnChildStarted, SpawnChildResult, Notice, Parked,
-    Resumed, Error, Final, Cancelled, PinPayload, UnpinPayload, MarkPrivate, CardRejected, FoldQueued,
-    FoldSkippedPayload, HarvestBanked, HarvestError, RunQueued,
+    RunStarted,
+    UserInput,
+    ModelCall,
+    AssistantMessage,
+    ToolCallPayload,
+    ToolResult,
+    StateUpdate,
+    PatchRejected,
+    SchemaProposed,
+    Distillation,
+    DistillationDeclined,
+    SummaryRejected,
+    Retry,
+    CallbackError,
+    ToolSourceError,
+    SpawnChildStarted,
+    SpawnChildResult,
+    Notice,
+    Parked,
+    Resumed,
+    Error,
+    Final,
+    Cancelled,
+    PinPayload,
+    UnpinPayload,
+    MarkPrivate,
+    CardRejected,
+    FoldQueued,
+    FoldSkippedPayload,
+    HarvestBanked,
+    HarvestError,
+    RunQueued,
 )
 
 EventPayload = Annotated[
-    RunStarted | UserInput | ModelCall | AssistantMessage | ToolCallPayload | ToolResult | StateUpdate
-    | PatchRejected | SchemaProposed | Distillation | DistillationDeclined | SummaryRejected | Retry
-    | CallbackError | ToolSourceError | SpawnChildStarted | SpawnChildResult | Notice | Parked | Resumed | Error | Final | Cancelled
-    | PinPayload | UnpinPayload | MarkPrivate | CardRejected | FoldQueued | FoldSkippedPayload | HarvestBanked
-    | HarvestError | RunQueued,
+    RunStarted
+    | UserInput
+    | ModelCall
+    | AssistantMessage
+    | ToolCallPayload
+    | ToolResult
+    | StateUpdate
+    | PatchRejected
+    | SchemaProposed
+    | Distillation
+    | DistillationDeclined
+    | SummaryRejected
+    | Retry
+    | CallbackError
+    | ToolSourceError
+    | SpawnChildStarted
+    | SpawnChildResult
+    | Notice
+    | Parked
+    | Resumed
+    | Error
+    | Final
+    | Cancelled
+    | PinPayload
+    | UnpinPayload
+    | MarkPrivate
+    | CardRejected
+    | FoldQueued
+    | FoldSkippedPayload
+    | HarvestBanked
+    | HarvestError
+    | RunQueued,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

@@ -160,14 +160,28 @@ class Runtime:
         run_id = uuid.uuid4().hex[:12]
         lineage = dict(lineage or {})
         if parent is not None:
-            lineage = {"parent_run_id": parent.run_id, "root_run_id": parent.root_run_id or parent.run_id,
-                       "depth": parent.depth + 1}
+            lineage = {
+                "parent_run_id": parent.run_id,
+                "root_run_id": parent.root_run_id or parent.run_id,
+                "depth": parent.depth + 1,
+            }
         if parent is not None and user is None:  # a sub-agent works for its parent's user
             started = self.store.latest(parent.run_id, "run_started")
             user = started.data.get("user") if started is not None else None
-        identity = {k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v}
-        return await self._assemble(run_id, name, spec, interactive=interactive, agents_file=agents_file, history=None,
-                                    agents=agents, lineage=lineage, identity=identity)
+        identity = {
+            k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v
+        }
+        return await self._assemble(
+            run_id,
+            name,
+            spec,
+            interactive=interactive,
+            agents_file=agents_file,
+            history=None,
+            agents=agents,
+            lineage=lineage,
+            identity=identity,
+        )
 
     def _definition(self, agent: AgentSpec | str, agents: AgentsFile | None, name: str | None) -> tuple[str, AgentSpec]:
         if isinstance(agent, AgentSpec):
@@ -178,9 +192,18 @@ class Runtime:
         return agent, agents.agents[agent]
 
     async def _assemble(
-        self, run_id: str, name: str, spec: AgentSpec, *, interactive: bool, agents_file: str | None,
-        history: list[Event] | None, agents: AgentsFile | None = None, lineage: dict[str, Any] | None = None,
-        fork: dict[str, Any] | None = None, identity: dict[str, str] | None = None,
+        self,
+        run_id: str,
+        name: str,
+        spec: AgentSpec,
+        *,
+        interactive: bool,
+        agents_file: str | None,
+        history: list[Event] | None,
+        agents: AgentsFile | None = None,
+        lineage: dict[str, Any] | None = None,
+        fork: dict[str, Any] | None = None,
+        identity: dict[str, str] | None = None,
     ) -> RunState:
         provider = self.providers(spec, spec.model)
         summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
@@ -188,8 +211,12 @@ class Runtime:
         if history:
             resolved = history[0].data["mode"]
         else:
-            resolved = resolve_mode(requested, provider.capabilities, interactive=interactive,
-                                    has_schema=spec.context.state_schema is not None)
+            resolved = resolve_mode(
+                requested,
+                provider.capabilities,
+                interactive=interactive,
+                has_schema=spec.context.state_schema is not None,
+            )
         mode = mode_for(resolved)
         lineage = dict(lineage or {})
         identity = dict(identity or {})  # whom the run works for: its user and project memory scopes
@@ -197,8 +224,16 @@ class Runtime:
             lineage = {k: history[0].data[k] for k in ("parent_run_id", "root_run_id", "depth") if k in history[0].data}
             identity = {k: history[0].data[k] for k in ("user", "project") if history[0].data.get(k)}
         run = RunState(
-            run_id=run_id, agent=name, spec=spec, mode=mode, interactive=interactive, store=self.store,
-            provider=provider, summarizer=summarizer, listeners=list(self.listeners), **lineage,
+            run_id=run_id,
+            agent=name,
+            spec=spec,
+            mode=mode,
+            interactive=interactive,
+            store=self.store,
+            provider=provider,
+            summarizer=summarizer,
+            listeners=list(self.listeners),
+            **lineage,
         )
         if history is None:
             self.claim(run)  # a new run is this worker's from its first event
@@ -214,31 +249,69 @@ class Runtime:
             spawn = Children(self, run, agents or (lambda: _agents_at(agents_file)), agents_file).spawn
         below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
         run.toolset = resolve_toolset(
-            spec, run_id=run_id, agent=name, registry=self.tools, memory=self.memory, embedder=self.embedder,
-            history=[*shared, *(history or [])] if shared else history, emit=run.emit, spawn=spawn, lineage=below,
-            run=run, user=identity.get("user"), project=identity.get("project"),
+            spec,
+            run_id=run_id,
+            agent=name,
+            registry=self.tools,
+            memory=self.memory,
+            embedder=self.embedder,
+            history=[*shared, *(history or [])] if shared else history,
+            emit=run.emit,
+            spawn=spawn,
+            lineage=below,
+            run=run,
+            user=identity.get("user"),
+            project=identity.get("project"),
         )
         run.callbacks = [*run.toolset.callbacks, *self.callbacks]
         if history is None:
-            system = "\n\n".join(x for x in [spec.system_text(), definition_pins_text(spec.context.pins),
-                                              *mode.system_lines(spec), *run.toolset.prompt_lines] if x)
+            system = "\n\n".join(
+                x
+                for x in [
+                    spec.system_text(),
+                    definition_pins_text(spec.context.pins),
+                    *mode.system_lines(spec),
+                    *run.toolset.prompt_lines,
+                ]
+                if x
+            )
             info = RunInfo(
-                run_id=run_id, agent=name, def_hash=definition_hash(spec), mode=resolved, model=spec.model,
-                interactive=interactive, agents_file=agents_file, parent_run_id=run.parent_run_id,
-                root_run_id=run.root_run_id, forked_from=(fork or {}).get("forked_from", {}).get("run_id"),
+                run_id=run_id,
+                agent=name,
+                def_hash=definition_hash(spec),
+                mode=resolved,
+                model=spec.model,
+                interactive=interactive,
+                agents_file=agents_file,
+                parent_run_id=run.parent_run_id,
+                root_run_id=run.root_run_id,
+                forked_from=(fork or {}).get("forked_from", {}).get("run_id"),
                 fork_seq=(fork or {}).get("forked_from", {}).get("seq"),
             )
             if fork:  # a fork waits for its first input: parked in the same transaction as its start
                 run.emit("parked", {"output": None})
             async with run.atomic():  # the run and its first event: a crash leaves both or neither
                 await self.store.write_run(info)
-                await run.add("run_started", {
-                    "agent": name, "def_hash": definition_hash(spec), "definition": spec.model_dump(mode="json"),
-                    "requested_mode": requested, "mode": resolved, "model": spec.model, "interactive": interactive,
-                    "tools": sorted(run.toolset.tools), "system": system, "local": provider.capabilities.local,
-                    "budget": run.budget, "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
-                    **lineage, **(fork or {}), **identity,
-                })
+                await run.add(
+                    "run_started",
+                    {
+                        "agent": name,
+                        "def_hash": definition_hash(spec),
+                        "definition": spec.model_dump(mode="json"),
+                        "requested_mode": requested,
+                        "mode": resolved,
+                        "model": spec.model,
+                        "interactive": interactive,
+                        "tools": sorted(run.toolset.tools),
+                        "system": system,
+                        "local": provider.capabilities.local,
+                        "budget": run.budget,
+                        "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
+                        **lineage,
+                        **(fork or {}),
+                        **identity,
+                    },
+                )
                 if fork:
                     reached("in_fork")
         return run
@@ -392,7 +465,9 @@ class Runtime:
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
         run = await self.aopen(run_id)
-        if run.view.status in ("done", "cancelled") or (run.view.status == "parked" and not run.view.parked_after_error):
+        if run.view.status in ("done", "cancelled") or (
+            run.view.status == "parked" and not run.view.parked_after_error
+        ):
             return self.result(run)
         self.claim(run)
         await run.add("resumed", {"from_seq": run.last_seq})
@@ -439,8 +514,10 @@ class Runtime:
         if not (info.fork_seq or 0) < at <= info.last_seq:
             if info.forked_from and 0 < at <= (info.fork_seq or 0):
                 return await self.fork(info.forked_from, at=at)  # that part of its history is its parent's
-            raise NotFoundError(f"run {run_id} has no seq {at} to fork at (its seqs run to {info.last_seq}); "
-                                f"`loomrt runs show {run_id}` lists them")
+            raise NotFoundError(
+                f"run {run_id} has no seq {at} to fork at (its seqs run to {info.last_seq}); "
+                f"`loomrt runs show {run_id}` lists them"
+            )
         started = self.store.latest(run_id, "run_started")
         if started is None:
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
@@ -452,8 +529,16 @@ class Runtime:
             fork["catalog"] = catalog
         new_id = uuid.uuid4().hex[:12]
         identity = {k: started.data[k] for k in ("user", "project") if started.data.get(k)}
-        return await self._assemble(new_id, info.agent, spec, interactive=info.interactive,
-                                    agents_file=info.agents_file, history=None, fork=fork, identity=identity)
+        return await self._assemble(
+            new_id,
+            info.agent,
+            spec,
+            interactive=info.interactive,
+            agents_file=info.agents_file,
+            history=None,
+            fork=fork,
+            identity=identity,
+        )
 
     async def refold(self, run_id: str, *, fallback_only: bool = False, model: str | None = None) -> dict[str, Any]:
         """Write new cards for a fold run's catalog (old cards stay; the catalog moves to the
@@ -464,14 +549,19 @@ class Runtime:
             run.summarizer = self.providers(run.spec, model)
         before = run.estimate()
         with self.holding(run):
-            changed = await maybe_distil(run, force=True, require_smaller=False,
-                                         reduce=lambda r: r.mode.refold(r, fallback_only=fallback_only))
+            changed = await maybe_distil(
+                run, force=True, require_smaller=False, reduce=lambda r: r.mode.refold(r, fallback_only=fallback_only)
+            )
         last = self.store.latest(run_id, "distillation") if changed else None
         declined = None if changed else self.store.latest(run_id, "distillation_declined")
-        return {"run_id": run_id, "refolded": (last.data.get("folds") or {}).get("refolded", 0) if last else 0,
-                "tokens_before": before, "tokens_after": run.estimate(),
-                "fallbacks_left": sum(1 for m in run.context if m.ref in run.view.cards and run.view.cards[m.ref].fallback),
-                "reason": None if changed else (declined.data.get("reason") if declined else "no card to refold")}
+        return {
+            "run_id": run_id,
+            "refolded": (last.data.get("folds") or {}).get("refolded", 0) if last else 0,
+            "tokens_before": before,
+            "tokens_after": run.estimate(),
+            "fallbacks_left": sum(1 for m in run.context if m.ref in run.view.cards and run.view.cards[m.ref].fallback),
+            "reason": None if changed else (declined.data.get("reason") if declined else "no card to refold"),
+        }
 
     async def between_turns(self, run: RunState) -> bool:
         """Make the distillation the run's mode queued for between turns (fold's soft
@@ -487,8 +577,10 @@ class Runtime:
         except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
             return False
         except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
-            await run.add("notice", {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
-                                     "source": run.mode.name})
+            await run.add(
+                "notice",
+                {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}", "source": run.mode.name},
+            )
             return False
         finally:
             self.store.release_lease(lease, holder)
@@ -499,15 +591,31 @@ class Runtime:
         run = await self.aopen(run_id)
         before = run.estimate()
         if run.mode.name == "append" and run.mode.threshold_pct(run) is None:
-            return {"run_id": run_id, "mode": run.mode.name, "distilled": False, "tokens_before": before,
-                    "tokens_after": before, "reason": "append mode keeps everything (context.backstop is off)"}
+            return {
+                "run_id": run_id,
+                "mode": run.mode.name,
+                "distilled": False,
+                "tokens_before": before,
+                "tokens_after": before,
+                "reason": "append mode keeps everything (context.backstop is off)",
+            }
         heard: list[Event] = []
         run.listeners.append(heard.append)
         with self.holding(run):
             distilled = await maybe_distil(run, force=True)
-        reason = None if distilled else next((e.data.get("reason") for e in heard if e.kind == "distillation_declined"), None)
-        return {"run_id": run_id, "mode": run.mode.name, "distilled": distilled, "tokens_before": before,
-                "tokens_after": run.estimate(), "reason": reason}
+        reason = (
+            None
+            if distilled
+            else next((e.data.get("reason") for e in heard if e.kind == "distillation_declined"), None)
+        )
+        return {
+            "run_id": run_id,
+            "mode": run.mode.name,
+            "distilled": distilled,
+            "tokens_before": before,
+            "tokens_after": run.estimate(),
+            "reason": reason,
+        }
 
     def usage_of(self, run_id: str) -> dict[str, int]:
         """The tokens of a run and every run under it (its sub-agents, theirs, ...)."""
@@ -526,8 +634,15 @@ class Runtime:
         """What the run hands out: Σ without its private keys (``runs show`` has them all)."""
         state, withheld = withhold(run.state, getattr(run.view.slot, "private_keys", set()))
         return RunResult(
-            run_id=run.run_id, agent=run.agent, mode=run.mode.name, status="failed" if error else run.view.status,
+            run_id=run.run_id,
+            agent=run.agent,
+            mode=run.mode.name,
+            status="failed" if error else run.view.status,
             output=run.output,
-            state=state, usage=run.usage, model_calls=run.model_calls, distillations=run.distillations,
-            error=error, state_withheld=tuple(withheld),
+            state=state,
+            usage=run.usage,
+            model_calls=run.model_calls,
+            distillations=run.distillations,
+            error=error,
+            state_withheld=tuple(withheld),
         )

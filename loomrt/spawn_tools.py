@@ -38,8 +38,9 @@ def spawn_tools(spawn: SpawnFn, spawnable: list[str]) -> dict[str, Tool]:
     """``spawn`` and ``parallel_spawn`` over the ``spawn`` callable."""
     who = ", ".join(spawnable)
 
-    async def one(agent: str, prompt: str, context: dict[str, Any] | None = None,
-                  timeout_s: float | None = None) -> dict[str, Any]:
+    async def one(
+        agent: str, prompt: str, context: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         entry: dict[str, Any] = {"agent": agent, "prompt": prompt}
         if context:
             entry["context"] = context
@@ -54,17 +55,25 @@ def spawn_tools(spawn: SpawnFn, spawnable: list[str]) -> dict[str, Tool]:
 
     return {
         "spawn": Tool(
-            "spawn", f"Run a sub-agent ({who}) on a task and wait for its result row. {_ROW_NOTE}",
-            {**_ENTRY}, one, resumable=True,
+            "spawn",
+            f"Run a sub-agent ({who}) on a task and wait for its result row. {_ROW_NOTE}",
+            {**_ENTRY},
+            one,
+            resumable=True,
         ),
         "parallel_spawn": Tool(
             "parallel_spawn",
             f"Run 1 to 32 sub-agents ({who}) at once and wait for all; rows come back in the order given. "
             f"One bad entry refuses the whole call. {_ROW_NOTE}",
-            {"type": "object", "properties": {
-                "spawns": {"type": "array", "items": _ENTRY, "minItems": 1, "maxItems": 32},
-                "timeout_s": {"type": "number", "description": "The default timeout of each entry."},
-            }, "required": ["spawns"]},
-            many, resumable=True,
+            {
+                "type": "object",
+                "properties": {
+                    "spawns": {"type": "array", "items": _ENTRY, "minItems": 1, "maxItems": 32},
+                    "timeout_s": {"type": "number", "description": "The default timeout of each entry."},
+                },
+                "required": ["spawns"],
+            },
+            many,
+            resumable=True,
         ),
     }

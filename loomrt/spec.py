@@ -72,8 +72,6 @@ def mode_names() -> tuple[str, ...]:
 SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
 
 
-
-
 class ContextSpec(_Strict):
     """How a run keeps its working context under budget."""
 
@@ -246,8 +244,10 @@ class AgentSpec(_Strict):
                 continue
             if server not in servers:
                 declared = ", ".join(sorted(servers)) or "none"
-                raise ValueError(f"tools[{i}] {name!r} names MCP server {server!r}, which mcp_servers does not "
-                                 f"declare (declared: {declared})")
+                raise ValueError(
+                    f"tools[{i}] {name!r} names MCP server {server!r}, which mcp_servers does not "
+                    f"declare (declared: {declared})"
+                )
             if not tool or "." in tool:
                 raise ValueError(f"tools[{i}] {name!r} must be SERVER.TOOL or SERVER.*")
         return tools
@@ -369,7 +369,8 @@ def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
         if p.is_file() and p.stat().st_size > AGENTS_FILE_MAX_BYTES:
             raise SpecError(
                 f"the agents file is {p.stat().st_size:,} bytes, over the {AGENTS_FILE_MAX_BYTES:,}-byte limit; "
-                "move long prompts into system_prompt_file files", where=str(p),
+                "move long prompts into system_prompt_file files",
+                where=str(p),
             )
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -403,7 +404,8 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
         line = text[: exc.position].count("\n") + 1
         raise SpecError(
             f"not valid YAML: character {exc.character!r} (code {ord(exc.character) if isinstance(exc.character, str) else exc.character}) "
-            "is not allowed in a YAML file; remove it", where=f"{filename}:{line}",
+            "is not allowed in a YAML file; remove it",
+            where=f"{filename}:{line}",
         ) from None
     except yaml.YAMLError as exc:
         raise SpecError(f"not valid YAML: {exc}", where=filename) from None
@@ -424,7 +426,9 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
     merged = {}
     for name, body in agents.items():
         if not isinstance(body, dict):
-            raise SpecError("an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}")
+            raise SpecError(
+                "an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}"
+            )
         merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
     try:
         top = {k: v for k, v in raw.items() if k != "agents"}
@@ -437,7 +441,8 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
         name, i, child = unknown
         raise SpecError(
             f"spawnable names {child!r}, which is not an agent of this file (agents: {', '.join(sorted(loaded.agents))})",
-            where=loc.where(("agents", name, "spawnable", i)), path=f"agents.{name}.spawnable[{i}]",
+            where=loc.where(("agents", name, "spawnable", i)),
+            path=f"agents.{name}.spawnable[{i}]",
         )
     return loaded
 

@@ -32,11 +32,14 @@ __all__ = [
 ]
 
 
-def scripted_runtime(provider: ModelProvider, *, store_path: str | Path = ":memory:", store: Any = None,
-                     **kw: Any) -> Runtime:
+def scripted_runtime(
+    provider: ModelProvider, *, store_path: str | Path = ":memory:", store: Any = None, **kw: Any
+) -> Runtime:
     """A runtime whose every agent (and summarizer) is answered by ``provider``, on ``store``
     (default: a SQLite store at ``store_path``)."""
-    return Runtime(store if store is not None else SQLiteStore(store_path), providers=lambda spec, model: provider, **kw)
+    return Runtime(
+        store if store is not None else SQLiteStore(store_path), providers=lambda spec, model: provider, **kw
+    )
 
 
 _FAULTS = ("429", "500", "503", "timeout", "connection", "malformed_tool_call", "400", "401", "404")

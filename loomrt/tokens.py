@@ -94,10 +94,24 @@ def count_messages(messages: list[Message] | tuple[Message, ...]) -> int:
 
 def count_dicts(messages: list[dict[str, Any]]) -> int:
     """The same estimate for messages already in litellm format."""
-    return count_messages([Message.from_dict({**m, "tool_calls": [
-        {"id": tc.get("id", ""), "name": tc["function"]["name"], "arguments": _loads(tc["function"].get("arguments"))}
-        for tc in m.get("tool_calls") or []
-    ]}) for m in messages])
+    return count_messages(
+        [
+            Message.from_dict(
+                {
+                    **m,
+                    "tool_calls": [
+                        {
+                            "id": tc.get("id", ""),
+                            "name": tc["function"]["name"],
+                            "arguments": _loads(tc["function"].get("arguments")),
+                        }
+                        for tc in m.get("tool_calls") or []
+                    ],
+                }
+            )
+            for m in messages
+        ]
+    )
 
 
 def _loads(raw: Any) -> dict[str, Any]:

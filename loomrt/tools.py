@@ -147,9 +147,15 @@ def _search_text(pattern: str, path: str = ".") -> list[str]:
 
 
 _OPS: dict[type, Callable[..., Any]] = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
-    ast.USub: operator.neg, ast.UAdd: operator.pos,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
 }
 
 
@@ -166,7 +172,9 @@ def _eval(node: ast.AST) -> float:
     raise ValueError("only numbers and + - * / // % ** ( ) are allowed")
 
 
-@tool("calculate", "Evaluate an arithmetic expression exactly.", _obj({"expression": {"type": "string"}}, ["expression"]))
+@tool(
+    "calculate", "Evaluate an arithmetic expression exactly.", _obj({"expression": {"type": "string"}}, ["expression"])
+)
 def _calculate(expression: str) -> str:
     return str(_eval(ast.parse(expression, mode="eval").body))
 

@@ -70,14 +70,18 @@ def resolve_toolset(
     granted = [t for t in SPAWN_TOOLS if t in spec.tools]
     if granted:
         if spawn is None:
-            raise SpecError("this run cannot spawn sub-agents here (no runtime gave it a spawn callable)",
-                            path=f"agents.{agent}.tools" if agent else "tools")
+            raise SpecError(
+                "this run cannot spawn sub-agents here (no runtime gave it a spawn callable)",
+                path=f"agents.{agent}.tools" if agent else "tools",
+            )
         from loomrt.spawn_tools import spawn_tools
 
         offered = spawn_tools(spawn, spec.spawnable)
         toolset.tools.update({name: offered[name] for name in granted})
     for server in spec.mcp_servers:
-        allowed = [name.partition(".")[2] for name in spec.tools if name.partition(".")[0] == server.name and "." in name]
+        allowed = [
+            name.partition(".")[2] for name in spec.tools if name.partition(".")[0] == server.name and "." in name
+        ]
         if allowed:
             from loomrt.mcp.sources import McpSource
 
@@ -95,9 +99,20 @@ def resolve_toolset(
         from loomrt.spec import definition_hash
 
         view = getattr(run, "view", None)
-        harvest = wire(spec, run_id=run_id, agent=agent, store=getattr(run, "store", None), user=user, project=project,
-                       emit=emit, private=lambda: set(getattr(view, "private", ()) or ()), def_hash=definition_hash(spec),
-                       history=history, memory=memory, embedder=embedder)
+        harvest = wire(
+            spec,
+            run_id=run_id,
+            agent=agent,
+            store=getattr(run, "store", None),
+            user=user,
+            project=project,
+            emit=emit,
+            private=lambda: set(getattr(view, "private", ()) or ()),
+            def_hash=definition_hash(spec),
+            history=history,
+            memory=memory,
+            embedder=embedder,
+        )
         memory, scopes = harvest.memory, list(harvest.scopes)
         if harvest.bank is not None:
             toolset.callbacks.append(harvest.bank.on_evicted)
@@ -106,8 +121,14 @@ def resolve_toolset(
 
         family = getattr(getattr(run, "view", None), "family", None)
         recall = RunRecall(
-            run_id=run_id, context=spec.context, emit=emit, embedder=embedder, memory=memory, history=history,
-            shared_runs=[r for r, _ in family.links] if family is not None else (), scopes=scopes,
+            run_id=run_id,
+            context=spec.context,
+            emit=emit,
+            embedder=embedder,
+            memory=memory,
+            history=history,
+            shared_runs=[r for r, _ in family.links] if family is not None else (),
+            scopes=scopes,
         )
         toolset.recall = recall
         toolset.tools[recall.tool.name] = recall.tool

@@ -62,7 +62,9 @@ def _render(name: str, body: dict[str, Any], indent: int, comment: str) -> list[
     return [f"{pad}# {comment}\n"] + [pad + line + "\n" for line in dumped.splitlines()]
 
 
-def version_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, new_name: str | None = None) -> tuple[str, str]:
+def version_agent(
+    path: str | Path, name: str, state_schema: dict[str, Any], *, new_name: str | None = None
+) -> tuple[str, str]:
     """Write a new version of ``name`` with ``state_schema`` after it; return (new name, its hash)."""
     p = Path(path)
     text = p.read_text(encoding="utf-8")
@@ -84,7 +86,12 @@ def version_agent(path: str | Path, name: str, state_schema: dict[str, Any], *, 
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
-    new_lines = _render(new_name, body, block.indent, f"version of {name} ({old_hash}) on {stamp}; promote with `loomrt agents promote {new_name}`")
+    new_lines = _render(
+        new_name,
+        body,
+        block.indent,
+        f"version of {name} ({old_hash}) on {stamp}; promote with `loomrt agents promote {new_name}`",
+    )
     candidate = "".join(lines[: block.end] + new_lines + lines[block.end :])
     checked = load_agents_text(candidate, filename=str(p), base_dir=p.resolve().parent)  # never write a broken file
     p.write_text(candidate, encoding="utf-8")
@@ -109,7 +116,11 @@ def promote_agent(path: str | Path, fork: str) -> tuple[str, str]:
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     replacement = _render(base, src.body, dst.indent, f"promoted from {fork} on {stamp}")
     # drop the fork's lines (and the comment line version_agent wrote above it), then replace the base
-    fork_start = src.start - 1 if src.start > 0 and lines[src.start - 1].strip().startswith(("# version of", "# forked from")) else src.start
+    fork_start = (
+        src.start - 1
+        if src.start > 0 and lines[src.start - 1].strip().startswith(("# version of", "# forked from"))
+        else src.start
+    )
     edits = sorted([(fork_start, src.end, []), (dst.start, dst.end, replacement)], reverse=True)
     for start, end, new in edits:
         lines[start:end] = new

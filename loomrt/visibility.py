@@ -90,6 +90,8 @@ def mark_private_in_record(store: Any, run_id: str, seq: int) -> None:
     event = next((e for e in store.events(run_id) if e.seq == seq), None)
     message = message_of(event) if event is not None else None
     if message is None or message.role == "system":
-        raise NotFoundError(f"run {run_id} has no message at #{seq} to mark private (a user input, an assistant "
-                            "message or a tool result; `loomrt runs events RUN_ID` lists their seqs)")
+        raise NotFoundError(
+            f"run {run_id} has no message at #{seq} to mark private (a user input, an assistant "
+            "message or a tool result; `loomrt runs events RUN_ID` lists their seqs)"
+        )
     store.append(run_id, "mark_private", {"seq": seq, "by": "operator"})

@@ -48,8 +48,9 @@ PLAYED = ("resumed", "final", "error", "cancelled")
 """A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
 
 
-async def _play_queued(runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None
-                       ) -> list[dict[str, Any]]:
+async def _play_queued(
+    runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None
+) -> list[dict[str, Any]]:
     """Claim and play the queued runs and resume the abandoned ones, ``concurrency`` at once;
     one row per run."""
     gate = asyncio.Semaphore(concurrency)
@@ -59,9 +60,11 @@ async def _play_queued(runtime: Runtime, concurrency: int, tell: Callable[[dict[
         async with gate:
             try:
                 result = await step(run_id)
-                row = ({"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": None}
-                       if result is not None else
-                       {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"})
+                row = (
+                    {"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": None}
+                    if result is not None
+                    else {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
+                )
             except RunOwnedError:
                 row = {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
             except LoomError as exc:
@@ -70,8 +73,10 @@ async def _play_queued(runtime: Runtime, concurrency: int, tell: Callable[[dict[
         if tell:
             tell(row)
 
-    await asyncio.gather(*(do("play", r, runtime.take) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
-                         *(do("resume", r, runtime.resume) for r in abandoned(runtime.store)))
+    await asyncio.gather(
+        *(do("play", r, runtime.take) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
+        *(do("resume", r, runtime.resume) for r in abandoned(runtime.store)),
+    )
     return rows
 
 
@@ -82,8 +87,13 @@ def abandoned(store: Any) -> list[str]:
     return [c["run_id"] for c in claims if store.get_run(c["run_id"]).status == "active"]
 
 
-async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] | None = None,
-                    concurrency: int = 1, consolidator: Any = None) -> list[dict[str, Any]]:
+async def work_once(
+    runtime: Runtime,
+    *,
+    tell: Callable[[dict[str, Any]], None] | None = None,
+    concurrency: int = 1,
+    consolidator: Any = None,
+) -> list[dict[str, Any]]:
     """Do the queued work of every run that is not playing, then (with ``consolidator``) one
     consolidation pass; one row per run looked at, and one for the pass if it did anything.
     The runtime claims what it plays (as this process's worker, if it has no owner yet)."""
@@ -104,23 +114,41 @@ async def work_once(runtime: Runtime, *, tell: Callable[[dict[str, Any]], None] 
                 reason = None if done else "declined, or another worker holds its lease"
             except RunOwnedError as exc:
                 done, reason = False, f"another worker has it ({exc})"
-            row = {"run_id": run_id, "work": "fold", "done": done, "tokens_before": before, "tokens_after": run.estimate(),
-                   "reason": reason}
+            row = {
+                "run_id": run_id,
+                "work": "fold",
+                "done": done,
+                "tokens_before": before,
+                "tokens_after": run.estimate(),
+                "reason": reason,
+            }
         rows.append(row)
         if tell:
             tell(row)
     if consolidator is not None and consolidator.queue.scopes():
         report = (await consolidator.arun_once()).to_dict()
-        row = {"run_id": None, "work": "consolidate", "done": bool(report["batches"]), **report,
-               "reason": None if report["batches"] else "nothing settled, or other workers hold its scopes"}
+        row = {
+            "run_id": None,
+            "work": "consolidate",
+            "done": bool(report["batches"]),
+            **report,
+            "reason": None if report["batches"] else "nothing settled, or other workers hold its scopes",
+        }
         rows.append(row)
         if tell:
             tell(row)
     return rows
 
 
-def work(runtime: Runtime, *, interval_s: float = 5.0, tell: Callable[[dict[str, Any]], None] | None = None,
-         stop: Callable[[], bool] = lambda: False, concurrency: int = 1, consolidator: Any = None) -> None:
+def work(
+    runtime: Runtime,
+    *,
+    interval_s: float = 5.0,
+    tell: Callable[[dict[str, Any]], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
+    concurrency: int = 1,
+    consolidator: Any = None,
+) -> None:
     """:func:`work_once`, then wait for more (a NOTIFY where the store has them, else
     ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI)."""
     wait = getattr(runtime.store, "wait_for_work", None)

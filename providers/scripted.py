@@ -106,7 +106,9 @@ class ScriptedProvider:
             calls.append(ToolCall(id=f"call_{call_no}_state", name="emit_state", arguments=dict(item["emit_state"])))
         text = str(item.get("text") or "")
         if item.get("extractive"):
-            text = extractive_summary(request, max_chars=int(item["extractive"]), words_per_line=int(item.get("words", 40)))
+            text = extractive_summary(
+                request, max_chars=int(item["extractive"]), words_per_line=int(item.get("words", 40))
+            )
         usage = dict(item.get("usage") or {})
         prompt = usage.get("input_tokens")
         if prompt is None:
@@ -185,7 +187,9 @@ class FunctionProvider:
         return out  # type: ignore[return-value]
 
 
-def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]]], int] | None = None) -> ScriptedProvider:
+def load_script(
+    path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]]], int] | None = None
+) -> ScriptedProvider:
     """Read a script file into a :class:`ScriptedProvider`."""
     p = Path(path)
     try:
@@ -200,13 +204,17 @@ def load_script(path: str | Path, *, count_tokens: Callable[[list[dict[str, Any]
         raise SpecError("a script must be a mapping with 'turns:' and optionally 'summaries:'", where=str(p))
     unknown = set(data) - {"turns", "summaries", "local", "context_window"}
     if unknown:
-        raise SpecError(f"unknown script keys {sorted(unknown)}; known: turns, summaries, local, context_window", where=str(p))
+        raise SpecError(
+            f"unknown script keys {sorted(unknown)}; known: turns, summaries, local, context_window", where=str(p)
+        )
     local, window = data.get("local", True), data.get("context_window", 32768)
     if not isinstance(local, bool):
         raise SpecError(f"'local:' must be true or false, got {local!r}", where=f"{p}: local")
     if isinstance(window, bool) or not isinstance(window, int) or window < 256:
-        raise SpecError(f"'context_window:' must be a whole number of tokens (at least 256), got {window!r}",
-                        where=f"{p}: context_window")
+        raise SpecError(
+            f"'context_window:' must be a whole number of tokens (at least 256), got {window!r}",
+            where=f"{p}: context_window",
+        )
     return ScriptedProvider(
         turns=data.get("turns") or [],
         summaries=data.get("summaries") or [],

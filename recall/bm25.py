@@ -63,8 +63,11 @@ class _Postings:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The slots as NumPy views (valid until the next change)."""
-        return (np.frombuffer(self.docs, dtype=np.int64), np.frombuffer(self.tf, dtype=np.float32),
-                np.frombuffer(self.lengths, dtype=np.float32))
+        return (
+            np.frombuffer(self.docs, dtype=np.int64),
+            np.frombuffer(self.tf, dtype=np.float32),
+            np.frombuffer(self.lengths, dtype=np.float32),
+        )
 
 
 _INSERT_MAX = 64

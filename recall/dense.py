@@ -139,9 +139,9 @@ class DenseVectors:
         faiss = _faiss()
         n = len(self)
         quantizer = faiss.IndexFlatIP(self.dim)
-        codes = faiss.IndexIVFScalarQuantizer(quantizer, self.dim, _clusters(n),
-                                              faiss.ScalarQuantizer.QT_8bit_direct_signed,
-                                              faiss.METRIC_INNER_PRODUCT)
+        codes = faiss.IndexIVFScalarQuantizer(
+            quantizer, self.dim, _clusters(n), faiss.ScalarQuantizer.QT_8bit_direct_signed, faiss.METRIC_INNER_PRODUCT
+        )
         codes.by_residual = False  # the codes are the vectors' own 8-bit components
         codes.cp.niter = 10
         codes.cp.max_points_per_centroid = 64  # a sample of at most 64 vectors a cluster
@@ -271,8 +271,9 @@ class EntryVectors:
     def add(self, vecs: np.ndarray, passages: np.ndarray, counts: Sequence[int]) -> None:
         """Append entries' vectors, and their passages' (``counts[i]`` passages for the i-th
         entry, in order)."""
-        owners = np.repeat(np.arange(self._added, self._added + len(vecs), dtype=np.int64),
-                           np.asarray(counts, dtype=np.int64))
+        owners = np.repeat(
+            np.arange(self._added, self._added + len(vecs), dtype=np.int64), np.asarray(counts, dtype=np.int64)
+        )
         if len(passages) != len(owners):
             raise ValueError(f"{len(passages)} passage vectors for {len(owners)} passages")
         self.whole.add(vecs)

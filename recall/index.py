@@ -37,8 +37,18 @@ from loomrt.recall.bm25 import IncrementalBM25
 from loomrt.recall.dense import IVF_MIN, EntryVectors, passages_of
 from loomrt.recall.embedders import Embedder
 
-__all__ = ["Entry", "Hit", "RecallIndex", "Fusion", "tokenize", "chunk_text", "EXACT_MAX", "CANDIDATES", "CHUNK_WORDS",
-           "CHUNK_OVERLAP"]
+__all__ = [
+    "Entry",
+    "Hit",
+    "RecallIndex",
+    "Fusion",
+    "tokenize",
+    "chunk_text",
+    "EXACT_MAX",
+    "CANDIDATES",
+    "CHUNK_WORDS",
+    "CHUNK_OVERLAP",
+]
 
 EXACT_MAX = 16_384
 """Up to this many entries the dense side scores every entry exactly. Past it, a scan of
@@ -233,8 +243,15 @@ class RecallIndex:
     drops the oldest entries from every index.
     """
 
-    def __init__(self, embedder: Embedder | None, *, max_entries: int = 4096, fusion: Fusion | None = None,
-                 passages: bool = True, ivf_min: int = IVF_MIN):
+    def __init__(
+        self,
+        embedder: Embedder | None,
+        *,
+        max_entries: int = 4096,
+        fusion: Fusion | None = None,
+        passages: bool = True,
+        ivf_min: int = IVF_MIN,
+    ):
         self.embedder = embedder
         self.passages = passages
         """Whether a long entry's passages get vectors too (off for one-sentence entries,
@@ -298,7 +315,7 @@ class RecallIndex:
             want = (len(entries) + sum(counts), self.embedder.dim)
             if vecs.shape != want:
                 raise ValueError(f"vectors of shape {vecs.shape}, expected {want} (each entry, then its passages)")
-            self._dense.add(vecs[: len(entries)], vecs[len(entries):], counts)
+            self._dense.add(vecs[: len(entries)], vecs[len(entries) :], counts)
         self._next_id += len(entries)
         for e in entries:
             self.entries[e.id] = e

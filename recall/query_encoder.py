@@ -39,8 +39,9 @@ def _layer_norm(x: Any, gain: Any, bias: Any, eps: float) -> Any:
 class QueryEncoder:
     """A BERT encoder with mean pooling and normalisation, one text at a time."""
 
-    def __init__(self, weights: dict[str, Any], *, layers: int, heads: int, eps: float,
-                 tokenizer: Any, max_length: int):
+    def __init__(
+        self, weights: dict[str, Any], *, layers: int, heads: int, eps: float, tokenizer: Any, max_length: int
+    ):
         self.heads, self.eps = heads, eps
         self.tokenizer, self.max_length = tokenizer, max_length
         self._lock = threading.Lock()
@@ -60,15 +61,22 @@ class QueryEncoder:
         for i in range(layers):
             p = f"encoder.layer.{i}."
             attention = p + "attention."
-            self._layers.append((  # weights as torch keeps them, (out, in): see encode_one
-                torch.cat([w[f"{attention}self.{n}.weight"] for n in ("query", "key", "value")]),
-                torch.cat([w[f"{attention}self.{n}.bias"] for n in ("query", "key", "value")])[:, None],
-                w[f"{attention}output.dense.weight"], column(f"{attention}output.dense.bias"),
-                column(f"{attention}output.LayerNorm.weight"), column(f"{attention}output.LayerNorm.bias"),
-                w[f"{p}intermediate.dense.weight"], column(f"{p}intermediate.dense.bias"),
-                w[f"{p}output.dense.weight"], column(f"{p}output.dense.bias"),
-                column(f"{p}output.LayerNorm.weight"), column(f"{p}output.LayerNorm.bias"),
-            ))
+            self._layers.append(
+                (  # weights as torch keeps them, (out, in): see encode_one
+                    torch.cat([w[f"{attention}self.{n}.weight"] for n in ("query", "key", "value")]),
+                    torch.cat([w[f"{attention}self.{n}.bias"] for n in ("query", "key", "value")])[:, None],
+                    w[f"{attention}output.dense.weight"],
+                    column(f"{attention}output.dense.bias"),
+                    column(f"{attention}output.LayerNorm.weight"),
+                    column(f"{attention}output.LayerNorm.bias"),
+                    w[f"{p}intermediate.dense.weight"],
+                    column(f"{p}intermediate.dense.bias"),
+                    w[f"{p}output.dense.weight"],
+                    column(f"{p}output.dense.bias"),
+                    column(f"{p}output.LayerNorm.weight"),
+                    column(f"{p}output.LayerNorm.bias"),
+                )
+            )
 
     def encode_one(self, text: str) -> np.ndarray:
         """The normalised, mean-pooled vector of ``text`` (float32)."""
@@ -117,12 +125,20 @@ def query_encoder(model: Any) -> QueryEncoder | None:
             return None
         bert: Any = getattr(model[0], "auto_model", None) or model[0].model
         config = bert.config
-        if (config.model_type != "bert" or config.hidden_act != "gelu"
-                or getattr(config, "position_embedding_type", "absolute") != "absolute"):
+        if (
+            config.model_type != "bert"
+            or config.hidden_act != "gelu"
+            or getattr(config, "position_embedding_type", "absolute") != "absolute"
+        ):
             return None
         weights = {k.removeprefix("bert."): v.detach().float() for k, v in bert.state_dict().items()}
-        return QueryEncoder(weights, layers=config.num_hidden_layers, heads=config.num_attention_heads,
-                            eps=float(config.layer_norm_eps), tokenizer=copy.deepcopy(model.tokenizer),
-                            max_length=int(model.max_seq_length))
+        return QueryEncoder(
+            weights,
+            layers=config.num_hidden_layers,
+            heads=config.num_attention_heads,
+            eps=float(config.layer_norm_eps),
+            tokenizer=copy.deepcopy(model.tokenizer),
+            max_length=int(model.max_seq_length),
+        )
     except Exception:  # noqa: BLE001 - any surprise in the model's shape: run its modules
         return None

@@ -53,7 +53,11 @@ def _embedding_thread() -> ThreadPoolExecutor:
 
 def _said_before(history: Sequence[Event]) -> set[str]:
     """The recall notices a record already holds (each is said once per run)."""
-    return {e.data["message"] for e in history if e.kind == "notice" and e.data.get("source") == "recall" and e.data.get("message")}
+    return {
+        e.data["message"]
+        for e in history
+        if e.kind == "notice" and e.data.get("source") == "recall" and e.data.get("message")
+    }
 
 
 def _tail_words(text: str, n: int) -> str:
@@ -67,7 +71,7 @@ def _join_chunks(chunks: list[str], overlap: int = CHUNK_OVERLAP) -> str:
     text = chunks[0]
     for chunk in chunks[1:]:
         words = list(re.finditer(r"\S+", chunk))
-        text += chunk[words[overlap - 1].end():] if len(words) > overlap else ""
+        text += chunk[words[overlap - 1].end() :] if len(words) > overlap else ""
     return text
 
 
@@ -121,7 +125,9 @@ class RunRecall:
             )
         except ImportError as exc:
             self._notice(f"recall is lexical-only: faiss is not installed ({exc}); pip install 'loomrt[recall]'")
-            self._index = RecallIndex(None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion)
+            self._index = RecallIndex(
+                None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion
+            )
         self.tool = make_recall_tool(self)
         if history:
             self.rebuild(history)
@@ -164,7 +170,11 @@ class RunRecall:
             text = m.searched_text()  # a search's query and its result are not indexed (SEARCH_TOOLS)
             if not text.strip():
                 continue
-            tools = (m.name,) if m.role == "tool" and m.name else tuple(tc.name for tc in m.tool_calls if tc.name not in SEARCH_TOOLS)
+            tools = (
+                (m.name,)
+                if m.role == "tool" and m.name
+                else tuple(tc.name for tc in m.tool_calls if tc.name not in SEARCH_TOOLS)
+            )
             speaker = m.name if m.role != "tool" else None
             pieces = chunk_text(text)
             for i, piece in enumerate(pieces):
@@ -241,7 +251,8 @@ class RunRecall:
             if self._index.dense and getattr(self._index.embedder, "releases_gil", False):
                 try:
                     vectors = await asyncio.get_running_loop().run_in_executor(
-                        _embedding_thread(), self._index.embed, batch)
+                        _embedding_thread(), self._index.embed, batch
+                    )
                 except Exception as exc:  # noqa: BLE001 - handled where the entries are added
                     vectors = exc
             else:
@@ -325,9 +336,23 @@ class RunRecall:
         if not pieces:
             return []
         first = min(pieces, key=lambda e: e.chunk)
-        text = first.text if first.chunks == 1 else _join_chunks([e.text for e in sorted(pieces, key=lambda e: e.chunk)])
-        return [RecallHit(text=text, score=1.0, source="run", seq=seq, seqs=(seq,), ts=first.ts, role=first.role,
-                          speaker=first.speaker, tools=first.tools, distillation_seq=first.distillation_seq)]
+        text = (
+            first.text if first.chunks == 1 else _join_chunks([e.text for e in sorted(pieces, key=lambda e: e.chunk)])
+        )
+        return [
+            RecallHit(
+                text=text,
+                score=1.0,
+                source="run",
+                seq=seq,
+                seqs=(seq,),
+                ts=first.ts,
+                role=first.role,
+                speaker=first.speaker,
+                tools=first.tools,
+                distillation_seq=first.distillation_seq,
+            )
+        ]
 
     def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:
         if self.memory is None:

@@ -139,8 +139,10 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             results, _ = cap_results(hits, recall.max_tokens)
             found: dict[str, Any] = {"seq": seq, "results": results}
             if not results:
-                found["note"] = (f"nothing evicted at #{seq}: the message is in your working context, or #{seq} "
-                                 "is not a message of this run")
+                found["note"] = (
+                    f"nothing evicted at #{seq}: the message is in your working context, or #{seq} "
+                    "is not a message of this run"
+                )
             return found
         if not query or not str(query).strip():
             raise ValueError("Recall needs a query (the words you expect in the original) or a seq ([#seq] pointer)")
@@ -166,8 +168,11 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             "type": "object",
             "properties": {
                 "query": {"type": "string", "description": "What to look for, in the words of the original."},
-                "seq": {"type": "integer", "description": "Instead of a query: the record seq of one message "
-                        "(a [#seq] pointer in a summary) to get back whole."},
+                "seq": {
+                    "type": "integer",
+                    "description": "Instead of a query: the record seq of one message "
+                    "(a [#seq] pointer in a summary) to get back whole.",
+                },
                 "top_k": {
                     "type": "integer",
                     "minimum": 1,

@@ -67,7 +67,9 @@ def server_env() -> dict[str, str]:
 @contextlib.asynccontextmanager
 async def stdio_session(agents: Path) -> AsyncIterator[ClientSession]:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "loomrt", "mcp", "--agents", str(agents)], env=server_env(),
+        command=sys.executable,
+        args=["-m", "loomrt", "mcp", "--agents", str(agents)],
+        env=server_env(),
         cwd=str(agents.parent),
     )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -90,7 +92,11 @@ def http_server(agents: Path, *, token: str | None, extra: list[str] | None = No
         env.pop("LOOMRT_MCP_TOKEN", None)
     proc = subprocess.Popen(
         [sys.executable, "-m", "loomrt", "mcp", "--http", "--port", str(port), "--agents", str(agents), *(extra or [])],
-        env=env, cwd=str(agents.parent), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        cwd=str(agents.parent),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60

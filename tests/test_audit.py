@@ -61,7 +61,9 @@ def test_an_operator_pin_survives_every_distillation_verbatim(tmp_path, mode):
 
     def between(rt, run, i):
         if i == 1:  # the operator pins the decision from outside the run, as `loomrt runs pin` does
-            seq = next(e.seq for e in rt.store.events(run.run_id, kinds=["user_input"]) if e.data["content"] == DECISION)
+            seq = next(
+                e.seq for e in rt.store.events(run.run_id, kinds=["user_input"]) if e.data["content"] == DECISION
+            )
             before = rt.store.get_run(run.run_id).status
             pin_in_record(rt.store, run.run_id, seq=seq, note="the user's decision")
             assert rt.store.get_run(run.run_id).status == before  # a pin never changes the status
@@ -95,7 +97,9 @@ def test_a_pin_over_the_budget_is_refused_and_unpin_ends_a_pin(tmp_path):
         with pytest.raises(PinError, match="no message at #999"):
             pin_in_record(rt.store, run.run_id, seq=999)
 
-    rt, run = chat(tmp_path, chat_spec("recap", pins_max_tokens=5), ["Plan the launch with me.", DECISION], between=between)
+    rt, run = chat(
+        tmp_path, chat_spec("recap", pins_max_tokens=5), ["Plan the launch with me.", DECISION], between=between
+    )
     assert not any(e.kind == "pin" for e in rt.store.events(run.run_id))
     seq = rt.store.events(run.run_id, kinds=["user_input"])[1].seq
     with pytest.raises(PinError, match="no pin"):
@@ -118,8 +122,16 @@ def test_the_model_may_pin_when_the_definition_allows_it(tmp_path):
 
         if request.purpose == "turn" and calls["n"] == 0 and any(t.name == "Pin" for t in request.tools):
             calls["n"] += 1
-            return ModelResponse(text="", tool_calls=[ToolCall(id="p1", name="Pin", arguments={
-                "text": "The user wants everything by 14 March.", "reason": "a decision"})])
+            return ModelResponse(
+                text="",
+                tool_calls=[
+                    ToolCall(
+                        id="p1",
+                        name="Pin",
+                        arguments={"text": "The user wants everything by 14 March.", "reason": "a decision"},
+                    )
+                ],
+            )
         return answer(request)
 
     rt = runtime(tmp_path, FunctionProvider(pinning))
@@ -144,9 +156,17 @@ def test_every_turn_prompt_is_the_context_the_record_rebuilds(tmp_path):
     assert len(turns) == 16 and all(e.data["prompt_hash"] for e in turns)
     assert prompt_problems(events) == []
     # a record whose messages differ from what was sent is caught at the next model call
-    tampered = [Event(run_id=e.run_id, seq=e.seq, kind=e.kind, ts=e.ts, hash=e.hash,
-                      data={**e.data, "content": "something else"} if e.data.get("content") == DECISION else e.data)
-                for e in events]
+    tampered = [
+        Event(
+            run_id=e.run_id,
+            seq=e.seq,
+            kind=e.kind,
+            ts=e.ts,
+            hash=e.hash,
+            data={**e.data, "content": "something else"} if e.data.get("content") == DECISION else e.data,
+        )
+        for e in events
+    ]
     problems = prompt_problems(tampered)
     assert problems and problems[0].startswith("#") and "not the working context" in problems[0]
 
@@ -160,7 +180,9 @@ def test_the_transcript_marks_each_distillation_and_as_of_rebuilds_the_context(t
     for marker in markers:
         assert marker.covered and marker.tokens_after < marker.tokens_before and marker.worked_from
         evicted = [i for i in items if not isinstance(i, Marker) and marker.seq in i.evicted_by]
-        assert [i.seq for i in evicted] == [s for s in marker.covered if any(getattr(j, "seq", None) == s for j in evicted)]
+        assert [i.seq for i in evicted] == [
+            s for s in marker.covered if any(getattr(j, "seq", None) == s for j in evicted)
+        ]
     # as of the event before each distillation, the context is what the model saw then
     first = markers[0]
     before = context_as_of(events, first.seq - 1)
@@ -208,7 +230,10 @@ def test_the_cli_pins_shows_exports_and_verifies(tmp_path, monkeypatch):
     report = json.loads(cli.invoke(app, ["runs", "verify", run.run_id, "--json"]).output)
     assert report["clean"] and report["prompts_checked"] == 8 and report["problems"] == []
     unpinned = cli.invoke(app, ["runs", "unpin", run.run_id, str(seq)])
-    assert unpinned.exit_code == 0 and json.loads(cli.invoke(app, ["runs", "show", run.run_id, "--json"]).output)["pins"] == []
+    assert (
+        unpinned.exit_code == 0
+        and json.loads(cli.invoke(app, ["runs", "show", run.run_id, "--json"]).output)["pins"] == []
+    )
 
 
 @pytest.mark.parametrize("mode", ["recap", "compaction"])
@@ -242,23 +267,42 @@ def test_a_pin_survives_stateful_boundaries_too(tmp_path):
     from loomrt.messages import ToolCall
 
     note = "The user said: never restart the primary during business hours."
-    steps = iter([
-        {"reasoning": "pin the constraint", "patch": {"step": 1}, "action": {"tool": "Pin", "arguments": {
-            "text": note, "reason": "a decision"}}},
-        *({"reasoning": f"step {i}", "patch": {"step": i}, "action": {"tool": "calculate", "arguments": {
-            "expression": f"{i} * 2"}}} for i in range(2, 6)),
-        {"reasoning": "done", "patch": {"step": 6}, "done": True, "final": "done"},
-    ])
+    steps = iter(
+        [
+            {
+                "reasoning": "pin the constraint",
+                "patch": {"step": 1},
+                "action": {"tool": "Pin", "arguments": {"text": note, "reason": "a decision"}},
+            },
+            *(
+                {
+                    "reasoning": f"step {i}",
+                    "patch": {"step": i},
+                    "action": {"tool": "calculate", "arguments": {"expression": f"{i} * 2"}},
+                }
+                for i in range(2, 6)
+            ),
+            {"reasoning": "done", "patch": {"step": 6}, "done": True, "final": "done"},
+        ]
+    )
     contexts: list[list[dict]] = []
 
     def stateful(request: ModelRequest) -> ModelResponse:
         contexts.append(request.messages)
-        return ModelResponse(text="", tool_calls=(ToolCall(id=f"s{len(contexts)}", name="emit_state",
-                                                           arguments=next(steps)),))
+        return ModelResponse(
+            text="", tool_calls=(ToolCall(id=f"s{len(contexts)}", name="emit_state", arguments=next(steps)),)
+        )
 
     rt = runtime(tmp_path, FunctionProvider(stateful, local=False))
-    spec = AgentSpec(model="function/inline", tools=["calculate"], context={
-        "mode": "stateful", "model_pins": True, "state_schema": {"type": "object", "properties": {"step": {"type": "integer"}}}})
+    spec = AgentSpec(
+        model="function/inline",
+        tools=["calculate"],
+        context={
+            "mode": "stateful",
+            "model_pins": True,
+            "state_schema": {"type": "object", "properties": {"step": {"type": "integer"}}},
+        },
+    )
     result = asyncio.run(rt.run(spec, "Check the cluster."))
     assert result.status == "done"
     assert [e.data["by"] for e in rt.store.events(result.run_id, kinds=["pin"])] == ["model"]
@@ -287,6 +331,8 @@ def test_records_with_whole_prompt_hashes_still_verify() -> None:
         legacy.append(e)
         view.apply(e)
     assert prompt_problems([events[0], *legacy]) == []
-    broken = [e.model_copy(update={"data": {**e.data, "prompt_hash": "0" * 32}}) if e.kind == "model_call" else e
-              for e in legacy]
+    broken = [
+        e.model_copy(update={"data": {**e.data, "prompt_hash": "0" * 32}}) if e.kind == "model_call" else e
+        for e in legacy
+    ]
     assert len(prompt_problems([events[0], *broken])) == 3

@@ -30,9 +30,19 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
     for name in ("chat200", "agentic"):
         modes = quick["workloads"][name]["modes"]
         assert list(modes) == [
-            "append", "recap", "stateful", "compaction", "fold", "auto",
-            "append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
-            "fold/no-recall", "fold/no-tools", "fold/no-defer",
+            "append",
+            "recap",
+            "stateful",
+            "compaction",
+            "fold",
+            "auto",
+            "append/backstop",
+            "recap/no-recall",
+            "compaction/no-recall",
+            "stateful/no-recall",
+            "fold/no-recall",
+            "fold/no-tools",
+            "fold/no-defer",
         ]
         assert all(f["status"] == "done" for f in modes.values()), {m: f.get("error") for m, f in modes.items()}
         assert modes["append"]["ratio"] == 1.0
@@ -286,13 +296,17 @@ def test_the_scripted_summary_is_extractive_and_never_lists_the_planted_values_f
             raise AssertionError
 
     needle = Needle("door code", "7319-44")
-    transcript = "\n".join([
-        "[#3] user: We talked about the weather for a while. Then other things.",
-        "[#5] assistant: Yes, it rained all week. Later the door code came up: 7319-44.",
-    ])
+    transcript = "\n".join(
+        [
+            "[#3] user: We talked about the weather for a while. Then other things.",
+            "[#5] assistant: Yes, it rained all week. Later the door code came up: 7319-44.",
+        ]
+    )
     request = ModelRequest(
-        messages=[{"role": "system", "content": "Summarise."},
-                  {"role": "user", "content": f"TRANSCRIPT START\n{transcript}\nTRANSCRIPT END"}],
+        messages=[
+            {"role": "system", "content": "Summarise."},
+            {"role": "user", "content": f"TRANSCRIPT START\n{transcript}\nTRANSCRIPT END"},
+        ],
         purpose="summary",
     )
     text = Model().summarize(request)
@@ -341,7 +355,7 @@ def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
     # another owner's door code shares two words, and is still not Leo's: no answer
     assert best_line("what was Leo's code to get in?", texts) == ("", 0)
     assert owners("Remind me: what was the football team's room we meet in?") == {"team"}
-    assert value_after_key('ERROR ledger: the ticket tracking the ledger outage: OPS-12345') == "OPS-12345"
+    assert value_after_key("ERROR ledger: the ticket tracking the ledger outage: OPS-12345") == "OPS-12345"
     assert value_after_key('"the ticket of ledger": "OPS-1"') == "OPS-1"
 
 
@@ -357,8 +371,12 @@ def test_a_lossy_summary_makes_the_model_recall_with_the_questions_words() -> No
     ask = {"role": "user", "content": model.current.text}
     r = model(ModelRequest(messages=[{"role": "system", "content": "Hi."}, summary, ask], tools=(recall,)))
     assert r.tool_calls and r.tool_calls[0].name == "Recall" and r.tool_calls[0].arguments["query"] == q
-    result = {"role": "tool", "name": "Recall", "tool_call_id": "c", "content":
-              '{"query": "q", "results": [{"role": "user", "text": "Please note that my landlord\'s door code is 4417#23."}]}'}
+    result = {
+        "role": "tool",
+        "name": "Recall",
+        "tool_call_id": "c",
+        "content": '{"query": "q", "results": [{"role": "user", "text": "Please note that my landlord\'s door code is 4417#23."}]}',
+    }
     r = model(ModelRequest(messages=[{"role": "system", "content": "Hi."}, summary, ask, result], tools=(recall,)))
     assert r.text.startswith("You told me: Please note that my landlord's door code is 4417#23.")
 

@@ -65,7 +65,11 @@ def test_model_option_plays_a_given_model(tmp_path: Path) -> None:
 
     script = tmp_path / "model.yaml"
     turns = [{"text": f"Reply {i}: " + "fine words " * 120} for i in range(60)]
-    script.write_text(yaml.safe_dump({"turns": turns, "summaries": ["Summary: the reply was fine words. " + "Reply fine words. " * 40]}))
+    script.write_text(
+        yaml.safe_dump(
+            {"turns": turns, "summaries": ["Summary: the reply was fine words. " + "Reply fine words. " * 40]}
+        )
+    )
     result = runner.invoke(
         bench_app,
         [

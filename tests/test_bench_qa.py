@@ -86,8 +86,9 @@ def test_every_configuration_answers_every_question(tiny: tuple[dict, Path]) -> 
         assert 0 <= s["f1"] <= 1 and 0 <= s["contains"] <= 1
         assert set(s["by_category"]) == {"1", "2", "3", "4", "5"}
         assert s["input_tokens_per_question"] > 0 and s["folded_size"] > 0
-        assert sum(s["misses"].values()) == sum(1 for r in results["answers"]
-                                                if r["config"] == name and r["category"] != 5 and not r["contains"])
+        assert sum(s["misses"].values()) == sum(
+            1 for r in results["answers"] if r["config"] == name and r["category"] != 5 and not r["contains"]
+        )
     assert summary["recall"]["recall_calls_per_question"] == 1.0
     assert summary["recap/no-recall"]["recall_calls_per_question"] == 0.0
     assert summary["recap"]["recall_calls_per_question"] > 0  # the reader recalled where its context fell short
@@ -114,8 +115,9 @@ def test_an_interrupted_benchmark_continues_from_its_cache(tiny: tuple[dict, Pat
     results, out = tiny
     lines = (out / "answers.jsonl").read_text().splitlines()
     assert len(lines) == 6 * 7
-    (out / "answers.jsonl").write_text("\n".join(lines[:-5]) + "\n{\"cut off", encoding="utf-8")
+    (out / "answers.jsonl").write_text("\n".join(lines[:-5]) + '\n{"cut off', encoding="utf-8")
     again = run_qa(QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=400, questions=None, out=out))
+
     def untimed(summary: dict) -> dict:  # the re-asked answers took their own time
         return {k: {f: v for f, v in s.items() if f != "seconds_per_question"} for k, s in summary.items()}
 
@@ -129,10 +131,29 @@ def test_the_cli_writes_the_report_and_the_docs_block(tmp_path: Path) -> None:
 
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Benchmarks\n\n{QA_BEGIN}\n{QA_END}\n")
-    result = CliRunner().invoke(app, [
-        "bench", "qa", "--data", str(MINI), "--model", "scripted", "--embedder", "hash", "--budget", "400",
-        "--questions", "3", "--configs", "full,recall", "--out", str(tmp_path / "out"), "--docs", str(doc),
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "qa",
+            "--data",
+            str(MINI),
+            "--model",
+            "scripted",
+            "--embedder",
+            "hash",
+            "--budget",
+            "400",
+            "--questions",
+            "3",
+            "--configs",
+            "full,recall",
+            "--out",
+            str(tmp_path / "out"),
+            "--docs",
+            str(doc),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert {"report.md", "results.json", "qa.png"} <= {p.name for p in (tmp_path / "out").iterdir()}
     text = doc.read_text()

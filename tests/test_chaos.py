@@ -40,15 +40,26 @@ def test_the_checks_can_fail() -> None:
         def __init__(self, seq: int, kind: str, data: dict) -> None:
             self.seq, self.kind, self.data, self.hash, self.run_id, self.ts = seq, kind, data, None, "r", 0.0
 
-    events = [E(1, "tool_call", {"id": "c1"}), E(2, "tool_result", {"tool_call_id": "c1"}),
-              E(3, "tool_result", {"tool_call_id": "c1"}), E(5, "distillation", {"span_seqs": [2]}),
-              E(6, "distillation", {"span_seqs": [2]})]
+    events = [
+        E(1, "tool_call", {"id": "c1"}),
+        E(2, "tool_result", {"tool_call_id": "c1"}),
+        E(3, "tool_result", {"tool_call_id": "c1"}),
+        E(5, "distillation", {"span_seqs": [2]}),
+        E(6, "distillation", {"span_seqs": [2]}),
+    ]
     bad = Outcome("r", ["a"], {"step": 1}, [*scenario.inputs, scenario.inputs[0]], ["y"], [{"role": "assistant"}])
     problems = check(bad, good, events, scenario, good)
     text = "\n".join(problems)
-    for expected in ("expected seq 4", "inputs differ", "tool call c1 has 2 results", "message #2 evicted 2 times",
-                     "answers differ", "final Σ differs", "context rebuilt from the record differs",
-                     "recall index rebuilt from the record differs"):
+    for expected in (
+        "expected seq 4",
+        "inputs differ",
+        "tool call c1 has 2 results",
+        "message #2 evicted 2 times",
+        "answers differ",
+        "final Σ differs",
+        "context rebuilt from the record differs",
+        "recall index rebuilt from the record differs",
+    ):
         assert expected in text, expected
 
 
@@ -106,11 +117,15 @@ def test_two_processes_share_one_record_without_locking_errors(tmp_path: Path) -
     folder = tmp_path / "s"
     write_scenarios(folder)
     db = tmp_path / "shared.db"
-    env_cmd = [sys.executable, "-c",
-               "import sys; from loomrt.bench.chaos import SCENARIOS, play; from pathlib import Path; "
-               "sys.exit(play(Path(sys.argv[1]), SCENARIOS[int(sys.argv[2])], Path(sys.argv[3])))"]
-    procs = [subprocess.Popen([*env_cmd, str(folder), str(i), str(db)], stderr=subprocess.PIPE, text=True)
-             for i in (0, 1, 2)]
+    env_cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from loomrt.bench.chaos import SCENARIOS, play; from pathlib import Path; "
+        "sys.exit(play(Path(sys.argv[1]), SCENARIOS[int(sys.argv[2])], Path(sys.argv[3])))",
+    ]
+    procs = [
+        subprocess.Popen([*env_cmd, str(folder), str(i), str(db)], stderr=subprocess.PIPE, text=True) for i in (0, 1, 2)
+    ]
     outs = [(p.wait(timeout=120), p.stderr.read() if p.stderr else "") for p in procs]
     assert all(code == 0 for code, _ in outs), outs
     store = SQLiteStore(db)
@@ -131,8 +146,13 @@ def test_an_unusable_home_is_one_clear_error_before_the_run(tmp_path: Path) -> N
     write_scenarios(folder)
     env = {**os.environ, "LOOMRT_HOME": str(blocker / "home"), "LOOMRT_RECALL_EMBEDDER": "hash"}
     env.pop("LOOMRT_DB_URL", None)
-    done = subprocess.run([sys.executable, "-m", "loomrt", "run", "tools-compaction", "go", "--agents",
-                           str(folder / "agents.yaml")], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "loomrt", "run", "tools-compaction", "go", "--agents", str(folder / "agents.yaml")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
     assert "LOOMRT_HOME" in done.stderr and str(blocker) in done.stderr, done.stderr
@@ -157,9 +177,15 @@ def test_a_full_disk_fails_the_run_cleanly_and_the_record_stays_consistent(tmp_p
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     env = {**os.environ, "LOOMRT_DB_URL": f"sqlite:{db}", "LOOMRT_RECALL_EMBEDDER": "hash"}
-    done = subprocess.run([sys.executable, "-m", "loomrt", "chat", "chat-recap", "--agents", str(folder / "agents.yaml")],
-                          input="\n".join(CHAT_INPUTS * 4) + "\n", env=env, capture_output=True, text=True,
-                          timeout=120, preexec_fn=full_disk)
+    done = subprocess.run(
+        [sys.executable, "-m", "loomrt", "chat", "chat-recap", "--agents", str(folder / "agents.yaml")],
+        input="\n".join(CHAT_INPUTS * 4) + "\n",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=full_disk,
+    )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
     assert "record" in done.stderr.lower(), done.stderr[-2000:]

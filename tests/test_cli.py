@@ -86,7 +86,10 @@ def test_bad_mode_error_names_file_line_and_key(tmp_path: Path) -> None:
     p = write(tmp_path, "agents:\n  triage:\n    model: local/x\n    context:\n      mode: stateful2\n")
     result = invoke("agents", "validate", str(p))
     assert result.exit_code == 2
-    assert f"{p}:5:13: agents.triage.context.mode: 'stateful2' is not one of append, recap, stateful, compaction, fold, auto" in result.stderr
+    assert (
+        f"{p}:5:13: agents.triage.context.mode: 'stateful2' is not one of append, recap, stateful, compaction, fold, auto"
+        in result.stderr
+    )
 
 
 def test_unknown_agent_and_missing_file(calc_agents: Path, tmp_path: Path) -> None:
@@ -136,14 +139,18 @@ def test_a_failed_turn_never_ends_the_chat(tmp_path: Path) -> None:
     assert result.exit_code == 1  # a turn failed; the chat still read every line
     shown = json.loads(invoke("runs", "show", turns[0]["run_id"], "--json").stdout)
     assert shown["status"] == "done"
-    kinds = [json.loads(line)["kind"] for line in invoke("runs", "events", turns[0]["run_id"], "--json").stdout.splitlines()]
+    kinds = [
+        json.loads(line)["kind"] for line in invoke("runs", "events", turns[0]["run_id"], "--json").stdout.splitlines()
+    ]
     assert kinds.count("user_input") == 3 and kinds.count("error") == 2
 
 
 def test_runs_list_never_cuts_a_run_id(tmp_path: Path) -> None:
     write(tmp_path, "turns:\n  - text: ok\n", "s.yaml")
     p = write(tmp_path, "agents:\n  a-long-agent-name-for-a-narrow-terminal:\n    model: scripted/s.yaml\n")
-    run_id = json.loads(invoke("run", "a-long-agent-name-for-a-narrow-terminal", "go", "--agents", str(p), "--json").stdout)["run_id"]
+    run_id = json.loads(
+        invoke("run", "a-long-agent-name-for-a-narrow-terminal", "go", "--agents", str(p), "--json").stdout
+    )["run_id"]
     listed = invoke("runs", "list")
     assert listed.exit_code == 0 and run_id in listed.stdout
 
@@ -154,7 +161,9 @@ def test_continue_adds_a_turn(tmp_path: Path) -> None:
     run_id = json.loads(invoke("run", "a", "first", "--agents", str(p), "--json").stdout)["run_id"]
     result = invoke("runs", "continue", run_id, "second", "--json")
     assert result.exit_code == 0 and json.loads(result.stdout)["output"] == "two"
-    events = [json.loads(x) for x in invoke("runs", "events", run_id, "--json", "--kind", "user_input").stdout.splitlines()]
+    events = [
+        json.loads(x) for x in invoke("runs", "events", run_id, "--json", "--kind", "user_input").stdout.splitlines()
+    ]
     assert [e["data"]["content"] for e in events] == ["first", "second"]
 
 
@@ -176,8 +185,12 @@ def test_version_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
         "  other:\n    model: local/y  # keep me\n"
     )
     p = write(tmp_path, text)
-    schema = write(tmp_path, json.dumps({"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}), "s.json")
-    forked = json.loads(invoke("agents", "version", "triage", "--state-schema", str(schema), "--agents", str(p), "--json").stdout)
+    schema = write(
+        tmp_path, json.dumps({"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"]}), "s.json"
+    )
+    forked = json.loads(
+        invoke("agents", "version", "triage", "--state-schema", str(schema), "--agents", str(p), "--json").stdout
+    )
     assert forked["agent"] == "triage@2"
     after = p.read_text()
     assert "# top comment" in after and "local/y  # keep me" in after and "# the triage agent" in after
@@ -194,14 +207,21 @@ def test_version_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
 
 
 def test_version_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
-    write(tmp_path, (
-        "turns:\n  - emit_state:\n      reasoning: r\n      patch: {a: x}\n      done: true\n"
-        "      propose_schema: {type: object, properties: {a: {type: string}, b: {type: integer}}}\n"
-    ), "s.yaml")
-    p = write(tmp_path, (
-        "agents:\n  t:\n    model: scripted/s.yaml\n    context:\n      mode: stateful\n      propose_schema: true\n"
-        "      state_schema: {type: object, properties: {a: {type: string}}}\n"
-    ))
+    write(
+        tmp_path,
+        (
+            "turns:\n  - emit_state:\n      reasoning: r\n      patch: {a: x}\n      done: true\n"
+            "      propose_schema: {type: object, properties: {a: {type: string}, b: {type: integer}}}\n"
+        ),
+        "s.yaml",
+    )
+    p = write(
+        tmp_path,
+        (
+            "agents:\n  t:\n    model: scripted/s.yaml\n    context:\n      mode: stateful\n      propose_schema: true\n"
+            "      state_schema: {type: object, properties: {a: {type: string}}}\n"
+        ),
+    )
     run = json.loads(invoke("run", "t", "go", "--agents", str(p), "--json").stdout)
     assert run["state"] == {"a": "x"}
     # recorded, never applied: the definition is unchanged until an operator writes a version
@@ -224,13 +244,21 @@ def test_real_subprocess_run_and_error(calc_agents: Path, tmp_path: Path) -> Non
     env = {**os.environ, "LOOMRT_HOME": str(tmp_path / "home")}
     ok = subprocess.run(
         [sys.executable, "-m", "loomrt", "run", "calc", "go", "--json"],
-        cwd=calc_agents.parent, env=env, capture_output=True, text=True, timeout=120,
+        cwd=calc_agents.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)["output"] == "19 + 23 = 42"
     bad = subprocess.run(
         [sys.executable, "-m", "loomrt", "runs", "show", "missing"],
-        cwd=calc_agents.parent, env=env, capture_output=True, text=True, timeout=120,
+        cwd=calc_agents.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 

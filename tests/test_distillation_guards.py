@@ -15,15 +15,17 @@ from loomrt.run.reducers.prose_check import check_prose
 from loomrt.testing import ScriptedProvider
 from loomrt.tokens import count_messages, count_text, count_tools
 
-SPAN = "\n".join([
-    "[#3] user: We deploy the billing service to node-7 on Friday.",
-    "[#5] assistant: Noted: billing on node-7, Friday, with the canary first.",
-    "[#7] user: The rollback script lives at /opt/billing/rollback.sh.",
-    "[#9] assistant: I will keep /opt/billing/rollback.sh ready during the deploy.",
-    "[#11] user: Explain MVCC in two sentences.",
-    "[#13] assistant: MVCC keeps several versions of each row so readers never block writers; "
-    "each transaction sees a snapshot of committed versions.",
-])
+SPAN = "\n".join(
+    [
+        "[#3] user: We deploy the billing service to node-7 on Friday.",
+        "[#5] assistant: Noted: billing on node-7, Friday, with the canary first.",
+        "[#7] user: The rollback script lives at /opt/billing/rollback.sh.",
+        "[#9] assistant: I will keep /opt/billing/rollback.sh ready during the deploy.",
+        "[#11] user: Explain MVCC in two sentences.",
+        "[#13] assistant: MVCC keeps several versions of each row so readers never block writers; "
+        "each transaction sees a snapshot of committed versions.",
+    ]
+)
 
 
 @pytest.mark.parametrize(
@@ -33,8 +35,11 @@ SPAN = "\n".join([
         ("   ", "empty"),
         ("Sure! What would you like me to do next?", "answers the conversation"),
         ("The weather in Lisbon is mild in spring and autumn, with rain in winter.", "mostly not about the span"),
-        ("MVCC keeps several versions of each row so readers never block writers; each transaction sees a "
-         "snapshot of committed versions.", "covers only one of the span's 6 messages"),
+        (
+            "MVCC keeps several versions of each row so readers never block writers; each transaction sees a "
+            "snapshot of committed versions.",
+            "covers only one of the span's 6 messages",
+        ),
     ],
 )
 def test_the_prose_check_rejects_what_a_small_model_writes_instead_of_a_summary(account, reason):
@@ -42,14 +47,18 @@ def test_the_prose_check_rejects_what_a_small_model_writes_instead_of_a_summary(
 
 
 def test_the_prose_check_accepts_a_summary_of_the_span():
-    account = ("The user deploys the billing service to node-7 on Friday, canary first [#3] [#5]; the rollback "
-               "script is /opt/billing/rollback.sh [#7]. The assistant explained MVCC: row versions, snapshots [#13].")
+    account = (
+        "The user deploys the billing service to node-7 on Friday, canary first [#3] [#5]; the rollback "
+        "script is /opt/billing/rollback.sh [#7]. The assistant explained MVCC: row versions, snapshots [#13]."
+    )
     assert check_prose(account, SPAN) is None
 
 
 def test_a_rejected_summary_is_retried_once_with_a_stricter_prompt_then_declined(tmp_path):
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["Sure! What would you like me to do next?"])
+    provider = ScriptedProvider(
+        [calc(1), calc(2), calc(3, usage=1000), "done"], ["Sure! What would you like me to do next?"]
+    )
     rt, run = start(tmp_path, spec, provider)
     assert send(rt, run, "task").status == "done"
     rejected = events(rt, run.run_id, "summary_rejected")
@@ -65,7 +74,9 @@ def test_a_rejected_summary_is_retried_once_with_a_stricter_prompt_then_declined
 
 def test_the_instruction_is_restated_after_the_transcript(tmp_path):
     spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"], ["I used calculate on each expression."])
+    provider = ScriptedProvider(
+        [calc(1), calc(2), calc(3, usage=1000), "done"], ["I used calculate on each expression."]
+    )
     rt, run = start(tmp_path, spec, provider)
     send(rt, run, "task")
     prompt = next(c for c in provider.calls if c.purpose == "recap").messages[-1]["content"]
@@ -80,7 +91,10 @@ def test_every_part_of_a_large_span_reaches_the_summariser(tmp_path):
     def note(i: int) -> str:
         return f"note {i} begins. " + " ".join(f"fact{i}_{j}" for j in range(300))
 
-    turns = [tool_call("note", i=i) for i in range(8)] + [{**tool_call("note", i=8), "usage": {"input_tokens": 8000}}, "done"]
+    turns = [tool_call("note", i=i) for i in range(8)] + [
+        {**tool_call("note", i=8), "usage": {"input_tokens": 8000}},
+        "done",
+    ]
     # the summariser's window holds about two notes: the span must be split into parts
     provider = ScriptedProvider(turns, [{"extractive": 300}], context_window=8192)
     small = ScriptedProvider([], [{"extractive": 300}], context_window=1800)
@@ -98,8 +112,10 @@ def test_every_part_of_a_large_span_reaches_the_summariser(tmp_path):
 
 def test_pointers_outside_the_span_are_dropped(tmp_path):
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
-    provider = ScriptedProvider([calc(1), calc(2), calc(3, usage=1000), "done"],
-                                ["The assistant used calculate on each expression [#4] [#6] [#999]."])
+    provider = ScriptedProvider(
+        [calc(1), calc(2), calc(3, usage=1000), "done"],
+        ["The assistant used calculate on each expression [#4] [#6] [#999]."],
+    )
     rt, run = start(tmp_path, spec, provider)
     send(rt, run, "task")
     (d,) = distillations(rt, run.run_id)
@@ -109,8 +125,19 @@ def test_pointers_outside_the_span_are_dropped(tmp_path):
 def test_reported_pressure_counts_again_after_a_distillation_that_followed_a_decline(tmp_path):
     huge = "the assistant used calculate on each expression " * 40
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2})
-    turns = [calc(1), calc(2), calc(3, usage=900), calc(4), calc(5), calc(6), calc(7), calc(8), calc(9),
-             calc(10, usage=950), "done"]
+    turns = [
+        calc(1),
+        calc(2),
+        calc(3, usage=900),
+        calc(4),
+        calc(5),
+        calc(6),
+        calc(7),
+        calc(8),
+        calc(9),
+        calc(10, usage=950),
+        "done",
+    ]
     provider = ScriptedProvider(turns, [huge, S1, S1])
     rt, run = start(tmp_path, spec, provider)
     assert send(rt, run, "task").status == "done"
@@ -159,8 +186,10 @@ def read_big() -> str:
 @pytest.mark.parametrize("mode", ["append", "recap", "compaction"])
 def test_an_oversized_message_is_cut_in_the_context_and_kept_whole_on_the_record(tmp_path, mode):
     ctx = {"mode": mode, "budget_tokens": 4096, "keep_last_n": 6, "recall": mode != "append"}
-    provider = ScriptedProvider([tool_call("read_big"), "I read it."] + ["fine"] * 10,
-                                ["I read a large file with read_big; it has a header, rows and a tail."])
+    provider = ScriptedProvider(
+        [tool_call("read_big"), "I read it."] + ["fine"] * 10,
+        ["I read a large file with read_big; it has a header, rows and a tail."],
+    )
     spec = agent(tmp_path, ctx, tools=["read_big"])
     rt, run = start(tmp_path, spec, provider, tools=[read_big])
     assert send(rt, run, "read the file").status == "done"
@@ -208,7 +237,9 @@ def test_runs_show_seq_prints_the_full_text(tmp_path, monkeypatch):
     (result,) = events(rt, run.run_id, "tool_result")
     shown = CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", str(result.seq)])
     assert shown.exit_code == 0 and "TAIL-MARKER-77" in shown.stdout
-    as_json = json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", str(result.seq), "--json"]).stdout)
+    as_json = json.loads(
+        CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", str(result.seq), "--json"]).stdout
+    )
     assert as_json["data"]["content"].endswith("TAIL-MARKER-77") and as_json["distilled_by"] == []
     missing = CliRunner().invoke(app, ["runs", "show", run.run_id, "--seq", "999"])
     assert missing.exit_code == 2 and "has no event #999" in missing.output

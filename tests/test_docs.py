@@ -26,7 +26,12 @@ def blocks(lang: str) -> list[tuple[str, str]]:
 
 
 PYTHON = blocks("python")
-CONSOLE = [(where, line[2:].strip()) for where, body in blocks("console") for line in body.splitlines() if line.startswith("$ ")]
+CONSOLE = [
+    (where, line[2:].strip())
+    for where, body in blocks("console")
+    for line in body.splitlines()
+    if line.startswith("$ ")
+]
 
 
 def test_docs_have_examples() -> None:
@@ -44,8 +49,9 @@ def test_console_examples_run(where: str, command: str, tmp_path: Path) -> None:
     argv = shlex.split(command)
     assert argv[0] == "loomrt"
     env = {**os.environ, "LOOMRT_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "loomrt", *argv[1:]], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "loomrt", *argv[1:]], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, f"{where}: {command}\n{done.stderr}"
     if "--json" in argv:
         for line in done.stdout.strip().splitlines() or [done.stdout]:
@@ -86,8 +92,14 @@ def test_readme_main_job_runs_offline_on_the_local_model(tmp_path: Path) -> None
     argv = shlex.split(job)
     assert argv[:3] == ["loomrt", "run", "assistant"]
     env = {**os.environ, "LOOMRT_HOME": str(tmp_path)}
-    done = subprocess.run([sys.executable, "-m", "loomrt", *argv[1:], "--json"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "loomrt", *argv[1:], "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
     assert result["status"] == "done" and len(result["output"].strip()) > 20
@@ -96,12 +108,24 @@ def test_readme_main_job_runs_offline_on_the_local_model(tmp_path: Path) -> None
 def _demo(agent: str, prompt: str, tmp_path: Path) -> tuple[dict, list[dict]]:
     """Run a scripted demo of agents.yaml as a user would; its result and its record."""
     env = {**os.environ, "LOOMRT_HOME": str(tmp_path)}
-    run = subprocess.run([sys.executable, "-m", "loomrt", "run", agent, prompt, "--json"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "loomrt", "run", agent, prompt, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
-    events = subprocess.run([sys.executable, "-m", "loomrt", "runs", "events", result["run_id"], "--json"], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=120)
+    events = subprocess.run(
+        [sys.executable, "-m", "loomrt", "runs", "events", result["run_id"], "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return result, [json.loads(line) for line in events.stdout.splitlines()]
 
 
@@ -111,7 +135,9 @@ def test_demo_recap_shows_a_recap_boundary_and_recalls_an_evicted_value(tmp_path
     recaps = [e for e in events if e["kind"] == "distillation"]
     assert recaps and recaps[0]["data"]["mode"] == "recap" and recaps[0]["data"]["summary"]
     evicted = set(recaps[0]["data"]["span_seqs"])
-    (recalled,) = [json.loads(e["data"]["content"]) for e in events if e["kind"] == "tool_result" and e["data"]["name"] == "Recall"]
+    (recalled,) = [
+        json.loads(e["data"]["content"]) for e in events if e["kind"] == "tool_result" and e["data"]["name"] == "Recall"
+    ]
     assert recalled["results"] and recalled["results"][0]["text"] == "5433"
     assert recalled["results"][0]["seq"] in evicted  # the value came back from an evicted span
     assert "5433" in result["output"]

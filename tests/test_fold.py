@@ -28,13 +28,18 @@ FOLD_TOOLS = {"Describe", "Expand", "Grep"}
 
 
 def said(i: int, rng: random.Random) -> str:
-    return (f"Note {i}: the {rng.choice(WORDS)} {rng.choice(WORDS)} is {rng.randint(1000, 9999)} in /srv/app{i}.conf. "
-            + " ".join(rng.choice(WORDS) for _ in range(24)))
+    return (
+        f"Note {i}: the {rng.choice(WORDS)} {rng.choice(WORDS)} is {rng.randint(1000, 9999)} in /srv/app{i}.conf. "
+        + " ".join(rng.choice(WORDS) for _ in range(24))
+    )
 
 
 def spec(**fold: Any) -> AgentSpec:
-    return AgentSpec(model="scripted/fold", max_iterations=6, context={
-        "mode": "fold", "budget_tokens": 4096, "fold": {"max_calls_per_10min": 10_000, **fold}})
+    return AgentSpec(
+        model="scripted/fold",
+        max_iterations=6,
+        context={"mode": "fold", "budget_tokens": 4096, "fold": {"max_calls_per_10min": 10_000, **fold}},
+    )
 
 
 def history(run: Any) -> list[int]:
@@ -54,7 +59,9 @@ def tool(run: Any, name: str) -> Any:
 def test_a_2000_message_run_folds_within_budget_losslessly(record_store: Any) -> None:
     rng = random.Random(3)
     n = 1000
-    provider = ScriptedProvider(turns=[{"text": said(i, rng)} for i in range(n)], summaries=[{"extractive": 400, "words": 12}])
+    provider = ScriptedProvider(
+        turns=[{"text": said(i, rng)} for i in range(n)], summaries=[{"extractive": 400, "words": 12}]
+    )
     rt = scripted_runtime(provider, store=record_store)
     run = rt.start(spec(), interactive=True)
     violations: list[str] = []
@@ -143,19 +150,35 @@ def test_describe_expand_and_grep_answer_from_the_record() -> None:
     assert run.view.messages[first].content in page
     assert "Error" in asyncio.run(tool(run, "Expand").call({"id": "c000000nope"}))
     assert "Error" in asyncio.run(tool(run, "Grep").call({"pattern": "(unclosed"}))
-    since = json.loads(asyncio.run(tool(run, "Grep").call({"pattern": "Note", "since": 50, "scope": "messages", "limit": 500})))
+    since = json.loads(
+        asyncio.run(tool(run, "Grep").call({"pattern": "Note", "since": 50, "scope": "messages", "limit": 500}))
+    )
     assert since["hits"] and all(h["seq"] >= 50 for h in since["hits"])
     assert since["not_shown"] > 0 and len(since["hits"]) + since["not_shown"] <= 200, "limit is at most 200"
 
 
 def _sites_agents(folder: Path) -> Path:
     (folder / "fold.yaml").write_text(json.dumps({"turns": [{"text": "ok"}] * 20, "summaries": [{"extractive": 200}]}))
-    (folder / "boss.yaml").write_text(json.dumps({"turns": [
-        {"tool_call": {"name": "spawn", "arguments": {"agent": "folder", "prompt": "child task"}}}, {"text": "done"}]}))
-    (folder / "agents.yaml").write_text(json.dumps({"agents": {
-        "folder": {"model": "scripted/fold.yaml", "context": {"mode": "fold", "recall": True}},
-        "boss": {"model": "scripted/boss.yaml", "tools": ["spawn"], "spawnable": ["folder"]},
-    }}))
+    (folder / "boss.yaml").write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {"tool_call": {"name": "spawn", "arguments": {"agent": "folder", "prompt": "child task"}}},
+                    {"text": "done"},
+                ]
+            }
+        )
+    )
+    (folder / "agents.yaml").write_text(
+        json.dumps(
+            {
+                "agents": {
+                    "folder": {"model": "scripted/fold.yaml", "context": {"mode": "fold", "recall": True}},
+                    "boss": {"model": "scripted/boss.yaml", "tools": ["spawn"], "spawnable": ["folder"]},
+                }
+            }
+        )
+    )
     return folder / "agents.yaml"
 
 
@@ -226,8 +249,9 @@ def test_the_fold_tools_reach_the_model_at_every_site(tmp_path: Path, monkeypatc
 def test_a_card_that_invents_a_value_is_rejected_then_falls_back() -> None:
     assert invented("the port is 5433 [#4]", "[#4] user: the port is 5432")[1] == ["5433"]
     rng = random.Random(8)
-    provider = ScriptedProvider(turns=[{"text": "ok"}] * 40,
-                                summaries=["The service runs on port 65000 at /nowhere/made-up.conf."])
+    provider = ScriptedProvider(
+        turns=[{"text": "ok"}] * 40, summaries=["The service runs on port 65000 at /nowhere/made-up.conf."]
+    )
     rt = scripted_runtime(provider)
     run = rt.start(spec(keep_recent=6, leaf_min_messages=4, rollup=16), interactive=True)
 
@@ -340,6 +364,7 @@ def test_cache_idle_deferral_and_its_pressure_escape() -> None:
     assert not rt.store.events(run.run_id, kinds=["distillation"]), "deferred from 40% to 85%: nothing folded"
     asyncio.run(rt.between_turns(run))
     assert not mode.queued(run.view)
+
     # after the fold, an idle cache queues at the soft watermark at once
     async def idle() -> None:
         for _ in range(200):
@@ -381,7 +406,9 @@ def test_refold_repairs_fallback_cards_with_another_model_and_keeps_the_old_ones
         asyncio.run(rt.refold(other.run_id))
 
 
-def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from typer.testing import CliRunner
 
     from loomrt.cli.app import app
@@ -401,7 +428,9 @@ def test_loomrt_worker_folds_a_parked_runs_queued_fold_under_its_lease(tmp_path:
                 return
 
     asyncio.run(until_queued())
-    assert run.mode.queued(run.view) and rt.store.pending("fold_queued", ("distillation", "fold_skipped")) == [run.run_id]
+    assert run.mode.queued(run.view) and rt.store.pending("fold_queued", ("distillation", "fold_skipped")) == [
+        run.run_id
+    ]
     assert rt.store.take_lease(f"distil:{run.run_id}", "someone else", 60)  # another worker holds it
     assert json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--json"]).output)["mode_state"]["running"]
     busy = CliRunner().invoke(app, ["worker", "--once", "--json"])
@@ -444,14 +473,33 @@ def test_a_workers_fold_gives_way_when_the_run_moves_on() -> None:
 def test_grep_does_not_find_the_models_own_searches_and_takes_sloppy_arguments() -> None:
     grep = {"tool_call": {"name": "Grep", "arguments": {"pattern": "ZETA-99", "mode": "text", "limit": "lots"}}}
     recall = {"tool_call": {"name": "Recall", "arguments": {"query": "the code word ZETA-99"}}}
-    provider = ScriptedProvider(turns=[recall, grep, grep, {"text": "done"}, {"tool_call": {"name": "Expand", "arguments": {
-        "id": "#2", "page": "one"}}}, {"text": "ok"}], summaries=["s"])
+    provider = ScriptedProvider(
+        turns=[
+            recall,
+            grep,
+            grep,
+            {"text": "done"},
+            {"tool_call": {"name": "Expand", "arguments": {"id": "#2", "page": "one"}}},
+            {"text": "ok"},
+        ],
+        summaries=["s"],
+    )
     rt = scripted_runtime(provider)
-    run = rt.start(AgentSpec(model="scripted/fold", max_iterations=6, context={
-        "mode": "fold", "budget_tokens": 4096, "recall": True}), interactive=True)
+    run = rt.start(
+        AgentSpec(
+            model="scripted/fold", max_iterations=6, context={"mode": "fold", "budget_tokens": 4096, "recall": True}
+        ),
+        interactive=True,
+    )
     asyncio.run(rt.send(run, "The code word is ZETA-99."))
-    results = [json.loads(e.data["content"]) for e in rt.store.events(run.run_id, kinds=["tool_result"]) if e.data["name"] == "Grep"]
-    assert [[h["seq"] for h in r["hits"]] for r in results] == [[2], [2]], "only the user's message, never the searches (Recall's either)"
+    results = [
+        json.loads(e.data["content"])
+        for e in rt.store.events(run.run_id, kinds=["tool_result"])
+        if e.data["name"] == "Grep"
+    ]
+    assert [[h["seq"] for h in r["hits"]] for r in results] == [[2], [2]], (
+        "only the user's message, never the searches (Recall's either)"
+    )
     asyncio.run(rt.send(run, "Open it."))
     page = rt.store.events(run.run_id, kinds=["tool_result"])[-1].data
     assert not page["is_error"] and "page 0 does not exist" in page["content"]
@@ -462,14 +510,27 @@ def test_a_small_budget_never_sticks_the_fold() -> None:
     (leaves reach a size worth a card, and cards of two depths roll up when they must)."""
     provider = ScriptedProvider(turns=[{"text": ""}] * 400, summaries=[{"extractive": 300, "words": 6}])
     rt = scripted_runtime(provider)
-    run = rt.start(AgentSpec(model="scripted/small", context={
-        "mode": "fold", "budget_tokens": 1536, "recall": True, "keep_first": False,
-        "fold": {"keep_recent": 4, "leaf_min_messages": 4, "max_calls_per_10min": 10**6}}), interactive=True)
+    run = rt.start(
+        AgentSpec(
+            model="scripted/small",
+            context={
+                "mode": "fold",
+                "budget_tokens": 1536,
+                "recall": True,
+                "keep_first": False,
+                "fold": {"keep_recent": 4, "leaf_min_messages": 4, "max_calls_per_10min": 10**6},
+            },
+        ),
+        interactive=True,
+    )
     rng = random.Random(13)
 
     async def go() -> None:
         for i in range(400):
-            await rt.send(run, f"[1:{i:02d} pm] Speaker {i % 2}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 40))))
+            await rt.send(
+                run,
+                f"[1:{i:02d} pm] Speaker {i % 2}: " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 40))),
+            )
 
     asyncio.run(go())
     sizes = [count_dicts(c.messages) + count_tools(c.tools) for c in provider.calls if c.purpose == "turn"]
@@ -528,9 +589,9 @@ def test_a_fold_shares_the_stretch_out_evenly_and_leaves_no_remnant_raw() -> Non
     leaves_made: list[int] = []
     while (step := next_step(context, {}, fold, budget, pressing=True, critical=False)) is not None:
         assert step.kind == "leaf"
-        leaves_made.append(count_messages(context[step.start:step.end]))
+        leaves_made.append(count_messages(context[step.start : step.end]))
         card = Message("user", "card", seq=None, synthetic=CARD_BLOCK, ref=f"c{len(leaves_made)}")
-        context[step.start:step.end] = [card]
+        context[step.start : step.end] = [card]
     assert len(leaves_made) == 2 and all(n <= limit for n in leaves_made)
     assert abs(leaves_made[0] - leaves_made[1]) <= stretch // 4, leaves_made  # shared out, not full then remnant
     tail = tail_start(context, fold, budget)
@@ -560,9 +621,20 @@ def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
         turns += [{"tool_call": {"name": "blob", "arguments": {"n": 400}}}] * 4 + [{"text": "checked " + said(0, rng)}]
     provider = ScriptedProvider(turns=turns, summaries=[{"extractive": 300}], count_tokens=counted)
     rt = scripted_runtime(provider, tools=[blob])
-    run = rt.start(AgentSpec(model="scripted/blobs", max_iterations=10, tools=["blob"], context={
-        "mode": "fold", "budget_tokens": 4096, "message_max_tokens": 4096,
-        "fold": {"max_calls_per_10min": 10_000, "cache_idle_s": 0}}), interactive=True)
+    run = rt.start(
+        AgentSpec(
+            model="scripted/blobs",
+            max_iterations=10,
+            tools=["blob"],
+            context={
+                "mode": "fold",
+                "budget_tokens": 4096,
+                "message_max_tokens": 4096,
+                "fold": {"max_calls_per_10min": 10_000, "cache_idle_s": 0},
+            },
+        ),
+        interactive=True,
+    )
 
     async def go() -> None:
         for i in range(30):
@@ -572,10 +644,13 @@ def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
     asyncio.run(go())
     # the scale says how the provider counts, so it outlives the folds that emptied the context
     record = rt.store.events(run.run_id)
-    after_fold = [project(record[:i + 1]).tokenizer_scale for i, e in enumerate(record) if e.kind == "distillation"]
+    after_fold = [project(record[: i + 1]).tokenizer_scale for i, e in enumerate(record) if e.kind == "distillation"]
     # (the scripted provider counts the messages, the estimate the tool schemas too: ~1.16 here)
     assert len(after_fold) > 10 and all((scale > 1.1) is (factor > 1) for scale in after_fold), after_fold
-    reported = [e.data["usage"]["input_tokens"] for e in rt.store.events(run.run_id, kinds=["model_call"])
-                if e.data["purpose"] == "turn"]
+    reported = [
+        e.data["usage"]["input_tokens"]
+        for e in rt.store.events(run.run_id, kinds=["model_call"])
+        if e.data["purpose"] == "turn"
+    ]
     assert len(reported) == 150 and max(reported) <= run.budget, (max(reported), run.budget)
     assert coverage(run) == history(run)

@@ -30,13 +30,18 @@ SCHEMA = {"type": "object", "properties": {"notes": {"type": "array", "items": {
 
 
 def said(i: int, rng: random.Random) -> str:
-    return (f"Note {i}: the {rng.choice(WORDS)} {rng.choice(WORDS)} is {rng.randint(1000, 9999)} in /srv/app{i}.conf. "
-            + " ".join(rng.choice(WORDS) for _ in range(24)))
+    return (
+        f"Note {i}: the {rng.choice(WORDS)} {rng.choice(WORDS)} is {rng.randint(1000, 9999)} in /srv/app{i}.conf. "
+        + " ".join(rng.choice(WORDS) for _ in range(24))
+    )
 
 
 def fold_spec(**context: Any) -> AgentSpec:
-    return AgentSpec(model="scripted/fork", tools=["vault"], context={
-        "mode": "fold", "budget_tokens": 2048, "fold": {"max_calls_per_10min": 10_000}, **context})
+    return AgentSpec(
+        model="scripted/fork",
+        tools=["vault"],
+        context={"mode": "fold", "budget_tokens": 2048, "fold": {"max_calls_per_10min": 10_000}, **context},
+    )
 
 
 def runtime(**kw: Any) -> Runtime:
@@ -71,7 +76,9 @@ def test_a_fold_fork_copies_no_text_and_keeps_the_coverage_invariant_in_both_bra
     assert "parent_run_id" not in started.data and rt.store.get_run(fork.run_id).forked_from == parent.run_id
     blob = json.dumps(started.data)
     assert not any(c.text in blob for c in parent.view.cards.values()), "no summary text is copied"
-    assert sorted(coverage(fork)) == messages(rt.store, parent.run_id, at) and len(set(coverage(fork))) == len(coverage(fork))
+    assert sorted(coverage(fork)) == messages(rt.store, parent.run_id, at) and len(set(coverage(fork))) == len(
+        coverage(fork)
+    )
     before_parent = [m.to_dict() for m in parent.context]
     talk(rt, fork, [said(1000 + i, rng) for i in range(40)])  # the fork folds on its own
     assert fork.distillations > 0
@@ -94,7 +101,9 @@ def test_recall_and_grep_in_a_fork_never_see_the_other_branch() -> None:
     rng = random.Random(2)
     rt = runtime(embedder=HashEmbedder())
     parent = rt.start(fold_spec(recall=True), interactive=True)
-    talk(rt, parent, ["Keep notes for me.", "The shared marker is SHARED-ALPHA-41."] + [said(i, rng) for i in range(40)])
+    talk(
+        rt, parent, ["Keep notes for me.", "The shared marker is SHARED-ALPHA-41."] + [said(i, rng) for i in range(40)]
+    )
     fork = asyncio.run(rt.fork(parent.run_id))
     talk(rt, parent, ["Only the parent says PARENT-LATER-93."] + [said(100 + i, rng) for i in range(40)])
     talk(rt, fork, ["Only the fork says FORK-ONLY-57."] + [said(200 + i, rng) for i in range(40)])
@@ -110,8 +119,12 @@ def test_recall_and_grep_in_a_fork_never_see_the_other_branch() -> None:
     def recalled(run: Any, query: str) -> str:
         return asyncio.run(run.toolset.tools["Recall"].call({"query": query, "top_k": 10}))
 
-    assert "PARENT-LATER-93" not in recalled(fork, "only the parent says") and "PARENT-LATER-93" in recalled(parent, "only the parent says")
-    assert "FORK-ONLY-57" not in recalled(parent, "only the fork says") and "FORK-ONLY-57" in recalled(fork, "only the fork says")
+    assert "PARENT-LATER-93" not in recalled(fork, "only the parent says") and "PARENT-LATER-93" in recalled(
+        parent, "only the parent says"
+    )
+    assert "FORK-ONLY-57" not in recalled(parent, "only the fork says") and "FORK-ONLY-57" in recalled(
+        fork, "only the fork says"
+    )
     assert "SHARED-ALPHA-41" in recalled(fork, "the shared marker")
 
 
@@ -121,8 +134,12 @@ def test_a_fork_works_in_every_mode(mode: str) -> None:
     context: dict[str, Any] = {"mode": mode, "budget_tokens": 1024, "keep_last_n": 2}
     if mode == "stateful":
         context["state_schema"] = SCHEMA
-    turns = [{"emit_state": {"reasoning": "noting", "patch": {"notes": [f"n{i}"]}, "done": True, "final": f"ok {i}"}}
-             if mode == "stateful" else {"text": f"ok {i}"} for i in range(40)]
+    turns = [
+        {"emit_state": {"reasoning": "noting", "patch": {"notes": [f"n{i}"]}, "done": True, "final": f"ok {i}"}}
+        if mode == "stateful"
+        else {"text": f"ok {i}"}
+        for i in range(40)
+    ]
     rt = scripted_runtime(ScriptedProvider(turns=turns, summaries=[{"extractive": 300}]))
     spec = AgentSpec(model="scripted/every", context={**context, "fold": {"max_calls_per_10min": 10_000}})
     parent = rt.start(spec, interactive=True)
@@ -143,9 +160,14 @@ def test_a_fork_works_in_every_mode(mode: str) -> None:
 
 def test_the_parents_private_material_is_a_placeholder_in_the_fork() -> None:
     rt = runtime()
-    rt2 = Runtime(rt.store, providers=lambda s, m: ScriptedProvider(
-        turns=[{"tool_call": {"name": "vault", "arguments": {}}}, {"text": "got it"}] + [{"text": "ok"}] * 20,
-        summaries=[{"extractive": 300}]), tools=list(rt.tools.values()))
+    rt2 = Runtime(
+        rt.store,
+        providers=lambda s, m: ScriptedProvider(
+            turns=[{"tool_call": {"name": "vault", "arguments": {}}}, {"text": "got it"}] + [{"text": "ok"}] * 20,
+            summaries=[{"extractive": 300}],
+        ),
+        tools=list(rt.tools.values()),
+    )
     parent = rt2.start(fold_spec(), interactive=True)
     talk(rt2, parent, ["fetch the token"])
     (result,) = [e for e in rt.store.events(parent.run_id, kinds=["tool_result"])]

@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from loomrt.errors import LoomError, SpecError
 
 FAST = settings(
-    max_examples=int(os.environ.get("LOOMRT_FUZZ_EXAMPLES", "150")), deadline=None, derandomize="LOOMRT_FUZZ_EXAMPLES" not in os.environ,
+    max_examples=int(os.environ.get("LOOMRT_FUZZ_EXAMPLES", "150")),
+    deadline=None,
+    derandomize="LOOMRT_FUZZ_EXAMPLES" not in os.environ,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 """Deterministic in CI (the same 150 examples each run); set LOOMRT_FUZZ_EXAMPLES=N to explore N random ones."""
@@ -28,11 +30,29 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
     max_leaves=20,
 )
-keys = st.sampled_from(["agents", "defaults", "model", "system_prompt", "tools", "context", "mode", "budget_tokens",
-                        "state_schema", "max_iterations", "keep_last_n", "recall", "x"])
+keys = st.sampled_from(
+    [
+        "agents",
+        "defaults",
+        "model",
+        "system_prompt",
+        "tools",
+        "context",
+        "mode",
+        "budget_tokens",
+        "state_schema",
+        "max_iterations",
+        "keep_last_n",
+        "recall",
+        "x",
+    ]
+)
 yaml_like = st.recursive(
-    st.none() | st.booleans() | st.integers(-5, 10**6) | st.text(max_size=12) | st.sampled_from(
-        ["append", "recap", "stateful", "compaction", "auto", "scripted/x.yaml", "${NOPE}", "local/x"]),
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 10**6)
+    | st.text(max_size=12)
+    | st.sampled_from(["append", "recap", "stateful", "compaction", "auto", "scripted/x.yaml", "${NOPE}", "local/x"]),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(keys, children, max_size=5),
     max_leaves=25,
 )
@@ -57,8 +77,16 @@ def test_any_text_as_an_agents_file_loads_or_says_why(text: str) -> None:
 
 
 @FAST
-@given(st.dictionaries(keys, yaml_like, max_size=4) | st.fixed_dictionaries({"agents": st.dictionaries(
-    st.text(min_size=1, max_size=6), st.dictionaries(keys, yaml_like, max_size=6), max_size=3)}))
+@given(
+    st.dictionaries(keys, yaml_like, max_size=4)
+    | st.fixed_dictionaries(
+        {
+            "agents": st.dictionaries(
+                st.text(min_size=1, max_size=6), st.dictionaries(keys, yaml_like, max_size=6), max_size=3
+            )
+        }
+    )
+)
 def test_any_structure_as_an_agents_file_loads_or_says_why(doc: dict[str, Any]) -> None:
     from loomrt.spec import load_agents_text
 
@@ -109,8 +137,10 @@ def test_merge_patch_and_validation_never_raise(target: Any, patch: Any) -> None
 
 
 @FAST
-@given(st.dictionaries(st.sampled_from(["turns", "summaries", "local", "context_window", "other"]), yaml_like,
-                       max_size=4) | yaml_like)
+@given(
+    st.dictionaries(st.sampled_from(["turns", "summaries", "local", "context_window", "other"]), yaml_like, max_size=4)
+    | yaml_like
+)
 def test_any_scripted_model_file_loads_or_says_why(tmp_path_factory: Any, doc: Any) -> None:
     from loomrt.providers.scripted import load_script
 
@@ -150,8 +180,10 @@ def test_any_json_as_a_locomo_file_loads_or_says_why(tmp_path_factory: Any, doc:
 
 
 @FAST
-@given(st.sampled_from(["read_file", "list_dir", "search_text", "calculate", "now", "nope"]),
-       st.dictionaries(st.text(max_size=10), json_values, max_size=4))
+@given(
+    st.sampled_from(["read_file", "list_dir", "search_text", "calculate", "now", "nope"]),
+    st.dictionaries(st.text(max_size=10), json_values, max_size=4),
+)
 def test_any_tool_call_arguments_become_a_result_not_a_crash(name: str, arguments: dict[str, Any]) -> None:
     from loomrt.messages import ToolCall
     from loomrt.run.loop import execute_tool
@@ -170,13 +202,46 @@ def test_any_tool_call_arguments_become_a_result_not_a_crash(name: str, argument
     assert isinstance(result.data["content"], str)
 
 
-MCP_TOOLS = ["list_agents", "spawn_run", "spawn_runs", "get_run", "list_runs", "get_events", "continue_run", "cancel_run",
-             "compact_run", "recall", "no_such_tool"]
-mcp_keys = st.sampled_from(["agent", "prompt", "context", "wait", "timeout_s", "spawns", "run_id", "after_seq", "limit",
-                            "status", "query", "top_k", "mode", "budget_tokens", "recall", "x"])
+MCP_TOOLS = [
+    "list_agents",
+    "spawn_run",
+    "spawn_runs",
+    "get_run",
+    "list_runs",
+    "get_events",
+    "continue_run",
+    "cancel_run",
+    "compact_run",
+    "recall",
+    "no_such_tool",
+]
+mcp_keys = st.sampled_from(
+    [
+        "agent",
+        "prompt",
+        "context",
+        "wait",
+        "timeout_s",
+        "spawns",
+        "run_id",
+        "after_seq",
+        "limit",
+        "status",
+        "query",
+        "top_k",
+        "mode",
+        "budget_tokens",
+        "recall",
+        "x",
+    ]
+)
 mcp_args = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=False, allow_infinity=False, width=32)
-    | st.text(max_size=12) | st.sampled_from(["quick", "compaction", "append", "000000000000"]),
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 10**6)
+    | st.floats(allow_nan=False, allow_infinity=False, width=32)
+    | st.text(max_size=12)
+    | st.sampled_from(["quick", "compaction", "append", "000000000000"]),
     lambda children: st.lists(children, max_size=3) | st.dictionaries(mcp_keys, children, max_size=4),
     max_leaves=15,
 )
@@ -184,7 +249,9 @@ mcp_args = st.recursive(
 
 @FAST
 @given(st.sampled_from(MCP_TOOLS), st.dictionaries(mcp_keys, mcp_args, max_size=5))
-def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(tmp_path_factory: Any, name: str, arguments: dict[str, Any]) -> None:
+def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(
+    tmp_path_factory: Any, name: str, arguments: dict[str, Any]
+) -> None:
     from mcp.server.mcpserver.exceptions import ToolError
 
     from loomrt.mcp.server import build_server
@@ -194,7 +261,8 @@ def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(tmp_path_factory: A
     folder = tmp_path_factory.mktemp("mcp-fuzz")
     (folder / "quick.yaml").write_text("turns:\n  - text: ok\n")
     (folder / "agents.yaml").write_text(
-        "agents:\n  quick:\n    model: scripted/quick.yaml\n    context: {mode: compaction, budget_tokens: 4096}\n")
+        "agents:\n  quick:\n    model: scripted/quick.yaml\n    context: {mode: compaction, budget_tokens: 4096}\n"
+    )
     service = RunService(load_agents(folder / "agents.yaml"))
     server = build_server(service)
 

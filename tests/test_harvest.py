@@ -33,8 +33,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStor
     from loomrt.harvest.wiring import release
     from loomrt.record.sqlite import default_store
 
-    record = (SQLiteStore(tmp_path / "record.sqlite") if request.param == "sqlite"
-              else default_store(request.getfixturevalue("postgres_url")))
+    record = (
+        SQLiteStore(tmp_path / "record.sqlite")
+        if request.param == "sqlite"
+        else default_store(request.getfixturevalue("postgres_url"))
+    )
     yield record
     release(record)
     record.close()
@@ -108,10 +111,15 @@ def test_secrets_are_redacted_and_private_material_is_never_banked(store: SQLite
     from loomrt.harvest.bank import conversation_turns
     from loomrt.messages import Message
 
-    messages = (Message(role="user", content="my api_key = sk-abcdefghijklmnopqrstuvwx and the db is at "
-                        "postgres://bob:hunter22@db/x", seq=1),
-                Message(role="tool", name="Read", content="top secret payroll " * 30, seq=2),
-                Message(role="assistant", content="Noted.", seq=3))
+    messages = (
+        Message(
+            role="user",
+            content="my api_key = sk-abcdefghijklmnopqrstuvwx and the db is at postgres://bob:hunter22@db/x",
+            seq=1,
+        ),
+        Message(role="tool", name="Read", content="top secret payroll " * 30, seq=2),
+        Message(role="assistant", content="Noted.", seq=3),
+    )
     turns, redacted = conversation_turns(messages, private={2})
     assert redacted == 2 and [t["seq"] for t in turns] == [1, 3]
     assert "sk-abc" not in turns[0]["text"] and "hunter22" not in turns[0]["text"]
@@ -121,14 +129,34 @@ def test_a_span_of_tool_traffic_only_is_counted_not_banked(store: SQLiteStore) -
     from loomrt.harvest.bank import Bank
     from loomrt.messages import EvictedSpan, Message, ToolCall
 
-    bank = Bank(harvest_db(store), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
-                max_tokens=100, private=set, record=lambda k, d: None)
-    only_tools = EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=4, messages=(
-        Message(role="assistant", tool_calls=(ToolCall(id="c", name="Read", arguments={"path": "x"}),), seq=2),
-        Message(role="tool", name="Read", tool_call_id="c", content="file body", seq=3)))
+    bank = Bank(
+        harvest_db(store),
+        run_id="r",
+        agent="a",
+        def_hash="0" * 16,
+        scope="user:alice",
+        max_tokens=100,
+        private=set,
+        record=lambda k, d: None,
+    )
+    only_tools = EvictedSpan(
+        run_id="r",
+        agent="a",
+        mode="recap",
+        distillation_seq=4,
+        messages=(
+            Message(role="assistant", tool_calls=(ToolCall(id="c", name="Read", arguments={"path": "x"}),), seq=2),
+            Message(role="tool", name="Read", tool_call_id="c", content="file body", seq=3),
+        ),
+    )
     assert bank.bank(only_tools)["outcome"] == "empty"
-    huge = EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=9, messages=(
-        Message(role="user", content="word " * 500, seq=5),))
+    huge = EvictedSpan(
+        run_id="r",
+        agent="a",
+        mode="recap",
+        distillation_seq=9,
+        messages=(Message(role="user", content="word " * 500, seq=5),),
+    )
     refused = bank.bank(huge)
     assert refused["outcome"] == "refused" and "harvest_max_tokens" in refused["reason"]
     assert bank.counts == {"banked": 0, "empty": 1, "refused": 1} and _banked(store) == []
@@ -166,11 +194,26 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore, tm
         from loomrt.harvest.bank import Bank
         from loomrt.messages import EvictedSpan, Message
 
-        bank = Bank(harvest_db(store), run_id=f"c{i}", agent="a", def_hash="0" * 16, scope="user:alice",
-                    max_tokens=8000, private=set, record=lambda k, d: None)
+        bank = Bank(
+            harvest_db(store),
+            run_id=f"c{i}",
+            agent="a",
+            def_hash="0" * 16,
+            scope="user:alice",
+            max_tokens=8000,
+            private=set,
+            record=lambda k, d: None,
+        )
         for j, text in enumerate((named, said)):
-            bank.bank(EvictedSpan(run_id=f"c{i}", agent="a", mode="recap", distillation_seq=10 + j,
-                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),)))
+            bank.bank(
+                EvictedSpan(
+                    run_id=f"c{i}",
+                    agent="a",
+                    mode="recap",
+                    distillation_seq=10 + j,
+                    messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),),
+                )
+            )
     whole = coreference_extractor()
     report = _consolidator(store, whole, batch_tokens=60).run_once()
     assert report.dead == 0 and report.spans == 2 * len(CASES)
@@ -188,11 +231,26 @@ def test_whole_batch_extraction_keeps_what_per_span_loses(store: SQLiteStore, tm
         from loomrt.harvest.bank import Bank
         from loomrt.messages import EvictedSpan, Message
 
-        bank = Bank(harvest_db(per_span_store.path), run_id=f"c{i}", agent="a", def_hash="0" * 16,
-                    scope="user:alice", max_tokens=8000, private=set, record=lambda k, d: None)
+        bank = Bank(
+            harvest_db(per_span_store.path),
+            run_id=f"c{i}",
+            agent="a",
+            def_hash="0" * 16,
+            scope="user:alice",
+            max_tokens=8000,
+            private=set,
+            record=lambda k, d: None,
+        )
         for j, text in enumerate((named, said)):
-            bank.bank(EvictedSpan(run_id=f"c{i}", agent="a", mode="recap", distillation_seq=10 + j,
-                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),)))
+            bank.bank(
+                EvictedSpan(
+                    run_id=f"c{i}",
+                    agent="a",
+                    mode="recap",
+                    distillation_seq=10 + j,
+                    messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1.7e9),),
+                )
+            )
     per_span = coreference_extractor()
     report = _consolidator(per_span_store, per_span, batch_tokens=1).run_once()
     assert len(per_span.calls) == 2 * len(CASES)  # one span per call
@@ -224,8 +282,9 @@ def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLit
     assert again.batches == 1 and again.facts["new"] == 1 and not healed.queue.dead_letters()
 
 
-def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(store: SQLiteStore,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_write_holds_the_watermark_and_the_next_pass_completes(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     texts = bank_load(store, 4, scopes=("user:alice",))
     worker = _consolidator(store, batch_tokens=1)
     real = MemoryStore.write
@@ -284,8 +343,12 @@ def test_the_extraction_contract() -> None:
     assert parse_reply('{"facts": []}') == [] and parse_reply("[]") == []
     with pytest.raises(Unparseable):
         parse_reply("no json here")
-    ok = {"statement": "Caroline went to a support group yesterday.", "class": "fact", "subject": "Caroline",
-          "source_seqs": [1]}
+    ok = {
+        "statement": "Caroline went to a support group yesterday.",
+        "class": "fact",
+        "subject": "Caroline",
+        "source_seqs": [1],
+    }
     fact, _ = check_fact(ok, lines)
     assert fact is not None and fact.statement == "Caroline went to a support group on 7 May 2023."
     assert fact.observed_at == "2023-05-08" and fact.lines[0].seq == 5
@@ -305,8 +368,9 @@ def test_the_extraction_contract() -> None:
 
 
 def _fact(statement: str, subject: str, *, cls: str = "fact", key: str, scope: str = "user:alice") -> NewFact:
-    return NewFact(statement=statement, cls=cls, subject=subject, scope=scope, key=key,
-                   sources=[{"run_id": "r", "seqs": [1]}])
+    return NewFact(
+        statement=statement, cls=cls, subject=subject, scope=scope, key=key, sources=[{"run_id": "r", "seqs": [1]}]
+    )
 
 
 def test_a_long_fact_is_found_again_from_its_stored_vector(store: SQLiteStore) -> None:
@@ -314,9 +378,11 @@ def test_a_long_fact_is_found_again_from_its_stored_vector(store: SQLiteStore) -
     opened later rebuilds its index from the rows; the search must not ask for passages)."""
     from loomrt.recall.dense import passages_of
 
-    long = ("Alice wants the party in the garden behind the old library, the one with the pond and two benches. "
-            "Her grandmother planted the apple trees there, and the gate that always sticks is still the same one. "
-            "It should be held next summer, on the first Saturday of July, with lanterns along the paths.")
+    long = (
+        "Alice wants the party in the garden behind the old library, the one with the pond and two benches. "
+        "Her grandmother planted the apple trees there, and the gate that always sticks is still the same one. "
+        "It should be held next summer, on the first Saturday of July, with lanterns along the paths."
+    )
     assert len(passages_of(f"fact: {long}")) > 1
     db = harvest_db(store)
     memory_of(db, embedder="hash").write([_fact(long, "Alice", key="b0:long")])
@@ -330,14 +396,34 @@ def test_paraphrases_consolidate_into_few_rows(store: SQLiteStore) -> None:
 
     memory = memory_of(harvest_db(store), embedder=MiniLMEmbedder())
     wordings = [
-        ("Joaquim", ["Joaquim keeps bees on the roof of his flat.", "Joaquim is a rooftop beekeeper at his flat.",
-                     "On the roof of his flat, Joaquim keeps bees."]),
-        ("Ines", ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.",
-                  "Ines likes black coffee."]),
-        ("Bertrand", ["Bertrand is training for a triathlon.", "Bertrand trains for a triathlon.",
-                      "Bertrand is preparing to compete in a triathlon."]),
-        ("Yuki", ["Yuki teaches piano to children.", "Yuki is a piano teacher for kids.",
-                  "Yuki gives piano lessons to children."]),
+        (
+            "Joaquim",
+            [
+                "Joaquim keeps bees on the roof of his flat.",
+                "Joaquim is a rooftop beekeeper at his flat.",
+                "On the roof of his flat, Joaquim keeps bees.",
+            ],
+        ),
+        (
+            "Ines",
+            ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.", "Ines likes black coffee."],
+        ),
+        (
+            "Bertrand",
+            [
+                "Bertrand is training for a triathlon.",
+                "Bertrand trains for a triathlon.",
+                "Bertrand is preparing to compete in a triathlon.",
+            ],
+        ),
+        (
+            "Yuki",
+            [
+                "Yuki teaches piano to children.",
+                "Yuki is a piano teacher for kids.",
+                "Yuki gives piano lessons to children.",
+            ],
+        ),
         ("Oskar", ["Oskar grew up in Gdansk.", "Oskar spent his childhood in Gdansk.", "Oskar was raised in Gdansk."]),
     ]
     for batch in range(3):
@@ -378,7 +464,9 @@ def test_a_restatement_merges_into_the_stored_fact(store: SQLiteStore) -> None:
 
 def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
     memory = memory_of(harvest_db(store), embedder="hash")
-    memory.write([_fact("Omar is allergic to peanuts.", "Omar", key="a"), _fact("Ana plays the cello.", "Ana", key="b")])
+    memory.write(
+        [_fact("Omar is allergic to peanuts.", "Omar", key="a"), _fact("Ana plays the cello.", "Ana", key="b")]
+    )
     omar, ana = sorted(memory.facts(), key=lambda f: f.subject, reverse=True)
     memory.forget(omar.fact_id)
     assert memory.get(omar.fact_id).statement == "Omar is allergic to peanuts."  # hidden, not erased
@@ -390,8 +478,12 @@ def test_forget_hides_and_erase_wipes(store: SQLiteStore) -> None:
 
 def test_scopes_are_checked_on_every_read(store: SQLiteStore) -> None:
     memory = memory_of(harvest_db(store), embedder="hash")
-    memory.write([_fact("Bob's locker code is in the blue book.", "Bob", key="a", scope="user:bob"),
-                  _fact("The shop closes at 18:00 on Sundays.", "shop", key="b", scope="project:shop")])
+    memory.write(
+        [
+            _fact("Bob's locker code is in the blue book.", "Bob", key="a", scope="user:bob"),
+            _fact("The shop closes at 18:00 on Sundays.", "shop", key="b", scope="project:shop"),
+        ]
+    )
     mine = ScopedMemory(memory, ["project:shop"], ["project"])
     assert [h.scope for h in mine.search("locker code shop", 5)] == ["project:shop"]
     assert [h.scope for h in mine.search("shop closes", 5, ["project"])] == ["project:shop"]
@@ -477,8 +569,9 @@ def test_the_sweep_banks_from_the_record_what_a_crash_kept_from_the_bank(store: 
     report = _consolidator(store).run_once()
     assert report.swept == 1
     assert sorted((r[0], r[1]) for r in _banked(store)) == sorted((r[0], r[1]) for r in rows)
-    assert {json.dumps(json.loads(r[3]), sort_keys=True) for r in _banked(store)} == \
-        {json.dumps(json.loads(r[3]), sort_keys=True) for r in rows}
+    assert {json.dumps(json.loads(r[3]), sort_keys=True) for r in _banked(store)} == {
+        json.dumps(json.loads(r[3]), sort_keys=True) for r in rows
+    }
     assert _consolidator(store).run_once().swept == 0  # swept once; a run without harvest is never read again
 
 
@@ -486,18 +579,29 @@ def test_a_batch_takes_whole_spans_while_they_fit_one_call(store: SQLiteStore) -
     from loomrt.harvest.bank import Bank
     from loomrt.messages import EvictedSpan, Message
 
-    bank = Bank(harvest_db(store), run_id="r", agent="a", def_hash="0" * 16, scope="user:alice",
-                max_tokens=8000, private=set, record=lambda k, d: None)
+    bank = Bank(
+        harvest_db(store),
+        run_id="r",
+        agent="a",
+        def_hash="0" * 16,
+        scope="user:alice",
+        max_tokens=8000,
+        private=set,
+        record=lambda k, d: None,
+    )
     for i in range(3):
-        lines = tuple(Message(role="user", content=f"Line {i}.{j} says the shelf holds {j} green boxes.", seq=10 * i + j)
-                      for j in range(4))
+        lines = tuple(
+            Message(role="user", content=f"Line {i}.{j} says the shelf holds {j} green boxes.", seq=10 * i + j)
+            for j in range(4)
+        )
         bank.bank(EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=100 + i, messages=lines))
     extractor = echo_extractor()
     report = _consolidator(store, extractor, part_tokens=40, max_parts=2, batch_tokens=10_000).run_once()
     assert report.parts_dropped == 0 and report.batches >= 2
     assert report.facts["new"] + report.facts["superseded"] == 12  # every line stored (one subject: superseded)
-    huge = tuple(Message(role="user", content=f"Row {j} of a long list of shelves and boxes.", seq=500 + j)
-                 for j in range(12))
+    huge = tuple(
+        Message(role="user", content=f"Row {j} of a long list of shelves and boxes.", seq=500 + j) for j in range(12)
+    )
     bank.bank(EvictedSpan(run_id="r", agent="a", mode="recap", distillation_seq=900, messages=huge))
     alone = _consolidator(store, extractor, part_tokens=40, max_parts=2).run_once()
     assert alone.batches == 1 and alone.parts_dropped > 0  # one span over the cap: its latest parts, the rest reported

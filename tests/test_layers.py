@@ -10,8 +10,12 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = {"loomrt": REPO / "loomrt", "loomrt.providers": REPO / "providers", "loomrt.recall": REPO / "recall",
-            "loomrt.harvest": REPO / "harvest"}
+PACKAGES = {
+    "loomrt": REPO / "loomrt",
+    "loomrt.providers": REPO / "providers",
+    "loomrt.recall": REPO / "recall",
+    "loomrt.harvest": REPO / "harvest",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -63,7 +67,7 @@ def test_no_module_level_import_cycle() -> None:
         state[node] = 1
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
             elif nxt not in state:
                 walk(nxt, [*stack, nxt])
         state[node] = 2
@@ -72,15 +76,23 @@ def test_no_module_level_import_cycle() -> None:
         if name not in state:
             walk(name, [name])
     # a package's __init__ re-exporting its submodules is not a cycle of concerns
-    real = [c for c in cycles if not any(c[i].startswith(c[i + 1] + ".") or c[i + 1].startswith(c[i] + ".")
-                                          for i in range(len(c) - 1))]
+    real = [
+        c
+        for c in cycles
+        if not any(c[i].startswith(c[i + 1] + ".") or c[i + 1].startswith(c[i] + ".") for i in range(len(c) - 1))
+    ]
     assert real == []
 
 
 def test_recall_stands_on_the_bottom_floor() -> None:
     graph = _graph()
-    outside = {m for n, deps in graph.items() if n.startswith("loomrt.recall") for m in deps
-               if not m.startswith("loomrt.recall")}
+    outside = {
+        m
+        for n, deps in graph.items()
+        if n.startswith("loomrt.recall")
+        for m in deps
+        if not m.startswith("loomrt.recall")
+    }
     forbidden = {m for m in outside if m.startswith(("loomrt.run", "loomrt.runtime", "loomrt.testing", "loomrt.bench"))}
     assert forbidden == set()
     assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools", "loomrt.crashpoints"}

@@ -33,13 +33,17 @@ def test_replace_can_neither_rewrite_an_event_nor_flip_a_status(tmp_path, verb):
     store = _store_with_a_run(tmp_path)
     raw = sqlite3.connect(tmp_path / "record.sqlite")
     with pytest.raises(sqlite3.DatabaseError, match="append-only: an event with this run_id and seq exists"):
-        raw.execute(f"{verb} events (run_id, seq, kind, ts, data) VALUES ('r1', 2, 'user_input', 0, ?)",
-                    (json.dumps({"content": "forged"}),))
+        raw.execute(
+            f"{verb} events (run_id, seq, kind, ts, data) VALUES ('r1', 2, 'user_input', 0, ?)",
+            (json.dumps({"content": "forged"}),),
+        )
     with pytest.raises(sqlite3.DatabaseError, match="append-only: an event with this run_id and seq exists"):
         raw.execute(f"{verb} events (run_id, seq, kind, ts, data) VALUES ('r1', 3, 'error', 0, '{{}}')")
     with pytest.raises(sqlite3.DatabaseError, match="append-only: a run with this run_id exists"):
-        raw.execute(f"{verb} runs (run_id, agent, def_hash, mode, model, interactive, created_at) "
-                    "VALUES ('r1', 'b', 'h', 'recap', 'm', 0, 0)")
+        raw.execute(
+            f"{verb} runs (run_id, agent, def_hash, mode, model, interactive, created_at) "
+            "VALUES ('r1', 'b', 'h', 'recap', 'm', 0, 0)"
+        )
     raw.close()
     assert [e.data.get("content") for e in store.events("r1")] == [None, "the real input", None]
     assert store.get_run("r1").status == "done" and store.get_run("r1").agent == "a"

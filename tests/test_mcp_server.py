@@ -25,8 +25,19 @@ from loomrt.runtime import Runtime
 from loomrt.spec import load_agents
 
 TOKEN = "t" * 40
-TOOLS = {"list_agents", "spawn_run", "spawn_runs", "get_run", "list_runs", "get_events", "continue_run", "cancel_run",
-         "compact_run", "fork_run", "recall"}
+TOOLS = {
+    "list_agents",
+    "spawn_run",
+    "spawn_runs",
+    "get_run",
+    "list_runs",
+    "get_events",
+    "continue_run",
+    "cancel_run",
+    "compact_run",
+    "fork_run",
+    "recall",
+}
 
 
 def kinds(run_id: str) -> list[str]:
@@ -62,18 +73,25 @@ def test_stdio_spawn_wait_fan_out_page_continue_and_resources(tmp_path: Path) ->
             assert (await until(s, later["run_id"], "done"))["output"] == "slow answer"
 
             started = time.monotonic()
-            rows = structured(await s.call_tool(
-                "spawn_runs", {"spawns": [{"agent": "slow", "prompt": f"task {i}"} for i in range(4)]}))["runs"]
+            rows = structured(
+                await s.call_tool(
+                    "spawn_runs", {"spawns": [{"agent": "slow", "prompt": f"task {i}"} for i in range(4)]}
+                )
+            )["runs"]
             elapsed = time.monotonic() - started
             assert [r["index"] for r in rows] == [0, 1, 2, 3] and all(r["ok"] and r["status"] == "ok" for r in rows)
-            spans = [(default_store().events(r["run_id"])[0].ts, default_store().events(r["run_id"])[-1].ts) for r in rows]
+            spans = [
+                (default_store().events(r["run_id"])[0].ts, default_store().events(r["run_id"])[-1].ts) for r in rows
+            ]
             assert max(start for start, _ in spans) < min(end for _, end in spans)  # all four were playing at once
             assert elapsed < 4 * 0.8
 
             full = default_store().events(done["run_id"])
             first = structured(await s.call_tool("get_events", {"run_id": done["run_id"], "limit": 2}))
             assert [e["seq"] for e in first["events"]] == [1, 2] and first["next_seq"] == 2
-            rest = structured(await s.call_tool("get_events", {"run_id": done["run_id"], "after_seq": first["next_seq"]}))
+            rest = structured(
+                await s.call_tool("get_events", {"run_id": done["run_id"], "after_seq": first["next_seq"]})
+            )
             assert rest["next_seq"] is None
             assert [e["seq"] for e in first["events"] + rest["events"]] == [e.seq for e in full]
 
@@ -113,7 +131,9 @@ def test_timeouts_and_cancellation(tmp_path: Path) -> None:
             abandoned = next(r for r in runs if r["run_id"] != waited["run_id"])
             row = await until(s, abandoned["run_id"], "cancelled", within_s=5)
             assert row["status"] == "cancelled"
-            reason = next(e.data["reason"] for e in default_store().events(abandoned["run_id"]) if e.kind == "cancelled")
+            reason = next(
+                e.data["reason"] for e in default_store().events(abandoned["run_id"]) if e.kind == "cancelled"
+            )
             assert "client cancelled" in reason
 
     anyio.run(scenario)
@@ -124,8 +144,12 @@ def test_context_overrides_narrow_never_widen(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with stdio_session(agents) as s:
-            run = structured(await s.call_tool(
-                "spawn_run", {"agent": "calc", "prompt": "6*7?", "context": {"mode": "append", "budget_tokens": 2048}}))
+            run = structured(
+                await s.call_tool(
+                    "spawn_run",
+                    {"agent": "calc", "prompt": "6*7?", "context": {"mode": "append", "budget_tokens": 2048}},
+                )
+            )
             started = default_store().events(run["run_id"])[0].data
             assert (started["mode"], started["definition"]["context"]["budget_tokens"]) == ("append", 2048)
             assert load_agents(agents).agents["calc"].context.mode == "compaction"  # the definition is untouched
@@ -136,7 +160,9 @@ def test_context_overrides_narrow_never_widen(tmp_path: Path) -> None:
                 ({"summarizer_model": "openai/gpt-4o"}, "context.summarizer_model"),
                 ({"no_such_field": 1}, "context.no_such_field"),
             ]:
-                message = error_text(await s.call_tool("spawn_run", {"agent": "calc", "prompt": "x", "context": context}))
+                message = error_text(
+                    await s.call_tool("spawn_run", {"agent": "calc", "prompt": "x", "context": context})
+                )
                 assert field in message, message
 
     anyio.run(scenario)
@@ -167,31 +193,60 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path: Pa
 
     async def scenario() -> None:
         async with stdio_session(agents) as s:
-            assert "no agent named 'nope'" in error_text(await s.call_tool("spawn_run", {"agent": "nope", "prompt": "x"}))
-            for tool, args in [("get_run", {}), ("get_events", {}), ("cancel_run", {}), ("compact_run", {}),
-                               ("continue_run", {"prompt": "x"})]:
+            assert "no agent named 'nope'" in error_text(
+                await s.call_tool("spawn_run", {"agent": "nope", "prompt": "x"})
+            )
+            for tool, args in [
+                ("get_run", {}),
+                ("get_events", {}),
+                ("cancel_run", {}),
+                ("compact_run", {}),
+                ("continue_run", {"prompt": "x"}),
+            ]:
                 assert "no run" in error_text(await s.call_tool(tool, {"run_id": "feedfacecafe", **args})).lower()
             assert "spawn_run" in error_text(await s.call_tool("spawn_run", {"agent": 3, "prompt": ["no"]}))
-            assert "over the limit" in error_text(await s.call_tool("spawn_run", {"agent": "quick", "prompt": "x" * 1_000_001}))
+            assert "over the limit" in error_text(
+                await s.call_tool("spawn_run", {"agent": "quick", "prompt": "x" * 1_000_001})
+            )
             assert "limit must be" in error_text(await s.call_tool("get_events", {"run_id": "x", "limit": 5000}))
             before = len(default_store().list_runs(limit=100))
-            bad = [{"agent": "quick", "prompt": "a"}, {"agent": "quick", "prompt": "b"}, {"agent": "ghost", "prompt": "c"}]
+            bad = [
+                {"agent": "quick", "prompt": "a"},
+                {"agent": "quick", "prompt": "b"},
+                {"agent": "ghost", "prompt": "c"},
+            ]
             assert "spawns[2]" in error_text(await s.call_tool("spawn_runs", {"spawns": bad}))
             assert len(default_store().list_runs(limit=100)) == before  # one bad entry: no run started
             assert "1 to 32" in error_text(await s.call_tool("spawn_runs", {"spawns": []}))
-            assert "recall off" in error_text(await s.call_tool(
-                "recall", {"run_id": structured(await s.call_tool("spawn_run", {"agent": "quick", "prompt": "x"}))["run_id"],
-                           "query": "q"}))
-            assert structured(await s.call_tool("spawn_run", {"agent": "quick", "prompt": "still here?"}))["status"] == "done"
+            assert "recall off" in error_text(
+                await s.call_tool(
+                    "recall",
+                    {
+                        "run_id": structured(await s.call_tool("spawn_run", {"agent": "quick", "prompt": "x"}))[
+                            "run_id"
+                        ],
+                        "query": "q",
+                    },
+                )
+            )
+            assert (
+                structured(await s.call_tool("spawn_run", {"agent": "quick", "prompt": "still here?"}))["status"]
+                == "done"
+            )
 
     anyio.run(scenario)
 
 
 def test_progress_notifications_at_most_once_a_second(tmp_path: Path) -> None:
     agents = agents_folder(tmp_path)
-    (tmp_path / "steps.yaml").write_text("turns:\n" + "".join(
-        f"  - {{tool_call: {{name: calculate, arguments: {{expression: '1+{i}'}}}}, delay_s: 0.5}}\n" for i in range(5)
-    ) + "  - text: finished\n")
+    (tmp_path / "steps.yaml").write_text(
+        "turns:\n"
+        + "".join(
+            f"  - {{tool_call: {{name: calculate, arguments: {{expression: '1+{i}'}}}}, delay_s: 0.5}}\n"
+            for i in range(5)
+        )
+        + "  - text: finished\n"
+    )
     agents.write_text(agents.read_text() + "  steps:\n    model: scripted/steps.yaml\n    tools: [calculate]\n")
     heard: list[tuple[float, float, str | None]] = []
 
@@ -200,7 +255,9 @@ def test_progress_notifications_at_most_once_a_second(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with stdio_session(agents) as s:
-            out = structured(await s.call_tool("spawn_run", {"agent": "steps", "prompt": "go"}, progress_callback=progress))
+            out = structured(
+                await s.call_tool("spawn_run", {"agent": "steps", "prompt": "go"}, progress_callback=progress)
+            )
             assert out["output"] == "finished"
 
     anyio.run(scenario)
@@ -212,11 +269,13 @@ def test_progress_notifications_at_most_once_a_second(tmp_path: Path) -> None:
 
 def test_recall_reads_only_that_run(tmp_path: Path) -> None:
     (tmp_path / "mem.yaml").write_text(
-        "turns:\n  - text: noted\n  - text: noted again\n  - text: done\n"
-        "summaries:\n  - {extractive: 200, words: 6}\n")
+        "turns:\n  - text: noted\n  - text: noted again\n  - text: done\nsummaries:\n  - {extractive: 200, words: 6}\n"
+    )
     agents = tmp_path / "agents.yaml"
-    agents.write_text("agents:\n  mem:\n    model: scripted/mem.yaml\n"
-                      "    context: {mode: compaction, recall: true, keep_last_n: 1, keep_first: false}\n")
+    agents.write_text(
+        "agents:\n  mem:\n    model: scripted/mem.yaml\n"
+        "    context: {mode: compaction, recall: true, keep_last_n: 1, keep_first: false}\n"
+    )
     defs = load_agents(agents)
     rt = Runtime(embedder=HashEmbedder())
     service = RunService(defs, agents_file=str(agents), runtime=rt)
@@ -232,7 +291,9 @@ def test_recall_reads_only_that_run(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with Client(build_server(service)) as client:
-            hits = structured(await client.call_tool("recall", {"run_id": run.run_id, "query": "staging database port"}))["hits"]
+            hits = structured(
+                await client.call_tool("recall", {"run_id": run.run_id, "query": "staging database port"})
+            )["hits"]
             assert hits and "6543" in hits[0]["text"]
             assert not any("1111" in h["text"] for h in hits)
 
@@ -241,9 +302,14 @@ def test_recall_reads_only_that_run(tmp_path: Path) -> None:
 
 def test_http_refuses_before_any_tool_runs(tmp_path: Path) -> None:
     agents = agents_folder(tmp_path)
-    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "spawn_run", "arguments": {"agent": "quick", "prompt": "hi"}}}
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "spawn_run", "arguments": {"agent": "quick", "prompt": "hi"}},
+    }
     with http_server(agents, token=TOKEN) as base:
+
         def post(headers: dict[str, str]) -> int:
             headers = {"accept": "application/json, text/event-stream", "content-type": "application/json", **headers}
             return httpx2.post(f"{base}/mcp", json=call, headers=headers).status_code
@@ -263,15 +329,21 @@ def test_http_refuses_before_any_tool_runs(tmp_path: Path) -> None:
         anyio.run(scenario)
 
 
-@pytest.mark.parametrize("args, env, message", [
-    (["--host", "0.0.0.0"], {}, "without a token"),
-    ([], {"LOOMRT_MCP_TOKEN": "short"}, "at least 32"),
-])
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--host", "0.0.0.0"], {}, "without a token"),
+        ([], {"LOOMRT_MCP_TOKEN": "short"}, "at least 32"),
+    ],
+)
 def test_http_refuses_to_start_exposed(tmp_path: Path, args: list[str], env: dict[str, str], message: str) -> None:
     agents = agents_folder(tmp_path)
     done = subprocess.run(
         [sys.executable, "-m", "loomrt", "mcp", "--http", "--agents", str(agents), *args],
-        env={**server_env(), **env}, capture_output=True, text=True, timeout=60,
+        env={**server_env(), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2 and message in done.stderr, done.stderr
 

@@ -55,13 +55,17 @@ def test_tools_are_offered_under_safe_names_called_and_recorded(tmp_path: Path) 
     assert offered["mcp__tiny__echo"].description.startswith(UNTRUSTED.format(server="tiny"))
     assert offered["mcp__tiny__echo"].parameters["properties"]["text"]["type"] == "string"
     assert results(result.run_id) == [
-        {"tool_call_id": "call_1_0", "name": "mcp__tiny__echo", "content": "echo: hello", "is_error": False}]
+        {"tool_call_id": "call_1_0", "name": "mcp__tiny__echo", "content": "echo: hello", "is_error": False}
+    ]
 
 
 def test_a_wildcard_grants_every_tool_and_long_results_are_cut(tmp_path: Path) -> None:
-    result, provider = play(tmp_path, "['tiny.*']", [call("mcp__tiny__long_report"), call("mcp__tiny__add", a=2, b=3),
-                                                     {"text": "done"}])
-    assert {t.name for t in provider.calls[0].tools} == {f"mcp__tiny__{n}" for n in ("echo", "add", "long_report", "nap", "crash")}
+    result, provider = play(
+        tmp_path, "['tiny.*']", [call("mcp__tiny__long_report"), call("mcp__tiny__add", a=2, b=3), {"text": "done"}]
+    )
+    assert {t.name for t in provider.calls[0].tools} == {
+        f"mcp__tiny__{n}" for n in ("echo", "add", "long_report", "nap", "crash")
+    }
     report, added = results(result.run_id)
     assert report["content"].count("\n") == 1999 and added["content"] == "5"  # the record keeps every word
     sent = provider.calls[1].messages[-1]["content"]  # the working context holds it cut, and says so
@@ -69,8 +73,11 @@ def test_a_wildcard_grants_every_tool_and_long_results_are_cut(tmp_path: Path) -
 
 
 def test_a_server_that_crashes_mid_run_is_a_tool_error(tmp_path: Path) -> None:
-    result, _ = play(tmp_path, "['tiny.*']", [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"),
-                                              {"text": "done anyway"}])
+    result, _ = play(
+        tmp_path,
+        "['tiny.*']",
+        [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"), {"text": "done anyway"}],
+    )
     assert (result.status, result.output) == ("done", "done anyway")
     crashed, after = results(result.run_id)
     assert crashed["is_error"] and "tiny" in crashed["content"]
@@ -81,15 +88,21 @@ def test_a_server_that_crashes_mid_run_is_a_tool_error(tmp_path: Path) -> None:
 
 def test_a_dead_server_is_started_again_after_its_back_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("loomrt.mcp.sources.BACKOFF_S", (0.0,))
-    result, _ = play(tmp_path, "['tiny.*']", [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"),
-                                              {"text": "done"}])
+    result, _ = play(
+        tmp_path, "['tiny.*']", [call("mcp__tiny__crash"), call("mcp__tiny__echo", text="again"), {"text": "done"}]
+    )
     crashed, after = results(result.run_id)
     assert crashed["is_error"] and (after["content"], after["is_error"]) == ("echo: again", False)
 
 
 def test_a_server_that_cannot_start_is_a_tool_error_and_an_event(tmp_path: Path) -> None:
-    result, provider = play(tmp_path, "['tiny.echo']", [call("mcp__tiny__echo", text="x"), {"text": "carried on"}],
-                            command="/nonexistent/mcp-server", args="[]")
+    result, provider = play(
+        tmp_path,
+        "['tiny.echo']",
+        [call("mcp__tiny__echo", text="x"), {"text": "carried on"}],
+        command="/nonexistent/mcp-server",
+        args="[]",
+    )
     assert (result.status, result.output) == ("done", "carried on")
     assert [t.name for t in provider.calls[0].tools] == ["mcp__tiny__echo"]  # named exactly: offered, as an error
     (only,) = results(result.run_id)
@@ -113,14 +126,17 @@ def test_safe_names() -> None:
     assert long != safe_name("a-very-long-server-name-indeed", "a_tool_name_that_goes_on_and_on_and_on_forever2")
 
 
-@pytest.mark.parametrize("servers, tools, message", [
-    ("[{name: tiny, command: x}]", "['other.echo']", "names MCP server 'other'"),
-    ("[{name: tiny, command: x, url: 'http://127.0.0.1:1/mcp'}]", "[]", "exactly one"),
-    ("[{name: 'bad.name', command: x}]", "[]", "must be 1-32"),
-    ("[{name: tiny, command: x}, {name: tiny, command: y}]", "[]", "unique"),
-    ("[{name: tiny, url: 'ftp://x'}]", "[]", "http://"),
-    ("[{name: tiny, command: x}]", "['tiny.']", "SERVER.TOOL"),
-])
+@pytest.mark.parametrize(
+    "servers, tools, message",
+    [
+        ("[{name: tiny, command: x}]", "['other.echo']", "names MCP server 'other'"),
+        ("[{name: tiny, command: x, url: 'http://127.0.0.1:1/mcp'}]", "[]", "exactly one"),
+        ("[{name: 'bad.name', command: x}]", "[]", "must be 1-32"),
+        ("[{name: tiny, command: x}, {name: tiny, command: y}]", "[]", "unique"),
+        ("[{name: tiny, url: 'ftp://x'}]", "[]", "http://"),
+        ("[{name: tiny, command: x}]", "['tiny.']", "SERVER.TOOL"),
+    ],
+)
 def test_mcp_servers_are_validated_at_load_time(servers: str, tools: str, message: str) -> None:
     text = f"agents:\n  w:\n    model: scripted/x.yaml\n    mcp_servers: {servers}\n    tools: {tools}\n"
     with pytest.raises(SpecError) as caught:
@@ -145,12 +161,14 @@ def test_runs_spawned_through_loomrt_mcp_as_a_tool_source_are_children(tmp_path:
     (tmp_path / "worker.yaml").write_text("turns:\n  - text: worked\n")
     (tmp_path / "boss.yaml").write_text(
         "turns:\n  - tool_call: {name: mcp__loomrt__spawn_run, arguments: {agent: worker, prompt: go}}\n"
-        "  - text: boss done\n")
+        "  - text: boss done\n"
+    )
     agents = tmp_path / "agents.yaml"
     agents.write_text(
         "agents:\n  worker: {model: scripted/worker.yaml}\n  boss:\n    model: scripted/boss.yaml\n"
         f"    mcp_servers: [{{name: loomrt, command: '{sys.executable}', args: [-m, loomrt, mcp, --agents, '{agents}']}}]\n"
-        "    tools: [loomrt.spawn_run]\n")
+        "    tools: [loomrt.spawn_run]\n"
+    )
     result = Runtime().run_sync("boss", "delegate", agents=load_agents(agents))
     assert result.output == "boss done", result.error
     (row,) = results(result.run_id)
@@ -179,9 +197,11 @@ def test_a_call_past_the_servers_timeout_is_a_tool_error(tmp_path: Path) -> None
     path.write_text(
         "agents:\n  worker:\n    model: scripted/unused.yaml\n"
         f"    mcp_servers:\n      - {{name: tiny, command: '{sys.executable}', args: ['{TINY}'], timeout_s: 1}}\n"
-        "    tools: ['tiny.nap']\n")
-    provider = ScriptedProvider(turns=[call("mcp__tiny__nap", seconds=0.1), call("mcp__tiny__nap", seconds=30),
-                                       {"text": "done"}])
+        "    tools: ['tiny.nap']\n"
+    )
+    provider = ScriptedProvider(
+        turns=[call("mcp__tiny__nap", seconds=0.1), call("mcp__tiny__nap", seconds=30), {"text": "done"}]
+    )
     result = Runtime(providers=lambda spec, model: provider).run_sync("worker", "go", agents=load_agents(path))
     quick, slow = results(result.run_id)
     assert (quick["content"], quick["is_error"]) == ("slept 0.1", False)
@@ -189,7 +209,9 @@ def test_a_call_past_the_servers_timeout_is_a_tool_error(tmp_path: Path) -> None
     assert result.status == "done"
 
 
-def test_a_streamable_http_server_is_a_tool_source_with_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_streamable_http_server_is_a_tool_source_with_its_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from mcp_kit import agents_folder, http_server
 
     token = "s" * 40
@@ -201,13 +223,18 @@ def test_a_streamable_http_server_is_a_tool_source_with_its_token(tmp_path: Path
         path.write_text(
             "agents:\n  caller:\n    model: scripted/unused.yaml\n"
             f"    mcp_servers: [{{name: remote, url: '{base}/mcp', token_env: REMOTE_TOKEN}}]\n"
-            "    tools: ['remote.spawn_run']\n")
-        provider = ScriptedProvider(turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "done"}])
+            "    tools: ['remote.spawn_run']\n"
+        )
+        provider = ScriptedProvider(
+            turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "done"}]
+        )
         result = Runtime(providers=lambda spec, model: provider).run_sync("caller", "go", agents=load_agents(path))
         (row,) = results(result.run_id)
         assert not row["is_error"] and "quick answer" in row["content"], row
         monkeypatch.setenv("REMOTE_TOKEN", "x" * 40)  # a wrong token: the server refuses, the run goes on
-        provider = ScriptedProvider(turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "went on"}])
+        provider = ScriptedProvider(
+            turns=[call("mcp__remote__spawn_run", agent="quick", prompt="hi"), {"text": "went on"}]
+        )
         refused = Runtime(providers=lambda spec, model: provider).run_sync("caller", "go", agents=load_agents(path))
         assert refused.output == "went on"
         (row,) = results(refused.run_id)

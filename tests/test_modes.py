@@ -61,7 +61,9 @@ def test_recap_keeps_system_pinned_task_recap_and_the_last_keep_last_n(tmp_path)
     assert [r for r, _ in request_contents(after)] == ["system", "user", "user", "assistant", "tool"]
     assert after.messages[0]["content"].startswith("You are careful.")
     assert after.messages[1]["content"] == "the task: add numbers"
-    assert after.messages[2]["content"].endswith("\n" + R1) and after.messages[2]["content"].startswith("[Recap written by the assistant")
+    assert after.messages[2]["content"].endswith("\n" + R1) and after.messages[2]["content"].startswith(
+        "[Recap written by the assistant"
+    )
     assert after.messages[3]["tool_calls"][0]["function"]["arguments"] == '{"expression": "3+3"}'
     assert after.messages[4]["content"] == "6"
     assert shape(run) == ["system", "user*", "recap", "assistant", "tool", "assistant"]
@@ -231,7 +233,9 @@ def pressure_run(tmp_path, turns):
     # message_max_tokens: the blob must reach the context whole for the estimate to be what grows
     context = {"mode": "compaction", "budget_tokens": 1000, "keep_last_n": 2, "message_max_tokens": 1000}
     spec = agent(tmp_path, context, tools=["calculate", "blob"])
-    provider = ScriptedProvider(turns, ["the assistant used calculate on each expression; the blob tool returned word0 word1"])
+    provider = ScriptedProvider(
+        turns, ["the assistant used calculate on each expression; the blob tool returned word0 word1"]
+    )
     rt, run = start(tmp_path, spec, provider, tools=[_blob])
     assert send(rt, run, "task").status == "done"
     return rt, run
@@ -348,7 +352,11 @@ def test_a_declared_context_window_caps_the_budget_of_a_yaml_agent(tmp_path):
         f"  - {{tool_call: {{name: calculate, arguments: {{expression: '{i}'}}}}{', usage: {input_tokens: 450}' if i == 2 else ''}}}\n"
         for i in range(3)
     )
-    write(tmp_path, "s.yaml", script + "  - {text: done}\nsummaries: ['S1: the assistant used calculate on each expression.']\n")
+    write(
+        tmp_path,
+        "s.yaml",
+        script + "  - {text: done}\nsummaries: ['S1: the assistant used calculate on each expression.']\n",
+    )
     body = {
         "model": "scripted/s.yaml",
         "tools": ["calculate"],

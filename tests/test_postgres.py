@@ -42,7 +42,9 @@ def test_the_postgres_migrations_are_the_one_lists_names_in_its_order() -> None:
 def test_a_schema_behind_is_refused_with_the_command_and_a_newer_one_is_accepted(postgres_server: Any) -> None:
     url = _fresh_database(postgres_server, "behind")
     every = pg_migrations.names()
-    with pytest.raises(StoreError, match=rf"behind this loomrt: {len(every)} migration\(s\) .* Run `loomrt db migrate`"):
+    with pytest.raises(
+        StoreError, match=rf"behind this loomrt: {len(every)} migration\(s\) .* Run `loomrt db migrate`"
+    ):
         PostgresStore(url)
     with psycopg.connect(url, autocommit=True) as conn:
         assert pg_migrations.migrate(conn, dry_run=True) == every
@@ -65,8 +67,13 @@ def test_the_application_role_can_read_and_append_but_never_change(postgres_serv
     store.append("r", "user_input", {"content": "hi"})
     assert store.take_lease("fold:r", "w", 30)  # leases come and go: it may change them
     with psycopg.connect(as_app, autocommit=True) as conn:
-        for sql in ("UPDATE events SET kind = 'x'", "DELETE FROM events", "TRUNCATE events", "UPDATE runs SET mode = 'x'",
-                    "TRUNCATE runs CASCADE"):
+        for sql in (
+            "UPDATE events SET kind = 'x'",
+            "DELETE FROM events",
+            "TRUNCATE events",
+            "UPDATE runs SET mode = 'x'",
+            "TRUNCATE runs CASCADE",
+        ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"):
                 conn.execute(sql)
     with psycopg.connect(postgres_url, autocommit=True) as owner:  # the owner is refused by the triggers
@@ -77,7 +84,9 @@ def test_the_application_role_can_read_and_append_but_never_change(postgres_serv
 
 
 def test_the_url_is_named_without_its_password() -> None:
-    assert redact_url("postgresql://app:s3cret@db.internal:5432/loomrt") == "postgresql://app:***@db.internal:5432/loomrt"
+    assert (
+        redact_url("postgresql://app:s3cret@db.internal:5432/loomrt") == "postgresql://app:***@db.internal:5432/loomrt"
+    )
     assert redact_url("postgresql://db.internal/loomrt") == "postgresql://db.internal/loomrt"
 
 
@@ -95,19 +104,31 @@ def _info(run_id: str) -> Any:
 def test_a_scripted_run_plays_resumes_and_audits_on_postgres(tmp_path: Any, postgres_url: str) -> None:
     write(tmp_path, "s.yaml", "turns: []\n")
     agents = load_agents(write(tmp_path, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml, tools: [calculate]}\n"))
-    provider = ScriptedProvider([{"tool_call": {"name": "calculate", "arguments": {"expression": "6*7"}}}, "42", "again"])
+    provider = ScriptedProvider(
+        [{"tool_call": {"name": "calculate", "arguments": {"expression": "6*7"}}}, "42", "again"]
+    )
     rt = Runtime(PostgresStore(postgres_url), providers=lambda spec, model: provider)
     result = rt.run_sync("a", "what is 6*7?", agents=agents)
     assert (result.status, result.output) == ("done", "42")
     events = rt.store.events(result.run_id)
-    assert [e.kind for e in events] == ["run_started", "user_input", "model_call", "assistant_message", "tool_call",
-                                        "tool_result", "model_call", "assistant_message", "final"]
+    assert [e.kind for e in events] == [
+        "run_started",
+        "user_input",
+        "model_call",
+        "assistant_message",
+        "tool_call",
+        "tool_result",
+        "model_call",
+        "assistant_message",
+        "final",
+    ]
     assert verify_chain(events) == []
     assert rt.store.get_run(result.run_id).status == "done"
 
 
-def test_db_commands_migrate_report_and_copy_a_sqlite_history(tmp_path: Any, postgres_server: Any,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_db_commands_migrate_report_and_copy_a_sqlite_history(
+    tmp_path: Any, postgres_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url = _fresh_database(postgres_server, "copied")
     status = json.loads(runner.invoke(app, ["db", "status", "--db-url", url, "--json"]).stdout)
     every = pg_migrations.names()  # the record's and harvest's
@@ -128,13 +149,19 @@ def test_db_commands_migrate_report_and_copy_a_sqlite_history(tmp_path: Any, pos
     rt.store.close()
     copied = runner.invoke(app, ["db", "copy", "--from", f"sqlite:{sqlite_path}", "--to", url, "--json"])
     assert copied.exit_code == 0, copied.output
-    assert json.loads(copied.stdout) == {"runs": 2, "copied": 2, "skipped": 0,
-                                         "events": len(SQLiteStore(sqlite_path).events(first.run_id)) * 2}
+    assert json.loads(copied.stdout) == {
+        "runs": 2,
+        "copied": 2,
+        "skipped": 0,
+        "events": len(SQLiteStore(sqlite_path).events(first.run_id)) * 2,
+    }
     pg = PostgresStore(url)
     local = SQLiteStore(sqlite_path)
     for run_id in (first.run_id, second.run_id):
         theirs, ours = pg.events(run_id), local.events(run_id)
-        assert [(e.seq, e.kind, e.ts, e.data, e.hash) for e in theirs] == [(e.seq, e.kind, e.ts, e.data, e.hash) for e in ours]
+        assert [(e.seq, e.kind, e.ts, e.data, e.hash) for e in theirs] == [
+            (e.seq, e.kind, e.ts, e.data, e.hash) for e in ours
+        ]
         assert verify_chain(theirs) == []
     assert pg.append(first.run_id, "notice", {"after": "copy"}).seq == len(local.events(first.run_id)) + 1
     again = runner.invoke(app, ["db", "copy", "--from", f"sqlite:{sqlite_path}", "--to", url, "--json"])

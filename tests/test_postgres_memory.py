@@ -29,8 +29,16 @@ TEXTS = [
     "The quarterly review is on the second Tuesday of each quarter.",
     "Deploys are frozen from December 20 until January 3.",
 ]
-QUERIES = ["tabs or spaces?", "where is the staging database", "ERR-4471", "who moved to Lisbon",
-           "snapshot.tar backup path", "peanut allergy", "when is the quarterly review", "deploy freeze dates"]
+QUERIES = [
+    "tabs or spaces?",
+    "where is the staging database",
+    "ERR-4471",
+    "who moved to Lisbon",
+    "snapshot.tar backup path",
+    "peanut allergy",
+    "when is the quarterly review",
+    "deploy freeze dates",
+]
 
 
 @pytest.fixture
@@ -61,10 +69,14 @@ def test_the_dense_search_uses_the_hnsw_index_and_the_exact_fallback_agrees(db: 
     vec = "[" + ",".join(["0.05"] * 384) + "]"
     with psycopg.connect(db.url, autocommit=True) as conn:
         conn.execute("SET enable_seqscan = off")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN SELECT fact_id FROM memory_facts WHERE scope = ANY(%s) AND status = 'live' "
-            "AND vector_dims(embedding) = 384 ORDER BY embedding::vector(384) <=> %s::vector(384) LIMIT 5",
-            (["user:alice"], vec)).fetchall())
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN SELECT fact_id FROM memory_facts WHERE scope = ANY(%s) AND status = 'live' "
+                "AND vector_dims(embedding) = 384 ORDER BY embedding::vector(384) <=> %s::vector(384) LIMIT 5",
+                (["user:alice"], vec),
+            ).fetchall()
+        )
     assert "memory_facts_hnsw_384" in plan
     indexed = [h.id for h in memory.search("staging database VPN", 4, ["user:alice"])]
     memory.pgvector = False  # as on a server without pgvector: exact search over the stored bytes
@@ -83,8 +95,10 @@ def test_row_level_security_keeps_a_scoped_read_inside_its_scopes(postgres_url: 
     with db.scoped(["user:alice"]):  # no WHERE on scope: the database filters
         assert {s for (s,) in db.rows("SELECT scope FROM memory_facts")} == {"user:alice"}
         with pytest.raises(Exception, match="row-level security"), db.write() as conn:
-            conn.execute("INSERT INTO memory_facts (fact_id, scope, class, subject, statement, created_at, sources) "
-                         "VALUES ('mx', 'user:bob', 'fact', '', 'planted', 0, '[]')")
+            conn.execute(
+                "INSERT INTO memory_facts (fact_id, scope, class, subject, statement, created_at, sources) "
+                "VALUES ('mx', 'user:bob', 'fact', '', 'planted', 0, '[]')"
+            )
     assert {h.scope for h in memory.search("Lisbon peanuts backup", 8, ["user:bob"])} == {"user:bob"}
     with psycopg.connect(as_app, autocommit=True) as conn:  # a connection that names no scope sees nothing
         assert conn.execute("SELECT count(*) FROM memory_facts").fetchone() == (0,)
@@ -101,8 +115,10 @@ def test_two_claims_of_the_same_spans_one_wins_and_neither_waits(db: Any) -> Non
 
     def slow_claim() -> None:  # holds the spans' row locks inside an open claim
         with db.write() as conn:
-            conn.execute(f"SELECT id FROM harvest_spans WHERE id IN ({','.join('?' * len(spans))}) FOR UPDATE",
-                         [s["id"] for s in spans])
+            conn.execute(
+                f"SELECT id FROM harvest_spans WHERE id IN ({','.join('?' * len(spans))}) FOR UPDATE",
+                [s["id"] for s in spans],
+            )
             held.set()
             release_it.wait(10)
 
@@ -117,8 +133,9 @@ def test_two_claims_of_the_same_spans_one_wins_and_neither_waits(db: Any) -> Non
     assert queue.claim("user:alice", spans) is None  # and no one takes them twice
 
 
-def test_db_copy_moves_durable_memory_and_its_queue_and_search_works_there(tmp_path: Path, postgres_url: str,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_db_copy_moves_durable_memory_and_its_queue_and_search_works_there(
+    tmp_path: Path, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import json
 
     from typer.testing import CliRunner
@@ -141,7 +158,10 @@ def test_db_copy_moves_durable_memory_and_its_queue_and_search_works_there(tmp_p
     pg = memory_of(harvest_db(postgres_url), HashEmbedder(dim=384))
     assert [h.id for h in pg.search("staging database VPN", 1, ["user:alice"])] == [ids[1]]
     assert ids[0] not in [h.id for h in pg.search("tabs spaces billing", 8, ["user:alice"])]  # forgotten stays so
-    assert pg.get(ids[0]).status == "forgotten" and [h["action"] for h in pg.history(ids[0])] == ["created", "forgotten"]
+    assert pg.get(ids[0]).status == "forgotten" and [h["action"] for h in pg.history(ids[0])] == [
+        "created",
+        "forgotten",
+    ]
     assert Queue(harvest_db(postgres_url)).status()[0]["pending"] == 5
     release(postgres_url)
     release_memory(postgres_url)
@@ -150,8 +170,11 @@ def test_db_copy_moves_durable_memory_and_its_queue_and_search_works_there(tmp_p
 def _sample(name: str) -> dict[str, Any]:
     turns = [{"dia_id": f"D1:{i + 1}", "speaker": "Ana" if i % 2 else "Bo", "text": t} for i, t in enumerate(TEXTS)]
     qa = [{"question": q, "evidence": [f"D1:{i + 1}"], "category": 4} for i, q in enumerate(QUERIES)]
-    return {"sample_id": name, "conversation": {"session_1_date_time": "1:00 pm on 8 May, 2023", "session_1": turns},
-            "qa": qa}
+    return {
+        "sample_id": name,
+        "conversation": {"session_1_date_time": "1:00 pm on 8 May, 2023", "session_1": turns},
+        "qa": qa,
+    }
 
 
 def test_the_parity_measure_reports_both_backends_and_can_find_them_apart(db: Any, tmp_path: Path) -> None:
@@ -174,8 +197,14 @@ def test_the_parity_measure_reports_both_backends_and_can_find_them_apart(db: An
             return list(self.inner.search(query, 50, scopes))[::-1][:top_k]
 
     other = {"sqlite": tmp_path / "b.sqlite", "postgres": db.url}
-    apart = parity_figures(lambda b: memory_of(harvest_db(other[b]), embedder) if b == "sqlite"
-                           else Reversed(memory_of(harvest_db(other[b]), embedder)), [_sample("c2")])
+    apart = parity_figures(
+        lambda b: (
+            memory_of(harvest_db(other[b]), embedder)
+            if b == "sqlite"
+            else Reversed(memory_of(harvest_db(other[b]), embedder))
+        ),
+        [_sample("c2")],
+    )
     assert apart["r@5_gap"] > 0.02 and not apart["within_0.02"]
     figures = latency_figures(memory_of(db, embedder), facts=200, queries=20)
     assert figures["facts"] == 200 and 0 < figures["p50_ms"] <= figures["p95_ms"]

@@ -27,8 +27,19 @@ def test_every_retry_is_an_event_and_the_run_completes() -> None:
     assert "malformed JSON arguments for tool 'calculate'" in retries[3]["error"]
     # nothing is lost: the input, the tool call and its result, and the answer are all there
     assert kinds(rt, result.run_id) == [
-        "run_started", "user_input", "retry", "retry", "retry", "retry", "model_call", "assistant_message",
-        "tool_call", "tool_result", "model_call", "assistant_message", "final",
+        "run_started",
+        "user_input",
+        "retry",
+        "retry",
+        "retry",
+        "retry",
+        "model_call",
+        "assistant_message",
+        "tool_call",
+        "tool_result",
+        "model_call",
+        "assistant_message",
+        "final",
     ]
     tool_result = next(e.data for e in events if e.kind == "tool_result")
     assert tool_result["content"] == "42" and not tool_result["is_error"]
@@ -90,5 +101,10 @@ def test_a_chat_survives_a_provider_outage_and_continues_afterwards() -> None:
     assert down.status == "failed" and "503" in (down.error or "")
     events = rt.store.events(first.run_id)
     assert sum(e.kind == "retry" for e in events) >= 2
-    assert [e.data["content"] for e in events if e.kind == "user_input"] == ["hello", "are you there?", "and now?", "one more"]
+    assert [e.data["content"] for e in events if e.kind == "user_input"] == [
+        "hello",
+        "are you there?",
+        "and now?",
+        "one more",
+    ]
     assert any(e.kind == "parked" and e.data.get("after_error") for e in events)

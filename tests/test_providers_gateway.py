@@ -25,7 +25,8 @@ HELLO = ModelRequest(messages=[{"role": "user", "content": "hello"}], max_tokens
 
 def mocked(reply: object, **kw: object) -> LiteLLMProvider:
     return LiteLLMProvider(
-        "openai/gpt-4o", capabilities=Capabilities(tool_calling=True, structured_output=True),
+        "openai/gpt-4o",
+        capabilities=Capabilities(tool_calling=True, structured_output=True),
         litellm_params={"mock_response": reply, **kw},
     )
 
@@ -34,8 +35,9 @@ def test_text_reply_and_usage_with_cached_prompt_tokens() -> None:
     litellm = import_litellm()
     reply = litellm.ModelResponse(
         choices=[{"message": {"role": "assistant", "content": "hi there"}, "finish_reason": "stop"}],
-        usage=litellm.Usage(prompt_tokens=120, completion_tokens=3, total_tokens=123,
-                            prompt_tokens_details={"cached_tokens": 100}),
+        usage=litellm.Usage(
+            prompt_tokens=120, completion_tokens=3, total_tokens=123, prompt_tokens_details={"cached_tokens": 100}
+        ),
     )
     response = asyncio.run(mocked(reply).complete(HELLO))
     assert response.text == "hi there"
@@ -82,9 +84,11 @@ def test_litellm_errors_map_to_provider_errors(fault: str, status: int, retryabl
 def test_retries_back_off_then_succeed_and_tell_on_retry() -> None:
     seen: list[tuple[int, int | None]] = []
     provider = FaultyProvider(["429", "timeout"], then=ScriptedProvider(turns=["fine"]))
-    response = asyncio.run(call_with_retries(
-        provider, HELLO, retries=3, on_retry=lambda n, e, d: seen.append((n, getattr(e, "status", None)))
-    ))
+    response = asyncio.run(
+        call_with_retries(
+            provider, HELLO, retries=3, on_retry=lambda n, e, d: seen.append((n, getattr(e, "status", None)))
+        )
+    )
     assert response.text == "fine"
     assert seen == [(1, 429), (2, 408)]
 
@@ -112,10 +116,14 @@ def test_an_unset_api_key_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_from_spec_carries_endpoint_settings_and_declared_capabilities() -> None:
-    spec = AgentSpec.model_validate({
-        "model": "hosted_vllm/qwen", "api_base": "https://gpu.example.com/v1", "timeout_s": 30,
-        "capabilities": {"local": True, "context_window": 32768},
-    })
+    spec = AgentSpec.model_validate(
+        {
+            "model": "hosted_vllm/qwen",
+            "api_base": "https://gpu.example.com/v1",
+            "timeout_s": 30,
+            "capabilities": {"local": True, "context_window": 32768},
+        }
+    )
     provider = LiteLLMProvider.from_spec(spec)
     assert (provider.api_base, provider.timeout_s) == ("https://gpu.example.com/v1", 30)
     assert (provider.capabilities.local, provider.capabilities.context_window) == (True, 32768)
@@ -132,7 +140,8 @@ def test_decisions_without_native_tool_calling_go_through_the_decision_schema() 
     # an OpenAI-compatible server declared without native tool calling: the reply is a decision
     decision = json.dumps({"action": "calculate", "arguments": {"expression": "6*7"}})
     provider = LiteLLMProvider(
-        "openai/small", capabilities=Capabilities(tool_calling=False, structured_output=True),
+        "openai/small",
+        capabilities=Capabilities(tool_calling=False, structured_output=True),
         litellm_params={"mock_response": decision},
     )
     history = [
@@ -142,7 +151,8 @@ def test_decisions_without_native_tool_calling_go_through_the_decision_schema() 
     response = asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,))))
     assert [(c.name, c.arguments) for c in response.tool_calls] == [("calculate", {"expression": "6*7"})]
     answer = LiteLLMProvider(
-        "openai/small", capabilities=Capabilities(tool_calling=False),
+        "openai/small",
+        capabilities=Capabilities(tool_calling=False),
         litellm_params={"mock_response": json.dumps({"action": "answer", "text": "42"})},
     )
     response = asyncio.run(answer.complete(ModelRequest(messages=history, tools=(CALC,))))
@@ -172,9 +182,17 @@ def test_plain_history_rewrites_tool_turns_for_models_without_the_tool_role() ->
     messages = [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "6*7?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "calculate", "arguments": '{"expression": "6*7"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "c1", "name": "calculate", "content": "42"},
         {"role": "user", "content": "thanks"},
     ]

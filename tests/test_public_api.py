@@ -10,7 +10,8 @@ import loomrt
 def test_all_is_complete_and_exists() -> None:
     exported = set(loomrt.__all__)
     public = {
-        n for n in dir(loomrt)
+        n
+        for n in dir(loomrt)
         if not n.startswith("_") and not isinstance(getattr(loomrt, n), types.ModuleType) and n != "annotations"
     }
     assert public <= exported, f"public but not in __all__: {sorted(public - exported)}"
@@ -22,8 +23,15 @@ def _modules():
     import pkgutil
 
     # (loomrt.cli is left out: its public surface is the command line, docs/cli.md)
-    for pkg_name in ("loomrt", "loomrt.providers", "loomrt.recall", "loomrt.run", "loomrt.run.reducers",
-                     "loomrt.record", "loomrt.bench"):
+    for pkg_name in (
+        "loomrt",
+        "loomrt.providers",
+        "loomrt.recall",
+        "loomrt.run",
+        "loomrt.run.reducers",
+        "loomrt.record",
+        "loomrt.bench",
+    ):
         pkg = importlib.import_module(pkg_name)
         for info in pkgutil.iter_modules(pkg.__path__):
             if not info.ispkg and not info.name.startswith("_"):

@@ -152,8 +152,12 @@ def test_dense_scores_follow_entry_order_after_fifo_drops() -> None:
     agree with the entries' own vectors, also after the oldest entries were dropped."""
     index = RecallIndex(HashEmbedder(), max_entries=40)
     for batch in range(10):
-        index.add([entry(f"entry {i} about deploy {i % 7} and billing {i % 3}", i)
-                   for i in range(batch * 10, batch * 10 + 10)])
+        index.add(
+            [
+                entry(f"entry {i} about deploy {i % 7} and billing {i % 3}", i)
+                for i in range(batch * 10, batch * 10 + 10)
+            ]
+        )
     embedder = index.embedder
     assert embedder is not None
     q = embedder.embed(["deploy 3 billing"])[0]
@@ -205,7 +209,9 @@ def test_clustered_codes_find_every_vector_by_itself_through_drops_and_retrainin
 
 @pytest.mark.parametrize("passages", [False, True])
 @pytest.mark.parametrize("cap", [None, 300])
-def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(cap: int | None, passages: bool) -> None:
+def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(
+    cap: int | None, passages: bool
+) -> None:
     """Past ``exact_max`` the dense side scores only candidates (8-bit codes and lexical
     scores pick them, a bound adds any other entry that could reach the top): the hits and
     their scores must equal scoring every entry, with and without FIFO drops, and with
@@ -227,8 +233,14 @@ def test_a_large_index_finds_the_same_top_k_from_candidates_as_from_every_entry(
         index.add([entry(text(i), i) for i in range(start, start + 50)])
     assert (len(index._dense.passages) > 500) == passages  # type: ignore[union-attr]
     assert passages == any(len(passages_of(e.label)) > 4 for e in index.entries.values())
-    queries = ["deploy ledger", "rollback of the replica shard", "cache", "nothing matches this", "invoice 412",
-               "tenant 77 queue"]
+    queries = [
+        "deploy ledger",
+        "rollback of the replica shard",
+        "cache",
+        "nothing matches this",
+        "invoice 412",
+        "tenant 77 queue",
+    ]
     index.candidates = 1  # as few as k: most of the top must come from the bound
     for query in queries:
         index.exact_max = 10**9
@@ -297,8 +309,11 @@ def test_the_neighbourhood_index_keeps_a_common_term_in_document_order() -> None
     assert docs.tolist() == list(index.entries)
     # a term of some entries reaches its neighbours' documents after them: put in its place
     retry = index._lexical_context._postings["retri"]
-    assert retry.ordered and sorted(retry.slot) == [i for i in index.entries if any(
-        j % 7 == 0 for j in range(i - index.fusion.context_radius, i + index.fusion.context_radius + 1))]
+    assert retry.ordered and sorted(retry.slot) == [
+        i
+        for i in index.entries
+        if any(j % 7 == 0 for j in range(i - index.fusion.context_radius, i + index.fusion.context_radius + 1))
+    ]
 
 
 def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
@@ -316,5 +331,6 @@ def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
     postings = live._postings["common"]
     assert len(postings.docs) < 400 and len(postings.slot) == 250  # compacted, none lost
     for query in (["common"], ["odd", "rare399"], ["rare10"], ["even", "even"]):
-        assert np.allclose(live.scores(query, None, 250, first=150), fresh.scores(query, None, 250, first=150),
-                           atol=1e-6), query
+        assert np.allclose(
+            live.scores(query, None, 250, first=150), fresh.scores(query, None, 250, first=150), atol=1e-6
+        ), query

@@ -196,8 +196,12 @@ def _vague(request: Any) -> Any:
     from loomrt.providers.base import ModelResponse, Usage
 
     lines = conversation_lines(request)
-    fact = {"statement": "Ana and Bo talked about their week and their plans.", "class": "fact", "subject": "Ana",
-            "source_seqs": [n for n, _, _ in lines][:6]}
+    fact = {
+        "statement": "Ana and Bo talked about their week and their plans.",
+        "class": "fact",
+        "subject": "Ana",
+        "source_seqs": [n for n, _, _ in lines][:6],
+    }
     return ModelResponse(text=json.dumps({"facts": [fact]}), usage=Usage(1, 1))
 
 
@@ -211,8 +215,16 @@ def test_the_memory_tier_counts_a_hit_only_where_a_fact_states_the_answer(tmp_pa
 
     provider = echo_extractor() if extractor == "echo" else FunctionProvider(_vague, name="scripted/vague")
     kept: list[dict[str, Any]] = []
-    out = asyncio.run(locomo_tiers(tmp_path, MINI, provider=provider, embedder="hash", raw=False,
-                                   checkpoint=lambda lo: kept.append(json.loads(json.dumps(lo)))))
+    out = asyncio.run(
+        locomo_tiers(
+            tmp_path,
+            MINI,
+            provider=provider,
+            embedder="hash",
+            raw=False,
+            checkpoint=lambda lo: kept.append(json.loads(json.dumps(lo))),
+        )
+    )
     assert [k["conversations"] for k in kept] == [["mini-1"], ["mini-1", "mini-2"]]  # figures after each conversation
     assert out["memory"]["states"]["questions"] == out["memory"]["cites"]["questions"] == 9
     states, cites = out["memory"]["states"]["recall_at"], out["memory"]["cites"]["recall_at"]

@@ -31,8 +31,13 @@ def test_the_written_out_query_pass_gives_the_models_own_vectors() -> None:
     model = MiniLMEmbedder.model()
     encoder = query_encoder(model)
     assert encoder is not None
-    texts = ["x", "which port does the staging database listen on?", "ERR-4471 at /etc/app.conf:12",
-             "Ünïcödé — 東京 🙂", "word " * 400]
+    texts = [
+        "x",
+        "which port does the staging database listen on?",
+        "ERR-4471 at /etc/app.conf:12",
+        "Ünïcödé — 東京 🙂",
+        "word " * 400,
+    ]
     ours = encoder.encode(texts)
     theirs = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
     assert ours.dtype == np.float32 and ours.shape == theirs.shape
@@ -67,8 +72,12 @@ def test_a_fact_said_in_passing_is_found_by_its_passage(monkeypatch: pytest.Monk
 
     def found_at_5() -> float:
         index = RecallIndex(MiniLMEmbedder(), fusion=Fusion(dense=1.0, lexical=0, lexical_window=0, lexical_context=0))
-        index.add([Entry(id=0, run_id="r", seq=i, distillation_seq=1, role=role, text=text)
-                   for i, (role, text) in enumerate(said)])
+        index.add(
+            [
+                Entry(id=0, run_id="r", seq=i, distillation_seq=1, role=role, text=text)
+                for i, (role, text) in enumerate(said)
+            ]
+        )
         found = [any(t.asks.value in h.entry.text for h in index.search(t.question, 5)) for t in script if t.asks]
         return sum(found) / len(found)
 

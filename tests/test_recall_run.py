@@ -51,7 +51,9 @@ async def chat(rt: Runtime, run: Any, n: int = 12) -> None:
 def test_interactive_send_grants_recall_and_finds_an_evicted_needle() -> None:
     provider = ScriptedProvider(
         turns=["ok"] * 14 + [recall_call("staging database port"), "6543"],
-        summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."],
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
     )
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
@@ -92,14 +94,26 @@ def test_without_recall_there_is_no_recall_tool() -> None:
 def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
     store = tmp_path / "record.sqlite"
     rt = scripted_runtime(
-        ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]), store_path=store, embedder=HashEmbedder()
+        ScriptedProvider(
+            turns=["ok"] * 14,
+            summaries=[
+                "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+            ],
+        ),
+        store_path=store,
+        embedder=HashEmbedder(),
     )
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))
     assert run.distillations >= 1
     # a new process: a fresh runtime over the same record
     rt2 = scripted_runtime(
-        ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "6543"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]),
+        ScriptedProvider(
+            turns=["ok"] * 14 + [recall_call("staging database"), "6543"],
+            summaries=[
+                "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+            ],
+        ),
         store_path=store,
         embedder=HashEmbedder(),
     )
@@ -110,7 +124,12 @@ def test_continue_rebuilds_the_index_and_grants_recall(tmp_path: Any) -> None:
 
 def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> None:
     store = tmp_path / "record.sqlite"
-    short = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
+    short = ScriptedProvider(
+        turns=["ok"] * 14,
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
+    )
     rt = scripted_runtime(short, store_path=store, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -120,7 +139,10 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
 
     assert asyncio.run(first()).status == "failed"
     full = ScriptedProvider(
-        turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."]
+        turns=["ok"] * 14 + [recall_call("staging database"), "db-stage.internal:6543"],
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
     )
     rt2 = scripted_runtime(full, store_path=store, embedder=HashEmbedder())
     reopened = rt2.open(run.run_id)
@@ -133,7 +155,9 @@ def test_resume_recalls_what_was_evicted_before_the_restart(tmp_path: Any) -> No
 def test_no_embedder_is_lexical_only_and_says_so_once() -> None:
     provider = ScriptedProvider(
         turns=["ok"] * 14 + [recall_call("staging database"), "ok", recall_call("db-stage.internal:6543"), "ok"],
-        summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."],
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
     )
     rt = scripted_runtime(provider, embedder=False)
     run = rt.start(spec(), interactive=True)
@@ -160,7 +184,12 @@ class BrokenEmbedder:
 
 
 def test_an_embedder_that_raises_never_fails_the_run() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14 + [recall_call("staging database"), "fine"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
+    provider = ScriptedProvider(
+        turns=["ok"] * 14 + [recall_call("staging database"), "fine"],
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
+    )
     rt = scripted_runtime(provider, embedder=BrokenEmbedder())
     run = rt.start(spec(), interactive=True)
 
@@ -193,7 +222,12 @@ def test_a_run_never_sees_another_runs_spans() -> None:
     other_needle = "The production vault token path is /secret/prod/tokens/alpha"
 
     def provider_for(query: str) -> ScriptedProvider:
-        return ScriptedProvider(turns=["ok"] * 14 + [recall_call(query), "done"], summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
+        return ScriptedProvider(
+            turns=["ok"] * 14 + [recall_call(query), "done"],
+            summaries=[
+                "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+            ],
+        )
 
     rt_a = scripted_runtime(provider_for("vault token path"), embedder=HashEmbedder())
     run_a = rt_a.start(spec(), interactive=True)
@@ -226,7 +260,12 @@ def test_a_run_never_sees_another_runs_spans() -> None:
 
 
 def test_the_fifo_cap_drops_the_oldest_entries_through_a_run() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 60, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
+    provider = ScriptedProvider(
+        turns=["ok"] * 60,
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
+    )
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(recall_max_entries=16), interactive=True)
 
@@ -291,7 +330,12 @@ def test_the_token_cap_bounds_every_answer() -> None:
 
 
 def test_rebuild_from_the_record_matches_the_live_index() -> None:
-    provider = ScriptedProvider(turns=["ok"] * 14, summaries=["Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."])
+    provider = ScriptedProvider(
+        turns=["ok"] * 14,
+        summaries=[
+            "Summary: the user asked to set up the deployment; unrelated chatter about lunch and the weather followed."
+        ],
+    )
     rt = scripted_runtime(provider, embedder=HashEmbedder())
     run = rt.start(spec(), interactive=True)
     asyncio.run(chat(rt, run))
@@ -316,13 +360,23 @@ def test_recall_by_seq_gives_back_one_evicted_message_whole() -> None:
     from loomrt.recall import RunRecall
 
     rng = random.Random(5)
-    long = "  ".join(" ".join(rng.choice(["alpha", "beta", "gamma", "10.0.0.7:5432", "ERR-4471"]) for _ in range(9))
-                     for _ in range(60))  # about 540 words, odd spacing: four chunks
+    long = "  ".join(
+        " ".join(rng.choice(["alpha", "beta", "gamma", "10.0.0.7:5432", "ERR-4471"]) for _ in range(9))
+        for _ in range(60)
+    )  # about 540 words, odd spacing: four chunks
     recall = RunRecall(run_id="r1", embedder=False)
-    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 9, (
-        Message(role="user", content="short one", seq=3, ts=1.0),
-        Message(role="tool", name="shell", content=long, seq=4, ts=2.0),
-    )))
+    recall.on_evicted(
+        EvictedSpan(
+            "r1",
+            "a",
+            "compaction",
+            9,
+            (
+                Message(role="user", content="short one", seq=3, ts=1.0),
+                Message(role="tool", name="shell", content=long, seq=4, ts=2.0),
+            ),
+        )
+    )
     assert len([e for e in recall.index.entries.values() if e.seq == 4]) >= 3
     out = recall.tool.fn(seq=4)
     assert out["results"][0]["text"] == long or out["results"][0].get("truncated")
@@ -339,14 +393,44 @@ def test_searches_of_the_history_are_not_indexed() -> None:
 
     question = "Remind me: what was the landlord's door code?"
     recall = RunRecall(run_id="r1", embedder=False)
-    recall.on_evicted(EvictedSpan("r1", "a", "compaction", 9, (
-        Message(role="user", content="It turns out my landlord's door code is 5619#10.", seq=2, ts=1.0),
-        Message(role="assistant", content="", seq=3, ts=2.0,
-                tool_calls=(ToolCall("c1", "Recall", {"query": question}), ToolCall("c2", "Grep", {"pattern": "door code"}))),
-        Message(role="tool", name="Grep", content='{"hits": [{"snippet": "my landlord\'s door code is 5619#10"}]}', seq=4, ts=3.0),
-        Message(role="assistant", content="Let me look.", seq=5, ts=4.0,
-                tool_calls=(ToolCall("c3", "Recall", {"query": question}), ToolCall("c4", "shell", {"cmd": "cat door.txt"}))),
-    )))
+    recall.on_evicted(
+        EvictedSpan(
+            "r1",
+            "a",
+            "compaction",
+            9,
+            (
+                Message(role="user", content="It turns out my landlord's door code is 5619#10.", seq=2, ts=1.0),
+                Message(
+                    role="assistant",
+                    content="",
+                    seq=3,
+                    ts=2.0,
+                    tool_calls=(
+                        ToolCall("c1", "Recall", {"query": question}),
+                        ToolCall("c2", "Grep", {"pattern": "door code"}),
+                    ),
+                ),
+                Message(
+                    role="tool",
+                    name="Grep",
+                    content='{"hits": [{"snippet": "my landlord\'s door code is 5619#10"}]}',
+                    seq=4,
+                    ts=3.0,
+                ),
+                Message(
+                    role="assistant",
+                    content="Let me look.",
+                    seq=5,
+                    ts=4.0,
+                    tool_calls=(
+                        ToolCall("c3", "Recall", {"query": question}),
+                        ToolCall("c4", "shell", {"cmd": "cat door.txt"}),
+                    ),
+                ),
+            ),
+        )
+    )
     texts = {e.seq: e.text for e in recall.index.entries.values()}
     assert set(texts) == {2, 5}
     assert "Recall" not in texts[5] and question not in texts[5] and "cat door.txt" in texts[5]

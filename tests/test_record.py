@@ -30,35 +30,34 @@ def store(tmp_path):
     s.close()
 
 
-
-
-
-
 def test_the_store_has_no_way_to_change_or_delete():
     public = {name for name in dir(SQLiteStore) if not name.startswith("_")}
     assert public == {
-        "append", "append_many", "cards", "children", "close", "commits", "create_run", "events", "get_run", "latest",
-        "lease_holder", "list_runs", "pending", "read", "release_lease", "take_lease", "claim_run", "release_run",
-        "run_owners", "shared",
+        "append",
+        "append_many",
+        "cards",
+        "children",
+        "close",
+        "commits",
+        "create_run",
+        "events",
+        "get_run",
+        "latest",
+        "lease_holder",
+        "list_runs",
+        "pending",
+        "read",
+        "release_lease",
+        "take_lease",
+        "claim_run",
+        "release_run",
+        "run_owners",
+        "shared",
         "write",
-        "transaction", "write_many", "write_run",
+        "transaction",
+        "write_many",
+        "write_run",
     }
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def test_the_file_is_in_wal_mode(tmp_path, store):
@@ -212,10 +211,6 @@ def test_a_run_records_every_step_in_order(tmp_path):
     assert (result.usage.input_tokens, result.usage.output_tokens, result.model_calls) == (270, 11, 2)
     info = rt.store.get_run(result.run_id)
     assert (info.status, info.agent, info.mode, info.last_seq) == ("done", "calc", "append", 9)
-
-
-
-
 
 
 def test_the_run_core_awaits_the_store_and_a_store_that_waits_needs_the_async_entry_points(tmp_path):

@@ -539,8 +539,11 @@ def test_the_wire_form_the_view_keeps_is_the_working_context_in_every_mode(tmp_p
 
     if mode == "stateful":
         ctx = {"mode": "stateful", "state_schema": SCHEMA}
-        turns = ["no emit", emit({"step": 1}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
-                 emit({"step": 2}, done=True)]
+        turns = [
+            "no emit",
+            emit({"step": 1}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
+            emit({"step": 2}, done=True),
+        ]
     else:
         ctx = {"mode": mode, "budget_tokens": 256, "keep_last_n": 2, "backstop": True}
         turns = [calc(1), calc(2), calc(3, 900), calc(4), "done"]

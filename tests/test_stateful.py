@@ -61,11 +61,13 @@ def test_stateful_boundary_keeps_system_task_sigma_and_the_last_observation_only
 
 def test_interactive_stateful_keeps_the_turn_in_progress_input_until_the_turn_ends(tmp_path):
     context = {"mode": "stateful", "state_schema": SCHEMA}
-    provider = ScriptedProvider([
-        emit({"step": 1}, done=True, final="first done"),
-        emit({"step": 2}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
-        emit({"step": 3}, done=True, final="second done"),
-    ])
+    provider = ScriptedProvider(
+        [
+            emit({"step": 1}, done=True, final="first done"),
+            emit({"step": 2}, action={"tool": "calculate", "arguments": {"expression": "1+1"}}),
+            emit({"step": 3}, done=True, final="second done"),
+        ]
+    )
     rt = runtime(tmp_path, provider)
     run = rt.start(agent(tmp_path, context), name="a", interactive=True)
     send(rt, run, "first task")

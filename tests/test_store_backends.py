@@ -145,8 +145,12 @@ def test_list_runs_children_and_unknown_ids(store: Any) -> None:
 def test_events_and_runs_can_never_be_changed_with_direct_sql(backend: Any, store: Any) -> None:
     new_run(store, "r1")
     store.append("r1", "user_input", {"content": "hello"})
-    for sql in ("UPDATE events SET data = '{}'", "DELETE FROM events", "UPDATE runs SET mode = 'recap'",
-                "DELETE FROM runs"):
+    for sql in (
+        "UPDATE events SET data = '{}'",
+        "DELETE FROM events",
+        "UPDATE runs SET mode = 'recap'",
+        "DELETE FROM runs",
+    ):
         with pytest.raises(Exception, match="append-only"):
             backend[1](sql)
     assert [e.data for e in store.events("r1")] == [{"content": "hello"}]

@@ -146,8 +146,14 @@ def test_redact_events_replaces_by_provenance_not_by_text():
     """A message that merely contains the same words is not private; the flagged one is."""
     events = [
         Event(run_id="r", seq=1, kind="user_input", ts=0.0, data={"content": f"say {SECRET}"}, hash=""),
-        Event(run_id="r", seq=2, kind="tool_result", ts=0.0, hash="",
-              data={"tool_call_id": "c", "name": "vault", "content": SECRET, "is_error": False, "private": True}),
+        Event(
+            run_id="r",
+            seq=2,
+            kind="tool_result",
+            ts=0.0,
+            hash="",
+            data={"tool_call_id": "c", "name": "vault", "content": SECRET, "is_error": False, "private": True},
+        ),
     ]
     out = redact_events(events)
     assert out[0].data["content"] == f"say {SECRET}" and out[1].data["content"] == placeholder(2)
@@ -159,19 +165,26 @@ def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_m
     out of Σ as the run hands it out. Keys set before the secret arrived are handed out."""
     from loomrt.messages import ToolCall
 
-    steps = iter([
-        {"reasoning": "start", "patch": {"owner": "ops"}},
-        {"reasoning": "get it", "patch": {"plan": "fetch the token"}, "action": {"tool": "vault", "arguments": {}}},
-        {"reasoning": "keep it", "patch": {"token": SECRET, "plan": "deploy"}},
-        {"reasoning": "done", "patch": {"status": "deployed"}, "done": True, "final": "deployed"},
-    ])
+    steps = iter(
+        [
+            {"reasoning": "start", "patch": {"owner": "ops"}},
+            {"reasoning": "get it", "patch": {"plan": "fetch the token"}, "action": {"tool": "vault", "arguments": {}}},
+            {"reasoning": "keep it", "patch": {"token": SECRET, "plan": "deploy"}},
+            {"reasoning": "done", "patch": {"status": "deployed"}, "done": True, "final": "deployed"},
+        ]
+    )
 
     def stateful(request: ModelRequest) -> ModelResponse:
-        return ModelResponse(text="", tool_calls=[ToolCall(id=f"s{id(request)}", name="emit_state", arguments=next(steps))])
+        return ModelResponse(
+            text="", tool_calls=[ToolCall(id=f"s{id(request)}", name="emit_state", arguments=next(steps))]
+        )
 
     rt = runtime(tmp_path, FunctionProvider(stateful, local=False), tools=[private_vault()])
-    spec = AgentSpec(model="function/inline", tools=["vault"], context={
-        "mode": "stateful", "state_schema": {"type": "object", "properties": {}}})
+    spec = AgentSpec(
+        model="function/inline",
+        tools=["vault"],
+        context={"mode": "stateful", "state_schema": {"type": "object", "properties": {}}},
+    )
     result = asyncio.run(rt.run(spec, "Deploy with the vault token."))
     assert result.status == "done"
     assert result.state == {"owner": "ops"}  # written before the secret arrived
@@ -187,15 +200,22 @@ def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
 
     from loomrt.messages import ToolCall
 
-    child_steps = iter([
-        {"reasoning": "fetch", "patch": {"owner": "ops"}, "action": {"tool": "vault", "arguments": {}}},
-        {"reasoning": "keep", "patch": {"token": SECRET}, "done": True, "final": "fetched"},
-    ])
-    parent_steps = iter([
-        {"reasoning": "ask", "patch": {"step": 1}, "action": {"tool": "spawn", "arguments": {
-            "agent": "fetcher", "prompt": "Fetch the token."}}},
-        {"reasoning": "done", "patch": {"step": 2}, "done": True, "final": "ok"},
-    ])
+    child_steps = iter(
+        [
+            {"reasoning": "fetch", "patch": {"owner": "ops"}, "action": {"tool": "vault", "arguments": {}}},
+            {"reasoning": "keep", "patch": {"token": SECRET}, "done": True, "final": "fetched"},
+        ]
+    )
+    parent_steps = iter(
+        [
+            {
+                "reasoning": "ask",
+                "patch": {"step": 1},
+                "action": {"tool": "spawn", "arguments": {"agent": "fetcher", "prompt": "Fetch the token."}},
+            },
+            {"reasoning": "done", "patch": {"step": 2}, "done": True, "final": "ok"},
+        ]
+    )
     seen: list[str] = []
 
     def model(request: ModelRequest) -> ModelResponse:
@@ -203,14 +223,30 @@ def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
         if not child:
             seen.append(json.dumps(request.messages))
         step = next(child_steps if child else parent_steps)
-        return ModelResponse(text="", tool_calls=(ToolCall(id=f"c{len(seen)}{child}", name="emit_state", arguments=step),))
+        return ModelResponse(
+            text="", tool_calls=(ToolCall(id=f"c{len(seen)}{child}", name="emit_state", arguments=step),)
+        )
 
-    agents = agents_from(tmp_path, json.dumps({"agents": {
-        "lead": {"model": "function/inline", "tools": ["spawn"], "spawnable": ["fetcher"],
-                 "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}}},
-        "fetcher": {"model": "function/inline", "tools": ["vault"],
-                    "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}}},
-    }}))
+    agents = agents_from(
+        tmp_path,
+        json.dumps(
+            {
+                "agents": {
+                    "lead": {
+                        "model": "function/inline",
+                        "tools": ["spawn"],
+                        "spawnable": ["fetcher"],
+                        "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}},
+                    },
+                    "fetcher": {
+                        "model": "function/inline",
+                        "tools": ["vault"],
+                        "context": {"mode": "stateful", "state_schema": {"type": "object", "properties": {}}},
+                    },
+                }
+            }
+        ),
+    )
     rt = runtime(tmp_path, FunctionProvider(model, local=False), tools=[private_vault()])
     result = asyncio.run(rt.run("lead", "Get the token from a fetcher.", agents=agents))
     assert result.status == "done"

@@ -43,8 +43,13 @@ def _detach(url: str, agents: Path, prompt: str) -> str:
 
 def _worker(url: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "LOOMRT_DB_URL": url}
-    return subprocess.Popen([sys.executable, "-m", "loomrt", "worker", "--json", *args], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomrt", "worker", "--json", *args],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def test_a_detached_run_waits_queued_and_a_worker_plays_it(shared_url: str, tmp_path: Path) -> None:
@@ -103,9 +108,13 @@ def test_workers_list_shows_nothing_when_nobody_plays(shared_url: str) -> None:
 def test_a_worker_killed_mid_run_leaves_it_to_the_next_worker_which_resumes_it(shared_url: str, tmp_path: Path) -> None:
     agents = _agents(tmp_path)
     run_id = _detach(shared_url, agents, "survive this")
-    doomed = subprocess.run([sys.executable, "-m", "loomrt", "worker", "--once", "--json"], text=True,
-                            capture_output=True, timeout=120,
-                            env={**os.environ, "LOOMRT_DB_URL": shared_url, "LOOMRT_CRASH_AT": "model_answered:1"})
+    doomed = subprocess.run(
+        [sys.executable, "-m", "loomrt", "worker", "--once", "--json"],
+        text=True,
+        capture_output=True,
+        timeout=120,
+        env={**os.environ, "LOOMRT_DB_URL": shared_url, "LOOMRT_CRASH_AT": "model_answered:1"},
+    )
     assert doomed.returncode == -9  # SIGKILLed itself as the model answered: mid-turn, the claim held
     store = default_store(shared_url)
     assert store.get_run(run_id).status == "active"

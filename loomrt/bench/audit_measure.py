@@ -77,15 +77,23 @@ async def _chat(folder: Path, mode: str, *, pin: bool, private: bool | None, tur
     from loomrt.tools import Tool
 
     copier = _Copier(copy=private is not None)
-    tools = [] if private is None else [Tool("vault", "The deployment token.", {"type": "object", "properties": {}},
-                                             lambda: SECRET, private=private)]
+    tools = (
+        []
+        if private is None
+        else [
+            Tool(
+                "vault", "The deployment token.", {"type": "object", "properties": {}}, lambda: SECRET, private=private
+            )
+        ]
+    )
     store = SQLiteStore(folder / f"{mode}-{pin}-{private}.db")
     runtime = Runtime(store, providers=lambda s, m: FunctionProvider(copier), tools=tools, embedder=False)
     ctx: dict[str, Any] = {"mode": mode, "budget_tokens": 500, "keep_last_n": 2, "autocompact_at_pct": 60}
     if mode == "append":
         ctx["backstop"] = True
-    spec = AgentSpec(model="function/inline", system_prompt="You keep the user's plans.",
-                     tools=[t.name for t in tools], context=ctx)
+    spec = AgentSpec(
+        model="function/inline", system_prompt="You keep the user's plans.", tools=[t.name for t in tools], context=ctx
+    )
     run = await runtime.astart(spec, interactive=True, name=f"audit-{mode}")
     kept = []
     for i, text in enumerate(["Plan the launch with me.", DECISION, *(_filler(j) for j in range(turns - 2))]):
@@ -98,8 +106,12 @@ async def _chat(folder: Path, mode: str, *, pin: bool, private: bool | None, tur
     summaries = [e.data.get("summary") or "" for e in store.events(run.run_id, kinds=["distillation"])]
     leaks = sum(SECRET in s for s in summaries) + sum(SECRET in p for p in copier.prompts)
     store.close()
-    return {"distillations": len(summaries), "kept": sum(kept) / len(kept) if kept else 0.0, "leaks": leaks,
-            "summariser_calls": len(copier.prompts)}
+    return {
+        "distillations": len(summaries),
+        "kept": sum(kept) / len(kept) if kept else 0.0,
+        "leaks": leaks,
+        "summariser_calls": len(copier.prompts),
+    }
 
 
 def _verify_cost(folder: Path) -> dict[str, Any]:
@@ -127,9 +139,14 @@ def _verify_cost(folder: Path) -> dict[str, Any]:
         hashes.append(time.perf_counter() - started)
     checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
     store.close()
-    return {"events": len(events), "prompts_checked": checked, "problems": len(problems),
-            "ms_per_1000_events": round(statistics.median(times) * 1000 / len(events) * 1000, 2),
-            "hash_us_per_turn": round(statistics.median(hashes) * 1e6, 1), "context_messages": len(wire)}
+    return {
+        "events": len(events),
+        "prompts_checked": checked,
+        "problems": len(problems),
+        "ms_per_1000_events": round(statistics.median(times) * 1000 / len(events) * 1000, 2),
+        "hash_us_per_turn": round(statistics.median(hashes) * 1e6, 1),
+        "context_messages": len(wire),
+    }
 
 
 def audit_figures(turns: int = 16) -> dict[str, Any]:
@@ -142,15 +159,24 @@ def audit_figures(turns: int = 16) -> dict[str, Any]:
             unpinned = asyncio.run(_chat(folder, mode, pin=False, private=None, turns=turns))
             guarded = asyncio.run(_chat(folder, mode, pin=False, private=True, turns=turns))
             control = asyncio.run(_chat(folder, mode, pin=False, private=False, turns=turns))
-            rows.append({"mode": mode, "distillations": pinned["distillations"],
-                         "pinned_kept": round(pinned["kept"], 3), "unpinned_kept": round(unpinned["kept"], 3),
-                         "private_leaks": guarded["leaks"], "control_leaks": control["leaks"],
-                         "summariser_calls": guarded["summariser_calls"]})
+            rows.append(
+                {
+                    "mode": mode,
+                    "distillations": pinned["distillations"],
+                    "pinned_kept": round(pinned["kept"], 3),
+                    "unpinned_kept": round(unpinned["kept"], 3),
+                    "private_leaks": guarded["leaks"],
+                    "control_leaks": control["leaks"],
+                    "summariser_calls": guarded["summariser_calls"],
+                }
+            )
         verify = _verify_cost(folder)
     return {"turns": turns, "rows": rows, "verify": verify}
 
 
-@standalone_measure("audit", "pins kept verbatim, private results withheld from a copying summariser, prompts re-derived")
+@standalone_measure(
+    "audit", "pins kept verbatim, private results withheld from a copying summariser, prompts re-derived"
+)
 def audit(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     progress.start("audit", 1)
     out = audit_figures(12 if config.quick else 16)

@@ -59,9 +59,21 @@ from loomrt.crashpoints import CRASH_AT_ENV, CRASH_TRACE_ENV, POINTS
 from loomrt.run.loop import INTERRUPTED
 
 __all__ = [
-    "Scenario", "SCENARIOS", "CHAT_INPUTS", "TASK", "write_scenarios", "play", "consolidate", "recover", "Outcome",
-    "check", "fork_problems", "Kill",
-    "plan_kills", "run_chaos", "run_chaos_async",
+    "Scenario",
+    "SCENARIOS",
+    "CHAT_INPUTS",
+    "TASK",
+    "write_scenarios",
+    "play",
+    "consolidate",
+    "recover",
+    "Outcome",
+    "check",
+    "fork_problems",
+    "Kill",
+    "plan_kills",
+    "run_chaos",
+    "run_chaos_async",
 ]
 
 RUN_ID = re.compile(r"\b[0-9a-f]{12}\b")
@@ -95,8 +107,13 @@ def _env(db: str | Path, **extra: str) -> dict[str, str]:
 
 def _loomrt(args: list[str], folder: Path, env: dict[str, str], stdin: str | None = None) -> int:
     done = subprocess.run(
-        [sys.executable, "-m", "loomrt", *args], cwd=folder, env=env, input=stdin, capture_output=True,
-        text=True, timeout=120,
+        [sys.executable, "-m", "loomrt", *args],
+        cwd=folder,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return done.returncode
 
@@ -107,11 +124,16 @@ def play(folder: Path, scenario: Scenario, db: str | Path, **env: str) -> int:
     process if it has one; the exit code of the first process that failed, else 0."""
     agents = str(folder / "agents.yaml")
     if scenario.interactive:
-        code = _loomrt(["chat", scenario.agent, "--agents", agents, "--json"], folder, _env(db, **env),
-                       "\n".join(scenario.parent_inputs) + "\n")
+        code = _loomrt(
+            ["chat", scenario.agent, "--agents", agents, "--json"],
+            folder,
+            _env(db, **env),
+            "\n".join(scenario.parent_inputs) + "\n",
+        )
     else:
-        code = _loomrt(["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder,
-                       _env(db, **env))
+        code = _loomrt(
+            ["run", scenario.agent, scenario.inputs[0], "--agents", agents, "--json"], folder, _env(db, **env)
+        )
     if code == 0 and scenario.fork:
         code = _fork(folder, scenario, db, _root(db), **env)
         fork = _checked(db, scenario) if code == 0 else ""
@@ -150,8 +172,13 @@ def _checked(db: str | Path, scenario: Scenario) -> str:
 def consolidate(db: str | Path, **env: str) -> int:
     """A consolidator process draining ``db`` (echo extractor; a 1 s lease, so a killed one's
     batch is taken up a second later); its exit code."""
-    done = subprocess.run([sys.executable, "-m", "loomrt.bench.harvest_load", "work", str(db), "1.0", "200"],
-                          env=_env(db, **env), capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "loomrt.bench.harvest_load", "work", str(db), "1.0", "200"],
+        env=_env(db, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return done.returncode
 
 
@@ -330,17 +357,24 @@ def check(outcome: Outcome, baseline: Outcome, events: list[Any], scenario: Scen
         problems.append("the working context rebuilt from the record differs from the live one")
     if outcome.recall_texts != rebuilt.recall_texts:
         problems.append("the recall index rebuilt from the record differs from the live one")
-    interrupted = any(e.kind == "tool_result" and str(e.data.get("content", "")).startswith(INTERRUPTED[:40])
-                      for e in events)
+    interrupted = any(
+        e.kind == "tool_result" and str(e.data.get("content", "")).startswith(INTERRUPTED[:40]) for e in events
+    )
     if scenario.consolidate:
         doubled = [t for t, n in Counter(outcome.banked).items() if n > 1]
         problems += [f"the bank holds {t[:40]!r} {n} times" for t, n in Counter(outcome.banked).items() if n > 1][:3]
         if not doubled and outcome.banked != baseline.banked:
-            problems.append(f"the bank holds {len(outcome.banked)} lines, the uninterrupted run's {len(baseline.banked)}")
+            problems.append(
+                f"the bank holds {len(outcome.banked)} lines, the uninterrupted run's {len(baseline.banked)}"
+            )
         if outcome.facts != baseline.facts:
-            problems.append(f"durable memory holds {len(outcome.facts)} facts ({len(set(outcome.facts))} distinct), "
-                            f"the uninterrupted run's {len(baseline.facts)}")
-    if not interrupted and rebuilt.recall_texts != baseline.recall_texts:  # an interrupted call's result differs by design
+            problems.append(
+                f"durable memory holds {len(outcome.facts)} facts ({len(set(outcome.facts))} distinct), "
+                f"the uninterrupted run's {len(baseline.facts)}"
+            )
+    if (
+        not interrupted and rebuilt.recall_texts != baseline.recall_texts
+    ):  # an interrupted call's result differs by design
         problems.append(
             f"the recall index holds {len(rebuilt.recall_texts)} texts, the uninterrupted run's {len(baseline.recall_texts)}"
         )
@@ -444,8 +478,13 @@ class _Records:
 
 
 async def run_chaos_async(
-    per_point: int = 3, *, folder: Path | None = None, progress: Callable[[int, int], None] | None = None,
-    scenarios: list[Scenario] | None = None, backend: str = "sqlite", postgres: str | None = None,
+    per_point: int = 3,
+    *,
+    folder: Path | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    scenarios: list[Scenario] | None = None,
+    backend: str = "sqlite",
+    postgres: str | None = None,
 ) -> dict[str, Any]:
     """Plan and carry out the kills; per point: kills made, kills that landed, violations.
     ``backend``: where the records live, ``sqlite`` or ``postgres`` (see the module's text)."""
@@ -461,8 +500,14 @@ async def run_chaos_async(
             records.close()
 
 
-async def _run(work: Path, records: _Records, per_point: int, scenarios: list[Scenario],
-               progress: Callable[[int, int], None] | None, started: float) -> dict[str, Any]:
+async def _run(
+    work: Path,
+    records: _Records,
+    per_point: int,
+    scenarios: list[Scenario],
+    progress: Callable[[int, int], None] | None,
+    started: float,
+) -> dict[str, Any]:
     counts: dict[str, dict[str, int]] = {}
     baselines: dict[str, Outcome] = {}
     for s in scenarios:
@@ -500,7 +545,8 @@ async def _run(work: Path, records: _Records, per_point: int, scenarios: list[Sc
         "reached": counts,
         "failures": [
             {"scenario": k.scenario, "point": k.point, "n": k.n, "run_id": k.run_id, "violations": k.violations}
-            for k in kills if k.violations
+            for k in kills
+            if k.violations
         ],
         "seconds": round(time.perf_counter() - started, 1),
         "backend": records.backend,
@@ -510,4 +556,3 @@ async def _run(work: Path, records: _Records, per_point: int, scenarios: list[Sc
 def run_chaos(per_point: int = 3, **kw: Any) -> dict[str, Any]:
     """:func:`run_chaos_async` for code that is not async."""
     return asyncio.run(run_chaos_async(per_point, **kw))
-

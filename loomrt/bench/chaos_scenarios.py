@@ -36,7 +36,7 @@ class Scenario:
     @property
     def own_inputs(self) -> tuple[str, ...]:
         """The inputs of the run that is checked: the fork's, where there is one."""
-        return self.inputs[self.fork[1]:] if self.fork else self.inputs
+        return self.inputs[self.fork[1] :] if self.fork else self.inputs
 
     @property
     def parent_inputs(self) -> tuple[str, ...]:
@@ -44,8 +44,16 @@ class Scenario:
         return self.inputs[: self.fork[1]] if self.fork else self.inputs
 
 
-_TOPICS = ["the harbour bridge repairs", "the spring budget", "the library move", "the night-bus timetable",
-           "the school garden", "the clinic rota", "the new bakery", "the river clean-up"]
+_TOPICS = [
+    "the harbour bridge repairs",
+    "the spring budget",
+    "the library move",
+    "the night-bus timetable",
+    "the school garden",
+    "the clinic rota",
+    "the new bakery",
+    "the river clean-up",
+]
 
 
 def _chat_inputs(n: int) -> tuple[str, ...]:
@@ -53,9 +61,11 @@ def _chat_inputs(n: int) -> tuple[str, ...]:
     out = []
     for i in range(n):
         a, b = rng.sample(_TOPICS, 2)
-        out.append(f"Update {i + 1}: {a} needs another look and {b} is nearly settled; the reference for "
-                   f"today is REF-{1000 + 37 * i}. Please keep track of it, since we will come back to it "
-                   f"after the weekend, once {a} has been discussed with everyone involved.")
+        out.append(
+            f"Update {i + 1}: {a} needs another look and {b} is nearly settled; the reference for "
+            f"today is REF-{1000 + 37 * i}. Please keep track of it, since we will come back to it "
+            f"after the weekend, once {a} has been discussed with everyone involved."
+        )
     return tuple(out)
 
 
@@ -86,15 +96,17 @@ parent fanning out to four stateful children whose Σ it merges (the spawn ledge
 def write_scenarios(folder: Path) -> Path:
     """The scenarios' agents file, scripts and the file their tools read; the agents file's path."""
     folder.mkdir(parents=True, exist_ok=True)
-    notes = "\n".join(f"note {i}: the pump at station {i % 7} reported {10 + i} litres per minute at {i:02d}:15."
-                      for i in range(60))
+    notes = "\n".join(
+        f"note {i}: the pump at station {i % 7} reported {10 + i} litres per minute at {i:02d}:15." for i in range(60)
+    )
     (folder / "notes.txt").write_text(notes + "\n", encoding="utf-8")
-    replies = "\n".join(f"  - text: \"Noted update {i + 1}; I will keep its reference in mind.\"" for i in range(8))
+    replies = "\n".join(f'  - text: "Noted update {i + 1}; I will keep its reference in mind."' for i in range(8))
     (folder / "chat.yaml").write_text(f"turns:\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
     pin = '  - tool_call: {name: Pin, arguments: {text: "The user keeps every reference; the pump audit is due at 16:00.", reason: "a decision"}}'
     (folder / "pins.yaml").write_text(f"turns:\n{pin}\n{replies}\nsummaries:\n  - extractive: 500\n", encoding="utf-8")
     path = json.dumps(str((folder / "notes.txt").resolve()))
-    (folder / "tools.yaml").write_text(textwrap.dedent("""\
+    (folder / "tools.yaml").write_text(
+        textwrap.dedent("""\
         turns:
           - tool_call: {name: read_file, arguments: {path: NOTES}}
           - tool_call: {name: calculate, arguments: {expression: "10 + 11 + 12"}}
@@ -103,8 +115,11 @@ def write_scenarios(folder: Path) -> Path:
           - text: "The pumps reported 33 litres in the first three notes, 66 over two readings."
         summaries:
           - extractive: 400
-        """).replace("NOTES", path), encoding="utf-8")
-    (folder / "state.yaml").write_text(textwrap.dedent("""\
+        """).replace("NOTES", path),
+        encoding="utf-8",
+    )
+    (folder / "state.yaml").write_text(
+        textwrap.dedent("""\
         turns:
           - emit_state:
               reasoning: Read the notes first.
@@ -125,8 +140,11 @@ def write_scenarios(folder: Path) -> Path:
               final: "33 litres over the first three notes; 66 doubled."
         summaries:
           - extractive: 400
-        """).replace("NOTES", path), encoding="utf-8")
-    (folder / "mcp.yaml").write_text(textwrap.dedent("""\
+        """).replace("NOTES", path),
+        encoding="utf-8",
+    )
+    (folder / "mcp.yaml").write_text(
+        textwrap.dedent("""\
         turns:
           - tool_call: {name: mcp__notes__read_notes, arguments: {}}
           - tool_call: {name: mcp__notes__add, arguments: {numbers: [10, 11, 12]}}
@@ -135,28 +153,90 @@ def write_scenarios(folder: Path) -> Path:
           - text: "The pumps reported 33 litres in the first three notes, 66 over two readings."
         summaries:
           - extractive: 400
-        """), encoding="utf-8")
-    (folder / "fanout.yaml").write_text(json.dumps({"turns": [
-        {"emit_state": {"reasoning": "Ask every station.", "patch": {"step": 1}, "action": {
-            "tool": "parallel_spawn", "arguments": {"spawns": [{"agent": "station", "prompt": f"Check station {i}."}
-                                                                for i in range(4)]}}}},
-        {"emit_state": {"reasoning": "Merged.", "patch": {"step": 2}, "done": True, "final": "All four stations checked."}},
-    ]}), encoding="utf-8")
-    (folder / "station.yaml").write_text(json.dumps({"turns": [
-        {"emit_state": {"reasoning": "Read the notes.", "patch": {"step": 1},
-                        "action": {"tool": "read_file", "arguments": {"path": str((folder / "notes.txt").resolve())}}}},
-        {"emit_state": {"reasoning": "Sum them.", "patch": {"step": 2},
-                        "action": {"tool": "calculate", "arguments": {"expression": "10 + 11 + 12"}}}},
-        {"emit_state": {"reasoning": "Done.", "patch": {"facts": ["33 litres"]}, "done": True, "final": "33 litres"}},
-    ], "summaries": [{"extractive": 300}]}), encoding="utf-8")
-    notes_server = {"name": "notes", "command": sys.executable, "private": True,
-                    "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())]}
+        """),
+        encoding="utf-8",
+    )
+    (folder / "fanout.yaml").write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {
+                        "emit_state": {
+                            "reasoning": "Ask every station.",
+                            "patch": {"step": 1},
+                            "action": {
+                                "tool": "parallel_spawn",
+                                "arguments": {
+                                    "spawns": [{"agent": "station", "prompt": f"Check station {i}."} for i in range(4)]
+                                },
+                            },
+                        }
+                    },
+                    {
+                        "emit_state": {
+                            "reasoning": "Merged.",
+                            "patch": {"step": 2},
+                            "done": True,
+                            "final": "All four stations checked.",
+                        }
+                    },
+                ]
+            }
+        ),
+        encoding="utf-8",
+    )
+    (folder / "station.yaml").write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {
+                        "emit_state": {
+                            "reasoning": "Read the notes.",
+                            "patch": {"step": 1},
+                            "action": {
+                                "tool": "read_file",
+                                "arguments": {"path": str((folder / "notes.txt").resolve())},
+                            },
+                        }
+                    },
+                    {
+                        "emit_state": {
+                            "reasoning": "Sum them.",
+                            "patch": {"step": 2},
+                            "action": {"tool": "calculate", "arguments": {"expression": "10 + 11 + 12"}},
+                        }
+                    },
+                    {
+                        "emit_state": {
+                            "reasoning": "Done.",
+                            "patch": {"facts": ["33 litres"]},
+                            "done": True,
+                            "final": "33 litres",
+                        }
+                    },
+                ],
+                "summaries": [{"extractive": 300}],
+            }
+        ),
+        encoding="utf-8",
+    )
+    notes_server = {
+        "name": "notes",
+        "command": sys.executable,
+        "private": True,
+        "args": ["-m", "loomrt.bench.notes_server", str((folder / "notes.txt").resolve())],
+    }
     chat = {"model": "scripted/chat.yaml", "system_prompt": "You keep track of what the user tells you."}
-    tools = {"system_prompt": "You investigate incidents with tools.", "tools": ["read_file", "calculate"],
-             "max_iterations": 12}
+    tools = {
+        "system_prompt": "You investigate incidents with tools.",
+        "tools": ["read_file", "calculate"],
+        "max_iterations": 12,
+    }
     small = {"budget_tokens": 700, "keep_last_n": 2, "recall": True}
-    schema = {"type": "object", "properties": {"step": {"type": "integer"},
-                                               "facts": {"type": "array", "items": {"type": "string"}}}}
+    schema = {
+        "type": "object",
+        "properties": {"step": {"type": "integer"}, "facts": {"type": "array", "items": {"type": "string"}}},
+    }
     agents = {
         "chat-recap": {**chat, "context": {"mode": "recap", **small}},
         "chat-compaction": {**chat, "context": {"mode": "compaction", **small}},
@@ -165,27 +245,68 @@ def write_scenarios(folder: Path) -> Path:
         # folds only at the hard watermark, in the turn: when a soft fold runs depends on the
         # clock (cache-idle deferral, the chat's between-turns thread), and every kill is
         # compared with an uninterrupted run
-        "chat-harvest": {**chat, "context": {"mode": "recap", **small, "harvest_to_memory": True,
-                                             "memory_scopes": ["user"]}},
-        "chat-fold": {**chat, "context": {"mode": "fold", **small, "budget_tokens": 1100, "fold": {
-            "keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100}}},
-        "fork-fold": {**chat, "context": {"mode": "fold", **small, "budget_tokens": 1100, "fold": {
-            "keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100}}},
-        "tools-compaction": {"model": "scripted/tools.yaml", **tools,
-                             "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
-        "tools-stateful": {"model": "scripted/state.yaml", **tools,
-                           "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
-        "fanout-stateful": {"model": "scripted/fanout.yaml", "system_prompt": "You coordinate station checks.",
-                            "tools": ["parallel_spawn"], "spawnable": ["station"], "max_concurrent_children": 2,
-                            "children_state": {"into": "/results", "key": "index"},
-                            "context": {"mode": "stateful", "budget_tokens": 4096, "recall": True, "state_schema": {
-                                "type": "object", "properties": {"step": {"type": "integer"},
-                                                                 "results": {"type": "object"}}}}},
-        "station": {"model": "scripted/station.yaml", **tools,
-                    "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema}},
-        "tools-mcp": {"model": "scripted/mcp.yaml", "system_prompt": tools["system_prompt"], "max_iterations": 12,
-                      "mcp_servers": [notes_server], "tools": ["notes.*"],
-                      "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True}},
+        "chat-harvest": {
+            **chat,
+            "context": {"mode": "recap", **small, "harvest_to_memory": True, "memory_scopes": ["user"]},
+        },
+        "chat-fold": {
+            **chat,
+            "context": {
+                "mode": "fold",
+                **small,
+                "budget_tokens": 1100,
+                "fold": {"keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100},
+            },
+        },
+        "fork-fold": {
+            **chat,
+            "context": {
+                "mode": "fold",
+                **small,
+                "budget_tokens": 1100,
+                "fold": {"keep_recent": 4, "leaf_min_messages": 4, "soft_pct": 100, "hard_pct": 100},
+            },
+        },
+        "tools-compaction": {
+            "model": "scripted/tools.yaml",
+            **tools,
+            "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True},
+        },
+        "tools-stateful": {
+            "model": "scripted/state.yaml",
+            **tools,
+            "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema},
+        },
+        "fanout-stateful": {
+            "model": "scripted/fanout.yaml",
+            "system_prompt": "You coordinate station checks.",
+            "tools": ["parallel_spawn"],
+            "spawnable": ["station"],
+            "max_concurrent_children": 2,
+            "children_state": {"into": "/results", "key": "index"},
+            "context": {
+                "mode": "stateful",
+                "budget_tokens": 4096,
+                "recall": True,
+                "state_schema": {
+                    "type": "object",
+                    "properties": {"step": {"type": "integer"}, "results": {"type": "object"}},
+                },
+            },
+        },
+        "station": {
+            "model": "scripted/station.yaml",
+            **tools,
+            "context": {"mode": "stateful", "budget_tokens": 1200, "recall": True, "state_schema": schema},
+        },
+        "tools-mcp": {
+            "model": "scripted/mcp.yaml",
+            "system_prompt": tools["system_prompt"],
+            "max_iterations": 12,
+            "mcp_servers": [notes_server],
+            "tools": ["notes.*"],
+            "context": {"mode": "compaction", "budget_tokens": 1200, "keep_last_n": 2, "recall": True},
+        },
     }
     (folder / "agents.yaml").write_text(yaml.safe_dump({"agents": agents}, sort_keys=False), encoding="utf-8")
     return folder / "agents.yaml"

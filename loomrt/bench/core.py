@@ -43,7 +43,9 @@ __all__ = [
     "split_variant",
     "known_variant",
     "soft_pct",
-    "REFERENCE_RATIOS", "timed"]
+    "REFERENCE_RATIOS",
+    "timed",
+]
 
 REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "stateful": 0.20}
 """Input-token ratios to append at 200 turns, from the design this project follows."""
@@ -54,14 +56,21 @@ VARIANTS: dict[str, str] = {
     "backstop": "append with the compaction backstop in the model's window (append only)",
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
     "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
-                "whose prompt cache went cold between turns does (fold only)",
+    "whose prompt cache went cold between turns does (fold only)",
     "soft-N": "fold/no-defer with fold.soft_pct N (10 to 99; its target the smaller of 25 and N): how fold's input "
-              "moves with its watermark (fold only; not played by default)",
+    "moves with its watermark (fold only; not played by default)",
 }
 """Options a workload can play a mode with, written ``MODE/OPTION``."""
 
-DEFAULT_VARIANTS = ["append/backstop", "recap/no-recall", "compaction/no-recall", "stateful/no-recall",
-                    "fold/no-recall", "fold/no-tools", "fold/no-defer"]
+DEFAULT_VARIANTS = [
+    "append/backstop",
+    "recap/no-recall",
+    "compaction/no-recall",
+    "stateful/no-recall",
+    "fold/no-recall",
+    "fold/no-tools",
+    "fold/no-defer",
+]
 """The variants ``loomrt bench run`` plays besides the modes (chat200 and agentic)."""
 
 

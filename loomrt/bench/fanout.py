@@ -31,29 +31,64 @@ SCHEMA = {"type": "object", "properties": {"step": {"type": "integer"}, "finding
 
 
 def _scripts(folder: Path, n: int, horizon: int) -> None:
-    turns: list[dict[str, Any]] = [{"emit_state": {"reasoning": f"Step {i}: check reading {i}.", "patch": {"step": i + 1},
-                             "action": {"tool": "calculate", "arguments": {"expression": f"{i} * 3 + 7"}}}}
-             for i in range(horizon)]
-    turns.append({"emit_state": {"reasoning": "Done.", "patch": {"finding": "readings within limits"}, "done": True,
-                                 "final": "readings within limits"}})
+    turns: list[dict[str, Any]] = [
+        {
+            "emit_state": {
+                "reasoning": f"Step {i}: check reading {i}.",
+                "patch": {"step": i + 1},
+                "action": {"tool": "calculate", "arguments": {"expression": f"{i} * 3 + 7"}},
+            }
+        }
+        for i in range(horizon)
+    ]
+    turns.append(
+        {
+            "emit_state": {
+                "reasoning": "Done.",
+                "patch": {"finding": "readings within limits"},
+                "done": True,
+                "final": "readings within limits",
+            }
+        }
+    )
     (folder / "child.yaml").write_text(json.dumps({"turns": turns, "summaries": [{"extractive": 300}]}))
     for tool in ("parallel_spawn", "parallel_spawn_transcripts"):
         spawns = [{"agent": "child", "prompt": f"Check station {i}: read every gauge and report."} for i in range(n)]
-        (folder / f"{tool}.yaml").write_text(json.dumps({"context_window": 4_000_000, "turns": [
-            {"tool_call": {"name": tool, "arguments": {"spawns": spawns}}}, {"text": "All stations reported."}]}))
+        (folder / f"{tool}.yaml").write_text(
+            json.dumps(
+                {
+                    "context_window": 4_000_000,
+                    "turns": [
+                        {"tool_call": {"name": tool, "arguments": {"spawns": spawns}}},
+                        {"text": "All stations reported."},
+                    ],
+                }
+            )
+        )
 
 
 def _agents(folder: Path, n: int, horizon: int) -> Any:
     from loomrt.spec import load_agents
 
-    common = {"spawnable": ["child"], "max_concurrent_children": 8, "max_live_children": 32,
-              "context": {"mode": "append", "budget_tokens": 4_000_000, "message_max_tokens": 2_000_000}}
+    common = {
+        "spawnable": ["child"],
+        "max_concurrent_children": 8,
+        "max_live_children": 32,
+        "context": {"mode": "append", "budget_tokens": 4_000_000, "message_max_tokens": 2_000_000},
+    }
     agents = {
         "state": {"model": "scripted/parallel_spawn.yaml", "tools": ["parallel_spawn"], **common},
-        "transcript": {"model": "scripted/parallel_spawn_transcripts.yaml", "tools": ["parallel_spawn_transcripts"],
-                       **common},
-        "child": {"model": "scripted/child.yaml", "tools": ["calculate"], "max_iterations": horizon + 3,
-                  "context": {"mode": "stateful", "state_schema": SCHEMA, "budget_tokens": 4096}},
+        "transcript": {
+            "model": "scripted/parallel_spawn_transcripts.yaml",
+            "tools": ["parallel_spawn_transcripts"],
+            **common,
+        },
+        "child": {
+            "model": "scripted/child.yaml",
+            "tools": ["calculate"],
+            "max_iterations": horizon + 3,
+            "context": {"mode": "stateful", "state_schema": SCHEMA, "budget_tokens": 4096},
+        },
     }
     (folder / "agents.yaml").write_text(json.dumps({"agents": agents}))
     return load_agents(folder / "agents.yaml")
@@ -109,8 +144,9 @@ async def _one(n: int, horizon: int) -> dict[str, Any]:
     return out
 
 
-def fanout_figures(ns: tuple[int, ...] = (1, 4, 16, 32), horizons: tuple[int, ...] = (20, 100),
-                   progress: Progress | None = None) -> dict[str, Any]:
+def fanout_figures(
+    ns: tuple[int, ...] = (1, 4, 16, 32), horizons: tuple[int, ...] = (20, 100), progress: Progress | None = None
+) -> dict[str, Any]:
     """One row per (N, H): the parent's context and the total input tokens, both ways."""
     rows = []
     for horizon in horizons:
@@ -121,7 +157,9 @@ def fanout_figures(ns: tuple[int, ...] = (1, 4, 16, 32), horizons: tuple[int, ..
     return {"rows": rows}
 
 
-@standalone_measure("fanout", "N stateful children handing up Σ rows against transcripts: parent context and total tokens")
+@standalone_measure(
+    "fanout", "N stateful children handing up Σ rows against transcripts: parent context and total tokens"
+)
 def fanout(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     ns, horizons = ((1, 4), (20,)) if config.quick else ((1, 4, 16, 32), (20, 100))
     progress.start("fanout", len(ns) * len(horizons))

@@ -24,16 +24,22 @@ __all__ = ["fork_cost", "fork_cost_figures"]
 
 
 def _said(i: int) -> str:
-    return (f"Update {i}: the item {i % 97} of the checklist moved to stage {i % 5}; the reviewer for it is "
-            f"person {i % 13}, and the reference is REF-{1000 + i}.")
+    return (
+        f"Update {i}: the item {i % 97} of the checklist moved to stage {i % 5}; the reviewer for it is "
+        f"person {i % 13}, and the reference is REF-{1000 + i}."
+    )
 
 
 async def _timed_forks(mode: str, messages: int, forks: int) -> float:
-    provider = ScriptedProvider(turns=[{"text": f"Noted update {i}."} for i in range(messages // 2 + 1)],
-                                summaries=[{"extractive": 600, "words": 16}])
+    provider = ScriptedProvider(
+        turns=[{"text": f"Noted update {i}."} for i in range(messages // 2 + 1)],
+        summaries=[{"extractive": 600, "words": 16}],
+    )
     rt = Runtime(SQLiteStore(":memory:"), providers=lambda s, m: provider)
-    spec = AgentSpec(model="scripted/fork-cost", context={
-        "mode": mode, "budget_tokens": 8192, "keep_last_n": 6, "fold": {"max_calls_per_10min": 10**6}})
+    spec = AgentSpec(
+        model="scripted/fork-cost",
+        context={"mode": mode, "budget_tokens": 8192, "keep_last_n": 6, "fold": {"max_calls_per_10min": 10**6}},
+    )
     run = await rt.astart(spec, interactive=True)
     for i in range(messages // 2):
         await rt.send(run, _said(i))
@@ -45,8 +51,9 @@ async def _timed_forks(mode: str, messages: int, forks: int) -> float:
     return statistics.median(times) * 1000
 
 
-def fork_cost_figures(sizes: tuple[int, ...] = (100, 10_000), forks: int = 15,
-                      progress: Progress | None = None) -> dict[str, Any]:
+def fork_cost_figures(
+    sizes: tuple[int, ...] = (100, 10_000), forks: int = 15, progress: Progress | None = None
+) -> dict[str, Any]:
     rows = []
     for mode in ("fold", "recap"):
         ms = {}
@@ -56,12 +63,19 @@ def fork_cost_figures(sizes: tuple[int, ...] = (100, 10_000), forks: int = 15,
             ms[n] = asyncio.run(_timed_forks(mode, n, forks))
             if progress:
                 progress.advance()
-        rows.append({"mode": mode, **{f"ms_at_{n}": round(v, 3) for n, v in ms.items()},
-                     "ratio": round(ms[sizes[-1]] / ms[sizes[0]], 2)})
+        rows.append(
+            {
+                "mode": mode,
+                **{f"ms_at_{n}": round(v, 3) for n, v in ms.items()},
+                "ratio": round(ms[sizes[-1]] / ms[sizes[0]], 2),
+            }
+        )
     return {"sizes": list(sizes), "forks": forks, "rows": rows, "goal": "fold: ratio ≤ 2"}
 
 
-@standalone_measure("fork_cost", "forking a fold run at 100 and 10,000 messages (median ms; recap's replaying fork beside it)")
+@standalone_measure(
+    "fork_cost", "forking a fold run at 100 and 10,000 messages (median ms; recap's replaying fork beside it)"
+)
 def fork_cost(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     sizes = (100, 1000) if config.quick else (100, 10_000)
     progress.start("fork_cost", 2 * len(sizes))

@@ -36,13 +36,34 @@ __all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals",
 Progress = Callable[[str], None]
 
 PARAPHRASE_SET: list[tuple[str, list[str]]] = [
-    ("Joaquim", ["Joaquim keeps bees on the roof of his flat.", "Joaquim is a rooftop beekeeper at his flat.",
-                 "On the roof of his flat, Joaquim keeps bees."]),
-    ("Ines", ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.", "Ines likes black coffee."]),
-    ("Bertrand", ["Bertrand is training for a triathlon.", "Bertrand trains for a triathlon.",
-                  "Bertrand is preparing to compete in a triathlon."]),
-    ("Yuki", ["Yuki teaches piano to children.", "Yuki is a piano teacher for kids.",
-              "Yuki gives piano lessons to children."]),
+    (
+        "Joaquim",
+        [
+            "Joaquim keeps bees on the roof of his flat.",
+            "Joaquim is a rooftop beekeeper at his flat.",
+            "On the roof of his flat, Joaquim keeps bees.",
+        ],
+    ),
+    (
+        "Ines",
+        ["Ines drinks her coffee black.", "Ines takes her coffee black, without milk.", "Ines likes black coffee."],
+    ),
+    (
+        "Bertrand",
+        [
+            "Bertrand is training for a triathlon.",
+            "Bertrand trains for a triathlon.",
+            "Bertrand is preparing to compete in a triathlon.",
+        ],
+    ),
+    (
+        "Yuki",
+        [
+            "Yuki teaches piano to children.",
+            "Yuki is a piano teacher for kids.",
+            "Yuki gives piano lessons to children.",
+        ],
+    ),
     ("Oskar", ["Oskar grew up in Gdansk.", "Oskar spent his childhood in Gdansk.", "Oskar was raised in Gdansk."]),
 ]
 """Five facts in three wordings (not the calibration pairs: the band is not tuned on these)."""
@@ -78,11 +99,26 @@ def _bank_cases(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -
     from loomrt.messages import EvictedSpan, Message
 
     for i, (named, said, _) in enumerate(cases):
-        bank = Bank(harvest_db(store.path), run_id=f"case{i}", agent="bench", def_hash="0" * 16, scope=f"user:case{i}",
-                    max_tokens=8000, private=set, record=lambda k, d: None)
+        bank = Bank(
+            harvest_db(store.path),
+            run_id=f"case{i}",
+            agent="bench",
+            def_hash="0" * 16,
+            scope=f"user:case{i}",
+            max_tokens=8000,
+            private=set,
+            record=lambda k, d: None,
+        )
         for j, text in enumerate((named, said)):
-            bank.bank(EvictedSpan(run_id=f"case{i}", agent="bench", mode="recap", distillation_seq=10 + j,
-                                  messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1_699_963_200.0),)))
+            bank.bank(
+                EvictedSpan(
+                    run_id=f"case{i}",
+                    agent="bench",
+                    mode="recap",
+                    distillation_seq=10 + j,
+                    messages=(Message(role="user", content=text, seq=2 * j + 1, ts=1_699_963_200.0),),
+                )
+            )
 
 
 def _kept(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> list[bool]:
@@ -91,8 +127,12 @@ def _kept(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> list
     db = harvest_db(store.path)
     out = []
     for i, (_, _, words) in enumerate(cases):
-        facts = [s.lower() for (s,) in db.rows("SELECT statement FROM memory_facts WHERE scope = ? AND status = 'live'",
-                                                (f"user:case{i}",))]
+        facts = [
+            s.lower()
+            for (s,) in db.rows(
+                "SELECT statement FROM memory_facts WHERE scope = ? AND status = 'live'", (f"user:case{i}",)
+            )
+        ]
         out.append(any(all(w.lower() in f for w in words) for f in facts))
     return out
 
@@ -108,12 +148,19 @@ async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
         _bank_cases(store, CASES)
         started = time.perf_counter()
         calls_before = len(getattr(provider, "calls", ()))
-        report = await drained(Consolidator(store, provider=provider, embedder="hash", settle_s=0,
-                                            batch_tokens=batch_tokens))
+        report = await drained(
+            Consolidator(store, provider=provider, embedder="hash", settle_s=0, batch_tokens=batch_tokens)
+        )
         kept = _kept(store, CASES)
-        out[how] = {"kept": sum(kept), "rate": round(sum(kept) / len(CASES), 3), "seconds": round(time.perf_counter() - started, 1),
-                    "calls": report.batches if not hasattr(provider, "calls") else len(provider.calls) - calls_before,
-                    "dropped": dict(report.dropped), "dead_letters": report.dead, "held": len(report.held)}
+        out[how] = {
+            "kept": sum(kept),
+            "rate": round(sum(kept) / len(CASES), 3),
+            "seconds": round(time.perf_counter() - started, 1),
+            "calls": report.batches if not hasattr(provider, "calls") else len(provider.calls) - calls_before,
+            "dropped": dict(report.dropped),
+            "dead_letters": report.dead,
+            "held": len(report.held),
+        }
     return out
 
 
@@ -125,11 +172,21 @@ def paraphrase(tmp: Path, embedder: Any = None) -> dict[str, Any]:
     store = _fresh(tmp, "paraphrase")
     memory = MemoryStore(harvest_db(store.path), embedder=embedder)
     for batch in range(3):
-        memory.write([NewFact(statement=ws[batch], cls="fact", subject=who, scope="user:p", key=f"b{batch}:{who}")
-                      for who, ws in PARAPHRASE_SET])
+        memory.write(
+            [
+                NewFact(statement=ws[batch], cls="fact", subject=who, scope="user:p", key=f"b{batch}:{who}")
+                for who, ws in PARAPHRASE_SET
+            ]
+        )
     rows = memory.facts()
-    return {"facts": len(PARAPHRASE_SET), "wordings": 3, "rows": len(rows), "goal_rows": 6,
-            "embedder": getattr(memory.embedder, "name", "none"), "merge_cosine": memory.bands()[0]}
+    return {
+        "facts": len(PARAPHRASE_SET),
+        "wordings": 3,
+        "rows": len(rows),
+        "goal_rows": 6,
+        "embedder": getattr(memory.embedder, "name", "none"),
+        "merge_cosine": memory.bands()[0],
+    }
 
 
 def load(tmp: Path, spans: int, *, workers: int = 2) -> dict[str, Any]:
@@ -141,8 +198,14 @@ def load(tmp: Path, spans: int, *, workers: int = 2) -> dict[str, Any]:
     texts = bank_load(store.path, spans)
     ran = drain(store.path, workers=workers, batch_tokens=200)
     figures = verify(store.path, texts)
-    return {"spans": spans, "workers": workers, **figures, "seconds": round(ran["wall_s"], 1),
-            "spans_per_s": round(spans / ran["wall_s"], 1), "exit_codes": ran["exit_codes"]}
+    return {
+        "spans": spans,
+        "workers": workers,
+        **figures,
+        "seconds": round(ran["wall_s"], 1),
+        "spans_per_s": round(spans / ran["wall_s"], 1),
+        "exit_codes": ran["exit_codes"],
+    }
 
 
 def _session_ts(date: str) -> float | None:
@@ -185,9 +248,18 @@ class _Tally:
                 cat["hits"][k] += round(v["recall_at"][str(k)] * v["questions"])
 
     def figures(self, names: dict[int, str]) -> dict[str, Any]:
-        return {"questions": self.n, "recall_at": rates(self.hits, self.n), "by_category": {
-            str(c): {"name": names.get(c, str(c)), "questions": v["questions"], "recall_at": rates(v["hits"], v["questions"])}
-            for c, v in sorted(self.by_cat.items())}}
+        return {
+            "questions": self.n,
+            "recall_at": rates(self.hits, self.n),
+            "by_category": {
+                str(c): {
+                    "name": names.get(c, str(c)),
+                    "questions": v["questions"],
+                    "recall_at": rates(v["hits"], v["questions"]),
+                }
+                for c, v in sorted(self.by_cat.items())
+            },
+        }
 
 
 TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence")
@@ -198,9 +270,19 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
     """The LoCoMo figures over every conversation's record so far (``of`` names all the chosen
     ones). A record may cover several conversations (``covers``): one measured as a group."""
     tiers = {name: _Tally(ks) for name in TIERS}
-    out: dict[str, Any] = {"conversations": [], "of_conversations": list(of), "turns": 0, "spans": 0, "facts": 0,
-                           "dead_letters": 0, "retries": 0, "dropped": {}, "writes": {}, "seconds": 0.0,
-                           "per_conversation": records}
+    out: dict[str, Any] = {
+        "conversations": [],
+        "of_conversations": list(of),
+        "turns": 0,
+        "spans": 0,
+        "facts": 0,
+        "dead_letters": 0,
+        "retries": 0,
+        "dropped": {},
+        "writes": {},
+        "seconds": 0.0,
+        "per_conversation": records,
+    }
     for key, rec in records.items():
         out["conversations"] += rec.get("covers", [key])
         for name in ("turns", "spans", "facts", "dead_letters", "retries"):
@@ -214,18 +296,31 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         out["sample_facts"] = rec.get("sample_facts", [])
     out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
     out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
-    out["memory"] = {"states": tiers["memory_states"].figures(CATEGORY_NAMES),
-                     "cites": tiers["memory_cites"].figures(CATEGORY_NAMES)}
+    out["memory"] = {
+        "states": tiers["memory_states"].figures(CATEGORY_NAMES),
+        "cites": tiers["memory_cites"].figures(CATEGORY_NAMES),
+    }
     if all("raw_states" in rec["tallies"] for rec in records.values()):
-        out["raw"] = {"evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
-                      "states": tiers["raw_states"].figures(CATEGORY_NAMES)}
+        out["raw"] = {
+            "evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
+            "states": tiers["raw_states"].figures(CATEGORY_NAMES),
+        }
     return out
 
 
 async def locomo_tiers(
-    tmp: Path, data: Path, *, provider: Any, conversations: Sequence[str] | None = None, ks: Sequence[int] = (1, 3, 5, 10),
-    embedder: Any = None, part_tokens: int | None = None, raw: bool = True, progress: Progress | None = None,
-    checkpoint: Callable[[dict[str, Any]], None] | None = None, done: dict[str, dict[str, Any]] | None = None,
+    tmp: Path,
+    data: Path,
+    *,
+    provider: Any,
+    conversations: Sequence[str] | None = None,
+    ks: Sequence[int] = (1, 3, 5, 10),
+    embedder: Any = None,
+    part_tokens: int | None = None,
+    raw: bool = True,
+    progress: Progress | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    done: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The memory tier (facts the embedded model consolidated from each session) against
     the raw-span tier (``bench recall``) on the same questions, one conversation at a time:
@@ -248,8 +343,18 @@ async def locomo_tiers(
     for cid, sample in chosen:
         if cid in measured:
             continue
-        rec = await _locomo_conversation(tmp, data, cid, sample, provider=provider, ks=ks, embedder=embedder,
-                                         part_tokens=part_tokens, raw=raw, progress=progress)
+        rec = await _locomo_conversation(
+            tmp,
+            data,
+            cid,
+            sample,
+            provider=provider,
+            ks=ks,
+            embedder=embedder,
+            part_tokens=part_tokens,
+            raw=raw,
+            progress=progress,
+        )
         records[cid] = rec
         if checkpoint is not None:
             checkpoint(locomo_totals(records, [c for c, _ in chosen], ks))
@@ -257,8 +362,17 @@ async def locomo_tiers(
 
 
 async def _locomo_conversation(
-    tmp: Path, data: Path, cid: str, sample: dict[str, Any], *, provider: Any, ks: Sequence[int], embedder: Any,
-    part_tokens: int | None, raw: bool, progress: Progress | None,
+    tmp: Path,
+    data: Path,
+    cid: str,
+    sample: dict[str, Any],
+    *,
+    provider: Any,
+    ks: Sequence[int],
+    embedder: Any,
+    part_tokens: int | None,
+    raw: bool,
+    progress: Progress | None,
 ) -> dict[str, Any]:
     """One conversation's record: bank its sessions in a store of its own, drain them, ask its
     questions of memory (and of the raw turns, unless ``raw`` is off)."""
@@ -275,25 +389,45 @@ async def _locomo_conversation(
     db = harvest_db(store.path)
     memory = MemoryStore(db, embedder=embedder)
     scope = f"user:{cid}"
-    bank = Bank(db, run_id=f"locomo-{cid}", agent="bench", def_hash="0" * 16, scope=scope,
-                max_tokens=100_000, private=set, record=lambda k, d: None)
+    bank = Bank(
+        db,
+        run_id=f"locomo-{cid}",
+        agent="bench",
+        def_hash="0" * 16,
+        scope=scope,
+        max_tokens=100_000,
+        private=set,
+        record=lambda k, d: None,
+    )
     by_session: dict[int, list[Message]] = {}
     seq_to_dia: dict[int, str] = {}
     for i, t in enumerate(turns_of(sample)):
         text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
-        by_session.setdefault(t.session, []).append(Message(role="user", name=t.speaker, content=text, seq=i + 1,
-                                                           ts=_session_ts(t.date)))
+        by_session.setdefault(t.session, []).append(
+            Message(role="user", name=t.speaker, content=text, seq=i + 1, ts=_session_ts(t.date))
+        )
         seq_to_dia[i + 1] = t.dia_id
     for n, messages in sorted(by_session.items()):
-        bank.bank(EvictedSpan(run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n,
-                              messages=tuple(messages)))
+        bank.bank(
+            EvictedSpan(
+                run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n, messages=tuple(messages)
+            )
+        )
 
     def tick(_batches: int, spans: int) -> None:
         if progress is not None:
             progress(f"{cid}: consolidated {spans}/{len(by_session)} sessions")
 
-    worker = Consolidator(store, provider=provider, memory=memory, db=db, settle_s=0, part_tokens=parts,
-                          max_parts=1 if part_tokens else 2, progress=tick if progress else None)
+    worker = Consolidator(
+        store,
+        provider=provider,
+        memory=memory,
+        db=db,
+        settle_s=0,
+        part_tokens=parts,
+        max_parts=1 if part_tokens else 2,
+        progress=tick if progress else None,
+    )
     started = time.perf_counter()
     report = await drained(worker)
     consolidated_s = time.perf_counter() - started
@@ -310,26 +444,45 @@ async def _locomo_conversation(
             said = [h.text for h in found]
             states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
     rec: dict[str, Any] = {
-        "turns": len(seq_to_dia), "spans": len(by_session), "questions": len(questions), "facts": len(facts),
-        "seconds": round(consolidated_s, 1), "part_tokens": parts, "dead_letters": report.dead,
-        "batches": report.batches, "retries": report.retries, "dropped": dict(report.dropped), "writes": dict(report.facts),
+        "turns": len(seq_to_dia),
+        "spans": len(by_session),
+        "questions": len(questions),
+        "facts": len(facts),
+        "seconds": round(consolidated_s, 1),
+        "part_tokens": parts,
+        "dead_letters": report.dead,
+        "batches": report.batches,
+        "retries": report.retries,
+        "dropped": dict(report.dropped),
+        "writes": dict(report.facts),
         "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "tallies": {"memory_states": states.figures(CATEGORY_NAMES), "memory_cites": cites.figures(CATEGORY_NAMES)},
-        "sample_facts": [f.statement for f in facts[:5]]}
+        "sample_facts": [f.statement for f in facts[:5]],
+    }
     if raw:
         if progress:
             progress(f"{cid}: the raw-span tier (bench recall)")
         spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder)
         rec["tallies"]["raw_evidence"] = {k: spans[k] for k in ("questions", "recall_at", "by_category")}
-        rec["tallies"]["raw_states"] = {"questions": spans["states"]["questions"], "recall_at": spans["states"]["at"],
-                                        "by_category": spans["states"]["by_category"]}
+        rec["tallies"]["raw_states"] = {
+            "questions": spans["states"]["questions"],
+            "recall_at": spans["states"]["at"],
+            "by_category": spans["states"]["by_category"],
+        }
     return rec
 
 
 def harvest_bench(
-    *, data: Path | None = None, conversations: Sequence[str] | None = None, load_spans: int = 10_000,
-    model: str | None = None, use_model: bool = True, part_sweep: Sequence[int] = (), progress: Progress | None = None,
-    checkpoint: Callable[[dict[str, Any]], None] | None = None, done: dict[str, dict[str, Any]] | None = None,
+    *,
+    data: Path | None = None,
+    conversations: Sequence[str] | None = None,
+    load_spans: int = 10_000,
+    model: str | None = None,
+    use_model: bool = True,
+    part_sweep: Sequence[int] = (),
+    progress: Progress | None = None,
+    checkpoint: Callable[[dict[str, Any]], None] | None = None,
+    done: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every measure; the embedded-model ones unless ``use_model`` is off. ``checkpoint`` gets
     the figures so far (without ``seconds``) after each LoCoMo conversation; ``done`` holds
@@ -357,17 +510,41 @@ def harvest_bench(
             result["coreference"].append(asyncio.run(coreference(tmp, provider=provider, name=result["model"])))
             if data is not None:
                 say("locomo: memory tier")
-                result["locomo"] = asyncio.run(locomo_tiers(
-                    tmp, data, provider=provider, conversations=conversations, progress=say, done=done,
-                    checkpoint=None if checkpoint is None else (lambda lo: checkpoint({**result, "locomo": lo}))))
+                result["locomo"] = asyncio.run(
+                    locomo_tiers(
+                        tmp,
+                        data,
+                        provider=provider,
+                        conversations=conversations,
+                        progress=say,
+                        done=done,
+                        checkpoint=None if checkpoint is None else (lambda lo: checkpoint({**result, "locomo": lo})),
+                    )
+                )
                 sweep = []
                 for parts in part_sweep:
                     say(f"part budget {parts} tokens")
-                    sweep.append(asyncio.run(locomo_tiers(tmp, data, provider=provider, conversations=conversations,
-                                                          part_tokens=parts, raw=False, progress=say)))
+                    sweep.append(
+                        asyncio.run(
+                            locomo_tiers(
+                                tmp,
+                                data,
+                                provider=provider,
+                                conversations=conversations,
+                                part_tokens=parts,
+                                raw=False,
+                                progress=say,
+                            )
+                        )
+                    )
                 if sweep:
-                    result["part_sweep"] = [{k: r[k] for k in ("part_tokens", "facts", "dead_letters", "retries",
-                                                               "seconds", "spans_per_min")}
-                                            | {"memory_states_at": r["memory"]["states"]["recall_at"]} for r in sweep]
+                    result["part_sweep"] = [
+                        {
+                            k: r[k]
+                            for k in ("part_tokens", "facts", "dead_letters", "retries", "seconds", "spans_per_min")
+                        }
+                        | {"memory_states_at": r["memory"]["states"]["recall_at"]}
+                        for r in sweep
+                    ]
     result["seconds"] = round(time.perf_counter() - started, 1)
     return result

@@ -30,8 +30,19 @@ def bank_load(where: Any, n: int, *, scopes: tuple[str, ...] = SCOPES, turns: in
     from loomrt.messages import EvictedSpan, Message
 
     db = harvest_db(where)
-    banks = {s: Bank(db, run_id=f"load-{k}", agent="loader", def_hash="0" * 16, scope=s, max_tokens=8000,
-                     private=set, record=lambda kind, data: None) for k, s in enumerate(scopes)}
+    banks = {
+        s: Bank(
+            db,
+            run_id=f"load-{k}",
+            agent="loader",
+            def_hash="0" * 16,
+            scope=s,
+            max_tokens=8000,
+            private=set,
+            record=lambda kind, data: None,
+        )
+        for k, s in enumerate(scopes)
+    }
     texts = []
     for i in range(n):
         scope = scopes[i % len(scopes)]
@@ -40,8 +51,15 @@ def bank_load(where: Any, n: int, *, scopes: tuple[str, ...] = SCOPES, turns: in
             text = f"Item{i}x{j} is worth {i * 7 + j} credits."
             texts.append(text)
             messages.append(Message(role="user", content=text, seq=2 * (i * turns + j) + 1, ts=1_700_000_000.0 + i))
-        banks[scope].bank(EvictedSpan(run_id=banks[scope].run_id, agent="loader", mode="recap",
-                                      distillation_seq=10 * i + 5, messages=tuple(messages)))
+        banks[scope].bank(
+            EvictedSpan(
+                run_id=banks[scope].run_id,
+                agent="loader",
+                mode="recap",
+                distillation_seq=10 * i + 5,
+                messages=tuple(messages),
+            )
+        )
     return texts
 
 
@@ -52,16 +70,24 @@ def _work(db: str, lease_s: float, batch_tokens: int) -> None:
     from loomrt.record.sqlite import default_store
 
     store = default_store(db if db.startswith("postgres") else f"sqlite:{db}")
-    worker = Consolidator(store, provider=echo_extractor(), embedder="hash", settle_s=0, lease_s=lease_s,
-                          batch_tokens=batch_tokens)
+    worker = Consolidator(
+        store, provider=echo_extractor(), embedder="hash", settle_s=0, lease_s=lease_s, batch_tokens=batch_tokens
+    )
     while worker.queue.scopes():
         report = worker.run_once()
         if not report.batches:
             time.sleep(0.05)  # the scopes left are another worker's (or a dead one's, until its lease expires)
 
 
-def drain(where: Any, *, workers: int = 2, lease_s: float = 5.0, batch_tokens: int = 200,
-          crash_at: str | None = None, timeout_s: float = 600.0) -> dict[str, Any]:
+def drain(
+    where: Any,
+    *,
+    workers: int = 2,
+    lease_s: float = 5.0,
+    batch_tokens: int = 200,
+    crash_at: str | None = None,
+    timeout_s: float = 600.0,
+) -> dict[str, Any]:
     """Start ``workers`` processes on the record at ``where`` (a store, a file or a URL); the first is killed at
     ``crash_at`` (``POINT:N``), and a replacement started once it died. Returns the
     wall time, the exit codes, and whether a worker was killed."""
@@ -70,8 +96,10 @@ def drain(where: Any, *, workers: int = 2, lease_s: float = 5.0, batch_tokens: i
 
     cmd = [sys.executable, "-m", "loomrt.bench.harvest_load", "work", where_of(where), str(lease_s), str(batch_tokens)]
     start = time.perf_counter()
-    procs = [subprocess.Popen(cmd, env={**env, **({"LOOMRT_CRASH_AT": crash_at} if crash_at and i == 0 else {})})
-             for i in range(workers)]
+    procs = [
+        subprocess.Popen(cmd, env={**env, **({"LOOMRT_CRASH_AT": crash_at} if crash_at and i == 0 else {})})
+        for i in range(workers)
+    ]
     codes = [p.wait(timeout=timeout_s) for p in procs]
     killed = any(c == -9 for c in codes)
     if killed:  # the dead worker's claimed batch waits for its lease to expire: a new worker takes it up
@@ -86,8 +114,13 @@ def verify(where: Any, texts: list[str]) -> dict[str, Any]:
     db = harvest_db(where)
     stored = Counter(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
     states = dict(db.rows("SELECT state, COUNT(*) FROM harvest_spans GROUP BY state"))
-    return {"banked_lines": len(texts), "facts": sum(stored.values()), "lost": sum(1 for t in texts if t not in stored),
-            "doubled": sum(c - 1 for c in stored.values() if c > 1), "span_states": states}
+    return {
+        "banked_lines": len(texts),
+        "facts": sum(stored.values()),
+        "lost": sum(1 for t in texts if t not in stored),
+        "doubled": sum(c - 1 for c in stored.values() if c > 1),
+        "span_states": states,
+    }
 
 
 if __name__ == "__main__":

@@ -45,8 +45,11 @@ async def play_concurrently(runs: int, turns: int, *, latency_s: float, db: Path
 
     provider = FunctionProvider(answer, name="bench/latency")
     runtime = Runtime(SQLiteStore(db), providers=lambda s, m: provider, embedder="hash")
-    spec = AgentSpec(model="bench/latency", system_prompt="You keep track of what the user says.",
-                     context={"mode": "recap", "budget_tokens": 600, "keep_last_n": 2, "recall": True})
+    spec = AgentSpec(
+        model="bench/latency",
+        system_prompt="You keep track of what the user says.",
+        context={"mode": "recap", "budget_tokens": 600, "keep_last_n": 2, "recall": True},
+    )
     overheads: list[float] = []
     plain: list[float] = []  # turns without a boundary (a distillation is that turn's own work)
 
@@ -57,8 +60,11 @@ async def play_concurrently(runs: int, turns: int, *, latency_s: float, db: Path
         for t in range(turns):
             waited[key] = 0.0
             started = time.perf_counter()
-            result = await runtime.send(run, f"Run {i}, turn {t}: the garden needs another look, and the budget "
-                                             f"for the fair is settled at {100 + t} euros; keep it in mind.")
+            result = await runtime.send(
+                run,
+                f"Run {i}, turn {t}: the garden needs another look, and the budget "
+                f"for the fair is settled at {100 + t} euros; keep it in mind.",
+            )
             spent = (time.perf_counter() - started - waited[key]) * 1000
             overheads.append(spent)
             if result.distillations == distilled:

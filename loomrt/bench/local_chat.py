@@ -22,9 +22,16 @@ __all__ = ["FACT", "QUESTIONS", "FINAL_QUESTION", "CODE", "chat_spec", "play_cha
 CODE = "ZEBRA-41"
 FACT = f"My project code is {CODE}. Please remember it; I will ask for it later."
 QUESTIONS = [
-    "What is a write-ahead log?", "What is MVCC?", "What does fsync do?", "What is a B-tree?",
-    "What is a bloom filter?", "What is sharding?", "What is a vector clock?", "What is two-phase commit?",
-    "What is a checkpoint in a database?", "What is a tombstone in an LSM tree?",
+    "What is a write-ahead log?",
+    "What is MVCC?",
+    "What does fsync do?",
+    "What is a B-tree?",
+    "What is a bloom filter?",
+    "What is sharding?",
+    "What is a vector clock?",
+    "What is two-phase commit?",
+    "What is a checkpoint in a database?",
+    "What is a tombstone in an LSM tree?",
 ]
 FINAL_QUESTION = "What is my project code? Reply with the code only."
 
@@ -34,10 +41,17 @@ def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200) ->
     from loomrt.spec import AgentSpec
 
     return AgentSpec(
-        model=model, system_prompt="You are a concise assistant. Answer in two sentences at most.",
-        max_tokens=max_tokens, temperature=0,
-        context={"mode": "recap", "budget_tokens": budget_tokens, "keep_last_n": 2, "recall": True,
-                 "recap_max_chars": 600},
+        model=model,
+        system_prompt="You are a concise assistant. Answer in two sentences at most.",
+        max_tokens=max_tokens,
+        temperature=0,
+        context={
+            "mode": "recap",
+            "budget_tokens": budget_tokens,
+            "keep_last_n": 2,
+            "recall": True,
+            "recap_max_chars": 600,
+        },
     )
 
 
@@ -52,7 +66,9 @@ async def play_chat(runtime: Any, spec: Any, progress: Progress | None = None) -
     return run, results
 
 
-@standalone_measure("local_chat", "a 12-turn chat on the embedded model: recaps it writes, every turn survives, the fact at the end")
+@standalone_measure(
+    "local_chat", "a 12-turn chat on the embedded model: recaps it writes, every turn survives, the fact at the end"
+)
 def local_chat(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     try:
         import llama_cpp  # noqa: F401

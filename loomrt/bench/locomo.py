@@ -103,8 +103,11 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
 
     assert config.data is not None  # the workload runs only with --data
     total = sum(len(turns_of(s)) + len(s["qa"]) for _, s in chosen)
-    for key, replies, mode in (("evidence_recall", False, "compaction"), ("evidence_recall_chat", True, "compaction"),
-                               ("evidence_recall_fold", False, "fold")):
+    for key, replies, mode in (
+        ("evidence_recall", False, "compaction"),
+        ("evidence_recall_chat", True, "compaction"),
+        ("evidence_recall_fold", False, "fold"),
+    ):
         progress.start(f"locomo evidence recall@k · {mode} · {'chat' if replies else 'observer'} replay", total)
         last = {"done": 0}
 

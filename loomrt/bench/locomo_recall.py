@@ -41,7 +41,12 @@ __all__ = [
     "replay",
     "evaluate_locomo",
     "evaluate_locomo_async",
-    "ANSWERABLE", "sample_id", "grep_ranked", "fused", "with_grep"]
+    "ANSWERABLE",
+    "sample_id",
+    "grep_ranked",
+    "fused",
+    "with_grep",
+]
 
 ANSWERABLE = (1, 2, 3, 4)
 """Question categories with an answer in the conversation (1 multi-hop, 2 temporal,
@@ -136,8 +141,6 @@ def evidence_ids(evidence: Any) -> set[str]:
     return set()
 
 
-
-
 ACKNOWLEDGEMENT = "I see, thanks for telling me."
 """The reply after each turn in a ``chat`` replay (an ``observer`` replay gives none)."""
 
@@ -214,10 +217,12 @@ def grep_ranked(tool: Any, question: str) -> tuple[list[int], bool]:
     Grep calls, as an agent would make them."""
     from loomrt.bench.reader import STOP_WORDS
 
-    words = sorted({w for w in re.findall(r"[A-Za-z0-9']{4,}", question) if w.lower() not in STOP_WORDS},
-                   key=len, reverse=True)[:3]
+    words = sorted(
+        {w for w in re.findall(r"[A-Za-z0-9']{4,}", question) if w.lower() not in STOP_WORDS}, key=len, reverse=True
+    )[:3]
     if not words:
         return [], False
+
     def grep(pattern: str) -> list[dict[str, Any]]:
         out = tool.fn(pattern=pattern, mode="regex", scope="messages", limit=200)
         return out.get("hits", []) if isinstance(out, dict) else []
@@ -265,6 +270,7 @@ async def evaluate_locomo_async(
 ) -> dict[str, Any]:
     """:func:`evaluate_locomo` for code that is already async."""
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer  # qa imports this module
+
     started = time.perf_counter()
     samples = load_locomo(path)
     ids = [sample_id(s, i) for i, s in enumerate(samples)]
@@ -312,8 +318,10 @@ async def evaluate_locomo_async(
             run_hits = [r for r in answer["results"] if r.get("source") == "run" and r.get("seq") is not None]
             recalled = [int(r["seq"]) for r in run_hits]
             found = [seq_to_dia.get(s) for s in recalled]
-            cat = by_cat.setdefault(int(q["category"]), {"questions": 0, "hits": {k: 0 for k in ks},
-                                                         "states": 0, "states_hits": {k: 0 for k in ks}})
+            cat = by_cat.setdefault(
+                int(q["category"]),
+                {"questions": 0, "hits": {k: 0 for k in ks}, "states": 0, "states_hits": {k: 0 for k in ks}},
+            )
             if answer_words(gold_answer(q), int(q["category"])):
                 n_states += 1
                 cat["states"] += 1
@@ -353,10 +361,18 @@ async def evaluate_locomo_async(
         "questions": n,
         "recall_at": rates(hits, n),
         "recall_all_at": rates(hits_all, n),
-        "states": {"questions": n_states, "at": rates(states_hits, n_states), "by_category": {
-            str(c): {"name": CATEGORY_NAMES.get(c, str(c)), "questions": v["states"],
-                     "recall_at": rates(v["states_hits"], v["states"])}
-            for c, v in sorted(by_cat.items())}},
+        "states": {
+            "questions": n_states,
+            "at": rates(states_hits, n_states),
+            "by_category": {
+                str(c): {
+                    "name": CATEGORY_NAMES.get(c, str(c)),
+                    "questions": v["states"],
+                    "recall_at": rates(v["states_hits"], v["states"]),
+                }
+                for c, v in sorted(by_cat.items())
+            },
+        },
         **out_grep,
         "by_category": {
             str(c): {

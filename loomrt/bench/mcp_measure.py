@@ -33,11 +33,15 @@ def _write(folder: Path, calls: int) -> Path:
     (folder / "quick.yaml").write_text("turns:\n  - text: done\n", encoding="utf-8")
     (folder / "slow.yaml").write_text(f"turns:\n  - {{text: done, delay_s: {DELAY_S}}}\n", encoding="utf-8")
     (folder / "notes.txt").write_text("note 1: 10 litres\n", encoding="utf-8")
-    for name, tool, args in [("viamcp", "mcp__notes__add", "{numbers: [1, 2]}"),
-                             ("builtin", "calculate", "{expression: '1 + 2'}")]:
+    for name, tool, args in [
+        ("viamcp", "mcp__notes__add", "{numbers: [1, 2]}"),
+        ("builtin", "calculate", "{expression: '1 + 2'}"),
+    ]:
         turns = "".join(f"  - tool_call: {{name: {tool}, arguments: {args}}}\n" for _ in range(calls))
         (folder / f"{name}.yaml").write_text(f"turns:\n{turns}  - text: done\n", encoding="utf-8")
-    server = f"{{name: notes, command: '{sys.executable}', args: [-m, loomrt.bench.notes_server, '{folder / 'notes.txt'}']}}"
+    server = (
+        f"{{name: notes, command: '{sys.executable}', args: [-m, loomrt.bench.notes_server, '{folder / 'notes.txt'}']}}"
+    )
     (folder / "agents.yaml").write_text(
         "agents:\n"
         "  quick: {model: scripted/quick.yaml}\n"
@@ -58,8 +62,12 @@ async def _through_the_server(agents: Path, round_trips: int, fan_out: int) -> d
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
-    params = StdioServerParameters(command=sys.executable, args=["-m", "loomrt", "mcp", "--agents", str(agents)],
-                                   env=dict(os.environ), cwd=str(agents.parent))
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "loomrt", "mcp", "--agents", str(agents)],
+        env=dict(os.environ),
+        cwd=str(agents.parent),
+    )
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
         await session.initialize()
         await session.call_tool("spawn_run", {"agent": "quick", "prompt": "warm up"})
@@ -70,13 +78,19 @@ async def _through_the_server(agents: Path, round_trips: int, fan_out: int) -> d
             times.append((time.perf_counter() - started) * 1000)
             assert not result.is_error and result.structured_content["status"] == "done"
         started = time.perf_counter()
-        rows = await session.call_tool("spawn_runs", {"spawns": [{"agent": "slow", "prompt": f"p{i}"} for i in range(fan_out)]})
+        rows = await session.call_tool(
+            "spawn_runs", {"spawns": [{"agent": "slow", "prompt": f"p{i}"} for i in range(fan_out)]}
+        )
         wall = time.perf_counter() - started
         ok = sum(1 for r in rows.structured_content["runs"] if r["ok"])
     return {
-        "round_trips": round_trips, "spawn_run_p50_ms": round(statistics.median(times), 2),
+        "round_trips": round_trips,
+        "spawn_run_p50_ms": round(statistics.median(times), 2),
         "spawn_run_p95_ms": round(_pct(times, 0.95), 2),
-        "fan_out": fan_out, "fan_out_ok": ok, "model_s_each": DELAY_S, "fan_out_wall_s": round(wall, 3),
+        "fan_out": fan_out,
+        "fan_out_ok": ok,
+        "model_s_each": DELAY_S,
+        "fan_out_wall_s": round(wall, 3),
         "overlap": round(fan_out * DELAY_S / wall, 2),
     }
 
@@ -102,11 +116,21 @@ async def _tool_source(agents: Path, calls: int) -> dict[str, Any]:
             out["start_s"] = out["viamcp_first_answer_s"] - out["builtin_first_answer_s"]
             out["call_ms"] = statistics.median(r - c for c, r in zip(calls_at, results_at, strict=True)) * 1000
         else:
-            out["builtin_call_ms"] = statistics.median(
-                r.ts - c.ts for c, r in zip([e for e in events if e.kind == "tool_call"],
-                                            [e for e in events if e.kind == "tool_result"], strict=True)) * 1000
+            out["builtin_call_ms"] = (
+                statistics.median(
+                    r.ts - c.ts
+                    for c, r in zip(
+                        [e for e in events if e.kind == "tool_call"],
+                        [e for e in events if e.kind == "tool_result"],
+                        strict=True,
+                    )
+                )
+                * 1000
+            )
     return {
-        "tool_calls": calls, "server_start_s": round(out["start_s"], 3), "mcp_call_p50_ms": round(out["call_ms"], 2),
+        "tool_calls": calls,
+        "server_start_s": round(out["start_s"], 3),
+        "mcp_call_p50_ms": round(out["call_ms"], 2),
         "builtin_call_p50_ms": round(out["builtin_call_ms"], 3),
         "extra_ms_per_call": round(out["call_ms"] - out["builtin_call_ms"], 2),
     }
@@ -129,7 +153,9 @@ def mcp_figures(round_trips: int = 40, fan_out: int = 8, calls: int = 20) -> dic
     return {**server, **source}
 
 
-@standalone_measure("mcp", "loomrt mcp over stdio (spawn_run round trip, spawn_runs overlap) and an MCP tool source's cost per call")
+@standalone_measure(
+    "mcp", "loomrt mcp over stdio (spawn_run round trip, spawn_runs overlap) and an MCP tool source's cost per call"
+)
 def mcp_measure(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     progress.start("mcp", 1)
     out = mcp_figures(*((10, 4, 5) if config.quick else (40, 8, 20)))

@@ -18,7 +18,16 @@ from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider
 
 __all__ = [
-    "tokens", "folding", "cache", "prompt", "fidelity", "overhead", "recall_latency_measure", "recall_scale", "recall_needles", "local_overhead",
+    "tokens",
+    "folding",
+    "cache",
+    "prompt",
+    "fidelity",
+    "overhead",
+    "recall_latency_measure",
+    "recall_scale",
+    "recall_needles",
+    "local_overhead",
 ]
 
 
@@ -47,8 +56,11 @@ def tokens(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str,
     return out
 
 
-@mode_measure("folding", "folded size (the final working context's tokens ÷ the history's); fold: cards, "
-              "fallback cards, depth, and the verbatim check (values checked and invented, cards rejected)")
+@mode_measure(
+    "folding",
+    "folded size (the final working context's tokens ÷ the history's); fold: cards, "
+    "fallback cards, depth, and the verbatim check (values checked and invented, cards rejected)",
+)
 def folding(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
     return dict(run.figures)
 
@@ -68,15 +80,20 @@ def cache(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, 
     }
 
 
-@mode_measure("prompt", "what a turn's prompt holds, in mean estimated tokens per turn call: the head (system "
-              "prompt, pinned task, pins), the tool schemas, what distillations wrote (recaps, summaries, cards, Σ) "
-              "and the record's raw messages")
+@mode_measure(
+    "prompt",
+    "what a turn's prompt holds, in mean estimated tokens per turn call: the head (system "
+    "prompt, pinned task, pins), the tool schemas, what distillations wrote (recaps, summaries, cards, Σ) "
+    "and the record's raw messages",
+)
 def prompt(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
     parts = [c["parts"] for c in run.calls if c.get("parts")]
     if not parts:
         return {}
-    return {"prompt_parts": {k: round(sum(p[k] for p in parts) / len(parts)) for k in parts[0]},
-            "turn_calls": sum(c["purpose"] == "turn" for c in run.calls)}
+    return {
+        "prompt_parts": {k: round(sum(p[k] for p in parts) / len(parts)) for k in parts[0]},
+        "turn_calls": sum(c["purpose"] == "turn" for c in run.calls),
+    }
 
 
 @mode_measure(
@@ -87,9 +104,7 @@ def prompt(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str,
 def fidelity(run: ModeRun, base: ModeRun | None, config: BenchConfig) -> dict[str, Any]:
     n = len(run.found)
     ctx, rec = run.found.count("context"), run.found.count("recall")
-    recalls = sum(
-        1 for c in run.calls if c["purpose"] == "turn" and c.get("recall_call")
-    )
+    recalls = sum(1 for c in run.calls if c["purpose"] == "turn" and c.get("recall_call"))
     out: dict[str, Any] = {
         "answered": _ratio(sum(run.answered), len(run.answered)) if run.answered else None,
         "questions": len(run.answered),

@@ -37,8 +37,12 @@ def _recall_at(memory: Any, questions: Sequence[tuple[str, str, set[str]]], ks: 
     return {"questions": n, **{f"r@{k}": round(hits[k] / n, 4) if n else 0.0 for k in ks}}
 
 
-def parity_figures(open_memory: Callable[[str], Any], samples: list[dict[str, Any]], *,
-                   backends: Sequence[str] = ("sqlite", "postgres")) -> dict[str, Any]:
+def parity_figures(
+    open_memory: Callable[[str], Any],
+    samples: list[dict[str, Any]],
+    *,
+    backends: Sequence[str] = ("sqlite", "postgres"),
+) -> dict[str, Any]:
     """R@1 and R@5 of each backend's memory (``open_memory(backend)``) on the same imported
     turns and questions."""
     from loomrt.bench.locomo_recall import ANSWERABLE, evidence_ids, render_turn, sample_id, turns_of
@@ -59,8 +63,11 @@ def parity_figures(open_memory: Callable[[str], Any], samples: list[dict[str, An
                 if q.get("category") in ANSWERABLE and gold:
                     questions.append((scope, str(q["question"]), gold))
         started = time.perf_counter()
-        out[backend] = {**_recall_at(memory, questions, (1, 5)), "facts": facts,
-                        "search_s": round(time.perf_counter() - started, 1)}
+        out[backend] = {
+            **_recall_at(memory, questions, (1, 5)),
+            "facts": facts,
+            "search_s": round(time.perf_counter() - started, 1),
+        }
     if all(b in out for b in ("sqlite", "postgres")):
         gap = round(abs(out["sqlite"]["r@5"] - out["postgres"]["r@5"]), 4)
         out["r@5_gap"] = gap
@@ -76,7 +83,7 @@ def latency_figures(memory: Any, *, facts: int = LATENCY_FACTS, queries: int = 2
     texts = [f"{prose(18, rng)} (note {i})" for i in range(facts)]
     started = time.perf_counter()
     for lo in range(0, facts, 1000):
-        memory.import_facts([("project:latency", t) for t in texts[lo:lo + 1000]])
+        memory.import_facts([("project:latency", t) for t in texts[lo : lo + 1000]])
     load_s = time.perf_counter() - started
     asked = [prose(10, rng) for _ in range(queries)]
     memory.search(asked[0], 5, ["project:latency"])  # the first search builds what later ones reuse
@@ -86,5 +93,10 @@ def latency_figures(memory: Any, *, facts: int = LATENCY_FACTS, queries: int = 2
         memory.search(q, 5, ["project:latency"])
         times.append((time.perf_counter() - t0) * 1000)
     times.sort()
-    return {"facts": facts, "queries": queries, "p50_ms": round(statistics.median(times), 2),
-            "p95_ms": round(times[int(0.95 * (len(times) - 1))], 2), "import_s": round(load_s, 1)}
+    return {
+        "facts": facts,
+        "queries": queries,
+        "p50_ms": round(statistics.median(times), 2),
+        "p95_ms": round(times[int(0.95 * (len(times) - 1))], 2),
+        "import_s": round(load_s, 1),
+    }

@@ -199,8 +199,9 @@ class BenchModel(abc.ABC):
             return self.act(request, tool="Expand", arguments={"id": str(best.get("id"))})
         if name in ("Expand",) or not self.offers(request, "Grep"):
             return None
-        words = sorted({w for w in re.findall(r"[A-Za-z0-9_.'-]{4,}", query) if w.lower() not in STOP_WORDS},
-                       key=len, reverse=True)[:3]
+        words = sorted(
+            {w for w in re.findall(r"[A-Za-z0-9_.'-]{4,}", query) if w.lower() not in STOP_WORDS}, key=len, reverse=True
+        )[:3]
         if not words:
             return None
         pattern = "|".join(re.escape(w) for w in words)
@@ -227,7 +228,11 @@ class BenchModel(abc.ABC):
         line, score = best_line(question, texts)
         if score >= ANSWER_OVERLAP:
             return line, None
-        if recalled is None and tool not in ("Grep", "Expand") and (self.offers(request, "Recall") or self._state_can_recall(request)):
+        if (
+            recalled is None
+            and tool not in ("Grep", "Expand")
+            and (self.offers(request, "Recall") or self._state_can_recall(request))
+        ):
             return "", self.act(request, tool="Recall", arguments={"query": query, "top_k": 5})
         return "", self.dig(request, question, query)
 

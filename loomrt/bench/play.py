@@ -27,7 +27,17 @@ from loomrt.testing import FunctionProvider
 from loomrt.tokens import count_dicts, count_messages, count_tools
 from loomrt.tools import Tool
 
-__all__ = ["Recorder", "prompt_parts", "DISTILLED", "recall_available", "bench_spec", "play_mode", "probe_run", "folding_figures", "STATE_SCHEMA"]
+__all__ = [
+    "Recorder",
+    "prompt_parts",
+    "DISTILLED",
+    "recall_available",
+    "bench_spec",
+    "play_mode",
+    "probe_run",
+    "folding_figures",
+    "STATE_SCHEMA",
+]
 
 STATE_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -103,8 +113,13 @@ def prompt_parts(context: list[Message], request: ModelRequest) -> dict[str, int
         return None
     parts = {"head": 0, "tools": count_tools(request.tools), "distilled": 0, "raw": 0}
     for m in context:
-        part = ("distilled" if m.synthetic in DISTILLED else
-                "head" if m.role == "system" or m.pinned or m.synthetic == "pin" else "raw")
+        part = (
+            "distilled"
+            if m.synthetic in DISTILLED
+            else "head"
+            if m.role == "system" or m.pinned or m.synthetic == "pin"
+            else "raw"
+        )
         parts[part] += count_messages([m])
     return parts
 
@@ -160,9 +175,12 @@ def bench_spec(
             "state_schema": STATE_SCHEMA,
             # a scripted run plays hours of conversation in seconds: the per-10-minute spend
             # guard would turn most cards into fallbacks, which no real run at this pace sees
-            "fold": {"max_calls_per_10min": 10_000, "tools": option != "no-tools",
-                     **({"cache_idle_s": 0} if option == "no-defer" or soft is not None else {}),
-                     **({"soft_pct": soft, "target_pct": min(25, soft)} if soft is not None else {})},
+            "fold": {
+                "max_calls_per_10min": 10_000,
+                "tools": option != "no-tools",
+                **({"cache_idle_s": 0} if option == "no-defer" or soft is not None else {}),
+                **({"soft_pct": soft, "target_pct": min(25, soft)} if soft is not None else {}),
+            },
         },
     )
 
@@ -204,11 +222,14 @@ def folding_figures(run: RunState, events: list[Any]) -> dict[str, Any]:
     cards = [c for e in events if e.kind == "distillation" for c in e.data.get("cards") or ()]
     if cards:
         checks = [e.data.get("verify") or {} for e in events if e.kind == "distillation"]
-        out.update(cards=len(cards), fallback_cards=sum(bool(c.get("fallback")) for c in cards),
-                   card_depth=max(int(c["depth"]) for c in cards),
-                   values_checked=sum(v.get("values", 0) for v in checks),
-                   values_invented=sum(v.get("invented", 0) for v in checks),
-                   cards_rejected=sum(v.get("rejected", 0) for v in checks))
+        out.update(
+            cards=len(cards),
+            fallback_cards=sum(bool(c.get("fallback")) for c in cards),
+            card_depth=max(int(c["depth"]) for c in cards),
+            values_checked=sum(v.get("values", 0) for v in checks),
+            values_invented=sum(v.get("invented", 0) for v in checks),
+            cards_rejected=sum(v.get("rejected", 0) for v in checks),
+        )
     return out
 
 

@@ -21,8 +21,14 @@ from loomrt.bench.core import BenchConfig, Progress, standalone_measure
 __all__ = ["clustered_agreement", "recall_clusters"]
 
 
-def clustered_agreement(entries: int = 24_000, *, ivf_min: int = 8_192, embedder: Any = None, seed: int = 11,
-                        progress: Progress | None = None) -> dict[str, Any]:
+def clustered_agreement(
+    entries: int = 24_000,
+    *,
+    ivf_min: int = 8_192,
+    embedder: Any = None,
+    seed: int = 11,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Agreement of the clustered search with the exact one over needle and filler queries:
     ``same_top5`` (the share of queries whose five hits are the same entries),
     ``top5_overlap`` (the mean share of the exact five found), ``same_top1``, and
@@ -52,9 +58,11 @@ def clustered_agreement(entries: int = 24_000, *, ivf_min: int = 8_192, embedder
             progress.advance()
     build_s = time.perf_counter() - started
     assert index._dense is not None
-    queries = [n.query for n in needles] + [
-        f"{rng.choice(_VERBS)} the {rng.choice(_TOPICS)} service on node-{rng.randint(1, 40)}" for _ in range(24)
-    ] + [f"which build failed with exit code {rng.choice([1, 2, 137])} on {rng.choice(_TOPICS)}" for _ in range(24)]
+    queries = (
+        [n.query for n in needles]
+        + [f"{rng.choice(_VERBS)} the {rng.choice(_TOPICS)} service on node-{rng.randint(1, 40)}" for _ in range(24)]
+        + [f"which build failed with exit code {rng.choice([1, 2, 137])} on {rng.choice(_TOPICS)}" for _ in range(24)]
+    )
     pruned_max = index.exact_max
     same5 = same1 = 0
     overlap = dense_found = 0.0

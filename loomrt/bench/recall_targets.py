@@ -19,8 +19,7 @@ from typing import Any
 
 from loomrt.messages import EvictedSpan, Message
 
-__all__ = [
-    "QueryEmbedder","recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
+__all__ = ["QueryEmbedder", "recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
 
 _TOPICS = ["deploy", "billing", "search", "auth", "cache", "queue", "metrics", "backup", "frontend", "mailer"]
 _VERBS = ["restarted", "rolled back", "patched", "profiled", "migrated", "rebuilt", "reviewed", "retried"]
@@ -164,8 +163,9 @@ def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = N
     from loomrt.spec import ContextSpec
 
     rng = random.Random(seed)
-    recall = RunRecall(run_id="bench", embedder=embedder,
-                       context=ContextSpec(recall=True, recall_max_entries=max(4096, entries)))
+    recall = RunRecall(
+        run_id="bench", embedder=embedder, context=ContextSpec(recall=True, recall_max_entries=max(4096, entries))
+    )
     needles = make_needles(seed)
     batch = 256
     seq = 1

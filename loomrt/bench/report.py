@@ -110,13 +110,24 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def _prompt_parts(workload: dict[str, Any]) -> list[str]:
     """What a turn's prompt holds, per mode (the ``prompt`` measure), as a table."""
-    rows = [[mode, fmt(f.get("turn_calls")), *(fmt(p[k]) for k in ("head", "tools", "distilled", "raw")),
-             fmt(sum(p.values()))]
-            for mode, f in workload["modes"].items() if (p := f.get("prompt_parts"))]
+    rows = [
+        [
+            mode,
+            fmt(f.get("turn_calls")),
+            *(fmt(p[k]) for k in ("head", "tools", "distilled", "raw")),
+            fmt(sum(p.values())),
+        ]
+        for mode, f in workload["modes"].items()
+        if (p := f.get("prompt_parts"))
+    ]
     if not rows:
         return []
-    return ["", "What a turn's prompt holds (mean estimated tokens per turn call):", "",
-            *_table(["mode", "turn calls", "head", "tools", "distilled", "raw", "total"], rows)]
+    return [
+        "",
+        "What a turn's prompt holds (mean estimated tokens per turn call):",
+        "",
+        *_table(["mode", "turn calls", "head", "tools", "distilled", "raw", "total"], rows),
+    ]
 
 
 def _evidence(ev: dict[str, Any]) -> list[str]:
@@ -130,8 +141,12 @@ def _evidence(ev: dict[str, Any]) -> list[str]:
         + " (any evidence turn in the top k)"
         + ("; " + ", ".join(f"R@{k} {every[k]:.3f}" for k in every) + " (all of them)" if every else "")
         + "."
-        + (" Grep alone: " + ", ".join(f"R@{k} {grep[k]:.3f}" for k in grep) + "; Recall and Grep fused by "
-           "reciprocal rank: " + ", ".join(f"R@{k} {both[k]:.3f}" for k in both) + "." if grep and both else ""),
+        + (
+            " Grep alone: " + ", ".join(f"R@{k} {grep[k]:.3f}" for k in grep) + "; Recall and Grep fused by "
+            "reciprocal rank: " + ", ".join(f"R@{k} {both[k]:.3f}" for k in both) + "."
+            if grep and both
+            else ""
+        ),
     ]
     cats = [
         [f"{c} {v['name']}", str(v["questions"]), *(f"{x:.3f}" for x in v["recall_at"].values())]
@@ -146,8 +161,13 @@ def _curves(c: dict[str, Any]) -> list[str]:
     def table(points: dict[str, Any], axis: str) -> list[str]:
         modes = list(next(iter(points.values())))
         rows = [
-            [mode, *(f"{p[mode]['ratio']:.3f} / {p[mode]['ratio_backstop']:.3f} · {fmt(p[mode]['answered'])}"
-                     for p in points.values())]
+            [
+                mode,
+                *(
+                    f"{p[mode]['ratio']:.3f} / {p[mode]['ratio_backstop']:.3f} · {fmt(p[mode]['answered'])}"
+                    for p in points.values()
+                ),
+            ]
             for mode in modes
         ]
         return _table(["mode", *(f"{k} {axis}" for k in points)], rows)
@@ -285,16 +305,34 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         lines += _audit(m["audit"])
     if "fork_cost" in m:
         f = m["fork_cost"]
-        lines += ["### Fork cost", "", f"`Runtime.fork` at the run's last seq, median of {f['forks']} forks, after a "
-                  f"scripted chat of each length ({f['goal']}):", ""]
-        lines += _table(["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
-                        [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]])
+        lines += [
+            "### Fork cost",
+            "",
+            f"`Runtime.fork` at the run's last seq, median of {f['forks']} forks, after a "
+            f"scripted chat of each length ({f['goal']}):",
+            "",
+        ]
+        lines += _table(
+            ["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
+            [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]],
+        )
         lines.append("")
     if "store" in m:
         lines += _store(m["store"])
     for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_scale", "recall_needles", "curves", "concurrency", "mcp",
-                        "fanout", "audit", "fork_cost", "store"):
+        if name not in (
+            "overhead",
+            "recall_latency",
+            "recall_scale",
+            "recall_needles",
+            "curves",
+            "concurrency",
+            "mcp",
+            "fanout",
+            "audit",
+            "fork_cost",
+            "store",
+        ):
             lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
@@ -397,9 +435,17 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         for i, horizon in enumerate(sorted({r["horizon"] for r in rows})):
             some = [r for r in rows if r["horizon"] == horizon]
             ns = [r["children"] for r in some]
-            ax.plot(ns, [r["transcript_parent_tokens"] for r in some], marker="o", color=f"C{i}", linestyle="--",
-                    label=f"transcripts, H={horizon}")
-            ax.plot(ns, [r["state_parent_tokens"] for r in some], marker="o", color=f"C{i}", label=f"Σ rows, H={horizon}")
+            ax.plot(
+                ns,
+                [r["transcript_parent_tokens"] for r in some],
+                marker="o",
+                color=f"C{i}",
+                linestyle="--",
+                label=f"transcripts, H={horizon}",
+            )
+            ax.plot(
+                ns, [r["state_parent_tokens"] for r in some], marker="o", color=f"C{i}", label=f"Σ rows, H={horizon}"
+            )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("children (N)")
@@ -433,18 +479,36 @@ def _store(s: dict[str, Any]) -> list[str]:
     if s.get("measured"):  # run apart from the rest (`loomrt bench run store`), its results merged in
         m = s["measured"]
         lines += [f"Measured apart by `{m['command']}` ({m['when'][:16].replace('T', ' ')} UTC, {m['seconds']} s).", ""]
-    lines += [f"{s['events']:,} events over {s['runs']} runs on each backend: half appended one at a "
-              "time, half a turn's four at a time (`write_many`); then each run read whole.", ""]
+    lines += [
+        f"{s['events']:,} events over {s['runs']} runs on each backend: half appended one at a "
+        "time, half a turn's four at a time (`write_many`); then each run read whole.",
+        "",
+    ]
     rows = []
     for name in ("sqlite", "postgres"):
         f = s.get(name, {})
         if "skipped" in f:
             rows.append([name, "skipped", f["skipped"], "", ""])
         elif f:
-            rows.append([name, f"{f['single_events_per_s']:,}", f"{f['batched_events_per_s']:,}",
-                         f"{f['read_run_ms_median']:.2f}", f.get("server", "a file on this machine")])
-    lines += _table(["backend", "events/s, one at a time", "events/s, four at a time",
-                     f"ms to read a run ({s.get('sqlite', {}).get('events_per_run', '?')} events)", "where"], rows)
+            rows.append(
+                [
+                    name,
+                    f"{f['single_events_per_s']:,}",
+                    f"{f['batched_events_per_s']:,}",
+                    f"{f['read_run_ms_median']:.2f}",
+                    f.get("server", "a file on this machine"),
+                ]
+            )
+    lines += _table(
+        [
+            "backend",
+            "events/s, one at a time",
+            "events/s, four at a time",
+            f"ms to read a run ({s.get('sqlite', {}).get('events_per_run', '?')} events)",
+            "where",
+        ],
+        rows,
+    )
     return lines + [""] + _memory_search(s.get("memory") or {}) + _queue(s.get("queue") or {})
 
 
@@ -459,30 +523,49 @@ def _queue(q: dict[str, Any]) -> list[str]:
             rows.append([b, "skipped", f["skipped"], "", ""])
         elif f:
             rows.append([b, str(f["lost"]), str(f["doubled"]), f"{f['seconds']:.1f}", f"{f['spans_per_s']:.1f}"])
-    return [f"The harvest queue: {q['spans']:,} banked spans drained by {q['workers']} consolidator processes "
-            "(echo extractor) on each backend.", "", *_table(["backend", "lost", "doubled", "s", "spans/s"], rows), ""]
+    return [
+        f"The harvest queue: {q['spans']:,} banked spans drained by {q['workers']} consolidator processes "
+        "(echo extractor) on each backend.",
+        "",
+        *_table(["backend", "lost", "doubled", "s", "spans/s"], rows),
+        "",
+    ]
 
 
 def _memory_search(m: dict[str, Any]) -> list[str]:
     """Durable-memory search on each backend: latency, and R@k on the same imported turns."""
     if not m:
         return []
-    lines = ["Durable-memory search (real embedder, the query's embedding included): SQLite in the process, "
-             "PostgreSQL in the database (BM25 in SQL over a postings table, pgvector HNSW).", ""]
-    rows = [[b, f"{f['facts']:,}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}", f"{f['import_s']:.1f}"]
-            for b, f in (m.get("latency") or {}).items()]
+    lines = [
+        "Durable-memory search (real embedder, the query's embedding included): SQLite in the process, "
+        "PostgreSQL in the database (BM25 in SQL over a postings table, pgvector HNSW).",
+        "",
+    ]
+    rows = [
+        [b, f"{f['facts']:,}", f"{f['p50_ms']:.1f}", f"{f['p95_ms']:.1f}", f"{f['import_s']:.1f}"]
+        for b, f in (m.get("latency") or {}).items()
+    ]
     lines += _table(["backend", "facts", "search p50 ms", "search p95 ms", "import s"], rows) + [""]
     parity = m.get("parity") or {}
     if "skipped" in parity:
         return lines + [f"Parity: skipped ({parity['skipped']}).", ""]
-    rows = [[b, f"{f['facts']:,}", str(f["questions"]), f"{f['r@1']:.3f}", f"{f['r@5']:.3f}"]
-            for b, f in parity.items() if isinstance(f, dict)]
-    lines += ["Parity: LoCoMo turns imported verbatim as facts (a scope per conversation), queried with its "
-              "answerable questions; found at k when an evidence turn's fact is in the top k.", ""]
+    rows = [
+        [b, f"{f['facts']:,}", str(f["questions"]), f"{f['r@1']:.3f}", f"{f['r@5']:.3f}"]
+        for b, f in parity.items()
+        if isinstance(f, dict)
+    ]
+    lines += [
+        "Parity: LoCoMo turns imported verbatim as facts (a scope per conversation), queried with its "
+        "answerable questions; found at k when an evidence turn's fact is in the top k.",
+        "",
+    ]
     lines += _table(["backend", "facts", "questions", "R@1", "R@5"], rows)
     if "r@5_gap" in parity:
-        lines += ["", f"R@5 gap {parity['r@5_gap']:.3f}: {'within' if parity['within_0.02'] else '**outside**'} "
-                  "the 0.02 the issue asks for."]
+        lines += [
+            "",
+            f"R@5 gap {parity['r@5_gap']:.3f}: {'within' if parity['within_0.02'] else '**outside**'} "
+            "the 0.02 the issue asks for.",
+        ]
     return lines + [""]
 
 
@@ -498,9 +581,11 @@ def _fanout(f: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in f.get("rows", []):
-        lines.append(f"| {r['children']} | {r['horizon']} | {r['state_parent_tokens']:,} | {r['transcript_parent_tokens']:,} "
-                     f"| {r['parent_ratio']} | {r['state_total_input_tokens']:,} | {r['transcript_total_input_tokens']:,} "
-                     f"| {r['total_ratio']} |")
+        lines.append(
+            f"| {r['children']} | {r['horizon']} | {r['state_parent_tokens']:,} | {r['transcript_parent_tokens']:,} "
+            f"| {r['parent_ratio']} | {r['state_total_input_tokens']:,} | {r['transcript_total_input_tokens']:,} "
+            f"| {r['total_ratio']} |"
+        )
     return [*lines, ""]
 
 
@@ -518,8 +603,10 @@ def _audit(a: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|",
     ]
     for r in a["rows"]:
-        lines.append(f"| {r['mode']} | {r['distillations']} | {r['pinned_kept']:.0%} | {r['unpinned_kept']:.0%} "
-                     f"| {r['private_leaks']} | {r['control_leaks']} |")
+        lines.append(
+            f"| {r['mode']} | {r['distillations']} | {r['pinned_kept']:.0%} | {r['unpinned_kept']:.0%} "
+            f"| {r['private_leaks']} | {r['control_leaks']} |"
+        )
     lines += [
         "",
         f"`runs verify` re-derives the working context at each of the {v['prompts_checked']} turns of a 200-turn recap "
@@ -534,8 +621,10 @@ def markers(block: str | None = None) -> tuple[str, str]:
     """The lines that bound a figures block: the main one, or block NAME (``--docs-block NAME``)."""
     if not block:
         return BEGIN, END
-    return (f"<!-- bench:{block}:begin (generated by `loomrt bench run --docs-block {block}`; do not edit by hand) -->",
-            f"<!-- bench:{block}:end -->")
+    return (
+        f"<!-- bench:{block}:begin (generated by `loomrt bench run --docs-block {block}`; do not edit by hand) -->",
+        f"<!-- bench:{block}:end -->",
+    )
 
 
 def replace_block(doc: Path, begin: str, end: str, body: str, *, title: str = "Benchmarks") -> None:
@@ -545,11 +634,14 @@ def replace_block(doc: Path, begin: str, end: str, body: str, *, title: str = "B
     if begin not in text or end not in text:
         raise ValueError(f"{doc} has no figures block; add the two marker lines:\n{begin}\n{end}")
     block = f"{begin}\n{body}{end}"
-    doc.write_text(re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: block, text, flags=re.S),
-                   encoding="utf-8")
+    doc.write_text(
+        re.sub(re.escape(begin) + r".*?" + re.escape(end), lambda _m: block, text, flags=re.S), encoding="utf-8"
+    )
 
 
-def update_docs(doc: Path, results: dict[str, Any], *, command: str, images: str | None, block: str | None = None) -> None:
+def update_docs(
+    doc: Path, results: dict[str, Any], *, command: str, images: str | None, block: str | None = None
+) -> None:
     """Replace a figures block of ``doc`` (between its :func:`markers`) with the figures of
     ``results``; the rest of the page is left as it is. A page may hold several blocks, each
     written by its own command (the main one, and blocks for measures run on their own)."""

@@ -21,8 +21,21 @@ from loomrt.bench.core import (
 __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figures"]
 
 DEFAULT_TARGETS = [
-    "chat200", "agentic", "locomo", "curves", "overhead", "concurrency", "recall_latency", "recall_scale",
-    "recall_clusters", "recall_needles", "mcp", "fanout", "audit", "fork_cost", "store",
+    "chat200",
+    "agentic",
+    "locomo",
+    "curves",
+    "overhead",
+    "concurrency",
+    "recall_latency",
+    "recall_scale",
+    "recall_clusters",
+    "recall_needles",
+    "mcp",
+    "fanout",
+    "audit",
+    "fork_cost",
+    "store",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 

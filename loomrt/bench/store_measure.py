@@ -45,8 +45,12 @@ def store_figures(store: Any, *, runs: int, events: int) -> dict[str, Any]:
     single_s = time.perf_counter() - started
 
     async def batches() -> None:
-        turn = [("user_input", {"content": "next"}), ("model_call", {"usage": {}}),
-                ("assistant_message", {"content": "done"}), ("notice", {"message": "x"})]
+        turn = [
+            ("user_input", {"content": "next"}),
+            ("model_call", {"usage": {}}),
+            ("assistant_message", {"content": "done"}),
+            ("notice", {"message": "x"}),
+        ]
         for i in range(events // 4):
             await store.write_many(f"bench-{i % runs}", turn)
 
@@ -134,8 +138,12 @@ def _queue_figures(config: BenchConfig, folder: Path, url: str | None) -> dict[s
             continue
         texts = bank_load(where, spans)
         ran = drain(where, workers=QUEUE_WORKERS, batch_tokens=200)
-        out[backend] = {**verify(where, texts), "seconds": round(ran["wall_s"], 1),
-                        "spans_per_s": round(spans / ran["wall_s"], 1), "exit_codes": ran["exit_codes"]}
+        out[backend] = {
+            **verify(where, texts),
+            "seconds": round(ran["wall_s"], 1),
+            "spans_per_s": round(spans / ran["wall_s"], 1),
+            "exit_codes": ran["exit_codes"],
+        }
         release(where)
     return out
 
@@ -151,21 +159,28 @@ def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> 
     for backend, where in places.items():
         if where is not None:
             memory = memory_of(harvest_db(where))
-            out.setdefault("latency", {})[backend] = latency_figures(memory, facts=1000 if config.quick else LATENCY_FACTS)
+            out.setdefault("latency", {})[backend] = latency_figures(
+                memory, facts=1000 if config.quick else LATENCY_FACTS
+            )
     if config.data is None:
         out["parity"] = {"skipped": "needs --data (a LoCoMo file)"}
         return out
     from loomrt.bench.locomo_recall import load_locomo
 
-    samples = load_locomo(config.data)[:1 if config.quick else None]
+    samples = load_locomo(config.data)[: 1 if config.quick else None]
     parity_places = {"sqlite": sqlite_path.parent / "parity.sqlite", "postgres": url}
-    out["parity"] = parity_figures(lambda backend: memory_of(harvest_db(parity_places[backend])), samples,
-                                   backends=[b for b, w in parity_places.items() if w is not None])
+    out["parity"] = parity_figures(
+        lambda backend: memory_of(harvest_db(parity_places[backend])),
+        samples,
+        backends=[b for b, w in parity_places.items() if w is not None],
+    )
     return out
 
 
-@standalone_measure("store", "the record's append throughput and read time, and durable-memory search, on SQLite "
-                    "and PostgreSQL, same work")
+@standalone_measure(
+    "store",
+    "the record's append throughput and read time, and durable-memory search, on SQLite and PostgreSQL, same work",
+)
 def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.record.sqlite import SQLiteStore
 

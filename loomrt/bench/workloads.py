@@ -23,7 +23,20 @@ from loomrt.runtime import Runtime
 from loomrt.tokens import count_text
 from loomrt.tools import Tool
 
-__all__ = ["chat_script", "agentic_script", "ChatTurn", "play_chat", "Step", "with_append", "ChatModel", "chat200", "raise_failed", "agentic_tools", "AgenticModel", "agentic"]
+__all__ = [
+    "chat_script",
+    "agentic_script",
+    "ChatTurn",
+    "play_chat",
+    "Step",
+    "with_append",
+    "ChatModel",
+    "chat200",
+    "raise_failed",
+    "agentic_tools",
+    "AgenticModel",
+    "agentic",
+]
 
 
 def with_append(modes: list[str]) -> list[str]:
@@ -110,7 +123,9 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
     return play_chat(config, progress, turns=turns, facts=facts)
 
 
-def play_chat(config: BenchConfig, progress: Progress, *, turns: int, facts: int, label: str = "chat200") -> WorkloadResult:
+def play_chat(
+    config: BenchConfig, progress: Progress, *, turns: int, facts: int, label: str = "chat200"
+) -> WorkloadResult:
     """The chat of ``turns`` turns and ``facts`` facts, played in each of ``config.modes``."""
     system, script, needles = chat_script(config.seed, turns=turns, facts=facts)
     result = WorkloadResult(

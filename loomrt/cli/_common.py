@@ -84,8 +84,11 @@ def friendly(fn: F) -> F:
             err.print(f"[red]error:[/red] {exc}", markup=True, highlight=False)
             raise typer.Exit(1) from None
         except ImportError as exc:
-            err.print(f"[red]error:[/red] a part of loomrt is not installed: {exc}. "
-                      "Install everything with: pip install 'loomrt[all]'", highlight=False)
+            err.print(
+                f"[red]error:[/red] a part of loomrt is not installed: {exc}. "
+                "Install everything with: pip install 'loomrt[all]'",
+                highlight=False,
+            )
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted: the record keeps everything so far (`loomrt runs resume RUN_ID`)")

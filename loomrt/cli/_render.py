@@ -45,8 +45,10 @@ def describe(e: Event) -> str:
         case "patch_rejected":
             return f"patch rejected (attempt {d.get('attempt')}): {_short(d.get('error'))}"
         case "distillation":
-            return (f"distillation ({d.get('mode')}): {d.get('tokens_before')} → {d.get('tokens_after')} tokens, "
-                    f"{len(d.get('span_seqs') or [])} messages evicted")
+            return (
+                f"distillation ({d.get('mode')}): {d.get('tokens_before')} → {d.get('tokens_after')} tokens, "
+                f"{len(d.get('span_seqs') or [])} messages evicted"
+            )
         case "distillation_declined":
             return f"distillation declined ({d.get('mode')}): {d.get('reason')} ({d.get('tokens_before')} → {d.get('tokens_after')})"
         case "summary_rejected":
@@ -63,8 +65,17 @@ def describe(e: Event) -> str:
             return f"{e.kind}: {_short(d)}"
 
 
-_STYLE = {"error": "red", "callback_error": "red", "patch_rejected": "yellow", "retry": "yellow", "summary_rejected": "yellow",
-          "distillation": "cyan", "distillation_declined": "cyan", "final": "green", "parked": "green"}
+_STYLE = {
+    "error": "red",
+    "callback_error": "red",
+    "patch_rejected": "yellow",
+    "retry": "yellow",
+    "summary_rejected": "yellow",
+    "distillation": "cyan",
+    "distillation_declined": "cyan",
+    "final": "green",
+    "parked": "green",
+}
 
 
 class EventPrinter:

@@ -28,8 +28,15 @@ def list_cmd(agents: Path | None = AgentsOpt, json_output: bool = typer.Option(F
 
     path, defs = load(agents)
     rows = [
-        {"name": n, "model": a.model, "mode": a.context.mode, "tools": a.tools, "recall": a.context.recall,
-         "hash": definition_hash(a), "description": a.description}
+        {
+            "name": n,
+            "model": a.model,
+            "mode": a.context.mode,
+            "tools": a.tools,
+            "recall": a.context.recall,
+            "hash": definition_hash(a),
+            "description": a.description,
+        }
         for n, a in defs.agents.items()
     ]
     if json_output:
@@ -37,8 +44,14 @@ def list_cmd(agents: Path | None = AgentsOpt, json_output: bool = typer.Option(F
         return
     table = Table("agent", "model", "mode", "tools", "hash", "description", title=str(path))
     for r in rows:
-        table.add_row(r["name"], r["model"], r["mode"] + (" +recall" if r["recall"] else ""),
-                      ", ".join(r["tools"]) or "-", r["hash"], r["description"])
+        table.add_row(
+            r["name"],
+            r["model"],
+            r["mode"] + (" +recall" if r["recall"] else ""),
+            ", ".join(r["tools"]) or "-",
+            r["hash"],
+            r["description"],
+        )
     out.print(table)
 
 
@@ -62,8 +75,11 @@ def validate_cmd(
     ]
     from loomrt.harvest.wiring import config_problems
 
-    warnings += [f"agents.{name}.context: {problem}" for name, spec in defs.agents.items()
-                 for problem in config_problems(spec.context)]
+    warnings += [
+        f"agents.{name}.context: {problem}"
+        for name, spec in defs.agents.items()
+        for problem in config_problems(spec.context)
+    ]
     if json_output:
         print_json({"file": str(path), "valid": True, "agents": sorted(defs.agents), "warnings": warnings})
         return
@@ -90,7 +106,9 @@ def schema_cmd(output: Path | None = typer.Option(None, "--out", help="Write the
 @friendly
 def version_cmd(
     name: str = typer.Argument(..., help="The agent to write a new version of."),
-    state_schema: Path | None = typer.Option(None, "--state-schema", help="A JSON or YAML file with the new state_schema."),
+    state_schema: Path | None = typer.Option(
+        None, "--state-schema", help="A JSON or YAML file with the new state_schema."
+    ),
     from_run: str | None = typer.Option(None, "--from-run", help="Adopt the last schema a run's model proposed."),
     new_name: str | None = typer.Option(None, "--as", help="The new version's name (default NAME@N)."),
     agents: Path | None = AgentsOpt,
@@ -107,8 +125,11 @@ def version_cmd(
     if json_output:
         print_json({"agent": version, "hash": digest, "file": str(path), "version_of": name})
     else:
-        out.print(f"wrote {version} ({digest}) to {path}. Try it with `loomrt run {version} ...`; "
-                  f"adopt it with `loomrt agents promote {version}`.", highlight=False)
+        out.print(
+            f"wrote {version} ({digest}) to {path}. Try it with `loomrt run {version} ...`; "
+            f"adopt it with `loomrt agents promote {version}`.",
+            highlight=False,
+        )
 
 
 @agents_app.command("fork", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -117,7 +138,7 @@ def fork_cmd() -> None:
     """Renamed: a new version of a definition is `loomrt agents version`."""
     raise SpecError(
         "`loomrt agents fork` is now `loomrt agents version` (a new version of a definition; "
-        "\"fork\" is kept for forking runs). Run the same command as `loomrt agents version ...`"
+        '"fork" is kept for forking runs). Run the same command as `loomrt agents version ...`'
     )
 
 

@@ -48,8 +48,11 @@ app.add_typer(workers_app, name="workers")
 @app.callback()
 def _root(
     db_url: str | None = typer.Option(
-        None, "--db-url", help="The record's database for this command: sqlite:PATH or postgresql://... "
-        "(default $LOOMRT_DB_URL, else $LOOMRT_HOME/record.sqlite)."),
+        None,
+        "--db-url",
+        help="The record's database for this command: sqlite:PATH or postgresql://... "
+        "(default $LOOMRT_DB_URL, else $LOOMRT_HOME/record.sqlite).",
+    ),
 ) -> None:
     """An agent runtime whose agents outlast their context window without forgetting."""
     if db_url:
@@ -77,8 +80,11 @@ def run_cmd(
     json_output: bool = JsonOpt,
     quiet: bool = QuietOpt,
     user: str | None = UserOpt,
-    detach: bool = typer.Option(False, "--detach", help="Record the run and its input, queued for any `loomrt "
-                                "worker` to play; print its id and return at once."),
+    detach: bool = typer.Option(
+        False,
+        "--detach",
+        help="Record the run and its input, queued for any `loomrt worker` to play; print its id and return at once.",
+    ),
 ) -> None:
     """Run an agent once on PROMPT and print its answer."""
     path, defs = load(agents)
@@ -88,8 +94,13 @@ def run_cmd(
         if json_output:
             print_json({"run_id": queued.run_id, "status": "queued"})
         else:
-            out.print(queued.run_id if quiet else f"run {queued.run_id} queued: any `loomrt worker` on this record "
-                      f"plays it (`loomrt runs show {queued.run_id}` follows it)", highlight=False)
+            out.print(
+                queued.run_id
+                if quiet
+                else f"run {queued.run_id} queued: any `loomrt worker` on this record "
+                f"plays it (`loomrt runs show {queued.run_id}` follows it)",
+                highlight=False,
+            )
         return
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
     result = asyncio.run(rt.send(run, prompt))
@@ -162,11 +173,15 @@ app.command("doctor")(friendly(doctor))
 @friendly
 def worker_cmd(
     once: bool = typer.Option(False, "--once", help="Do what is queued now, then exit."),
-    interval_s: float = typer.Option(5.0, "--interval", help="Seconds between looks at the queue (on PostgreSQL, "
-                                     "a NOTIFY wakes it sooner).", min=0.1),
+    interval_s: float = typer.Option(
+        5.0, "--interval", help="Seconds between looks at the queue (on PostgreSQL, a NOTIFY wakes it sooner).", min=0.1
+    ),
     concurrency: int = typer.Option(1, "--concurrency", help="Runs played at once.", min=1),
-    consolidate: bool = typer.Option(True, "--consolidate/--no-consolidate",
-                                     help="Also drain the harvest queue into durable memory (as `loomrt consolidate`)."),
+    consolidate: bool = typer.Option(
+        True,
+        "--consolidate/--no-consolidate",
+        help="Also drain the harvest queue into durable memory (as `loomrt consolidate`).",
+    ),
     model: str | None = typer.Option(None, "--model", help="The extraction model (default: the embedded local model)."),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
 ) -> None:
@@ -187,14 +202,22 @@ def worker_cmd(
         if json_output:
             print_json(row)
         elif row["work"] == "consolidate":
-            out.print(f"consolidated {row['spans']} span(s) in {row['batches']} batch(es): "
-                      f"{sum(row['facts'].values())} fact(s)" if row["done"] else f"consolidation: {row['reason']}",
-                      highlight=False)
+            out.print(
+                f"consolidated {row['spans']} span(s) in {row['batches']} batch(es): "
+                f"{sum(row['facts'].values())} fact(s)"
+                if row["done"]
+                else f"consolidation: {row['reason']}",
+                highlight=False,
+            )
         elif row["done"] and row["work"] in ("play", "resume"):
-            out.print(f"run {row['run_id']}: {'played' if row['work'] == 'play' else 'resumed'}, {row['status']}",
-                      highlight=False)
+            out.print(
+                f"run {row['run_id']}: {'played' if row['work'] == 'play' else 'resumed'}, {row['status']}",
+                highlight=False,
+            )
         elif row["done"]:
-            out.print(f"run {row['run_id']}: folded, {row['tokens_before']} → {row['tokens_after']} tokens", highlight=False)
+            out.print(
+                f"run {row['run_id']}: folded, {row['tokens_before']} → {row['tokens_after']} tokens", highlight=False
+            )
         else:
             out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)
 
@@ -207,6 +230,8 @@ def worker_cmd(
         work(rt, interval_s=interval_s, tell=tell, concurrency=concurrency, consolidator=consolidator)
     except KeyboardInterrupt:
         pass
+
+
 app.command("mcp")(mcp_cmd)
 app.add_typer(bench_app, name="bench")
 

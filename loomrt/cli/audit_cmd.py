@@ -62,7 +62,9 @@ def export_cmd(
     run_id: str,
     format: str = typer.Option("md", "--format", help="md (a thread with its distillation markers) or jsonl."),
     output: Path | None = typer.Option(None, "--out", "-o", help="Write here instead of standard output."),
-    include_private: bool = typer.Option(False, "--include-private", help="Private messages whole, not their placeholders."),
+    include_private: bool = typer.Option(
+        False, "--include-private", help="Private messages whole, not their placeholders."
+    ),
 ) -> None:
     """The run for a reviewer: every message and every distillation marker, in record order
     (private messages as placeholders unless --include-private)."""

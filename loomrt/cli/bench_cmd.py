@@ -77,7 +77,10 @@ def run_cmd(
     ] = None,
     modes: Annotated[
         list[str] | None,
-        typer.Option("--modes", help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful|fold/no-recall, append/backstop, fold/no-tools, fold/no-defer; fold/soft-N, not played by default, is fold/no-defer with fold.soft_pct N)."),
+        typer.Option(
+            "--modes",
+            help="Modes to play, comma-separated or repeated: MODE or MODE/no-recall, append/backstop (default: every mode, auto and the variants recap|compaction|stateful|fold/no-recall, append/backstop, fold/no-tools, fold/no-defer; fold/soft-N, not played by default, is fold/no-defer with fold.soft_pct N).",
+        ),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object with every figure.")] = False,
     out: Annotated[
@@ -120,8 +123,11 @@ def run_cmd(
     ] = None,
     docs_block: Annotated[
         str | None,
-        typer.Option("--docs-block", help="With --docs: rewrite the block named NAME instead of the main one "
-                                          "(for measures run on their own, like mcp or fanout)."),
+        typer.Option(
+            "--docs-block",
+            help="With --docs: rewrite the block named NAME instead of the main one "
+            "(for measures run on their own, like mcp or fanout).",
+        ),
     ] = None,
 ) -> None:
     """Play the workloads in every mode and print the figures."""

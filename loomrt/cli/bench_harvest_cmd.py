@@ -25,28 +25,42 @@ def _at(rates: dict[str, float]) -> str:
 
 def harvest_markdown(r: dict[str, Any], command: str) -> str:
     """The harvest figures as Markdown."""
-    lines = [f"Produced by `{command}` in {r['seconds']} s (extraction model: {r['model'] or 'none'}).", "",
-             "**Coreference** (the shipped corpus; a case is kept when a live fact names the person and keeps "
-             "its word):", "",
-             "| extractor | cases | whole batch kept | calls | per span kept | calls | dropped per span |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"Produced by `{command}` in {r['seconds']} s (extraction model: {r['model'] or 'none'}).",
+        "",
+        "**Coreference** (the shipped corpus; a case is kept when a live fact names the person and keeps its word):",
+        "",
+        "| extractor | cases | whole batch kept | calls | per span kept | calls | dropped per span |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
     for c in r["coreference"]:
         w, p = c["whole_batch"], c["per_span"]
-        lines.append(f"| {c['extractor']} | {c['cases']} | {w['kept']} ({w['rate']:.2f}) | {w['calls']} | "
-                     f"{p['kept']} ({p['rate']:.2f}) | {p['calls']} | {json.dumps(p['dropped'])} |")
+        lines.append(
+            f"| {c['extractor']} | {c['cases']} | {w['kept']} ({w['rate']:.2f}) | {w['calls']} | "
+            f"{p['kept']} ({p['rate']:.2f}) | {p['calls']} | {json.dumps(p['dropped'])} |"
+        )
     p = r["paraphrase"]
-    lines += ["", f"**Paraphrase**: {p['facts']} facts in {p['wordings']} wordings each became **{p['rows']} rows** "
-              f"(goal ≤ {p['goal_rows']}; {p['embedder']}, merge band cosine ≥ {p['merge_cosine']}).", ""]
+    lines += [
+        "",
+        f"**Paraphrase**: {p['facts']} facts in {p['wordings']} wordings each became **{p['rows']} rows** "
+        f"(goal ≤ {p['goal_rows']}; {p['embedder']}, merge band cosine ≥ {p['merge_cosine']}).",
+        "",
+    ]
     ld = r["load"]
-    lines += [f"**Load**: {ld['spans']} spans drained by {ld['workers']} worker processes (echo extractor) in "
-              f"{ld['seconds']} s ({ld['spans_per_s']} spans/s): **{ld['lost']} lost, {ld['doubled']} doubled**, "
-              f"{ld['facts']} facts for {ld['banked_lines']} banked lines.", ""]
+    lines += [
+        f"**Load**: {ld['spans']} spans drained by {ld['workers']} worker processes (echo extractor) in "
+        f"{ld['seconds']} s ({ld['spans_per_s']} spans/s): **{ld['lost']} lost, {ld['doubled']} doubled**, "
+        f"{ld['facts']} facts for {ld['banked_lines']} banked lines.",
+        "",
+    ]
     lo = r.get("locomo")
     if lo:
         lines += _locomo_lines(lo)
     for s in r.get("part_sweep", []):
-        lines.append(f"\n- part budget {s['part_tokens']} tokens: {s['facts']} facts, {s['dead_letters']} dead "
-                     f"letters, {s['retries']} retries, {s['seconds']} s, memory states the answer at 5: {s['memory_states_at'].get('5')}")
+        lines.append(
+            f"\n- part budget {s['part_tokens']} tokens: {s['facts']} facts, {s['dead_letters']} dead "
+            f"letters, {s['retries']} retries, {s['seconds']} s, memory states the answer at 5: {s['memory_states_at'].get('5')}"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -54,38 +68,61 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
     done, of = lo["conversations"], lo["of_conversations"]
     partial = "" if len(done) == len(of) else f"; **partial: {len(done)} of {len(of)} conversations**"
     mem, raw = lo["memory"], lo.get("raw")
-    lines = [f"**LoCoMo dev, memory tier against raw spans** ({', '.join(done)}{partial}: {lo['turns']} turns in "
-             f"{lo['spans']} session spans; {lo['facts']} facts; {lo['dead_letters']} dead letters, {lo['retries']} "
-             f"retries; consolidation {lo['seconds']} s = {lo['spans_per_min']} spans/min, {lo['turns_per_min']} "
-             "turns/min). At k = 1 / 3 / 5 / 10: **states** = the top-k facts (memory) or turns (raw) hold at least "
-             "75% of the gold answer's content words (questions whose answer has none are left out); **cites** = an "
-             "evidence turn is among the lines the top-k facts were first extracted from (not those merges added); "
-             "**evidence** = an evidence turn is among the top-k turns (`bench recall`).", "",
-             "| category | states: questions | memory states | raw states | cites: questions | memory cites | "
-             "raw evidence |", "|---|---:|---|---|---:|---|---|"]
+    lines = [
+        f"**LoCoMo dev, memory tier against raw spans** ({', '.join(done)}{partial}: {lo['turns']} turns in "
+        f"{lo['spans']} session spans; {lo['facts']} facts; {lo['dead_letters']} dead letters, {lo['retries']} "
+        f"retries; consolidation {lo['seconds']} s = {lo['spans_per_min']} spans/min, {lo['turns_per_min']} "
+        "turns/min). At k = 1 / 3 / 5 / 10: **states** = the top-k facts (memory) or turns (raw) hold at least "
+        "75% of the gold answer's content words (questions whose answer has none are left out); **cites** = an "
+        "evidence turn is among the lines the top-k facts were first extracted from (not those merges added); "
+        "**evidence** = an evidence turn is among the top-k turns (`bench recall`).",
+        "",
+        "| category | states: questions | memory states | raw states | cites: questions | memory cites | "
+        "raw evidence |",
+        "|---|---:|---|---|---:|---|---|",
+    ]
 
-    def row(name: str, ms: dict[str, Any] | None, rs: dict[str, Any] | None, mc: dict[str, Any] | None,
-            re_: dict[str, Any] | None) -> str:
+    def row(
+        name: str,
+        ms: dict[str, Any] | None,
+        rs: dict[str, Any] | None,
+        mc: dict[str, Any] | None,
+        re_: dict[str, Any] | None,
+    ) -> str:
         def at(f: dict[str, Any] | None) -> str:
             return _at(f["recall_at"]) if f else "–"
-        return (f"| {name} | {ms['questions'] if ms else 0} | {at(ms)} | {at(rs)} | {mc['questions'] if mc else 0} | "
-                f"{at(mc)} | {at(re_)} |")
+
+        return (
+            f"| {name} | {ms['questions'] if ms else 0} | {at(ms)} | {at(rs)} | {mc['questions'] if mc else 0} | "
+            f"{at(mc)} | {at(re_)} |"
+        )
 
     lines.append(row("all", mem["states"], raw and raw["states"], mem["cites"], raw and raw["evidence"]))
     for cat, c in mem["cites"]["by_category"].items():
+
         def of_cat(f: dict[str, Any] | None, cat: str = cat) -> dict[str, Any] | None:
             found: dict[str, Any] | None = (f or {}).get("by_category", {}).get(cat)
             return found
-        lines.append(row(c["name"], of_cat(mem["states"]), of_cat(raw and raw["states"]), c,
-                         of_cat(raw and raw["evidence"])))
+
+        lines.append(
+            row(c["name"], of_cat(mem["states"]), of_cat(raw and raw["states"]), c, of_cat(raw and raw["evidence"]))
+        )
     per = lo.get("per_conversation") or {}
     if len(per) > 1:
-        lines += ["", "Per conversation (states at 10, memory against raw; live facts; when measured): " + "; ".join(
-            f"{'+'.join(rec.get('covers', [key]))}: {_at10(rec, 'memory_states')} against {_at10(rec, 'raw_states')}, "
-            f"{rec['facts']} facts, {str(rec.get('measured_at', '?'))[:10]}" for key, rec in per.items())]
+        lines += [
+            "",
+            "Per conversation (states at 10, memory against raw; live facts; when measured): "
+            + "; ".join(
+                f"{'+'.join(rec.get('covers', [key]))}: {_at10(rec, 'memory_states')} against {_at10(rec, 'raw_states')}, "
+                f"{rec['facts']} facts, {str(rec.get('measured_at', '?'))[:10]}"
+                for key, rec in per.items()
+            ),
+        ]
     if lo.get("sample_facts"):
-        lines += ["", "First facts of the last conversation, verbatim: "
-                  + " · ".join(f"“{f}”" for f in lo["sample_facts"][:3])]
+        lines += [
+            "",
+            "First facts of the last conversation, verbatim: " + " · ".join(f"“{f}”" for f in lo["sample_facts"][:3]),
+        ]
     return lines
 
 
@@ -99,8 +136,10 @@ def _measured_before(out: Path | None) -> dict[str, dict[str, Any]]:
     try:
         records = json.loads(out.read_text())["locomo"]["per_conversation"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        _err.print(f"[red]error:[/red] {out}: cannot resume from it ({type(exc).__name__}: {exc}); "
-                   "it must be a `bench harvest --out` file with LoCoMo figures, or absent")
+        _err.print(
+            f"[red]error:[/red] {out}: cannot resume from it ({type(exc).__name__}: {exc}); "
+            "it must be a `bench harvest --out` file with LoCoMo figures, or absent"
+        )
         raise typer.Exit(2) from exc
     kept = {cid: rec for cid, rec in records.items() if isinstance(rec, dict) and "tallies" in rec}
     if kept:
@@ -115,15 +154,36 @@ def _at10(rec: dict[str, Any], tier: str) -> str:
 
 @bench_app.command("harvest")
 def harvest_cmd(
-    data: Annotated[Path | None, typer.Option("--data", help="A LoCoMo-format file for the memory-tier measure.")] = None,
-    conversations: Annotated[list[str] | None, typer.Option("--conversation", help="Only these sample ids; repeatable.")] = None,
+    data: Annotated[
+        Path | None, typer.Option("--data", help="A LoCoMo-format file for the memory-tier measure.")
+    ] = None,
+    conversations: Annotated[
+        list[str] | None, typer.Option("--conversation", help="Only these sample ids; repeatable.")
+    ] = None,
     load_spans: Annotated[int, typer.Option("--load-spans", min=10, help="Spans in the load measure.")] = 10_000,
-    model: Annotated[str | None, typer.Option("--model", help="The extraction model (default: the embedded one).")] = None,
+    model: Annotated[
+        str | None, typer.Option("--model", help="The extraction model (default: the embedded one).")
+    ] = None,
     no_model: Annotated[bool, typer.Option("--no-model", help="Only the model-free measures.")] = False,
-    part_sweep: Annotated[str | None, typer.Option("--part-sweep", help="Part budgets to compare, e.g. 600,1500,3000.")] = None,
-    docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the harvest block of this Markdown page (after each LoCoMo conversation too).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Write the figures as JSON to this file (after each LoCoMo conversation too).")] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Keep the LoCoMo conversations the --out file already holds; measure only the rest.")] = False,
+    part_sweep: Annotated[
+        str | None, typer.Option("--part-sweep", help="Part budgets to compare, e.g. 600,1500,3000.")
+    ] = None,
+    docs: Annotated[
+        Path | None,
+        typer.Option(
+            "--docs", help="Rewrite the harvest block of this Markdown page (after each LoCoMo conversation too)."
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write the figures as JSON to this file (after each LoCoMo conversation too)."),
+    ] = None,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="Keep the LoCoMo conversations the --out file already holds; measure only the rest."
+        ),
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Measure harvest: whole-batch against per-span extraction, paraphrase merging, the queue under load, and
@@ -132,10 +192,15 @@ def harvest_cmd(
 
     sweep = [int(x) for x in part_sweep.split(",")] if part_sweep else []
     done = _measured_before(out) if resume else None
-    command = "loomrt bench harvest" + (f" --data {data}" if data else "") + "".join(
-        f" --conversation {c}" for c in conversations or []) + (f" --load-spans {load_spans}" if load_spans != 10_000 else "") \
-        + (" --no-model" if no_model else "") + (f" --part-sweep {part_sweep}" if part_sweep else "") \
+    command = (
+        "loomrt bench harvest"
+        + (f" --data {data}" if data else "")
+        + "".join(f" --conversation {c}" for c in conversations or [])
+        + (f" --load-spans {load_spans}" if load_spans != 10_000 else "")
+        + (" --no-model" if no_model else "")
+        + (f" --part-sweep {part_sweep}" if part_sweep else "")
         + (f" --out {out} --resume" if resume else "")
+    )
     started = time.perf_counter()
 
     def keep(result: dict[str, Any]) -> None:
@@ -147,23 +212,38 @@ def harvest_cmd(
             rewrite_block(docs, HARVEST_BEGIN, HARVEST_END, harvest_markdown(result, command), "harvest")
 
     with _err.status("bench harvest") as status:
-        result = harvest_bench(data=data, conversations=conversations, load_spans=load_spans, model=model,
-                               use_model=not no_model, part_sweep=sweep, progress=lambda m: status.update(f"bench harvest: {m}"),
-                               checkpoint=keep if out is not None or docs is not None else None, done=done)
+        result = harvest_bench(
+            data=data,
+            conversations=conversations,
+            load_spans=load_spans,
+            model=model,
+            use_model=not no_model,
+            part_sweep=sweep,
+            progress=lambda m: status.update(f"bench harvest: {m}"),
+            checkpoint=keep if out is not None or docs is not None else None,
+            done=done,
+        )
     keep(result)
     if json_output:
         sys.stdout.write(json.dumps(result) + "\n")
         return
     table = Table("measure", "figure", title="loomrt bench harvest", title_justify="left")
     for c in result["coreference"]:
-        table.add_row(f"coreference ({c['extractor']})",
-                      f"whole batch {c['whole_batch']['kept']}/{c['cases']}, per span {c['per_span']['kept']}/{c['cases']}")
+        table.add_row(
+            f"coreference ({c['extractor']})",
+            f"whole batch {c['whole_batch']['kept']}/{c['cases']}, per span {c['per_span']['kept']}/{c['cases']}",
+        )
     table.add_row("paraphrase", f"{result['paraphrase']['rows']} rows (goal ≤ {result['paraphrase']['goal_rows']})")
     ld = result["load"]
-    table.add_row("load", f"{ld['spans']} spans: {ld['lost']} lost, {ld['doubled']} doubled, {ld['spans_per_s']} spans/s")
+    table.add_row(
+        "load", f"{ld['spans']} spans: {ld['lost']} lost, {ld['doubled']} doubled, {ld['spans_per_s']} spans/s"
+    )
     if "locomo" in result:
         lo = result["locomo"]
         raw = lo.get("raw") or {}
-        table.add_row("locomo, states the answer at 5", f"memory {lo['memory']['states']['recall_at'].get('5')} · "
-                      f"raw {raw.get('states', {}).get('recall_at', {}).get('5')}")
+        table.add_row(
+            "locomo, states the answer at 5",
+            f"memory {lo['memory']['states']['recall_at'].get('5')} · "
+            f"raw {raw.get('states', {}).get('recall_at', {}).get('5')}",
+        )
     _out.print(table)

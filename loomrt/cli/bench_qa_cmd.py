@@ -21,8 +21,11 @@ def qa_cmd(
     data: Annotated[Path, typer.Option("--data", help="A LoCoMo-format JSON file.")],
     model: Annotated[
         str,
-        typer.Option("--model", help="The answering and distilling model: local/... (default), any litellm model, "
-                     "or `scripted` (the scripted reader, for tests)."),
+        typer.Option(
+            "--model",
+            help="The answering and distilling model: local/... (default), any litellm model, "
+            "or `scripted` (the scripted reader, for tests).",
+        ),
     ] = LOCAL_DEFAULT,
     conversations: Annotated[
         list[str] | None, typer.Option("--conversations", help="Sample ids (default: the file's first).")
@@ -32,13 +35,20 @@ def qa_cmd(
     ] = 30,
     configs: Annotated[
         list[str] | None,
-        typer.Option("--configs", help="full, recall, recap, compaction, MODE/no-recall; stateful on request "
-                     "(default: full, recall, recap, compaction and both /no-recall)."),
+        typer.Option(
+            "--configs",
+            help="full, recall, recap, compaction, MODE/no-recall; stateful on request "
+            "(default: full, recall, recap, compaction and both /no-recall).",
+        ),
     ] = None,
-    budget: Annotated[int, typer.Option("--budget", help="Working-context budget of the replayed runs.", min=256)] = 2048,
+    budget: Annotated[
+        int, typer.Option("--budget", help="Working-context budget of the replayed runs.", min=256)
+    ] = 2048,
     top_k: Annotated[int, typer.Option("--top-k", help="Recall results for the `recall` configuration.", min=1)] = 10,
     window: Annotated[int, typer.Option("--window", help="The model's context window in tokens.", min=1024)] = 32768,
-    embedder: Annotated[str, typer.Option("--embedder", help="Recall's embedder: default (MiniLM), hash or none.")] = "default",
+    embedder: Annotated[
+        str, typer.Option("--embedder", help="Recall's embedder: default (MiniLM), hash or none.")
+    ] = "default",
     judge: Annotated[str | None, typer.Option("--judge", help="A stronger model that also grades each answer.")] = None,
     out: Annotated[
         Path | None,
@@ -58,21 +68,36 @@ def qa_cmd(
         _err.print(f"[red]error:[/red] no LoCoMo file at {data}", highlight=False)
         raise typer.Exit(2)
     config = QAConfig(
-        data=data, model=LOCAL_DEFAULT if model == "local" else model, conversations=_split(conversations) or None,
-        questions=questions or None, budget_tokens=budget, top_k=top_k, window=window, embedder=embedder,
-        judge=judge, out=out,
+        data=data,
+        model=LOCAL_DEFAULT if model == "local" else model,
+        conversations=_split(conversations) or None,
+        questions=questions or None,
+        budget_tokens=budget,
+        top_k=top_k,
+        window=window,
+        embedder=embedder,
+        judge=judge,
+        out=out,
     )
     if configs:
         config.configs = _split(configs)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-               TextColumn("eta"), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+    )
     try:
         with Progress(*columns, console=_err, transient=True) as bar:
             results = run_qa(config, RichProgress(bar))
     except LoomError as exc:
         _err.print(f"[red]error:[/red] {exc}", highlight=False)
         raise typer.Exit(2) from None
-    results["command"] = shlex.join(["loomrt", "bench", "qa", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "qa"] else "loomrt bench qa"
+    results["command"] = (
+        shlex.join(["loomrt", "bench", "qa", *sys.argv[3:]]) if sys.argv[1:3] == ["bench", "qa"] else "loomrt bench qa"
+    )
     if out is not None:
         _err.print("wrote " + ", ".join(str(p) for p in write_report(results, out)))
     if docs is not None:
@@ -99,8 +124,13 @@ def _print(results: dict[str, Any]) -> None:
             table.add_row(name, "0", "–", "–", "–", "–", "–", s.get("skipped", ""))
             continue
         table.add_row(
-            name, str(s["questions"]), f"{s['f1']:.3f}", f"{s['contains']:.3f}", f"{s['folded_size']:.3f}",
-            f"{s['input_tokens_per_question']:,}", f"{s['seconds_per_question']:.1f}",
+            name,
+            str(s["questions"]),
+            f"{s['f1']:.3f}",
+            f"{s['contains']:.3f}",
+            f"{s['folded_size']:.3f}",
+            f"{s['input_tokens_per_question']:,}",
+            f"{s['seconds_per_question']:.1f}",
             f"{s['recall_calls_per_question']:.2f}",
         )
     _out.print(table)

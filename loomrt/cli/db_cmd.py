@@ -47,8 +47,9 @@ def _pg(url: str) -> Any:
     try:
         return psycopg.connect(url, autocommit=True, connect_timeout=30)
     except psycopg.Error as exc:
-        raise StoreError(f"cannot connect to {redact_url(url)}: {str(exc).strip()}. Check the URL and that the "
-                         "server is running.") from None
+        raise StoreError(
+            f"cannot connect to {redact_url(url)}: {str(exc).strip()}. Check the URL and that the server is running."
+        ) from None
 
 
 def _other_parts() -> set[str]:
@@ -86,36 +87,51 @@ def _schema(url: str) -> dict[str, Any]:
             have = pg_migrations.applied(conn)
         where, backend = redact_url(url), "postgresql"
         names = pg_migrations.names()  # harvest's tables are migrated here too (on SQLite, as they open)
-    return {"backend": backend, "where": where, "version": len(names), "applied": [n for n in have if n in names],
-            "missing": [n for n in names if n not in have], "newer": [n for n in have if n not in known],
-            "other_parts": [n for n in have if n in known and n not in names]}
+    return {
+        "backend": backend,
+        "where": where,
+        "version": len(names),
+        "applied": [n for n in have if n in names],
+        "missing": [n for n in names if n not in have],
+        "newer": [n for n in have if n not in known],
+        "other_parts": [n for n in have if n in known and n not in names],
+    }
 
 
 @db_app.command("status")
 @friendly
-def status_cmd(db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
-               json_output: bool = _JSON) -> None:
+def status_cmd(
+    db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
+    json_output: bool = _JSON,
+) -> None:
     """The schema: which migrations the database has, which this loomrt would apply."""
     info = _schema(_target(db_url))
     if json_output:
         print_json(info)
         return
-    out.print(f"{info['backend']} at {info['where']}: {len(info['applied'])} of {info['version']} migrations applied",
-              highlight=False)
+    out.print(
+        f"{info['backend']} at {info['where']}: {len(info['applied'])} of {info['version']} migrations applied",
+        highlight=False,
+    )
     for name in info["missing"]:
         out.print(f"  missing: {name}", highlight=False)
     for name in info["newer"]:
         out.print(f"  newer than this loomrt: {name} (accepted: migrations are additive)", highlight=False)
     if info["missing"]:
-        out.print("run `loomrt db migrate` to apply what is missing" + (" (SQLite also applies it on open)"
-                  if info["backend"] == "sqlite" else ""), highlight=False)
+        out.print(
+            "run `loomrt db migrate` to apply what is missing"
+            + (" (SQLite also applies it on open)" if info["backend"] == "sqlite" else ""),
+            highlight=False,
+        )
 
 
 @db_app.command("migrate")
 @friendly
-def migrate_cmd(db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
-                dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be applied; apply nothing."),
-                json_output: bool = _JSON) -> None:
+def migrate_cmd(
+    db_url: str | None = typer.Option(None, "--db-url", help="The database (default $LOOMRT_DB_URL)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what would be applied; apply nothing."),
+    json_output: bool = _JSON,
+) -> None:
     """Apply the migrations the database is missing (each whole or not at all)."""
     url = _target(db_url)
     if url.startswith("sqlite:"):
@@ -179,11 +195,17 @@ def copy_cmd(
     if json_output:
         print_json(result)
         return
-    out.print(f"copied {result['copied']} run(s), {result['events']} events verified"
-              + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""), highlight=False)
+    out.print(
+        f"copied {result['copied']} run(s), {result['events']} events verified"
+        + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""),
+        highlight=False,
+    )
     if "memory" in result:
-        out.print(f"durable memory: {result['memory']['memory_facts']} fact(s), {result['memory']['harvest_spans']} "
-                  "banked span(s) on the target", highlight=False)
+        out.print(
+            f"durable memory: {result['memory']['memory_facts']} fact(s), {result['memory']['harvest_spans']} "
+            "banked span(s) on the target",
+            highlight=False,
+        )
 
 
 workers_app = typer.Typer(help="The workers sharing this record: who plays which run.", no_args_is_help=True)
@@ -209,5 +231,7 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
     if not claims:
         out.print("no live claims (no worker is playing a run of this record)", highlight=False)
     for c in claims:
-        out.print(f"{c['owner']}  run {c['run_id']}  epoch {c['epoch']}  expires in {c['expires_in_s']:.0f} s",
-                  highlight=False)
+        out.print(
+            f"{c['owner']}  run {c['run_id']}  epoch {c['epoch']}  expires in {c['expires_in_s']:.0f} s",
+            highlight=False,
+        )

@@ -132,8 +132,12 @@ def _print(report: dict[str, Any]) -> None:
         for p in report["providers"]:
             caps = p.get("capabilities") or {}
             table.add_row(
-                p["agent"], p["model"], str(caps.get("local", "—")), str(caps.get("context_window", "—")),
-                p.get("tools_via", "scripted"), _mark(p["ok"]),
+                p["agent"],
+                p["model"],
+                str(caps.get("local", "—")),
+                str(caps.get("context_window", "—")),
+                p.get("tools_via", "scripted"),
+                _mark(p["ok"]),
             )
         out.print(table)
         for p in report["providers"]:
@@ -149,10 +153,14 @@ def _print(report: dict[str, Any]) -> None:
         elif not m["ready"]:
             state = "installed; assembled on first use"
         else:
-            state = "verified (sha256)" if m["verified"] else m.get("error", "not verified yet (loomrt doctor --verify)")
+            state = (
+                "verified (sha256)" if m["verified"] else m.get("error", "not verified yet (loomrt doctor --verify)")
+            )
         default = " (default)" if m["default"] else ""
         out.print(f"  {_mark(bool(m['verified']))} {m['model']}{default}: {state}", highlight=False)
-    out.print("[bold]versions[/bold]: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["versions"].items()))
+    out.print(
+        "[bold]versions[/bold]: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["versions"].items())
+    )
 
 
 _JSON = typer.Option(False, "--json", help="Print one JSON object.")

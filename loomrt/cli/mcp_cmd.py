@@ -14,7 +14,9 @@ __all__ = ["mcp_cmd"]
 
 @friendly
 def mcp_cmd(
-    agents: Path | None = typer.Option(None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS)."),
+    agents: Path | None = typer.Option(
+        None, "--agents", help="The agents file (default ./agents.yaml, else $LOOMRT_AGENTS)."
+    ),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at http://HOST:PORT/mcp instead of stdio."),
     host: str = typer.Option("127.0.0.1", "--host", help="With --http: the address to listen on."),
     port: int = typer.Option(8765, "--port", help="With --http: the port to listen on."),

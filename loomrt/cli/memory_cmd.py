@@ -23,7 +23,9 @@ __all__ = ["consolidate_cmd", "memory_app"]
 
 memory_app = typer.Typer(help="Durable memory: search, list, show, forget, calibrate.", no_args_is_help=True)
 
-_SCOPE = typer.Option(None, "--scope", help="A scope, KIND:IDENTITY (user:alice, agent:NAME, project:NAME); repeatable.")
+_SCOPE = typer.Option(
+    None, "--scope", help="A scope, KIND:IDENTITY (user:alice, agent:NAME, project:NAME); repeatable."
+)
 _JSON = typer.Option(False, "--json", help="Print JSON.")
 
 
@@ -42,8 +44,10 @@ def _file_store(store: Any) -> Any:
     if not has_place(store):
         from loomrt.errors import StoreError
 
-        raise StoreError("durable memory needs a record file or PostgreSQL, and this record is in memory. "
-                         "Set LOOMRT_HOME, or LOOMRT_DB_URL=sqlite:PATH or postgresql://...")
+        raise StoreError(
+            "durable memory needs a record file or PostgreSQL, and this record is in memory. "
+            "Set LOOMRT_HOME, or LOOMRT_DB_URL=sqlite:PATH or postgresql://..."
+        )
     return store
 
 
@@ -91,8 +95,10 @@ def consolidate_cmd(
             table.add_row(r["scope"], *(str(r.get(k, 0)) for k in ("pending", "claimed", "done", "dead", "watermark")))
         out.print(table)
         for d in dead:
-            out.print(f"dead letter {d['batch_id']} ({d['scope']}, {len(d['span_ids'])} spans): {escape(d['error'])}",
-                      highlight=False)
+            out.print(
+                f"dead letter {d['batch_id']} ({d['scope']}, {len(d['span_ids'])} spans): {escape(d['error'])}",
+                highlight=False,
+            )
         return
     revived = worker.retry_dead() if retry_dead else []
     scopes = _scopes(scope)
@@ -103,11 +109,13 @@ def consolidate_cmd(
             print_json(row)
         elif report.batches or revived:
             facts = report.facts
-            out.print(f"{report.batches} batch(es), {report.spans} span(s): {facts.get('new', 0)} new, "
-                      f"{facts.get('merged', 0)} merged, {facts.get('superseded', 0)} superseded; "
-                      f"dropped {sum(report.dropped.values())}; dead letters {report.dead}"
-                      + (f"; {report.unsettled} span(s) wait for their runs to settle" if report.unsettled else ""),
-                      highlight=False)
+            out.print(
+                f"{report.batches} batch(es), {report.spans} span(s): {facts.get('new', 0)} new, "
+                f"{facts.get('merged', 0)} merged, {facts.get('superseded', 0)} superseded; "
+                f"dropped {sum(report.dropped.values())}; dead letters {report.dead}"
+                + (f"; {report.unsettled} span(s) wait for their runs to settle" if report.unsettled else ""),
+                highlight=False,
+            )
         for held in report.held:
             err.print(f"[red]write failed[/red], the watermark holds: {escape(held)}", highlight=False)
 
@@ -126,8 +134,14 @@ def consolidate_cmd(
         report = worker.run_once(scopes)
     tell(report)
     if not json_output and not report.batches and not revived:
-        out.print("nothing to consolidate" + (f" ({report.unsettled} span(s) wait for their runs to settle; "
-                                              "--settle-s 0 takes them now)" if report.unsettled else ""))
+        out.print(
+            "nothing to consolidate"
+            + (
+                f" ({report.unsettled} span(s) wait for their runs to settle; --settle-s 0 takes them now)"
+                if report.unsettled
+                else ""
+            )
+        )
     if report.held:
         raise typer.Exit(1)
 
@@ -145,8 +159,12 @@ def search_cmd(
     scopes = _scopes(scope) or memory.scopes()
     hits = memory.search(query, k, scopes)
     if json_output:
-        print_json([{"fact_id": h.id, "scope": h.scope, "score": round(h.score, 4), "text": h.text, **h.provenance}
-                    for h in hits])
+        print_json(
+            [
+                {"fact_id": h.id, "scope": h.scope, "score": round(h.score, 4), "text": h.text, **h.provenance}
+                for h in hits
+            ]
+        )
         return
     if not hits:
         out.print("nothing matched")
@@ -203,13 +221,16 @@ def show_cmd(fact_id: str = typer.Argument(...), json_output: bool = _JSON) -> N
     if json_output:
         print_json({**fact.to_dict(), "history": history, "origins": origins})
         return
-    out.print(f"[bold]{fact.fact_id}[/bold] · {fact.scope} · {fact.cls} · {fact.status}"
-              + (f" (by {fact.superseded_by})" if fact.superseded_by else ""))
+    out.print(
+        f"[bold]{fact.fact_id}[/bold] · {fact.scope} · {fact.cls} · {fact.status}"
+        + (f" (by {fact.superseded_by})" if fact.superseded_by else "")
+    )
     out.print(escape(fact.statement) or "[dim](erased)[/dim]", highlight=False)
     out.print(f"[dim]subject {escape(fact.subject)} · observed {fact.observed_at or '?'}[/dim]")
     for h in history:
-        out.print(f"  {_when(h['at'])} {h['action']}: {escape(str(h.get('statement') or h.get('by') or ''))}",
-                  highlight=False)
+        out.print(
+            f"  {_when(h['at'])} {h['action']}: {escape(str(h.get('statement') or h.get('by') or ''))}", highlight=False
+        )
     for t in origins:
         out.print(f"  [dim]{t['run_id']} #{t['seq']} {t['role']}:[/dim] {escape(t['text'][:300])}", highlight=False)
 
@@ -246,8 +267,12 @@ def calibrate_cmd(
     if json_output:
         print_json({**result, "applied": apply})
         return
-    out.print(f"embedder {result['embedder']}: paraphrases {result['paraphrase']['min']:.3f}–"
-              f"{result['paraphrase']['max']:.3f} (median {result['paraphrase']['median']:.3f}), non-paraphrases "
-              f"{result['other']['min']:.3f}–{result['other']['max']:.3f} (median {result['other']['median']:.3f})")
-    out.print(f"merge band: cosine ≥ {result['merge_cosine']:.3f} (accuracy {result['accuracy']:.3f} on "
-              f"{result['pairs']} pairs)" + (" · stored" if apply else " · --apply stores it"))
+    out.print(
+        f"embedder {result['embedder']}: paraphrases {result['paraphrase']['min']:.3f}–"
+        f"{result['paraphrase']['max']:.3f} (median {result['paraphrase']['median']:.3f}), non-paraphrases "
+        f"{result['other']['min']:.3f}–{result['other']['max']:.3f} (median {result['other']['median']:.3f})"
+    )
+    out.print(
+        f"merge band: cosine ≥ {result['merge_cosine']:.3f} (accuracy {result['accuracy']:.3f} on "
+        f"{result['pairs']} pairs)" + (" · stored" if apply else " · --apply stores it")
+    )

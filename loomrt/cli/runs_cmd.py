@@ -49,9 +49,13 @@ def list_cmd(
 @friendly
 def show_cmd(
     run_id: str,
-    seq: int | None = typer.Option(None, "--seq", help="Print this one event verbatim, with the distillations that covered it."),
+    seq: int | None = typer.Option(
+        None, "--seq", help="Print this one event verbatim, with the distillations that covered it."
+    ),
     full: bool = typer.Option(False, "--full", help="The transcript with the evicted messages too (dimmed)."),
-    as_of: int | None = typer.Option(None, "--as-of", help="The working context exactly as the model saw it after this seq."),
+    as_of: int | None = typer.Option(
+        None, "--as-of", help="The working context exactly as the model saw it after this seq."
+    ),
     json_output: bool = JsonOpt,
 ) -> None:
     """One run: its summary, pins and transcript, each distillation a marker between the messages."""
@@ -75,31 +79,52 @@ def show_cmd(
         print_json({**summary, "pins": pins, "definition_pins": standing, "private": sorted(view.private)})
         return
     table = Table(show_header=False, box=None)
-    for key in ("run_id", "agent", "status", "mode", "requested_mode", "model", "def_hash", "distillations",
-                "declined", "working_context_messages"):
+    for key in (
+        "run_id",
+        "agent",
+        "status",
+        "mode",
+        "requested_mode",
+        "model",
+        "def_hash",
+        "distillations",
+        "declined",
+        "working_context_messages",
+    ):
         table.add_row(f"[bold]{key}[/bold]", str(summary.get(key)))
     table.add_row("[bold]tools[/bold]", ", ".join(summary["tools"]) or "none")
     if summary.get("forked_from"):
         table.add_row("[bold]forked from[/bold]", f"{summary['forked_from']} at #{summary.get('fork_seq')}")
     state = summary.get("mode_state")
     if state:
+
         def when(t: float | None) -> str:
             return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else "never"
 
         failure = state.get("last_failure") or {}
-        table.add_row(f"[bold]{summary['mode']}[/bold]", (
-            f"{state.get('cards', 0)} cards · "
-            f"{'folding now' if state.get('running') else 'a fold is pending' if state.get('pending') else 'nothing pending'} · "
-            f"last success {when(state.get('last_success'))}"
-            + (f" · last failure {when(failure.get('at'))}: {escape(str(failure.get('error') or failure.get('reason')))}"
-               if failure else "")
-            + (f" · paused until {when(state['paused_until'])}" if state.get("paused_until") else "")))
+        table.add_row(
+            f"[bold]{summary['mode']}[/bold]",
+            (
+                f"{state.get('cards', 0)} cards · "
+                f"{'folding now' if state.get('running') else 'a fold is pending' if state.get('pending') else 'nothing pending'} · "
+                f"last success {when(state.get('last_success'))}"
+                + (
+                    f" · last failure {when(failure.get('at'))}: {escape(str(failure.get('error') or failure.get('reason')))}"
+                    if failure
+                    else ""
+                )
+                + (f" · paused until {when(state['paused_until'])}" if state.get("paused_until") else "")
+            ),
+        )
     if summary.get("parent_run_id"):
         table.add_row("[bold]parent[/bold]", f"{summary['parent_run_id']} (root {summary.get('root_run_id')})")
     if summary.get("children"):
         kids = summary["usage"]["children"]
-        table.add_row("[bold]children[/bold]", f"{', '.join(summary['children'])} ({kids['input_tokens']} input, "
-                                               f"{kids['output_tokens']} output tokens in all)")
+        table.add_row(
+            "[bold]children[/bold]",
+            f"{', '.join(summary['children'])} ({kids['input_tokens']} input, "
+            f"{kids['output_tokens']} output tokens in all)",
+        )
     out.print(table)
     usage = Table("input tokens", "output tokens", "cached tokens", "model calls", title="usage", title_justify="left")
     u = summary["usage"]
@@ -135,8 +160,11 @@ def _print_transcript(events: list, *, full: bool) -> None:  # type: ignore[type
                 out.print(f"[dim]… {hidden} evicted messages (--full shows them)[/dim]")
                 hidden = 0
             span = f"#{item.covered[0]}–#{item.covered[-1]}" if item.covered else "nothing"
-            out.rule(f"distillation #{item.seq} · {item.mode} · covered {span} ({len(item.covered)} messages) · "
-                     f"{item.tokens_before} → {item.tokens_after} tokens", style="cyan")
+            out.rule(
+                f"distillation #{item.seq} · {item.mode} · covered {span} ({len(item.covered)} messages) · "
+                f"{item.tokens_before} → {item.tokens_after} tokens",
+                style="cyan",
+            )
             for block in item.worked_from:
                 out.print(escape(block), style="cyan", highlight=False)
             out.rule(style="cyan")
@@ -214,14 +242,23 @@ def verify_cmd(run_id: str, json_output: bool = JsonOpt) -> None:
     problems += prompt_problems(events, store) if not problems else []
     checked = sum(1 for e in events if e.kind == "model_call" and e.data.get("prompt_from") == "context")
     if json_output:
-        print_json({"run_id": run_id, "events": len(events), "prompts_checked": checked, "clean": not problems,
-                    "problems": problems})
+        print_json(
+            {
+                "run_id": run_id,
+                "events": len(events),
+                "prompts_checked": checked,
+                "clean": not problems,
+                "problems": problems,
+            }
+        )
     elif problems:
         for line in problems:
             out.print(f"run {run_id}: {line}", markup=False, highlight=False)
     else:
-        out.print(f"run {run_id}: {len(events)} events, {checked} prompts re-derived, the record audits clean",
-                  highlight=False)
+        out.print(
+            f"run {run_id}: {len(events)} events, {checked} prompts re-derived, the record audits clean",
+            highlight=False,
+        )
     if problems:
         raise typer.Exit(1)
 
@@ -273,19 +310,32 @@ def fork_cmd(
     rt = runtime()
     run = asyncio.run(rt.fork(run_id, at=at))
     if json_output:
-        print_json({"run_id": run.run_id, "forked_from": {"run_id": run_id, "seq": run.view.fork_seq},
-                    "mode": run.mode.name, "context_tokens": run.estimate()})
+        print_json(
+            {
+                "run_id": run.run_id,
+                "forked_from": {"run_id": run_id, "seq": run.view.fork_seq},
+                "mode": run.mode.name,
+                "context_tokens": run.estimate(),
+            }
+        )
         return
-    out.print(f"forked {run_id} at #{run.view.fork_seq}: run {run.run_id} ({run.mode.name}); "
-              f"`loomrt runs continue {run.run_id} \"...\"` goes on from there", highlight=False)
+    out.print(
+        f"forked {run_id} at #{run.view.fork_seq}: run {run.run_id} ({run.mode.name}); "
+        f'`loomrt runs continue {run.run_id} "..."` goes on from there',
+        highlight=False,
+    )
 
 
 @runs_app.command("refold")
 @friendly
 def refold_cmd(
     run_id: str,
-    fallback_only: bool = typer.Option(False, "--fallback-only", help="Rewrite only fallback cards (and those above one)."),
-    model: str | None = typer.Option(None, "--model", help="Write the new cards with this model (default: the run's summariser)."),
+    fallback_only: bool = typer.Option(
+        False, "--fallback-only", help="Rewrite only fallback cards (and those above one)."
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="Write the new cards with this model (default: the run's summariser)."
+    ),
     json_output: bool = JsonOpt,
 ) -> None:
     """Write new cards for a fold run's catalog; the old cards stay on the record."""
@@ -293,9 +343,12 @@ def refold_cmd(
     if json_output:
         print_json(result)
         return
-    out.print(f"run {run_id}: {result['refolded']} cards rewritten, {result['tokens_before']} → "
-              f"{result['tokens_after']} tokens, {result['fallbacks_left']} fallback cards left"
-              + (f" ({result['reason']})" if result["reason"] else ""), highlight=False)
+    out.print(
+        f"run {run_id}: {result['refolded']} cards rewritten, {result['tokens_before']} → "
+        f"{result['tokens_after']} tokens, {result['fallbacks_left']} fallback cards left"
+        + (f" ({result['reason']})" if result["reason"] else ""),
+        highlight=False,
+    )
 
 
 @runs_app.command("continue")

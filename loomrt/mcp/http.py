@@ -128,7 +128,8 @@ async def serve_http(server: Any, *, host: str, port: int, token: str | None, or
     from mcp.server.transport_security import TransportSecuritySettings
 
     inner = server.streamable_http_app(
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False), host=host,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        host=host,
     )  # the Guard checks Host and Origin itself, before the token
     app = Guard(inner, host=host, port=port, token=token, origins=origins)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")

@@ -145,7 +145,9 @@ class LoomMCPServer(MCPServer[Any]):
             if isinstance(cause, ServiceError):
                 raise ToolError(str(cause)) from None
             if isinstance(cause, ValidationError):
-                problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in cause.errors())
+                problems = "; ".join(
+                    f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in cause.errors()
+                )
                 raise ToolError(f"invalid arguments for {name}: {problems}") from None
             raise
 
@@ -153,10 +155,14 @@ class LoomMCPServer(MCPServer[Any]):
         listed = await super().list_resources()
         for row in self.service.list_runs(None, None, RESOURCES_LISTED):
             run_id, what = row["run_id"], f"{row['agent']}, {row['status']}"
-            listed.append(MCPResource(uri=f"loomrt://runs/{run_id}", name=f"run {run_id} ({what})",
-                                      mime_type="application/json"))
-            listed.append(MCPResource(uri=f"loomrt://runs/{run_id}/events", name=f"events of run {run_id}",
-                                      mime_type="application/json"))
+            listed.append(
+                MCPResource(uri=f"loomrt://runs/{run_id}", name=f"run {run_id} ({what})", mime_type="application/json")
+            )
+            listed.append(
+                MCPResource(
+                    uri=f"loomrt://runs/{run_id}/events", name=f"events of run {run_id}", mime_type="application/json"
+                )
+            )
         return listed
 
 
@@ -172,8 +178,12 @@ def build_server(service: RunService) -> LoomMCPServer:
 
     @server.tool()
     async def spawn_run(
-        agent: str, prompt: str, context: dict[str, Any] | None = None, wait: bool = True,
-        timeout_s: float | None = None, ctx: Context[Any, Any] | None = None,
+        agent: str,
+        prompt: str,
+        context: dict[str, Any] | None = None,
+        wait: bool = True,
+        timeout_s: float | None = None,
+        ctx: Context[Any, Any] | None = None,
     ) -> RunResultOut:
         """Start a run of AGENT on PROMPT and (by default) wait for its result.
 
@@ -226,7 +236,10 @@ def build_server(service: RunService) -> LoomMCPServer:
 
     @server.tool()
     async def continue_run(
-        run_id: str, prompt: str, wait: bool = True, timeout_s: float | None = None,
+        run_id: str,
+        prompt: str,
+        wait: bool = True,
+        timeout_s: float | None = None,
         ctx: Context[Any, Any] | None = None,
     ) -> RunResultOut:
         """Give a run that is not playing (done, parked, failed or cancelled) a new input, and play it."""
@@ -262,13 +275,21 @@ def build_server(service: RunService) -> LoomMCPServer:
         A private message's hit is its placeholder unless INCLUDE_PRIVATE."""
         return await service.recall(run_id, query, top_k, include_private)  # type: ignore[return-value]
 
-    @server.resource("loomrt://runs/{run_id}", name="run", mime_type="application/json",
-                     description="A run as `loomrt runs show --json` prints it.")
+    @server.resource(
+        "loomrt://runs/{run_id}",
+        name="run",
+        mime_type="application/json",
+        description="A run as `loomrt runs show --json` prints it.",
+    )
     def run_resource(run_id: str) -> str:
         return _read(lambda: service.get_run(run_id))
 
-    @server.resource("loomrt://runs/{run_id}/events", name="run events", mime_type="application/json",
-                     description=f"A run's record, its first {EVENTS_MAX} events (get_events pages the rest).")
+    @server.resource(
+        "loomrt://runs/{run_id}/events",
+        name="run events",
+        mime_type="application/json",
+        description=f"A run's record, its first {EVENTS_MAX} events (get_events pages the rest).",
+    )
     def events_resource(run_id: str) -> str:
         return _read(lambda: service.get_events(run_id, 0, EVENTS_MAX))
 

@@ -109,11 +109,14 @@ class RunService:
         """Start a run of ``agent`` on ``prompt`` in the background; its task is in :attr:`playing`."""
         overrides = self.check_spawn(agent, prompt, context)
         if self.lineage and int(self.lineage.get("depth", 0)) > DEPTH_MAX:
-            raise ServiceError(f"the run that started this server is at depth {int(self.lineage['depth']) - 1}; "
-                               f"spawns nest at most {DEPTH_MAX} deep, across MCP too")
+            raise ServiceError(
+                f"the run that started this server is at depth {int(self.lineage['depth']) - 1}; "
+                f"spawns nest at most {DEPTH_MAX} deep, across MCP too"
+            )
         try:
-            run = await self.runtime.astart(agent, agents=self.agents, overrides=overrides, agents_file=self.agents_file,
-                                            lineage=self.lineage)
+            run = await self.runtime.astart(
+                agent, agents=self.agents, overrides=overrides, agents_file=self.agents_file, lineage=self.lineage
+            )
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
         self._play(run, self.runtime.send(run, prompt))
@@ -270,7 +273,9 @@ class RunService:
         events = self.runtime.store.events(run_id, after=max(0, after_seq))
         page = events[:limit]
         if not include_private:  # the whole record's private seqs: a later mark_private covers earlier ones
-            page = redact_events(page, private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"])))
+            page = redact_events(
+                page, private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"]))
+            )
         more = len(events) > limit
         return {
             "run_id": run_id,
@@ -313,19 +318,33 @@ def _inherited_lineage() -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(raw)
-        return {"parent_run_id": str(data["parent_run_id"]), "root_run_id": str(data["root_run_id"]),
-                "depth": int(data["depth"])}
+        return {
+            "parent_run_id": str(data["parent_run_id"]),
+            "root_run_id": str(data["root_run_id"]),
+            "depth": int(data["depth"]),
+        }
     except (ValueError, KeyError, TypeError):
         return None  # not ours to refuse: the server serves as a top-level one
 
 
 def _agent_row(name: str, spec: AgentSpec) -> dict[str, Any]:
     return {
-        "name": name, "description": spec.description, "mode": spec.context.mode, "model": spec.model,
-        "tools": list(spec.tools), "recall": spec.context.recall, "harvest": spec.context.harvest_to_memory,
+        "name": name,
+        "description": spec.description,
+        "mode": spec.context.mode,
+        "model": spec.model,
+        "tools": list(spec.tools),
+        "recall": spec.context.recall,
+        "harvest": spec.context.harvest_to_memory,
     }
 
 
 def _hit_row(hit: Any) -> dict[str, Any]:
-    return {"text": hit.text, "score": round(float(hit.score), 4), "source": hit.source, "seq": hit.seq,
-            "role": hit.role, "distillation_seq": hit.distillation_seq}
+    return {
+        "text": hit.text,
+        "score": round(float(hit.score), 4),
+        "source": hit.source,
+        "seq": hit.seq,
+        "role": hit.role,
+        "distillation_seq": hit.distillation_seq,
+    }

@@ -45,16 +45,25 @@ def copy_record(source: Any, target: Any, *, progress: Callable[[str], None] | N
         if there is not None:
             theirs = target.events(info.run_id)
             if [(e.seq, e.hash) for e in theirs] != [(e.seq, e.hash) for e in events]:
-                raise StoreError(f"run {info.run_id} is in the target already, with a different record "
-                                 f"({len(theirs)} events there, {len(events)} here): the copy stops before it "
-                                 f"({copied} runs copied so far)")
+                raise StoreError(
+                    f"run {info.run_id} is in the target already, with a different record "
+                    f"({len(theirs)} events there, {len(events)} here): the copy stops before it "
+                    f"({copied} runs copied so far)"
+                )
             skipped += 1
         else:
-            write(target, info.model_copy(update={"status": "active", "last_seq": 0}), events, cards_of(source, info.run_id))
+            write(
+                target,
+                info.model_copy(update={"status": "active", "last_seq": 0}),
+                events,
+                cards_of(source, info.run_id),
+            )
             back = target.events(info.run_id)
             if len(back) != len(events) or (back and back[-1].hash != events[-1].hash):
-                raise StoreError(f"run {info.run_id} did not read back as written ({len(back)} of {len(events)} "
-                                 "events): the copy stops here")
+                raise StoreError(
+                    f"run {info.run_id} did not read back as written ({len(back)} of {len(events)} "
+                    "events): the copy stops here"
+                )
             copied += 1
         problems = [p for p in verify_chain(target.events(info.run_id)) if p not in set(verify_chain(events))]
         if problems:  # what audits clean here must audit clean there

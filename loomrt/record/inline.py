@@ -16,15 +16,23 @@ class InlineAsyncFace:
     """``write_run``, ``write``, ``write_many`` and ``read`` over the sync methods."""
 
     if TYPE_CHECKING:  # what the store itself defines
+
         def create_run(self, info: RunInfo) -> None: ...
 
         def append(self, run_id: str, kind: str, data: dict[str, Any]) -> Event: ...
 
-        def append_many(self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None,
-                        epoch: int | None = None) -> list[Event]: ...
+        def append_many(
+            self,
+            run_id: str,
+            items: list[tuple[str, dict[str, Any]]],
+            *,
+            after: int | None = None,
+            epoch: int | None = None,
+        ) -> list[Event]: ...
 
-        def events(self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None,
-                   until: int | None = None) -> list[Event]: ...
+        def events(
+            self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+        ) -> list[Event]: ...
 
     async def write_run(self, info: RunInfo) -> None:
         self.create_run(info)
@@ -33,7 +41,12 @@ class InlineAsyncFace:
         return self.append(run_id, kind, data)
 
     async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
+        self,
+        run_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        *,
+        after: int | None = None,
+        epoch: int | None = None,
     ) -> list[Event]:
         return self.append_many(run_id, items, after=after, epoch=epoch)
 

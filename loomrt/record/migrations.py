@@ -143,9 +143,7 @@ def migrate(conn: sqlite3.Connection, migrations: list[tuple[str, str]] | None =
     Each migration runs in its own write transaction, so it applies whole or not at all,
     and two processes opening a fresh file at once apply it once.
     """
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
-    )
+    conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     applied = []
     for name, sql in MIGRATIONS if migrations is None else migrations:
         conn.execute("BEGIN IMMEDIATE")

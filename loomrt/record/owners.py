@@ -25,8 +25,16 @@ from typing import Any
 
 from loomrt.errors import FencedError, RunOwnedError, StoreError
 
-__all__ = ["worker_name", "owner_is_gone", "RUN_LEASE_S", "claimed", "fenced", "owner_rows", "Heartbeat",
-           "append_out_of_band"]
+__all__ = [
+    "worker_name",
+    "owner_is_gone",
+    "RUN_LEASE_S",
+    "claimed",
+    "fenced",
+    "owner_rows",
+    "Heartbeat",
+    "append_out_of_band",
+]
 
 RUN_LEASE_S = 900.0
 """How long a claim holds without an append: longer than any one model call may take
@@ -69,20 +77,26 @@ def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: fl
         return epoch
     if expires_at <= now or owner_is_gone(holder):
         return epoch + 1
-    raise RunOwnedError(f"run {run_id} is owned by worker {holder} (epoch {epoch}) for {expires_at - now:.0f} s more; "
-                        "it is playing there. Wait for it, or for its lease to expire if that worker is dead "
-                        "(`loomrt workers list` shows the live claims).")
+    raise RunOwnedError(
+        f"run {run_id} is owned by worker {holder} (epoch {epoch}) for {expires_at - now:.0f} s more; "
+        "it is playing there. Wait for it, or for its lease to expire if that worker is dead "
+        "(`loomrt workers list` shows the live claims)."
+    )
 
 
 def fenced(run_id: str, epoch: int, row: tuple[str, int, float] | None) -> str:
     """Why a write with ``epoch`` was refused."""
     now_owner = f"worker {row[0]} owns it at epoch {row[1]}" if row else "nobody owns it"
-    return (f"run {run_id}: this worker's claim (epoch {epoch}) is no longer the run's; {now_owner}. The write is "
-            "refused so that two workers never play one run; nothing was written.")
+    return (
+        f"run {run_id}: this worker's claim (epoch {epoch}) is no longer the run's; {now_owner}. The write is "
+        "refused so that two workers never play one run; nothing was written."
+    )
 
 
 def owner_rows(rows: list[Any], now: float) -> list[dict[str, Any]]:
-    return [{"run_id": r[0], "owner": r[1], "epoch": int(r[2]), "expires_in_s": round(float(r[3]) - now, 1)} for r in rows]
+    return [
+        {"run_id": r[0], "owner": r[1], "epoch": int(r[2]), "expires_in_s": round(float(r[3]) - now, 1)} for r in rows
+    ]
 
 
 class Heartbeat:
@@ -91,8 +105,9 @@ class Heartbeat:
     stops the heartbeat: the run's next append is then refused (fenced), as it must be; a
     store error is retried at the next beat (the claim has the rest of its ttl)."""
 
-    def __init__(self, store: Any, run_id: str, owner: str, *, ttl_s: float = RUN_LEASE_S,
-                 every_s: float | None = None):
+    def __init__(
+        self, store: Any, run_id: str, owner: str, *, ttl_s: float = RUN_LEASE_S, every_s: float | None = None
+    ):
         self.store, self.run_id, self.owner, self.ttl_s = store, run_id, owner, ttl_s
         self.every_s = every_s if every_s is not None else ttl_s / 3
         self.beats = 0
@@ -145,5 +160,7 @@ def append_out_of_band(store: Any, run_id: str, kind: str, data: dict[str, Any])
             continue  # a worker claimed the run between the claim and the write: now it is the owner's
         finally:
             store.release_run(run_id, me, epoch)
-    raise StoreError(f"run {run_id}: the {kind} could not be written through the run's claim after 10 tries "
-                     "(workers keep taking the run over); nothing was written. Try again.")
+    raise StoreError(
+        f"run {run_id}: the {kind} could not be written through the run's claim after 10 tries "
+        "(workers keep taking the run over); nothing was written. Try again."
+    )

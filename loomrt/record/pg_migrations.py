@@ -90,7 +90,8 @@ POSTGRES_SQL: dict[str, str] = {
             data TEXT NOT NULL
         );
         CREATE INDEX cards_run ON cards(run_id);
-    """ + _refuse("cards", "cards are immutable"),
+    """
+    + _refuse("cards", "cards are immutable"),
     "0008_leases_and_latest": f"""
         CREATE TABLE leases (
             name TEXT PRIMARY KEY,
@@ -167,7 +168,9 @@ def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
     done = []
     conn.execute("SELECT pg_advisory_lock(%s)", (_LOCK,))
     try:
-        conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)")
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+        )
         for name in missing(conn):
             with conn.transaction():
                 conn.execute(_sql(name))

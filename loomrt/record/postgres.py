@@ -72,12 +72,21 @@ class PostgresStore(InlineAsyncFace, RunReads):
         """Where the record is, as messages name it (the URL without its password)."""
         self._errors = psycopg.Error
         try:
-            self._pool = ConnectionPool(url, min_size=1, max_size=pool_size, open=True, timeout=30,
-                                        kwargs={"autocommit": True}, name="loomrt-record")
+            self._pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=pool_size,
+                open=True,
+                timeout=30,
+                kwargs={"autocommit": True},
+                name="loomrt-record",
+            )
             self._pool.wait(timeout=30)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error
-            raise StoreError(f"cannot connect to the record at {self.path}: {exc}. Check LOOMRT_DB_URL and that "
-                             "the server is running.") from None
+            raise StoreError(
+                f"cannot connect to the record at {self.path}: {exc}. Check LOOMRT_DB_URL and that "
+                "the server is running."
+            ) from None
         self._pinned: contextvars.ContextVar[Any] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
         self.closed = False
         self._listener: Any = None
@@ -146,7 +155,12 @@ class PostgresStore(InlineAsyncFace, RunReads):
         return self.append_many(run_id, [(kind, data)])[0]
 
     def append_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
+        self,
+        run_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        *,
+        after: int | None = None,
+        epoch: int | None = None,
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
         With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
@@ -162,27 +176,43 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 now, last, last_hash, fork_seq = conn.execute(
                     f"SELECT {_NOW}, last.seq, last.hash, (SELECT fork_seq FROM runs WHERE run_id = %s) FROM "
                     "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
-                    "ORDER BY seq DESC LIMIT 1) last ON true", (run_id, run_id)).fetchone()
+                    "ORDER BY seq DESC LIMIT 1) last ON true",
+                    (run_id, run_id),
+                ).fetchone()
                 ts = float(now)
                 seq, prev = (int(last), last_hash or "") if last is not None else (int(fork_seq or 0), "")
                 if after is not None and seq != after:
-                    raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
-                                       f"{after}): the write is refused")
-                if epoch is not None and conn.execute(
+                    raise MovedOnError(
+                        f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
+                        f"{after}): the write is refused"
+                    )
+                if (
+                    epoch is not None
+                    and conn.execute(
                         "UPDATE run_owners SET expires_at = %s + ttl_s WHERE run_id = %s AND epoch = %s",
-                        (ts, run_id, epoch)).rowcount == 0:
+                        (ts, run_id, epoch),
+                    ).rowcount
+                    == 0
+                ):
                     raise FencedError(fenced(run_id, epoch, self._owner_row(conn, run_id)))
                 rows, cards, out = chained(run_id, seq, prev, ts, items)
                 with conn.cursor() as cur:
                     if len(rows) == 1:  # executemany prepares; one row needs one round trip
-                        cur.execute("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
-                                    rows[0])
+                        cur.execute(
+                            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+                            rows[0],
+                        )
                     else:
-                        cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) "
-                                        "VALUES (%s, %s, %s, %s, %s, %s)", rows)
+                        cur.executemany(
+                            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+                            rows,
+                        )
                     if cards:
-                        cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
-                                        "ON CONFLICT (card_id) DO NOTHING", cards)
+                        cur.executemany(
+                            "INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
+                            "ON CONFLICT (card_id) DO NOTHING",
+                            cards,
+                        )
         except (MovedOnError, FencedError):
             raise
         except self._errors as exc:
@@ -216,7 +246,9 @@ class PostgresStore(InlineAsyncFace, RunReads):
     def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
         rows = self._select(
             "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = %s AND kind = %s AND seq <= %s "
-            "ORDER BY seq DESC LIMIT 1", (run_id, kind, until if until is not None else 2**62))
+            "ORDER BY seq DESC LIMIT 1",
+            (run_id, kind, until if until is not None else 2**62),
+        )
         if not rows:
             return None
         s, k, t, d, h = rows[0]
@@ -226,8 +258,10 @@ class PostgresStore(InlineAsyncFace, RunReads):
         wanted = list(dict.fromkeys(ids))
         if not wanted:
             return {}
-        return {c: json.loads(d) for c, d in self._select("SELECT card_id, data FROM cards WHERE card_id = ANY(%s)",
-                                                          [wanted])}
+        return {
+            c: json.loads(d)
+            for c, d in self._select("SELECT card_id, data FROM cards WHERE card_id = ANY(%s)", [wanted])
+        }
 
     def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         """Hold lease ``name`` for ``ttl_s`` seconds of database time: True if ``holder`` has it
@@ -238,7 +272,8 @@ class PostgresStore(InlineAsyncFace, RunReads):
                     f"INSERT INTO leases (name, holder, expires_at) VALUES (%s, %s, {_NOW} + %s) "
                     f"ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
                     f"WHERE leases.holder = excluded.holder OR leases.expires_at <= {_NOW} RETURNING holder",
-                    (name, holder, ttl_s)).fetchone()
+                    (name, holder, ttl_s),
+                ).fetchone()
         except self._errors as exc:
             raise self._fail(f"cannot take lease {name}", exc) from exc
         return row is not None
@@ -271,7 +306,9 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 conn.execute(
                     "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (%s, %s, %s, %s, %s) "
                     "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
-                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at", (run_id, owner, epoch, ttl_s, now + ttl_s))
+                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at",
+                    (run_id, owner, epoch, ttl_s, now + ttl_s),
+                )
                 return epoch
         except self._errors as exc:
             raise self._fail(f"cannot claim run {run_id}", exc) from exc
@@ -280,23 +317,30 @@ class PostgresStore(InlineAsyncFace, RunReads):
         """Let the run go (its lease expires now; its epoch stays)."""
         try:
             with self._conn() as conn:
-                conn.execute("UPDATE run_owners SET expires_at = 0 WHERE run_id = %s AND owner = %s AND epoch = %s",
-                             (run_id, owner, epoch))
+                conn.execute(
+                    "UPDATE run_owners SET expires_at = 0 WHERE run_id = %s AND owner = %s AND epoch = %s",
+                    (run_id, owner, epoch),
+                )
         except self._errors as exc:
             raise self._fail(f"cannot release run {run_id}", exc) from exc
 
     def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
         """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,
         epoch and seconds left, soonest to expire first."""
-        rows = self._select(f"SELECT run_id, owner, epoch, expires_at, {_NOW} FROM run_owners "
-                            f"WHERE expires_at {'<=' if expired else '>'} {_NOW} ORDER BY expires_at", ())
+        rows = self._select(
+            f"SELECT run_id, owner, epoch, expires_at, {_NOW} FROM run_owners "
+            f"WHERE expires_at {'<=' if expired else '>'} {_NOW} ORDER BY expires_at",
+            (),
+        )
         return owner_rows(rows, float(rows[0][4]) if rows else 0.0)
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         rows = self._select(
             "SELECT q.run_id FROM events q WHERE q.kind = %s GROUP BY q.run_id "
             "HAVING MAX(q.seq) > COALESCE((SELECT MAX(s.seq) FROM events s WHERE s.run_id = q.run_id "
-            "AND s.kind = ANY(%s)), 0) ORDER BY MIN(q.ts)", (kind, list(settled_by)))
+            "AND s.kind = ANY(%s)), 0) ORDER BY MIN(q.ts)",
+            (kind, list(settled_by)),
+        )
         return [r[0] for r in rows]
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
@@ -338,18 +382,29 @@ class PostgresStore(InlineAsyncFace, RunReads):
         self._pool.close()
 
 
-def import_run(store: PostgresStore, info: RunInfo, events: list[Event], cards: list[tuple[str, int, int, str]]) -> None:
+def import_run(
+    store: PostgresStore, info: RunInfo, events: list[Event], cards: list[tuple[str, int, int, str]]
+) -> None:
     """Write one run's record as it is elsewhere (seqs, times and hashes kept), all or nothing:
     ``loomrt db copy``'s writer (:mod:`loomrt.record.copy`); never for a run that exists."""
     with store._pool.connection() as conn, conn.transaction(), conn.cursor() as cur:
         cur.execute(insert_run_sql("%s"), run_row(info))
-        cur.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
-                        [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
-        cur.executemany("INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
-                        "ON CONFLICT (card_id) DO NOTHING", [(c, info.run_id, s, d, data) for c, s, d, data in cards])
+        cur.executemany(
+            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)",
+            [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events],
+        )
+        cur.executemany(
+            "INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) "
+            "ON CONFLICT (card_id) DO NOTHING",
+            [(c, info.run_id, s, d, data) for c, s, d, data in cards],
+        )
 
 
 def run_cards(store: PostgresStore, run_id: str) -> list[tuple[str, int, int, str]]:
     """The card index rows run ``run_id`` wrote: (card id, seq, depth, data)."""
-    return [(c, int(s), int(d), data) for c, s, d, data in store._select(
-        "SELECT card_id, seq, depth, data FROM cards WHERE run_id = %s ORDER BY seq", (run_id,))]
+    return [
+        (c, int(s), int(d), data)
+        for c, s, d, data in store._select(
+            "SELECT card_id, seq, depth, data FROM cards WHERE run_id = %s ORDER BY seq", (run_id,)
+        )
+    ]

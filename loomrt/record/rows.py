@@ -12,16 +12,40 @@ from loomrt.record.ledger import canonical, event_hash
 
 __all__ = ["RUN_COLUMNS", "run_row", "insert_run_sql", "runs_sql", "run_info", "RunReads", "chained"]
 
-RUN_COLUMNS = ("run_id", "agent", "def_hash", "mode", "model", "interactive", "agents_file", "parent_run_id",
-               "created_at", "root_run_id", "forked_from", "fork_seq")
+RUN_COLUMNS = (
+    "run_id",
+    "agent",
+    "def_hash",
+    "mode",
+    "model",
+    "interactive",
+    "agents_file",
+    "parent_run_id",
+    "created_at",
+    "root_run_id",
+    "forked_from",
+    "fork_seq",
+)
 
 _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
 
 
 def run_row(info: RunInfo) -> tuple[Any, ...]:
     """``info`` as the values of :data:`RUN_COLUMNS`."""
-    return (info.run_id, info.agent, info.def_hash, info.mode, info.model, int(info.interactive), info.agents_file,
-            info.parent_run_id, info.created_at, info.root_run_id, info.forked_from, info.fork_seq)
+    return (
+        info.run_id,
+        info.agent,
+        info.def_hash,
+        info.mode,
+        info.model,
+        int(info.interactive),
+        info.agents_file,
+        info.parent_run_id,
+        info.created_at,
+        info.root_run_id,
+        info.forked_from,
+        info.fork_seq,
+    )
 
 
 def insert_run_sql(mark: str) -> str:
@@ -42,8 +66,9 @@ def runs_sql(where: str, mark: str) -> str:
         FROM runs r {where} ORDER BY r.created_at DESC LIMIT {mark}"""
 
 
-def chained(run_id: str, seq: int, prev: str, ts: float, items: list[tuple[str, dict[str, Any]]]
-            ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[Event]]:
+def chained(
+    run_id: str, seq: int, prev: str, ts: float, items: list[tuple[str, dict[str, Any]]]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[Event]]:
     """The rows of ``items`` (kind, data) appended after ``seq`` (whose hash is ``prev``) at
     ``ts``: event rows (run_id, seq, kind, ts, data, hash) with each data the canonical text
     the ledger hashes, card index rows (card_id, run_id, seq, depth, data) of the
@@ -65,9 +90,20 @@ def chained(run_id: str, seq: int, prev: str, ts: float, items: list[tuple[str, 
 def run_info(r: tuple[Any, ...]) -> RunInfo:
     """One row of :func:`runs_sql` as a :class:`RunInfo`."""
     return RunInfo(
-        run_id=r[0], agent=r[1], def_hash=r[2], mode=r[3], model=r[4], interactive=bool(r[5]), agents_file=r[6],
-        parent_run_id=r[7], created_at=r[8], status=run_status(r[9]), last_seq=int(r[10]), root_run_id=r[11],
-        forked_from=r[12], fork_seq=r[13],
+        run_id=r[0],
+        agent=r[1],
+        def_hash=r[2],
+        mode=r[3],
+        model=r[4],
+        interactive=bool(r[5]),
+        agents_file=r[6],
+        parent_run_id=r[7],
+        created_at=r[8],
+        status=run_status(r[9]),
+        last_seq=int(r[10]),
+        root_run_id=r[11],
+        forked_from=r[12],
+        fork_seq=r[13],
     )
 
 
@@ -79,6 +115,7 @@ class RunReads:
     path: Any
 
     if TYPE_CHECKING:  # what the store itself defines
+
         def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]: ...
 
     def get_run(self, run_id: str) -> RunInfo:

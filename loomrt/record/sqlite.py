@@ -24,8 +24,6 @@ from loomrt.record.rows import RunReads, chained, insert_run_sql, run_info, run_
 __all__ = ["SQLiteStore", "loomrt_home", "default_store", "import_run", "run_cards"]
 
 
-
-
 def loomrt_home() -> Path:
     """``$LOOMRT_HOME``, else ``~/.loomrt`` (created on first use)."""
     home = Path(os.environ.get("LOOMRT_HOME") or Path.home() / ".loomrt").expanduser()
@@ -46,8 +44,10 @@ def _hint(exc: sqlite3.Error) -> str:
     """What to do about a write that failed for want of room."""
     text = str(exc).lower()
     if "disk" in text or "full" in text:
-        return (". The disk may be full: free some space (nothing committed is lost; "
-                "`loomrt runs resume` goes on from the last committed event)")
+        return (
+            ". The disk may be full: free some space (nothing committed is lost; "
+            "`loomrt runs resume` goes on from the last committed event)"
+        )
     return ""
 
 
@@ -136,7 +136,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                 except sqlite3.Error as exc:
-                    raise StoreError(f"cannot open a transaction on the record at {self.path}: {exc}{_hint(exc)}") from exc
+                    raise StoreError(
+                        f"cannot open a transaction on the record at {self.path}: {exc}{_hint(exc)}"
+                    ) from exc
             self._atomic += 1
             try:
                 yield
@@ -163,7 +165,12 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         return self.append_many(run_id, [(kind, data)])[0]
 
     def append_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
+        self,
+        run_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        *,
+        after: int | None = None,
+        epoch: int | None = None,
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events in one transaction: all or none.
         With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
@@ -183,17 +190,25 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     row = ((base[0] or 0) if base else 0, "")
                 seq, prev = row[0], row[1] or ""
                 if after is not None and seq != after:
-                    raise MovedOnError(f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
-                                       f"{after}): the write is refused")
-                if epoch is not None and not self._conn.execute(
+                    raise MovedOnError(
+                        f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
+                        f"{after}): the write is refused"
+                    )
+                if (
+                    epoch is not None
+                    and not self._conn.execute(
                         "UPDATE run_owners SET expires_at = ? + ttl_s WHERE run_id = ? AND epoch = ?",
-                        (ts, run_id, epoch)).rowcount:
+                        (ts, run_id, epoch),
+                    ).rowcount
+                ):
                     raise FencedError(fenced(run_id, epoch, self._owner_row(run_id)))
                 rows, cards, out = chained(run_id, seq, prev, ts, items)
-                self._conn.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
-                                       rows)
-                self._conn.executemany("INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) "
-                                       "VALUES (?, ?, ?, ?, ?)", cards)
+                self._conn.executemany(
+                    "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)", rows
+                )
+                self._conn.executemany(
+                    "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)", cards
+                )
                 if not self._atomic:
                     self._conn.execute("COMMIT")
             except (MovedOnError, FencedError):
@@ -230,7 +245,8 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         with self._lock:
             row = self._conn.execute(
                 "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND seq = (SELECT MAX(seq) FROM events "
-                "WHERE run_id = ? AND kind = ? AND seq <= ?)", (run_id, run_id, kind, until if until is not None else 2**62),
+                "WHERE run_id = ? AND kind = ? AND seq <= ?)",
+                (run_id, run_id, kind, until if until is not None else 2**62),
             ).fetchone()
         if row is None:
             return None
@@ -244,9 +260,10 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
             for i in range(0, len(wanted), 500):
-                chunk = wanted[i:i + 500]
+                chunk = wanted[i : i + 500]
                 rows = self._conn.execute(
-                    f"SELECT card_id, data FROM cards WHERE card_id IN ({','.join('?' * len(chunk))})", chunk).fetchall()
+                    f"SELECT card_id, data FROM cards WHERE card_id IN ({','.join('?' * len(chunk))})", chunk
+                ).fetchall()
                 out.update({c: json.loads(d) for c, d in rows})
         return out
 
@@ -263,7 +280,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     return False
                 self._conn.execute(
                     "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE "
-                    "SET holder = excluded.holder, expires_at = excluded.expires_at", (name, holder, now + ttl_s))
+                    "SET holder = excluded.holder, expires_at = excluded.expires_at",
+                    (name, holder, now + ttl_s),
+                )
                 self._conn.execute("COMMIT")
                 return True
             except sqlite3.Error as exc:
@@ -274,8 +293,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
     def lease_holder(self, name: str) -> str | None:
         """Who holds lease ``name`` now (None: nobody, or it expired)."""
         with self._lock:
-            row = self._conn.execute("SELECT holder FROM leases WHERE name = ? AND expires_at > ?",
-                                     (name, time.time())).fetchone()
+            row = self._conn.execute(
+                "SELECT holder FROM leases WHERE name = ? AND expires_at > ?", (name, time.time())
+            ).fetchone()
         return row[0] if row else None
 
     def release_lease(self, name: str, holder: str) -> None:
@@ -284,7 +304,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             self._conn.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
 
     def _owner_row(self, run_id: str) -> tuple[str, int, float] | None:
-        row = self._conn.execute("SELECT owner, epoch, expires_at FROM run_owners WHERE run_id = ?", (run_id,)).fetchone()
+        row = self._conn.execute(
+            "SELECT owner, epoch, expires_at FROM run_owners WHERE run_id = ?", (run_id,)
+        ).fetchone()
         return (row[0], int(row[1]), float(row[2])) if row else None
 
     def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
@@ -298,7 +320,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                 self._conn.execute(
                     "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (?, ?, ?, ?, ?) "
                     "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
-                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at", (run_id, owner, epoch, ttl_s, now + ttl_s))
+                    "ttl_s = excluded.ttl_s, expires_at = excluded.expires_at",
+                    (run_id, owner, epoch, ttl_s, now + ttl_s),
+                )
                 self._conn.execute("COMMIT")
                 return epoch
             except BaseException:
@@ -309,16 +333,20 @@ class SQLiteStore(InlineAsyncFace, RunReads):
     def release_run(self, run_id: str, owner: str, epoch: int) -> None:
         """Let the run go (its lease expires now; its epoch stays)."""
         with self._lock:
-            self._conn.execute("UPDATE run_owners SET expires_at = 0 WHERE run_id = ? AND owner = ? AND epoch = ?",
-                               (run_id, owner, epoch))
+            self._conn.execute(
+                "UPDATE run_owners SET expires_at = 0 WHERE run_id = ? AND owner = ? AND epoch = ?",
+                (run_id, owner, epoch),
+            )
 
     def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
         """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,
         epoch and seconds left, soonest to expire first."""
         with self._lock:
-            rows = self._conn.execute("SELECT run_id, owner, epoch, expires_at FROM run_owners WHERE "
-                                      f"expires_at {'<=' if expired else '>'} ? ORDER BY expires_at",
-                                      (time.time(),)).fetchall()
+            rows = self._conn.execute(
+                "SELECT run_id, owner, epoch, expires_at FROM run_owners WHERE "
+                f"expires_at {'<=' if expired else '>'} ? ORDER BY expires_at",
+                (time.time(),),
+            ).fetchall()
         return owner_rows(rows, time.time())
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
@@ -330,7 +358,9 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             rows = self._conn.execute(
                 f"SELECT q.run_id, MAX(q.seq) AS last, MIN(q.ts) FROM events q WHERE q.kind = ? GROUP BY q.run_id "
                 f"HAVING last > COALESCE((SELECT MAX(s.seq) FROM events s WHERE s.run_id = q.run_id "
-                f"AND s.kind IN ({marks})), 0) ORDER BY MIN(q.ts)", [kind, *settled]).fetchall()
+                f"AND s.kind IN ({marks})), 0) ORDER BY MIN(q.ts)",
+                [kind, *settled],
+            ).fetchall()
         return [r[0] for r in rows]
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
@@ -359,10 +389,14 @@ def import_run(store: SQLiteStore, info: RunInfo, events: list[Event], cards: li
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(insert_run_sql("?"), run_row(info))
-            conn.executemany("INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
-                             [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events])
-            conn.executemany("INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
-                             [(c, info.run_id, s, d, data) for c, s, d, data in cards])
+            conn.executemany(
+                "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
+                [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events],
+            )
+            conn.executemany(
+                "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
+                [(c, info.run_id, s, d, data) for c, s, d, data in cards],
+            )
         except BaseException:
             conn.execute("ROLLBACK")
             raise
@@ -372,5 +406,9 @@ def import_run(store: SQLiteStore, info: RunInfo, events: list[Event], cards: li
 def run_cards(store: SQLiteStore, run_id: str) -> list[tuple[str, int, int, str]]:
     """The card index rows run ``run_id`` wrote: (card id, seq, depth, data)."""
     with store._lock:
-        return [tuple(r) for r in store._conn.execute(  # type: ignore[misc]
-            "SELECT card_id, seq, depth, data FROM cards WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()]
+        return [
+            tuple(r)
+            for r in store._conn.execute(  # type: ignore[misc]
+                "SELECT card_id, seq, depth, data FROM cards WHERE run_id = ? ORDER BY seq", (run_id,)
+            ).fetchall()
+        ]

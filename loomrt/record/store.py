@@ -38,7 +38,12 @@ class Store(Protocol):
         """Append one event, assigning the next ``seq`` of that run, and return it."""
 
     async def write_many(
-        self, run_id: str, items: list[tuple[str, dict[str, Any]]], *, after: int | None = None, epoch: int | None = None
+        self,
+        run_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        *,
+        after: int | None = None,
+        epoch: int | None = None,
     ) -> list[Event]:
         """Append ``items`` (kind, data) as consecutive events atomically: all are recorded, or
         none. With ``after``, only if the run's last seq is still ``after``, else

@@ -40,10 +40,16 @@ async def call_model(
     )
 
     def on_retry(attempt: int, error: Exception, delay: float) -> None:
-        run.emit("retry", {
-            "attempt": attempt, "error": str(error), "delay_s": round(delay, 3),
-            "status": getattr(error, "status", None), "purpose": purpose,
-        })
+        run.emit(
+            "retry",
+            {
+                "attempt": attempt,
+                "error": str(error),
+                "delay_s": round(delay, 3),
+                "status": getattr(error, "status", None),
+                "purpose": purpose,
+            },
+        )
 
     # before the provider sees them; the working context's is kept by the view, step by step
     sent = run.view.prompt_hash() if messages is run.context else prompt_hash(request.messages)
@@ -51,14 +57,17 @@ async def call_model(
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")
-    run.emit("model_call", {  # recorded with what the loop makes of the answer, in one transaction
-        "purpose": purpose,
-        "model": response.model or provider.model,
-        "usage": response.usage.to_dict(),
-        "seconds": round(time.perf_counter() - started, 4),
-        "finish_reason": response.finish_reason,
-        "prompt_hash": sent,
-        **({"prompt_from": "context"} if messages is run.context else {}),
-        **({"estimated_tokens": estimated} if estimated is not None else {}),
-    })
+    run.emit(
+        "model_call",
+        {  # recorded with what the loop makes of the answer, in one transaction
+            "purpose": purpose,
+            "model": response.model or provider.model,
+            "usage": response.usage.to_dict(),
+            "seconds": round(time.perf_counter() - started, 4),
+            "finish_reason": response.finish_reason,
+            "prompt_hash": sent,
+            **({"prompt_from": "context"} if messages is run.context else {}),
+            **({"estimated_tokens": estimated} if estimated is not None else {}),
+        },
+    )
     return response

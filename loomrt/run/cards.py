@@ -95,10 +95,12 @@ def render(card: Card) -> str:
     covers = f"#{card.seq_lo}–#{card.seq_hi}, {len(card.seqs)} messages"
     if card.children:
         covers += f", {len(card.children)} cards"
-    note = " fallback=\"truncated, not summarised\"" if card.fallback else ""
+    note = ' fallback="truncated, not summarised"' if card.fallback else ""
     hint = f"\n{EXPAND_LINE} {card.hint}" if card.hint else ""
-    return (f'<card id="{card.id}" depth="{card.depth}" covers="{covers}" time="{span} UTC"{note}>\n'
-            f"{card.text}{hint}\n</card>")
+    return (
+        f'<card id="{card.id}" depth="{card.depth}" covers="{covers}" time="{span} UTC"{note}>\n'
+        f"{card.text}{hint}\n</card>"
+    )
 
 
 def card_message(card: Card) -> Message:

@@ -19,7 +19,10 @@ __all__ = ["maybe_distil", "notify"]
 
 
 async def maybe_distil(
-    run: RunState, *, force: bool = False, reduce: Callable[[RunState], Awaitable[Reduction | Declined | None]] | None = None,
+    run: RunState,
+    *,
+    force: bool = False,
+    reduce: Callable[[RunState], Awaitable[Reduction | Declined | None]] | None = None,
     require_smaller: bool = True,
 ) -> bool:
     """Distil if the mode says pressure calls for it (or now, with ``force``: a client's
@@ -42,25 +45,39 @@ async def maybe_distil(
         else:  # a distillation call was made for nothing when a span was evicted but the result is not smaller
             paid = changed
             reason = "result not smaller" if paid else "nothing to evict"
-        await run.add("distillation_declined", {
-            "mode": run.mode.name, "tokens_before": before, "tokens_after": after, "pressure": pressure,
-            "paid": paid, "reason": reason,
-        })
+        await run.add(
+            "distillation_declined",
+            {
+                "mode": run.mode.name,
+                "tokens_before": before,
+                "tokens_after": after,
+                "pressure": pressure,
+                "paid": paid,
+                "reason": reason,
+            },
+        )
         return False
     evicted = tuple(run.view.original(m) for m in reduction.evicted)  # full text, as the record holds it
     reached("in_distillation")
-    event = await run.add("distillation", {
-        "mode": run.mode.name,
-        "span_seqs": [m.seq for m in evicted if m.seq is not None],
-        "tokens_before": before,
-        "tokens_after": after,
-        "pressure": pressure,
-        "budget": run.budget,
-        **reduction.payload,
-        "context": context_refs(reduction.context),
-    })
+    event = await run.add(
+        "distillation",
+        {
+            "mode": run.mode.name,
+            "span_seqs": [m.seq for m in evicted if m.seq is not None],
+            "tokens_before": before,
+            "tokens_after": after,
+            "pressure": pressure,
+            "budget": run.budget,
+            **reduction.payload,
+            "context": context_refs(reduction.context),
+        },
+    )
     span = EvictedSpan(
-        run_id=run.run_id, agent=run.agent, mode=run.mode.name, distillation_seq=event.seq, messages=evicted,
+        run_id=run.run_id,
+        agent=run.agent,
+        mode=run.mode.name,
+        distillation_seq=event.seq,
+        messages=evicted,
     )
     reached("after_distillation")
     if span.messages:  # a fold that only rolled cards up evicted nothing
@@ -76,8 +93,11 @@ async def notify(run: RunState, span: EvictedSpan) -> None:
             if inspect.isawaitable(out):
                 await out
         except Exception as exc:  # noqa: BLE001 - optional parts never fail a run
-            await run.add("callback_error", {
-                "callback": getattr(callback, "__qualname__", repr(callback)),
-                "error": f"{type(exc).__name__}: {exc}",
-                "distillation_seq": span.distillation_seq,
-            })
+            await run.add(
+                "callback_error",
+                {
+                    "callback": getattr(callback, "__qualname__", repr(callback)),
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "distillation_seq": span.distillation_seq,
+                },
+            )

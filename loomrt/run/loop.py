@@ -59,7 +59,8 @@ async def play_turn(run: RunState) -> str:
                 return run.output or ""
             await maybe_distil(run)
             response = await call_model(
-                run, run.context,
+                run,
+                run.context,
                 tools=run.mode.offered_tools(run),
                 response_schema=run.mode.response_schema(run),
                 tool_choice=run.mode.tool_choice(run),
@@ -97,7 +98,8 @@ async def play_turn(run: RunState) -> str:
         error = RunError(
             f"unexpected {type(exc).__name__}: {exc}. This is a bug in a tool, a provider or loomrt; "
             f"the record keeps everything up to here (`loomrt runs events {run.run_id}`).",
-            run_id=run.run_id, last_seq=run.last_seq,
+            run_id=run.run_id,
+            last_seq=run.last_seq,
         )
         await run.add("error", {"message": str(error), "type": type(exc).__name__})
         raise error from exc
@@ -124,7 +126,9 @@ async def close_interrupted_calls(run: RunState) -> None:
         if call.id in started and tool is not None and tool.resumable:
             await execute_tool(run, call, again=True)  # it reconciles what it did from the record
         elif call.id in started:
-            await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True})
+            await run.add(
+                "tool_result", {"tool_call_id": call.id, "name": call.name, "content": INTERRUPTED, "is_error": True}
+            )
         else:
             await execute_tool(run, call)
 
@@ -152,5 +156,13 @@ async def execute_tool(run: RunState, call: ToolCall, *, again: bool = False) ->
             content, is_error = f"Error: {type(exc).__name__}: {exc}", True
         finally:
             CURRENT_CALL.reset(token)
-    await run.add("tool_result", {"tool_call_id": call.id, "name": call.name, "content": str(content), "is_error": is_error,
-                                  **({"private": True} if private else {})})
+    await run.add(
+        "tool_result",
+        {
+            "tool_call_id": call.id,
+            "name": call.name,
+            "content": str(content),
+            "is_error": is_error,
+            **({"private": True} if private else {}),
+        },
+    )

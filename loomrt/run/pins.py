@@ -29,8 +29,18 @@ from loomrt.tokens import count_text
 if TYPE_CHECKING:
     from loomrt.run.projection import RunView
 
-__all__ = ["Pin", "PinError", "PIN_BLOCK", "keep_pins", "check_pin", "pin_payload", "definition_pins_text", "pin_tool",
-           "pin_in_record", "unpin_in_record"]
+__all__ = [
+    "Pin",
+    "PinError",
+    "PIN_BLOCK",
+    "keep_pins",
+    "check_pin",
+    "pin_payload",
+    "definition_pins_text",
+    "pin_tool",
+    "pin_in_record",
+    "unpin_in_record",
+]
 
 PIN_BLOCK = "pin"
 """The ``synthetic`` tag of a pinned block in the working context."""
@@ -81,8 +91,9 @@ def keep_pins(view: RunView, context: list[Message]) -> list[Message]:
     if request is not None and request != view.task_seq and request not in {p.seq for p in pins}:
         message = view.original(view.messages[request]) if request in view.messages else None
         if message is not None:
-            pins.append(Pin(f"#{request}", request, message.content, "the current request, until it is answered",
-                            "runtime"))
+            pins.append(
+                Pin(f"#{request}", request, message.content, "the current request, until it is answered", "runtime")
+            )
     blocks = []
     for pin in pins:
         if pin.seq is not None and pin.seq in present:
@@ -103,8 +114,10 @@ def check_pin(view: RunView, *, seq: int | None, text: str | None, limit: int, r
         raise PinError("pin either a record message (its seq) or a text, not both and not neither")
     if seq is not None:
         if seq not in view.messages:
-            raise PinError(f"run {run_id} has no message at #{seq}: pin a user input, an assistant message or a "
-                           "tool result (`loomrt runs events RUN_ID` lists their seqs)")
+            raise PinError(
+                f"run {run_id} has no message at #{seq}: pin a user input, an assistant message or a "
+                "tool result (`loomrt runs events RUN_ID` lists their seqs)"
+            )
         if view.messages[seq].role == "system":
             raise PinError("the system prompt is never summarised: it needs no pin")
         pin_id = f"#{seq}"
@@ -117,9 +130,11 @@ def check_pin(view: RunView, *, seq: int | None, text: str | None, limit: int, r
     used = sum(count_text(p.text) for p in view.pins.values())
     size = count_text(body)
     if used + size > limit:
-        raise PinError(f"pinning {pin_id} ({size} tokens) would take the pins to {used + size} tokens, over "
-                       f"context.pins_max_tokens ({limit}; {used} in use). Unpin something "
-                       "(`loomrt runs unpin RUN_ID SEQ`), pin a shorter message, or raise context.pins_max_tokens.")
+        raise PinError(
+            f"pinning {pin_id} ({size} tokens) would take the pins to {used + size} tokens, over "
+            f"context.pins_max_tokens ({limit}; {used} in use). Unpin something "
+            "(`loomrt runs unpin RUN_ID SEQ`), pin a shorter message, or raise context.pins_max_tokens."
+        )
     return Pin(pin_id, seq, body)
 
 

@@ -159,7 +159,9 @@ class RunView:
                 self.run_id = e.run_id
                 ctx = (d.get("definition") or {}).get("context") or {}
                 self.keep_first = bool(ctx.get("keep_first", True))
-                self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
+                self.max_message_tokens = int(
+                    d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192)
+                )
             case "distillation":
                 for c in d.get("cards") or ():
                     self.cards[c["id"]] = Card.from_dict(c)
@@ -177,7 +179,9 @@ class RunView:
                     self.declined_pressure = int(d.get("pressure", self.declined_size))
             case "model_call":
                 u = d.get("usage") or {}
-                self.usage = self.usage + Usage(u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0))
+                self.usage = self.usage + Usage(
+                    u.get("input_tokens", 0), u.get("output_tokens", 0), u.get("cached_tokens", 0)
+                )
                 self.model_calls += 1
                 if d.get("purpose") == "turn":
                     self.turn_calls += 1
@@ -199,7 +203,9 @@ class RunView:
                 self.pin_count += 1
                 seq = d.get("seq")
                 if seq is None:
-                    self.pins[d["pin"]] = Pin(d["pin"], None, d.get("text") or "", d.get("note") or "", d.get("by") or "")
+                    self.pins[d["pin"]] = Pin(
+                        d["pin"], None, d.get("text") or "", d.get("note") or "", d.get("by") or ""
+                    )
                 elif seq in self.messages:
                     body = self.original(self.messages[seq]).content
                     self.pins[d["pin"]] = Pin(d["pin"], seq, body, d.get("note") or "", d.get("by") or "")
@@ -251,8 +257,10 @@ class RunView:
                 self.replace([system, *self.context])
             return
         if self.family is None:
-            raise ValueError(f"run {e.run_id} is a fork of run {d['forked_from']['run_id']}: rebuilding its view needs "
-                             "the store its family is in (project(events, store=store))")
+            raise ValueError(
+                f"run {e.run_id} is a fork of run {d['forked_from']['run_id']}: rebuilding its view needs "
+                "the store its family is in (project(events, store=store))"
+            )
         from loomrt.visibility import redact
 
         self._sharing = True
@@ -269,7 +277,9 @@ class RunView:
         ctx = (d.get("definition") or {}).get("context") or {}
         self.run_id, self.fork_seq, self.last_seq = e.run_id, self.family.fork_seq, e.seq
         self.keep_first = bool(ctx.get("keep_first", True))
-        self.max_message_tokens = int(d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192))
+        self.max_message_tokens = int(
+            d.get("message_max_tokens") or message_limit(ctx, ctx.get("budget_tokens") or 8192)
+        )
         self.lifecycle, self.output, self.request_seq = e.kind, None, None
         self.usage, self.model_calls, self.turn_calls, self.summary_calls = Usage(), 0, 0, 0
         self.distillations = self.declines = self.rejections = 0

@@ -100,7 +100,9 @@ class RunState:
         reached("after_append")
         applied = events
         if events and events[0].seq > self.view.last_seq + 1:  # someone else wrote meanwhile (an operator's pin)
-            applied = (await self.store.read(self.run_id, after=self.view.last_seq))[: events[-1].seq - self.view.last_seq]
+            applied = (await self.store.read(self.run_id, after=self.view.last_seq))[
+                : events[-1].seq - self.view.last_seq
+            ]
         for event in applied:
             self.view.apply(event)
         if self._atomic:  # a listener hears of committed events only, with the view as a reader would rebuild it

@@ -19,8 +19,19 @@ from collections import Counter
 from functools import lru_cache
 from typing import Any
 
-__all__ = ["normalize_answer", "f1", "f1_multi", "contains", "abstained", "grade", "gold_answer", "ABSTENTIONS",
-           "answer_words", "states_answer", "STATES_AT_LEAST"]
+__all__ = [
+    "normalize_answer",
+    "f1",
+    "f1_multi",
+    "contains",
+    "abstained",
+    "grade",
+    "gold_answer",
+    "ABSTENTIONS",
+    "answer_words",
+    "states_answer",
+    "STATES_AT_LEAST",
+]
 
 ABSTENTIONS = ("no information available", "not mentioned")
 """The phrases that count as abstaining (LoCoMo's category-5 rule)."""

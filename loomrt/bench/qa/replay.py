@@ -125,7 +125,9 @@ async def ask(
     fork = SQLiteStore(":memory:")
     info = source.get_run(run_id)
     fork_id = f"{run_id}-{uuid.uuid4().hex[:6]}"
-    await fork.write_run(RunInfo(**{**info.model_dump(), "run_id": fork_id, "parent_run_id": run_id, "status": "active"}))
+    await fork.write_run(
+        RunInfo(**{**info.model_dump(), "run_id": fork_id, "parent_run_id": run_id, "status": "active"})
+    )
     for e in source.events(run_id):
         data = _without_recall(e.data) if e.kind == "run_started" and not recall else e.data
         await fork.write(fork_id, e.kind, data)
@@ -135,10 +137,14 @@ async def ask(
     text = "\n".join(str(m.content or "") for m in run.context)
     result = await runtime.send(run, f"{QUESTION_PREFIX}{question}")
     after = [e for e in fork.events(fork_id) if e.seq > start]
-    queries = tuple(str(e.data.get("arguments", {}).get("query", "")) for e in after
-                    if e.kind == "tool_call" and e.data.get("name") == "Recall")
-    results = tuple(str(e.data.get("content", "")) for e in after if e.kind == "tool_result" and e.data.get("name") == "Recall")
+    queries = tuple(
+        str(e.data.get("arguments", {}).get("query", ""))
+        for e in after
+        if e.kind == "tool_call" and e.data.get("name") == "Recall"
+    )
+    results = tuple(
+        str(e.data.get("content", "")) for e in after if e.kind == "tool_result" and e.data.get("name") == "Recall"
+    )
     fork.close()
     status = "failed" if result.status == "failed" else "done"
     return Asked(result.output or "", status, context, len(queries), result.error, text, queries, results)
-

@@ -55,15 +55,22 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
     misses = [(n, s["misses"]) for n, s in summary.items() if s.get("misses")]
     if misses:
         kinds = list(misses[0][1])
-        lines += ["", "Why answers missed (categories 1-4, gold not contained in the answer; where the gold was, "
-                  "word for word):", "", "| configuration | " + " | ".join(kinds) + " |", "|---|" + "---:|" * len(kinds)]
+        lines += [
+            "",
+            "Why answers missed (categories 1-4, gold not contained in the answer; where the gold was, word for word):",
+            "",
+            "| configuration | " + " | ".join(kinds) + " |",
+            "|---|" + "---:|" * len(kinds),
+        ]
         for name, m in misses:
             lines.append(f"| {name} | " + " | ".join(str(m[k]) for k in kinds) + " |")
     replays = [(k, v) for k, v in results["setups"].items() if "run_id" in v and not k.endswith("/no-recall")]
     if replays:
         lines += ["", "The replays (every distillation written by the model):", ""]
-        lines += ["| replay | distillations | declined | summaries rejected | model calls | input tokens | seconds |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| replay | distillations | declined | summaries rejected | model calls | input tokens | seconds |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for k, v in replays:
             lines.append(
                 f"| {k} | {v['distillations']} | {v['declined']} | {v['rejected_summaries']} | {v['distil_calls']} "

@@ -149,8 +149,13 @@ class _Session:
     def spec(self, mode: str = "append", recall: bool = True) -> AgentSpec:
         model = "bench/scripted" if self.config.model == SCRIPTED else self.config.model
         local = model.startswith("local/")
-        return qa_spec(model, mode, budget_tokens=self.config.budget_tokens, recall=recall,
-                       window=self.config.window if local else None)
+        return qa_spec(
+            model,
+            mode,
+            budget_tokens=self.config.budget_tokens,
+            recall=recall,
+            window=self.config.window if local else None,
+        )
 
     def save_replays(self) -> None:
         if self.replays_path:
@@ -197,7 +202,12 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
     turns = turns_of(sample)
     session.progress.start(f"{cid} · replay in {mode}", len(turns))
     run_id = await replay_mode(
-        session.store, sample, spec, provider, name=f"qa-{cid}-{mode}", embedder=session.embedder,
+        session.store,
+        sample,
+        spec,
+        provider,
+        name=f"qa-{cid}-{mode}",
+        embedder=session.embedder,
         on_turn=session.progress.advance,
     )
     events = session.store.events(run_id)
@@ -214,8 +224,14 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
     return info
 
 
-async def _answer_config(session: _Session, cid: str, sample: dict[str, Any], config: str,
-                         questions: list[tuple[int, dict[str, Any]]], conversation: str) -> dict[str, Any] | None:
+async def _answer_config(
+    session: _Session,
+    cid: str,
+    sample: dict[str, Any],
+    config: str,
+    questions: list[tuple[int, dict[str, Any]]],
+    conversation: str,
+) -> dict[str, Any] | None:
     """Answer the pending ``questions`` in ``config``; what the configuration cost once (a replay)."""
     pending = [(i, q) for i, q in questions if not session.answers.has(cid, config, i)]
     base, _, option = config.partition("/")
@@ -257,16 +273,28 @@ async def _answer_config(session: _Session, cid: str, sample: dict[str, Any], co
             assert setup is not None
             provider = Metered(session.provider(session.spec(base)), session.meter)
             mark = session.meter.mark()
-            asked = await ask(session.store, setup["run_id"], question, provider, embedder=session.embedder,
-                              recall=option != "no-recall")
+            asked = await ask(
+                session.store,
+                setup["run_id"],
+                question,
+                provider,
+                embedder=session.embedder,
+                recall=option != "no-recall",
+            )
             answer, calls, status = asked.answer.strip(), session.meter.since(mark), asked.status
             recall_calls, context_tokens = asked.recall_calls, asked.context_tokens
             seen["gold_in_context"] = has(asked.context_text)
             seen["recall_queries"] = list(asked.recall_queries)
             seen["gold_in_recall"] = has("\n".join(asked.recall_results)) if asked.recall_results else None
         row = {
-            "conversation": cid, "config": config, "qid": qid, "category": category,
-            "question": question, "gold": gold, "answer": answer, "status": status,
+            "conversation": cid,
+            "config": config,
+            "qid": qid,
+            "category": category,
+            "question": question,
+            "gold": gold,
+            "answer": answer,
+            "status": status,
             **grade(category, answer, gold),
             "judge": await session.judge(question, gold, answer),
             "recall_calls": recall_calls,
@@ -287,15 +315,18 @@ async def run_qa_async(config: QAConfig, progress: Progress | None = None) -> di
     progress = progress or NullProgress()
     unknown = [c for c in config.configs if c not in KNOWN_CONFIGS]
     if unknown:
-        raise SpecError(f"unknown configuration {', '.join(unknown)}; known: {', '.join(KNOWN_CONFIGS)}"
-                        + (" (fold arrives with the fold issue)" if any(u.startswith("fold") for u in unknown) else ""))
+        raise SpecError(
+            f"unknown configuration {', '.join(unknown)}; known: {', '.join(KNOWN_CONFIGS)}"
+            + (" (fold arrives with the fold issue)" if any(u.startswith("fold") for u in unknown) else "")
+        )
     samples = load_locomo(config.data)
     ids = [sample_id(s, i) for i, s in enumerate(samples)]
     wanted = config.conversations or ids[:1]
     missing = [c for c in wanted if c not in ids]
     if missing:
-        raise SpecError(f"no conversation {', '.join(missing)} in the file; it has {', '.join(ids)}",
-                        where=str(config.data))
+        raise SpecError(
+            f"no conversation {', '.join(missing)} in the file; it has {', '.join(ids)}", where=str(config.data)
+        )
     session = _Session(config, progress)
     started = time.perf_counter()
     setups: dict[str, dict[str, Any]] = {}
@@ -311,8 +342,11 @@ async def run_qa_async(config: QAConfig, progress: Progress | None = None) -> di
             setup = await _answer_config(session, cid, sample, name, questions, conversation)
             if setup:
                 setups[f"{cid}:{name}"] = setup
-    rows = [r for (cid, name, qid), r in session.answers.rows.items()
-            if cid in chosen and qid in chosen[cid] and name in config.configs]
+    rows = [
+        r
+        for (cid, name, qid), r in session.answers.rows.items()
+        if cid in chosen and qid in chosen[cid] and name in config.configs
+    ]
     session.store.close()
     results = {
         "loomrt_bench_qa": 1,

@@ -20,8 +20,13 @@ def _misses(rows: list[dict[str, Any]]) -> dict[str, int]:
     results did not hold it; called, held, and still answered wrongly. Gold answers that no
     text holds verbatim (a date the conversation gives relatively, a paraphrase) count as
     ``not verbatim anywhere``."""
-    out = {"in context, answered wrongly": 0, "not in context, Recall not called": 0,
-           "Recall called, results missed it": 0, "Recall found it, answered wrongly": 0, "not verbatim anywhere": 0}
+    out = {
+        "in context, answered wrongly": 0,
+        "not in context, Recall not called": 0,
+        "Recall called, results missed it": 0,
+        "Recall found it, answered wrongly": 0,
+        "not verbatim anywhere": 0,
+    }
     for r in rows:
         if r["category"] == 5 or r["contains"]:
             continue

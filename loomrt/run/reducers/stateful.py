@@ -34,7 +34,16 @@ if TYPE_CHECKING:
     from loomrt.run.projection import RunView
     from loomrt.run.state import RunState
 
-__all__ = ["StatefulMode", "StatefulSlot", "state_share", "merge_patch", "validate_state", "initial_state", "emit_state_schema", "STATEFUL_PROMPT"]
+__all__ = [
+    "StatefulMode",
+    "StatefulSlot",
+    "state_share",
+    "merge_patch",
+    "validate_state",
+    "initial_state",
+    "emit_state_schema",
+    "STATEFUL_PROMPT",
+]
 
 EMIT_STATE = "emit_state"
 
@@ -189,19 +198,32 @@ class StatefulMode(RetentionMode):
             return await self._reject(run, emit, f"the patched state is invalid: {problem}", patch=patch)
         size, share = count_text(json.dumps(new_state, ensure_ascii=False)), state_share(run)
         if size > share:
-            return await self._reject(run, emit, (
-                f"the patched state would be {size} tokens, over its share of the budget ({share} tokens, "
-                "context.stateful.state_max_tokens). Keep only what you need later: shorten or remove entries "
-                "(a null deletes a key)"
-            ), patch=patch)
+            return await self._reject(
+                run,
+                emit,
+                (
+                    f"the patched state would be {size} tokens, over its share of the budget ({share} tokens, "
+                    "context.stateful.state_max_tokens). Keep only what you need later: shorten or remove entries "
+                    "(a null deletes a key)"
+                ),
+                patch=patch,
+            )
         action = args.get("action") if isinstance(args.get("action"), dict) else None
         # the step's prompt held private material: a private message, or Σ's private keys (Σ is in every prompt)
-        exposed = bool(run.view.slot.private_keys) or any(m.seq in run.view.private for m in run.context if m.seq is not None)
-        await run.add("state_update", {
-            "state": new_state, "patch": patch, "reasoning": args.get("reasoning", ""),
-            "action": action, "done": bool(args.get("done")),
-            **({"private_keys": sorted(patch)} if exposed and patch else {}),
-        })
+        exposed = bool(run.view.slot.private_keys) or any(
+            m.seq in run.view.private for m in run.context if m.seq is not None
+        )
+        await run.add(
+            "state_update",
+            {
+                "state": new_state,
+                "patch": patch,
+                "reasoning": args.get("reasoning", ""),
+                "action": action,
+                "done": bool(args.get("done")),
+                **({"private_keys": sorted(patch)} if exposed and patch else {}),
+            },
+        )
         if run.spec.context.propose_schema and isinstance(args.get("propose_schema"), dict) and args["propose_schema"]:
             await run.add("schema_proposed", {"schema": args["propose_schema"], "note": "recorded, never applied"})
         if args.get("done"):
@@ -209,12 +231,16 @@ class StatefulMode(RetentionMode):
             final = args.get("final")
             return FinalOutput(str(final) if final is not None else json.dumps(new_state, ensure_ascii=False))
         if action and action.get("tool"):
-            return RunTools((ToolCall(id=emit.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})),))
+            return RunTools(
+                (ToolCall(id=emit.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})),)
+            )
         await self._observe(run, emit, "State accepted.")
         return AskAgain()
 
     async def _observe(self, run: RunState, emit: ToolCall, content: str, *, is_error: bool = False) -> None:
-        await run.add("tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": is_error})
+        await run.add(
+            "tool_result", {"tool_call_id": emit.id, "name": EMIT_STATE, "content": content, "is_error": is_error}
+        )
 
     async def _reject(self, run: RunState, emit: ToolCall | None, error: str, patch: Any = None) -> NextStep:
         attempt = run.view.slot.patch_failures + 1
@@ -241,7 +267,9 @@ class StatefulMode(RetentionMode):
         if not span:
             return None
         state = run.state if run.state is not None else initial_state(run.spec.context.state_schema or {})
-        sigma = Message(role="user", content=f"Your state Σ:\n{json.dumps(state, ensure_ascii=False)}", synthetic="state")
+        sigma = Message(
+            role="user", content=f"Your state Σ:\n{json.dumps(state, ensure_ascii=False)}", synthetic="state"
+        )
         kept = [current] if current is not None else []
         if last is not None:
             content = last.content if last.synthetic else f"Last observation ({last.name or 'tool'}):\n{last.content}"

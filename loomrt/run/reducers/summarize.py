@@ -135,16 +135,23 @@ class _Writer:
             "Do not answer or continue the conversation; do not reply to its last message. " + self.instructions
         )
         for attempt in (1, 2):
-            ask = restated if attempt == 1 else (
-                f"Your previous attempt was rejected: {self.reason}. Write the {what} again, covering every part "
-                "of the transcript, using its own names, numbers and words. " + restated
+            ask = (
+                restated
+                if attempt == 1
+                else (
+                    f"Your previous attempt was rejected: {self.reason}. Write the {what} again, covering every part "
+                    "of the transcript, using its own names, numbers and words. " + restated
+                )
             )
             prompt = [
                 Message(role="system", content=self.instructions),
                 Message(role="user", content="\n\n".join([*body, ask])),
             ]
             response = await call_model(
-                self.run, prompt, purpose=self.purpose, provider=self.run.summarizer,  # type: ignore[arg-type]
+                self.run,
+                prompt,
+                purpose=self.purpose,
+                provider=self.run.summarizer,  # type: ignore[arg-type]
                 max_tokens=self.max_tokens,
             )
             account = response.text.strip()
@@ -152,8 +159,10 @@ class _Writer:
             if problem is None:
                 return account
             self.reason = problem
-            await self.run.add("summary_rejected", {"purpose": self.purpose, "reason": problem, "attempt": attempt,
-                                              "text": account[:500]})
+            await self.run.add(
+                "summary_rejected",
+                {"purpose": self.purpose, "reason": problem, "attempt": attempt, "text": account[:500]},
+            )
         return None
 
     async def merge(self, accounts: list[str]) -> str | None:

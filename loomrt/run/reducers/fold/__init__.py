@@ -52,8 +52,10 @@ def fold_prompt(recall: bool, tools: bool = True) -> str:
     """The system prompt's line about cards, naming only the tools the run has."""
     named = [*(["Describe", "Expand", "Grep"] if tools else []), *(["Recall"] if recall else [])]
     if not named:
-        return ("Older parts of this conversation are folded into <card> blocks: summaries that are maps to the "
-                "details, not the details. For exact values the cards do not state, say you are not sure.")
+        return (
+            "Older parts of this conversation are folded into <card> blocks: summaries that are maps to the "
+            "details, not the details. For exact values the cards do not state, say you are not sure."
+        )
     tools_text = ", ".join(named[:-1]) + (" or " if len(named) > 1 else "") + named[-1]
     return (
         "Older parts of this conversation are folded into <card> blocks: summaries that are maps to the details, "
@@ -79,8 +81,13 @@ class FoldSlot:
     last_failure: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"pending": self.pending is not None, "failures": self.failures, "paused_until": self.paused_until or None,
-                "last_success": self.last_success, "last_failure": self.last_failure}
+        return {
+            "pending": self.pending is not None,
+            "failures": self.failures,
+            "paused_until": self.paused_until or None,
+            "last_success": self.last_success,
+            "last_failure": self.last_failure,
+        }
 
 
 class FoldMode(RetentionMode):
@@ -131,8 +138,14 @@ class FoldMode(RetentionMode):
         if pct >= spec.soft_pct and slot.pending is None and now >= slot.paused_until:
             idle = now - slot.last_turn >= spec.cache_idle_s
             if idle or pct >= DEFER_ESCAPE_PCT:
-                run.emit("fold_queued", {"pressure": run.pressure(), "budget": run.budget,
-                                         "reason": "cache idle" if idle else f"pressure at {DEFER_ESCAPE_PCT}% or more"})
+                run.emit(
+                    "fold_queued",
+                    {
+                        "pressure": run.pressure(),
+                        "budget": run.budget,
+                        "reason": "cache idle" if idle else f"pressure at {DEFER_ESCAPE_PCT}% or more",
+                    },
+                )
         return False
 
     # ------------------------------------------------------------------ the fold
@@ -142,7 +155,9 @@ class FoldMode(RetentionMode):
         budget, now = run.budget, self.clock()
         hard = run.pressure() * 100 >= spec.hard_pct * budget
         if now < slot.paused_until:
-            return Declined(f"folding is paused after {slot.failures} failed folds, until {time.ctime(slot.paused_until)}")
+            return Declined(
+                f"folding is paused after {slot.failures} failed folds, until {time.ctime(slot.paused_until)}"
+            )
         recent = [t for t in slot.fold_calls if now - t < WINDOW_S]
         writer = CardWriter(run, hard=hard, calls_left=spec.max_calls_per_10min - len(recent))
         context, cards = list(run.context), dict(view.cards)
@@ -155,20 +170,29 @@ class FoldMode(RetentionMode):
             while True:
                 size = int((count_messages(context) + tools) * scale)
                 first = not (written or counts["externalised"])
-                step = next_step(context, cards, spec, budget, pressing=first or size > target,
-                                 critical=size * 100 >= spec.hard_pct * budget)
+                step = next_step(
+                    context,
+                    cards,
+                    spec,
+                    budget,
+                    pressing=first or size > target,
+                    critical=size * 100 >= spec.hard_pct * budget,
+                )
                 if step is None:
                     break
-                span = context[step.start:step.end]
+                span = context[step.start : step.end]
                 if step.kind == "externalise":
-                    context[step.start] = span[0].with_(content=external_note(view.original(span[0])), synthetic=EXTERNAL)
+                    context[step.start] = span[0].with_(
+                        content=external_note(view.original(span[0])), synthetic=EXTERNAL
+                    )
                     counts["externalised"] += 1
                     continue
                 if step.kind == "leaf":
                     before = context[step.start - 1] if step.start else None
                     previous = cards.get(before.ref or "") if before and before.synthetic == CARD_BLOCK else None
-                    card = await writer.leaf([view.original(m) if m.synthetic else m for m in span],
-                                             count_messages(span), previous)
+                    card = await writer.leaf(
+                        [view.original(m) if m.synthetic else m for m in span], count_messages(span), previous
+                    )
                     evicted.extend(span)
                     counts["leaves"] += 1
                 else:
@@ -177,13 +201,15 @@ class FoldMode(RetentionMode):
                 reached("in_fold")
                 cards[card.id] = card
                 written.append(card)
-                context[step.start:step.end] = [card_message(card)]
+                context[step.start : step.end] = [card_message(card)]
         except FoldSkipped as skip:
             if skip.error:  # a provider error: retried later; after PAUSE_AFTER in a row, a pause
                 failures = slot.failures + 1
                 paused = now + PAUSE_S if failures >= PAUSE_AFTER else 0.0
-                await run.add("fold_skipped", {"reason": skip.reason, "error": skip.error, "failures": failures,
-                                               "paused_until": paused or None})
+                await run.add(
+                    "fold_skipped",
+                    {"reason": skip.reason, "error": skip.error, "failures": failures, "paused_until": paused or None},
+                )
             if not written:
                 return Declined(skip.reason, paid=bool(skip.error))
         if not written and not counts["externalised"]:
@@ -219,7 +245,9 @@ def external_note(message: Message, lines: int = 4) -> str:
     """The reference an externalised message leaves in the working context: its seq, its
     size and its first few lines."""
     head = [line[:200] for line in message.content.splitlines() if line.strip()][:lines]
-    return (f"[externalised: message #{message.seq} ({message.role}{' ' + message.name if message.name else ''}), "
-            f"{count_text(message.content)} tokens, kept whole on the record. Its first lines:\n"
-            + "\n".join(head)
-            + f"\nRead it page by page with Expand(\"#{message.seq}\"), or search it with Grep.]")
+    return (
+        f"[externalised: message #{message.seq} ({message.role}{' ' + message.name if message.name else ''}), "
+        f"{count_text(message.content)} tokens, kept whole on the record. Its first lines:\n"
+        + "\n".join(head)
+        + f'\nRead it page by page with Expand("#{message.seq}"), or search it with Grep.]'
+    )

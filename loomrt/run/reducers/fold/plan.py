@@ -137,8 +137,9 @@ def _externalise(context: list[Message], stop: int, limit: int) -> Step | None:
     return Step("externalise", best, best + 1) if best is not None else None
 
 
-def next_step(context: list[Message], cards: dict[str, Card], spec: FoldSpec, budget: int, *,
-              pressing: bool, critical: bool) -> Step | None:
+def next_step(
+    context: list[Message], cards: dict[str, Card], spec: FoldSpec, budget: int, *, pressing: bool, critical: bool
+) -> Step | None:
     """The next fold to make, or None when there is none to make: ``rollup`` adjacent cards
     of one depth always roll up; while ``pressing`` (over the fold's target) the oldest raw
     stretch folds into a leaf; while ``critical`` (over the hard watermark) a shorter leaf,
@@ -151,5 +152,9 @@ def next_step(context: list[Message], cards: dict[str, Card], spec: FoldSpec, bu
     step = _leaf(context, stop, spec, budget, fewest=spec.leaf_min_messages)
     if step is not None or not critical:
         return step
-    return (_leaf(context, stop, spec, budget, fewest=2) or _rollup(context, cards, 2)
-            or _rollup(context, cards, 2, any_depth=True) or _externalise(context, stop, max(64, budget // 16)))
+    return (
+        _leaf(context, stop, spec, budget, fewest=2)
+        or _rollup(context, cards, 2)
+        or _rollup(context, cards, 2, any_depth=True)
+        or _externalise(context, stop, max(64, budget // 16))
+    )

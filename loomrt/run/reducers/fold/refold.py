@@ -67,6 +67,13 @@ async def refold(run: RunState, *, fallback_only: bool) -> Reduction | None:
         context.append(card_message(await redo(card(m.ref or ""))) if m.synthetic == CARD_BLOCK else m)
     if not written:
         return None
-    return Reduction(context=context, evicted=[], payload={
-        "cards": [c.to_dict() for c in written], "folds": {"refolded": len(written)}, "verify": writer.figures,
-        "refold": "fallbacks" if fallback_only else "all"})
+    return Reduction(
+        context=context,
+        evicted=[],
+        payload={
+            "cards": [c.to_dict() for c in written],
+            "folds": {"refolded": len(written)},
+            "verify": writer.figures,
+            "refold": "fallbacks" if fallback_only else "all",
+        },
+    )

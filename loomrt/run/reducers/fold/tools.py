@@ -129,7 +129,7 @@ def _pages(lines: list[str], limit: int) -> list[str]:
                 pages.append(page)
                 page, size = [], 0
             pages.append([head])
-            line = line[len(head):]
+            line = line[len(head) :]
         n = count_text(line)
         if page and size + n > limit:
             pages.append(page)
@@ -153,17 +153,36 @@ def fold_tools(run: RunState) -> list[Tool]:
         card = reader.card(str(id).strip())
         if card is not None:
             return {
-                "id": card.id, "depth": card.depth, "kind": card.kind, "model": card.model, "fallback": card.fallback,
-                "from": _when(card.ts_lo), "to": _when(card.ts_hi), "seqs": f"#{card.seq_lo}–#{card.seq_hi}",
-                "messages": len(card.seqs), "children": list(card.children), "parents": reader.parents(card.id),
-                "tokens": card.tokens, "descendants": card.descendants, "text": card.text, "left_out": card.hint,
+                "id": card.id,
+                "depth": card.depth,
+                "kind": card.kind,
+                "model": card.model,
+                "fallback": card.fallback,
+                "from": _when(card.ts_lo),
+                "to": _when(card.ts_hi),
+                "seqs": f"#{card.seq_lo}–#{card.seq_hi}",
+                "messages": len(card.seqs),
+                "children": list(card.children),
+                "parents": reader.parents(card.id),
+                "tokens": card.tokens,
+                "descendants": card.descendants,
+                "text": card.text,
+                "left_out": card.hint,
             }
         seq = _seq_of(id)
         m = reader.message(seq) if seq is not None else None
         if m is None:
-            return f"Error: no card or record message {id!r} in this run (card ids look like c1a2b3c4d5e; seqs like #12)."
-        return {"seq": m.seq, "role": m.role, "name": m.name, "time": _when(m.ts), "tokens": count_text(m.content),
-                "in_cards": reader.covering(m.seq or 0)}
+            return (
+                f"Error: no card or record message {id!r} in this run (card ids look like c1a2b3c4d5e; seqs like #12)."
+            )
+        return {
+            "seq": m.seq,
+            "role": m.role,
+            "name": m.name,
+            "time": _when(m.ts),
+            "tokens": count_text(m.content),
+            "in_cards": reader.covering(m.seq or 0),
+        }
 
     def expand(id: str, page: int = 1) -> str:
         card = reader.card(str(id).strip())
@@ -186,8 +205,14 @@ def fold_tools(run: RunState) -> list[Tool]:
         more = f" Next: Expand({str(id)!r}, page={page + 1})." if page < len(pages) else ""
         return f"[{what} · page {page} of {len(pages)}.{more}]\n{pages[page - 1]}"
 
-    def grep(pattern: str, mode: str = "regex", scope: str = "both", since: Any = None, before: Any = None,
-             limit: int = GREP_LIMIT) -> dict[str, Any] | str:
+    def grep(
+        pattern: str,
+        mode: str = "regex",
+        scope: str = "both",
+        since: Any = None,
+        before: Any = None,
+        limit: int = GREP_LIMIT,
+    ) -> dict[str, Any] | str:
         found = _grep(pattern, mode, scope, since, before, limit)
         if isinstance(found, str):
             return found
@@ -230,7 +255,12 @@ def fold_tools(run: RunState) -> list[Tool]:
             m = rx.search(text)
             if m:
                 a, b = max(0, m.start() - 80), min(len(text), m.end() + 80)
-                hits.append({**where, "snippet": ("…" if a else "") + text[a:b].replace("\n", " ") + ("…" if b < len(text) else "")})
+                hits.append(
+                    {
+                        **where,
+                        "snippet": ("…" if a else "") + text[a:b].replace("\n", " ") + ("…" if b < len(text) else ""),
+                    }
+                )
 
         if scope in ("messages", "both"):
             for m in reader.messages():
@@ -241,8 +271,13 @@ def fold_tools(run: RunState) -> list[Tool]:
         if scope in ("cards", "both"):
             for card in reader.cards.values():
                 if inside(card.seq_hi, card.ts_hi):
-                    hit(f"{card.text}\n{card.hint}", id=card.id, kind=f"card depth {card.depth}", seq=card.seq_lo,
-                        time=_when(card.ts_lo))
+                    hit(
+                        f"{card.text}\n{card.hint}",
+                        id=card.id,
+                        kind=f"card depth {card.depth}",
+                        seq=card.seq_lo,
+                        time=_when(card.ts_lo),
+                    )
                 if len(hits) >= limit:
                     break
         return hits
@@ -250,18 +285,40 @@ def fold_tools(run: RunState) -> list[Tool]:
     ident = {"type": "string", "description": "A card id (c…) or a record seq (#12)."}
     bound = {"type": ["integer", "string"]}
     return [
-        Tool("Describe", "A card's text, depth, time range, covered seqs, parents and children.",
-             {"type": "object", "properties": {"id": ident}, "required": ["id"]}, describe),
-        Tool("Expand", f"A card one level down (its cards, or its messages verbatim), or one message whole; "
-             f"{page_tokens} tokens a page.",
-             {"type": "object", "properties": {"id": ident, "page": {"type": "integer", "minimum": 1}},
-              "required": ["id"]}, expand),
-        Tool("Grep", "Search the exact words of this run's history and cards. since/before: a seq or ISO time.",
-             {"type": "object", "properties": {
-                 "pattern": {"type": "string"}, "mode": {"enum": ["regex", "text"]},
-                 "scope": {"enum": ["messages", "cards", "both"]}, "since": bound, "before": bound,
-                 "limit": {"type": "integer", "maximum": GREP_MAX}},
-              "required": ["pattern"]}, grep),
+        Tool(
+            "Describe",
+            "A card's text, depth, time range, covered seqs, parents and children.",
+            {"type": "object", "properties": {"id": ident}, "required": ["id"]},
+            describe,
+        ),
+        Tool(
+            "Expand",
+            f"A card one level down (its cards, or its messages verbatim), or one message whole; "
+            f"{page_tokens} tokens a page.",
+            {
+                "type": "object",
+                "properties": {"id": ident, "page": {"type": "integer", "minimum": 1}},
+                "required": ["id"],
+            },
+            expand,
+        ),
+        Tool(
+            "Grep",
+            "Search the exact words of this run's history and cards. since/before: a seq or ISO time.",
+            {
+                "type": "object",
+                "properties": {
+                    "pattern": {"type": "string"},
+                    "mode": {"enum": ["regex", "text"]},
+                    "scope": {"enum": ["messages", "cards", "both"]},
+                    "since": bound,
+                    "before": bound,
+                    "limit": {"type": "integer", "maximum": GREP_MAX},
+                },
+                "required": ["pattern"],
+            },
+            grep,
+        ),
     ]
 
 
@@ -277,4 +334,3 @@ def _bound(value: Any) -> int | float | None:
     except ValueError:
         return None
     return (when if when.tzinfo else when.replace(tzinfo=dt.UTC)).timestamp()
-

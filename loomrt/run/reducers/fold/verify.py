@@ -16,10 +16,10 @@ __all__ = ["values", "invented"]
 
 _POINTER = re.compile(r"\[#\d+\]")
 _VALUE = re.compile(
-    r'"([^"\n]{1,200})"'                        # a double-quoted string
-    r"|`([^`\n]{1,200})`"                       # a code span
-    r"|((?:[\w.~-]*/)+[\w.-]+)"                 # a path
-    r"|(\b\d[\d.,:/-]*\d\b|\b\d\b)"             # a number, a date, a time, a version
+    r'"([^"\n]{1,200})"'  # a double-quoted string
+    r"|`([^`\n]{1,200})`"  # a code span
+    r"|((?:[\w.~-]*/)+[\w.-]+)"  # a path
+    r"|(\b\d[\d.,:/-]*\d\b|\b\d\b)"  # a number, a date, a time, a version
     r"|(\b[A-Za-z]+[_-]?\d[\w-]*\b|\b\w+_\w+\b)"  # an identifier with digits or underscores
 )
 

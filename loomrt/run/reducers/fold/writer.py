@@ -36,19 +36,27 @@ WRAPPER_TOKENS = 90
 Expand line (at most six names) and the message's own overhead (50 to 85 tokens)."""
 
 INSTRUCTIONS = {
-    0: ("You fold a stretch of an agent's conversation into a card: a short summary the agent reads instead "
+    0: (
+        "You fold a stretch of an agent's conversation into a card: a short summary the agent reads instead "
         "of the messages. Keep names, numbers, dates, file paths, identifiers and stated preferences exactly as "
-        "written, each with its [#seq] pointer. State no value the transcript does not hold word for word."),
-    1: ("You roll up summary cards into one card a level higher. Keep what changed, what was decided, and what "
-        "was superseded (say by what), with the [#seq] pointers of the cards. Drop detail the cards below keep."),
-    2: ("You roll up high-level summary cards into one. Keep only the decisions still in effect and their "
-        "rationale, with [#seq] pointers; drop what was superseded or done with."),
+        "written, each with its [#seq] pointer. State no value the transcript does not hold word for word."
+    ),
+    1: (
+        "You roll up summary cards into one card a level higher. Keep what changed, what was decided, and what "
+        "was superseded (say by what), with the [#seq] pointers of the cards. Drop detail the cards below keep."
+    ),
+    2: (
+        "You roll up high-level summary cards into one. Keep only the decisions still in effect and their "
+        "rationale, with [#seq] pointers; drop what was superseded or done with."
+    ),
 }
 
-_STOP = set("the a an and or of to in on for with is are was were be been it this that at by from as not "
-            "we you i he she they them their our your my me us his her its but if then so do did does has have "
-            "had can will would should could about into over under what which who when where how all any some "
-            "no yes there here also just than very more most other such only".split())
+_STOP = set(
+    "the a an and or of to in on for with is are was were be been it this that at by from as not "
+    "we you i he she they them their our your my me us his her its but if then so do did does has have "
+    "had can will would should could about into over under what which who when where how all any some "
+    "no yes there here also just than very more most other such only".split()
+)
 
 
 class FoldSkipped(Exception):
@@ -76,10 +84,11 @@ def _hint(text: str, source: str, default: str = "") -> tuple[str, str]:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     hint = ""
     if len(lines) > 1 and lines[-1].strip().startswith(EXPAND_LINE):
-        hint = " ".join(lines.pop().strip()[len(EXPAND_LINE):].split()).rstrip(".")
+        hint = " ".join(lines.pop().strip()[len(EXPAND_LINE) :].split()).rstrip(".")
     # a model that opens with the line (or repeats it) has its words kept, the label dropped
-    text = "\n".join(line.strip()[len(EXPAND_LINE):].strip() if line.strip().startswith(EXPAND_LINE) else line
-                     for line in lines).strip()
+    text = "\n".join(
+        line.strip()[len(EXPAND_LINE) :].strip() if line.strip().startswith(EXPAND_LINE) else line for line in lines
+    ).strip()
     if hint:
         return text, hint
     if default:
@@ -105,10 +114,18 @@ class CardWriter:
         spec = self.run.spec.context.fold
         target = spec.leaf_target_tokens or max(64, count_text(source) // 16)
         context = f"The card before this one (do not repeat it):\n{previous.text}\n\n" if previous else ""
-        text, fallback = await self._write(0, source, target, context=context, room=shown - WRAPPER_TOKENS,
-                                           allowed={m.seq for m in messages if m.seq})
-        return self._card(0, text, source, fallback, seqs=tuple(m.seq for m in messages if m.seq is not None),
-                          ts=[m.ts or 0.0 for m in messages], children=())
+        text, fallback = await self._write(
+            0, source, target, context=context, room=shown - WRAPPER_TOKENS, allowed={m.seq for m in messages if m.seq}
+        )
+        return self._card(
+            0,
+            text,
+            source,
+            fallback,
+            seqs=tuple(m.seq for m in messages if m.seq is not None),
+            ts=[m.ts or 0.0 for m in messages],
+            children=(),
+        )
 
     async def rollup(self, cards: list[Card]) -> Card:
         depth = max(c.depth for c in cards) + 1
@@ -116,27 +133,60 @@ class CardWriter:
         size = sum(c.tokens for c in cards)
         allowed = {s for c in cards for s in c.seqs}
         target = max(48, sum(count_text(c.text) for c in cards) // len(cards))  # about one child's size
-        text, fallback = await self._write(depth, source, target, context="", room=size - WRAPPER_TOKENS,
-                                           allowed=allowed)
+        text, fallback = await self._write(
+            depth, source, target, context="", room=size - WRAPPER_TOKENS, allowed=allowed
+        )
         hints = ", ".join(dict.fromkeys(h.strip() for c in cards for h in c.hint.split(",") if h.strip()))
-        return self._card(depth, text, source, fallback, hint=hints, seqs=tuple(s for c in cards for s in c.seqs),
-                          ts=[cards[0].ts_lo, cards[-1].ts_hi], children=tuple(c.id for c in cards),
-                          below=sum(c.descendants + 1 for c in cards))
+        return self._card(
+            depth,
+            text,
+            source,
+            fallback,
+            hint=hints,
+            seqs=tuple(s for c in cards for s in c.seqs),
+            ts=[cards[0].ts_lo, cards[-1].ts_hi],
+            children=tuple(c.id for c in cards),
+            below=sum(c.descendants + 1 for c in cards),
+        )
 
-    def _card(self, depth: int, text: str, source: str, fallback: bool, *, seqs: tuple[int, ...], ts: list[float],
-              children: tuple[str, ...], below: int = 0, hint: str = "") -> Card:
+    def _card(
+        self,
+        depth: int,
+        text: str,
+        source: str,
+        fallback: bool,
+        *,
+        seqs: tuple[int, ...],
+        ts: list[float],
+        children: tuple[str, ...],
+        below: int = 0,
+        hint: str = "",
+    ) -> Card:
         body, hint = _hint(text, source, hint)
         run = self.run
         model = "fallback" if fallback else run.summarizer.model
-        card = Card(id=card_id(body, depth, seqs, children), depth=depth, text=body, hint=hint, seqs=seqs,
-                    children=children, ts_lo=min(ts), ts_hi=max(ts), tokens=0, descendants=below or len(seqs),
-                    kind="fallback" if fallback else ("leaf" if depth == 0 else "rollup"), model=model,
-                    fallback=fallback, run_id=run.run_id)
+        card = Card(
+            id=card_id(body, depth, seqs, children),
+            depth=depth,
+            text=body,
+            hint=hint,
+            seqs=seqs,
+            children=children,
+            ts_lo=min(ts),
+            ts_hi=max(ts),
+            tokens=0,
+            descendants=below or len(seqs),
+            kind="fallback" if fallback else ("leaf" if depth == 0 else "rollup"),
+            model=model,
+            fallback=fallback,
+            run_id=run.run_id,
+        )
         tokens = count_messages([card_message(card)])
         return replace(card, tokens=tokens)
 
-    async def _write(self, depth: int, source: str, target: int, *, context: str, room: int,
-                     allowed: set[int]) -> tuple[str, bool]:
+    async def _write(
+        self, depth: int, source: str, target: int, *, context: str, room: int, allowed: set[int]
+    ) -> tuple[str, bool]:
         """An accepted card text for ``source``, and whether it is the fallback. ``room``:
         the tokens the card's text must stay under to make the card smaller than what it
         replaces (the source's size in the context, less the card's wrapper)."""
@@ -155,8 +205,10 @@ class CardWriter:
                 return text, False
             reason = problem
             self.figures["rejected"] += 1
-            await self.run.add("card_rejected", {"depth": depth, "reason": problem, "attempt": attempt,
-                                                 "text": text[:500], "target_tokens": target})
+            await self.run.add(
+                "card_rejected",
+                {"depth": depth, "reason": problem, "attempt": attempt, "text": text[:500], "target_tokens": target},
+            )
             target = max(16, target // 2)
         self.figures["fallbacks"] += 1
         return cut_text(source, target), True
@@ -181,11 +233,15 @@ class CardWriter:
     async def _ask(self, depth: int, source: str, target: int, *, context: str, reason: str) -> str:
         instructions = INSTRUCTIONS[min(depth, 2)]
         what = "TRANSCRIPT" if depth == 0 else "TRANSCRIPT (the cards to roll up)"
-        ask = (f"Now write the card for everything between TRANSCRIPT START and TRANSCRIPT END: about {target} tokens "
-               f"(At most {target * 4} characters). No preamble; do not answer or continue the conversation. "
-               f"End with one line that starts '{EXPAND_LINE}' and names what you left out.")
+        ask = (
+            f"Now write the card for everything between TRANSCRIPT START and TRANSCRIPT END: about {target} tokens "
+            f"(At most {target * 4} characters). No preamble; do not answer or continue the conversation. "
+            f"End with one line that starts '{EXPAND_LINE}' and names what you left out."
+        )
         if reason:
-            ask = f"Your previous card was rejected: {reason}. Write it again, shorter, in the source's own words. " + ask
+            ask = (
+                f"Your previous card was rejected: {reason}. Write it again, shorter, in the source's own words. " + ask
+            )
         prompt = [
             Message(role="system", content=instructions),
             Message(role="user", content=f"{context}{what} START\n{source}\nTRANSCRIPT END\n\n{ask}"),
@@ -193,10 +249,11 @@ class CardWriter:
         self.calls_left -= 1
         timeout = self.run.spec.context.fold.call_timeout_s
         try:
-            call = call_model(self.run, prompt, purpose="fold", provider=self.run.summarizer, max_tokens=target * 3 + 32)
+            call = call_model(
+                self.run, prompt, purpose="fold", provider=self.run.summarizer, max_tokens=target * 3 + 32
+            )
             response = await (asyncio.wait_for(call, timeout) if timeout else call)
         except Exception as exc:  # noqa: BLE001 - any failure of the call: the fold waits, the turn goes on
             raise FoldSkipped("the summariser failed", f"{type(exc).__name__}: {exc}") from exc
         await self.run.flush()  # the call is on the record even if the card is never used
         return response.text.strip()
-
