@@ -9,13 +9,12 @@ read and write checks the key against the run's grant (:func:`check`).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Sequence
 
 from loomrt.errors import LoomError
 
-__all__ = ["KINDS", "ScopeError", "resolve_scopes", "check", "user_identity", "parse_scope"]
+__all__ = ["KINDS", "ScopeError", "resolve_scopes", "check", "parse_scope"]
 
 KINDS = ("user", "agent", "project")
 
@@ -24,12 +23,6 @@ _IDENTITY = re.compile(r"^[\w.@+-]{1,200}$")
 
 class ScopeError(LoomError):
     """A scope that is not granted, or cannot be resolved (no user identity, no project)."""
-
-
-def user_identity(explicit: str | None = None) -> str | None:
-    """The user a run works for: ``explicit`` (``--user``), else ``$LOOMRT_USER``, else None."""
-    value = (explicit or os.environ.get("LOOMRT_USER") or "").strip()
-    return value or None
 
 
 def resolve_scopes(kinds: Sequence[str], *, agent: str, user: str | None, project: str | None) -> list[str]:

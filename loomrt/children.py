@@ -40,13 +40,12 @@ if TYPE_CHECKING:
     from loomrt.runtime import Runtime
     from loomrt.spec import AgentsFile
 
-__all__ = ["Children", "SpawnRefused", "spawn_row", "DEPTH_MAX", "SPAWN_MAX", "ROW_STATUSES", "ROW_KEYS"]
+__all__ = ["Children", "SpawnRefused", "spawn_row", "DEPTH_MAX", "SPAWN_MAX", "ROW_KEYS"]
 
 DEPTH_MAX = 3
 """How deep spawns may nest: a top-level run is depth 0, its children 1, ..."""
 SPAWN_MAX = 32
 """The most entries one spawn call takes (parallel_spawn here, spawn_runs over MCP)."""
-ROW_STATUSES = ("ok", "failed", "timeout", "max_iterations", "cancelled")
 ROW_KEYS = ("index", "agent", "run_id", "status", "ok", "output", "state", "error", "state_withheld")
 """A row's keys, in the order every row has them (the record stores them sorted)."""
 

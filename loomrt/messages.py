@@ -50,8 +50,10 @@ class ToolCall:
 class Message:
     """One message of the working context.
 
-    ``synthetic`` names what made a message that is not in the record verbatim:
-    ``"recap"``, ``"summary"``, ``"state"``, ``"pin"``, ``"card"``, ``"recall-hint"``.
+    ``synthetic`` names what made a message that is not in the record verbatim: a mode's
+    block (``"recap"``, ``"summary"``, ``"state"``, ``"observation"``, ``"feedback"``, ``"card"``),
+    the pins (``"pin"``), a reference to an externalised message (``"external"``), or the
+    recalled passages put into one prompt (``"recall"``, never in the working context).
     """
 
     role: Role

@@ -4,8 +4,9 @@ A stateful agent's ``propose_schema`` is recorded and inert. An operator adopts 
 writing a new version of the definition (``loomrt agents version NAME --state-schema FILE`` or
 ``--from-run RUN_ID``), which writes a new version ``NAME@N`` into the same file, right
 after NAME, leaving everything else in the file (comments included) as it was. Runs of
-the fork record its own content hash. ``loomrt agents promote NAME@N`` makes the fork
-the definition of NAME. A model may suggest; only an operator decides.
+that version record its own content hash. ``loomrt agents promote NAME@N`` makes the
+version the definition of NAME (a version is not a fork: a fork is a run that shares
+another run's history). A model may suggest; only an operator decides.
 """
 
 from __future__ import annotations
@@ -98,30 +99,30 @@ def version_agent(
     return new_name, definition_hash(checked.agents[new_name])
 
 
-def promote_agent(path: str | Path, fork: str) -> tuple[str, str]:
-    """Make fork ``NAME@N`` the definition of NAME (the fork's entry is removed); return (NAME, hash)."""
+def promote_agent(path: str | Path, version: str) -> tuple[str, str]:
+    """Make version ``NAME@N`` the definition of NAME (the version's entry is removed); return (NAME, hash)."""
     p = Path(path)
-    m = _VERSION.match(fork)
+    m = _VERSION.match(version)
     if not m:
-        raise SpecError(f"{fork!r} is not a version; versions are named NAME@N (see `loomrt agents list`)")
+        raise SpecError(f"{version!r} is not a version; versions are named NAME@N (see `loomrt agents list`)")
     base = m.group("base")
     text = p.read_text(encoding="utf-8")
     blocks = {b.name: b for b in _blocks(text, str(p))}
-    if fork not in blocks:
-        raise NotFoundError(f"no agent named {fork!r} in {p}")
+    if version not in blocks:
+        raise NotFoundError(f"no agent named {version!r} in {p}")
     if base not in blocks:
         raise NotFoundError(f"the version's base agent {base!r} is not in {p}")
     lines = text.splitlines(keepends=True)
-    src, dst = blocks[fork], blocks[base]
+    src, dst = blocks[version], blocks[base]
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    replacement = _render(base, src.body, dst.indent, f"promoted from {fork} on {stamp}")
-    # drop the fork's lines (and the comment line version_agent wrote above it), then replace the base
-    fork_start = (
+    replacement = _render(base, src.body, dst.indent, f"promoted from {version} on {stamp}")
+    # drop the version's lines (and the comment line version_agent wrote above it), then replace the base
+    version_start = (
         src.start - 1
         if src.start > 0 and lines[src.start - 1].strip().startswith(("# version of", "# forked from"))
         else src.start
     )
-    edits = sorted([(fork_start, src.end, []), (dst.start, dst.end, replacement)], reverse=True)
+    edits = sorted([(version_start, src.end, []), (dst.start, dst.end, replacement)], reverse=True)
     for start, end, new in edits:
         lines[start:end] = new
     candidate = "".join(lines)

@@ -30,7 +30,6 @@ __all__ = [
     "MiniLMEmbedder",
     "HashEmbedder",
     "NO_EMBEDDER",
-    "default_embedder",
     "resolve_embedder",
     "EMBEDDER_ENV",
 ]
@@ -169,11 +168,6 @@ class HashEmbedder:
             if norm > 0:
                 out[i] /= norm
         return out
-
-
-def default_embedder() -> MiniLMEmbedder:
-    """The embedder a run gets when none is configured."""
-    return MiniLMEmbedder()
 
 
 EMBEDDER_ENV = "LOOMRT_RECALL_EMBEDDER"

@@ -364,9 +364,6 @@ class RecallIndex:
         first = next(iter(self.entries))
         self._refresh_context(range(first, first + self.fusion.context_radius))
 
-    def refresh(self) -> None:
-        """Nothing to do: every index is updated as entries come and go (kept for callers)."""
-
     def dense_size(self) -> int:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0

@@ -288,14 +288,13 @@ def test_a_summary_that_does_not_know_the_probes_loses_values_from_the_context(q
 
 
 def test_the_scripted_summary_is_extractive_and_never_lists_the_planted_values_first() -> None:
-    from loomrt.bench.model import BenchModel, Needle
+    from loomrt.bench.model import BenchModel
     from loomrt.providers.base import ModelRequest
 
     class Model(BenchModel):
         def turn(self, request):  # pragma: no cover - not called here
             raise AssertionError
 
-    needle = Needle("door code", "7319-44")
     transcript = "\n".join(
         [
             "[#3] user: We talked about the weather for a while. Then other things.",

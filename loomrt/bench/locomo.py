@@ -111,7 +111,7 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
         progress.start(f"locomo evidence recall@k · {mode} · {'chat' if replies else 'observer'} replay", total)
         last = {"done": 0}
 
-        def tick(done: int, _total: int, _what: str) -> None:
+        def tick(done: int, _total: int, _what: str, last: dict[str, int] = last) -> None:
             progress.advance(done - last["done"])
             last["done"] = done
 

@@ -257,7 +257,7 @@ async def _answer_config(
         gold = gold_answer(q)
         seen: dict[str, Any] = {}  # where the gold answer was, word for word (never shown to the model)
 
-        def has(text: str) -> bool | None:
+        def has(text: str, category: int = category, gold: str = gold) -> bool | None:
             return None if category == 5 else contains(text, gold.split(";")[0])
 
         if base == "full":

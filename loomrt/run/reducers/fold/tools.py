@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from loomrt.run.state import RunState
     from loomrt.tools import Tool
 
-__all__ = ["fold_tools", "PAGE_TOKENS", "GREP_LIMIT", "GREP_MAX", "GREP_TOKENS", "TOOL_NAMES"]
+__all__ = ["fold_tools", "PAGE_TOKENS", "GREP_LIMIT", "GREP_MAX", "GREP_TOKENS"]
 
 PAGE_TOKENS = 4000
 """The most tokens one Expand call returns (less where ``context.message_max_tokens`` is
@@ -99,9 +99,6 @@ class _Reader:
     def covering(self, seq: int) -> list[str]:
         """The cards that cover record message ``seq``, deepest last."""
         return [c.id for c in sorted(self.cards.values(), key=lambda c: c.depth) if seq in c.seqs]
-
-
-TOOL_NAMES = ("Describe", "Expand", "Grep")
 
 
 def _own(m: Message) -> bool:
