@@ -74,7 +74,7 @@ def sweep(store: Any, db: Tables, settled: Callable[[str], bool]) -> int:
                 max_tokens=int(
                     ((started.data.get("definition") or {}).get("context") or {}).get("harvest_max_tokens", 8000)
                 ),
-                private=lambda private=private: private,
+                private=lambda private=private: private,  # type: ignore[misc]
                 record=lambda kind, data: None,
             )
             for e in missing:

@@ -274,11 +274,11 @@ def _handler_class() -> type:
     class LocalLLM(CustomLLM):
         """litellm's ``local`` provider: the embedded llama.cpp model."""
 
-        def completion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+        def completion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:
             call = self._prepare(model, messages, kw)
             return self._respond(kw["model_response"], model, self._run(call, None))
 
-        async def acompletion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+        async def acompletion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:
             call = self._prepare(model, messages, kw)
             cancel = threading.Event()
             try:
@@ -354,7 +354,7 @@ def register() -> None:
     """Register the embedded model in litellm as provider ``local`` (idempotent)."""
     litellm = import_litellm()
     with _REGISTER_LOCK:
-        if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):  # type: ignore[attr-defined]
+        if any(item.get("provider") == LOCAL_PROVIDER for item in litellm.custom_provider_map):
             return
         litellm.custom_provider_map = [  # type: ignore[attr-defined]
             *litellm.custom_provider_map,

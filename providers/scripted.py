@@ -184,7 +184,7 @@ class FunctionProvider:
             out = await out
         if isinstance(out, str):
             return ModelResponse(text=out, model=self.model)
-        return out  # type: ignore[return-value]
+        return out
 
 
 def load_script(

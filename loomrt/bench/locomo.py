@@ -119,7 +119,7 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
             config.data,
             conversations=[c for c, _ in chosen],
             embedder=config.make_embedder(),
-            progress=tick,  # type: ignore[arg-type]
+            progress=tick,
             replies=replies,
             mode=mode,
         )

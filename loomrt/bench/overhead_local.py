@@ -75,8 +75,8 @@ def measure_local_overhead(model: str = "local/smollm2-135m", repeats: int = 5) 
                 bare.reset()  # type: ignore[no-untyped-call]
                 t, c = time.perf_counter(), time.process_time()
                 out = runner(
-                    lambda: bare.create_chat_completion(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
-                )  # type: ignore[arg-type]
+                    lambda: bare.create_chat_completion(messages=messages, max_tokens=MAX_TOKENS, temperature=0)  # type: ignore[arg-type]
+                )
                 elapsed[key], used[key] = time.perf_counter() - t, time.process_time() - c
                 tokens[key] = out["usage"]["completion_tokens"]
 

@@ -239,7 +239,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
             sql += " AND kind = ANY(%s)"
             args.append(kinds)
         return [
-            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)
             for s, k, t, d, h in self._select(sql + " ORDER BY seq", args)
         ]
 
@@ -252,7 +252,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
         if not rows:
             return None
         s, k, t, d, h = rows[0]
-        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)
 
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         wanted = list(dict.fromkeys(ids))

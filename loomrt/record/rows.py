@@ -83,7 +83,7 @@ def chained(
         rows.append((run_id, seq, kind, ts, payload, prev))
         for card in data.get("cards") or () if kind == "distillation" else ():
             cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
-        events.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))  # type: ignore[arg-type]
+        events.append(Event(run_id=run_id, seq=seq, kind=kind, ts=ts, data=json.loads(payload), hash=prev))
     return rows, cards, events
 
 

@@ -235,10 +235,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             args += kinds
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
-        return [
-            Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
-            for s, k, t, d, h in rows
-        ]
+        return [Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h) for s, k, t, d, h in rows]
 
     def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
         """The run's last event of ``kind`` (at or before ``until``), or None."""
@@ -251,7 +248,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         if row is None:
             return None
         s, k, t, d, h = row
-        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)  # type: ignore[arg-type]
+        return Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h)
 
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Fold's cards by id (as their distillation events hold them), for the family of runs
@@ -408,7 +405,7 @@ def run_cards(store: SQLiteStore, run_id: str) -> list[tuple[str, int, int, str]
     with store._lock:
         return [
             tuple(r)
-            for r in store._conn.execute(  # type: ignore[misc]
+            for r in store._conn.execute(
                 "SELECT card_id, seq, depth, data FROM cards WHERE run_id = ? ORDER BY seq", (run_id,)
             ).fetchall()
         ]

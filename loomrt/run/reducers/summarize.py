@@ -150,8 +150,8 @@ class _Writer:
             response = await call_model(
                 self.run,
                 prompt,
-                purpose=self.purpose,
-                provider=self.run.summarizer,  # type: ignore[arg-type]
+                purpose=self.purpose,  # type: ignore[arg-type]
+                provider=self.run.summarizer,
                 max_tokens=self.max_tokens,
             )
             account = response.text.strip()
