@@ -33,6 +33,7 @@ __all__ = [
     "chained",
     "CHAINED",
     "prompt_problems",
+    "prompt_as_of",
     "to_markdown",
     "to_jsonl",
 ]
@@ -193,15 +194,48 @@ def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
     view = project(events[:1], store=store)
     problems = []
     for e in events[1:]:
-        if e.kind == "model_call" and e.data.get("prompt_from") == "context" and e.data.get("prompt_hash"):
-            derived = view.prompt_hash() if e.data["prompt_hash"].startswith(CHAINED) else _whole_prompt_hash(view.wire)
-            if derived != e.data["prompt_hash"]:
+        d = e.data
+        if e.kind == "model_call" and d.get("purpose") == "turn" and d.get("prompt_hash") and not d.get("prompt_from"):
+            problems.append(f"#{e.seq}: a turn's model call that says nothing of where its prompt came from")
+        if e.kind == "model_call" and d.get("prompt_from") == "context" and d.get("prompt_hash"):
+            block = None
+            if d.get("recall_injected") is not None:
+                if view.injection is None or view.injection[0] != d["recall_injected"]:
+                    problems.append(
+                        f"#{e.seq}: the call names recalled passages #{d['recall_injected']} that the record "
+                        "does not put right before it"
+                    )
+                    view.apply(e)
+                    continue
+                block = view.injection[1]
+            if d["prompt_hash"].startswith(CHAINED):
+                derived = view.prompt_hash(block)
+            else:
+                derived = _whole_prompt_hash(view.wire)
+            if derived != d["prompt_hash"]:
                 problems.append(
                     f"#{e.seq}: the prompt sent (hash {e.data['prompt_hash']}) is not the working "
                     f"context the record rebuilds there (hash {derived})"
                 )
         view.apply(e)
     return problems
+
+
+def prompt_as_of(events: Iterable[Event], seq: int, store: Any = None) -> list[Message]:
+    """The whole prompt the ``model_call`` at ``seq`` sent, as the record derives it: the
+    working context then, and the recalled block when one went with it (``synthetic="recall"``).
+    ``ValueError`` when ``seq`` is not a turn's model call."""
+    from loomrt.run.projection import project
+
+    events = list(events)
+    call = next((e for e in events if e.seq == seq), None)
+    if call is None or call.kind != "model_call" or call.data.get("prompt_from") != "context":
+        raise ValueError(f"#{seq} is not a turn's model call (`runs events RUN_ID --kind model_call` lists them)")
+    view = project([e for e in events if e.seq < seq], store=store)
+    prompt = list(view.context)
+    if call.data.get("recall_injected") is not None and view.injection is not None:
+        prompt.append(view.injection[1])
+    return prompt
 
 
 def _who(line: Line) -> str:

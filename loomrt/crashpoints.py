@@ -33,6 +33,7 @@ POINTS: dict[str, str] = {
     "after_distillation": "the distillation is recorded, and its callbacks have not run",
     "in_tool": "the tool call is recorded, and the tool is running (no result yet)",
     "in_recall_index": "recall is indexing an evicted span",
+    "after_recall_injected": "recalled passages are recorded (recall_injected), and the model call they go with is not made yet",
     "in_spawn": "a child's result is on the parent's record, and its siblings may still be playing",
     "in_fold": "a card is written (its model call answered), and its fold's distillation is not recorded yet",
     "in_fork": "a fork's run and its first events are written, and not committed yet",

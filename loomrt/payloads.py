@@ -51,6 +51,7 @@ __all__ = [
     "HarvestBanked",
     "HarvestError",
     "RunQueued",
+    "RecallInjected",
 ]
 
 
@@ -102,6 +103,11 @@ class ModelCall(_Payload):
     against the working context the record rebuilds."""
     prompt_from: str | None = None
     """``context`` when the messages sent were the run's working context (a turn)."""
+    recall_injected: int | None = None
+    """The seq of the ``recall_injected`` event whose block followed the working context in
+    this call's prompt (``runs verify`` re-derives the prompt with it)."""
+    injected_tokens: int | None = None
+    """The runtime's estimate of that block's tokens (part of ``estimated_tokens``)."""
 
 
 class AssistantMessage(_Payload):
@@ -316,6 +322,20 @@ class MarkPrivate(_Payload):
     by: str = "operator"
 
 
+class RecallInjected(_Payload):
+    kind: Literal["recall_injected"]
+    query: str
+    """What the runtime searched for: the turn's user input (and, after a tool result, its rarest words)."""
+    passages: list[dict[str, Any]]
+    """The passages, in the order the block shows them: ``source`` (run, family or memory),
+    ``seq`` (or a memory ``id``), ``score``, ``cosine``, ``bm25``, ``tokens``, ``date``,
+    ``speaker``, ``text`` (verbatim) and ``before`` (the end of the message before a short one)."""
+    tokens: int
+    """The block's estimated tokens (at most ``context.recall_inject_tokens``)."""
+    sources: list[str] = Field(default_factory=list)
+    """The sources searched."""
+
+
 class CardRejected(_Payload):
     kind: Literal["card_rejected"]
     depth: int
@@ -404,6 +424,7 @@ PAYLOADS: tuple[type[_Payload], ...] = (
     HarvestBanked,
     HarvestError,
     RunQueued,
+    RecallInjected,
 )
 
 EventPayload = Annotated[
@@ -438,7 +459,8 @@ EventPayload = Annotated[
     | FoldSkippedPayload
     | HarvestBanked
     | HarvestError
-    | RunQueued,
+    | RunQueued
+    | RecallInjected,
     Field(discriminator="kind"),
 ]
 """Any event's payload, tagged by its ``kind``."""

@@ -72,6 +72,10 @@ def mode_names() -> tuple[str, ...]:
 SCHEMA_URL = "https://loomrt.dev/schema/agents.schema.json"
 
 
+INJECT_MIN_TOKENS = 128
+"""The smallest default reserve for recall injection: below it a budget injects nothing."""
+
+
 class ContextSpec(_Strict):
     """How a run keeps its working context under budget."""
 
@@ -118,6 +122,18 @@ class ContextSpec(_Strict):
     """recall: the FIFO cap of the run's recall index, in entries."""
     recall_max_tokens: int = Field(1200, ge=64)
     """recall: the most tokens one Recall result may return."""
+    recall_tool: bool = True
+    """recall: grant the Recall tool. Off, the model cannot search by itself, and the runtime's
+    injection (recall_inject) is how the evicted words come back."""
+    recall_inject: Literal["auto", "on", "off"] = "auto"
+    """recall: before each model call the runtime searches the evicted history (and memory)
+    with the turn's input and puts the best passages, verbatim, into that call's prompt only
+    (a recall_injected event; never into the working context). auto: on when recall is on and
+    the mode distils (not append). Turn it off for an agent that must see only what it asked for."""
+    recall_inject_tokens: int | None = Field(None, ge=64)
+    """recall: the tokens reserved off the top of the budget for injected passages (the
+    watermarks apply to the budget less this reserve; at most a quarter of the budget).
+    Default: the smaller of 12% of the budget and 1,500 (none below 128, too few for a passage)."""
     harvest_to_memory: bool = False
     """Bank every evicted span for `loomrt consolidate`, which turns batches of them into
     durable facts (docs/memory.md). Needs memory_scopes: the first one is where its facts go."""
@@ -156,6 +172,33 @@ class ContextSpec(_Strict):
         if value.get("type") != "object":
             raise ValueError("the root of state_schema must be {type: object}")
         return value
+
+    @field_validator("recall_inject", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: Any) -> Any:
+        """YAML reads a bare ``on`` / ``off`` as a boolean."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
+    def injects(self) -> bool:
+        """Whether a run of this definition recalls for its model before each call."""
+        if not self.recall or self.recall_inject == "off":
+            return False
+        return self.recall_inject == "on" or (self.mode != "append" or self.backstop)
+
+    def inject_reserve(self, budget: int) -> int:
+        """The tokens reserved for injected passages out of ``budget`` (0 when it does not inject)."""
+        if not self.injects():
+            return 0
+        if self.recall_inject_tokens:
+            return min(self.recall_inject_tokens, budget // 4)
+        default = min(budget * 12 // 100, 1500)
+        return default if default >= INJECT_MIN_TOKENS else 0  # too small a budget to hold a passage
+
+    @model_validator(mode="after")
+    def _inject_needs_recall(self) -> ContextSpec:
+        if self.recall_inject == "on" and not self.recall:
+            raise ValueError("recall_inject: on needs recall: true (injection searches the recall index)")
+        return self
 
     @model_validator(mode="after")
     def _stateful_needs_schema(self) -> ContextSpec:

@@ -130,8 +130,13 @@ def resolve_toolset(
             shared_runs=[r for r, _ in family.links] if family is not None else (),
             scopes=scopes,
         )
+        if run is not None:
+            from loomrt.visibility import visible_to
+
+            recall.visible = visible_to(run.view)
         toolset.recall = recall
-        toolset.tools[recall.tool.name] = recall.tool
         toolset.callbacks.append(recall.on_evicted)
-        toolset.prompt_lines.append(RECALL_PROMPT)
+        if spec.context.recall_tool:
+            toolset.tools[recall.tool.name] = recall.tool
+            toolset.prompt_lines.append(RECALL_PROMPT)
     return toolset

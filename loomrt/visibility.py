@@ -21,13 +21,21 @@ SEQ``, a ``mark_private`` event). The record keeps it whole, and its own run wor
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from loomrt.events import Event
 from loomrt.messages import Message
 
-__all__ = ["placeholder", "private_seqs", "redact", "redact_events", "mark_private_in_record", "withhold"]
+__all__ = [
+    "placeholder",
+    "private_seqs",
+    "redact",
+    "redact_events",
+    "mark_private_in_record",
+    "withhold",
+    "visible_to",
+]
 
 
 def placeholder(seq: int | None, role: str = "tool") -> str:
@@ -47,6 +55,21 @@ def private_seqs(events: Iterable[Event]) -> set[int]:
     return out
 
 
+def visible_to(view: Any) -> Callable[[Any], bool]:
+    """Whether run ``view`` (a :class:`~loomrt.run.projection.RunView`) may see a recalled hit
+    (a :class:`~loomrt.recall.tool.RecallHit`): its own evicted messages, private ones
+    included (it saw them), durable memory (scoped, and never private), and a fork's
+    shared history except the parent's private messages. Recall and recall injection both
+    ask it, as it is when they ask (a message marked private later is private from then on)."""
+
+    def visible(hit: Any) -> bool:
+        if getattr(hit, "source", None) != "family":
+            return True
+        return hit.seq is None or hit.seq not in view.private
+
+    return visible
+
+
 def redact(message: Message, private: set[int]) -> Message:
     """``message``, or its placeholder when it is private."""
     if message.seq is None or message.seq not in private:
@@ -60,10 +83,24 @@ def _redacted(e: Event, private: set[int]) -> Event:
         d["content"] = placeholder(e.seq, "tool" if e.kind == "tool_result" else "user")
     elif e.kind == "assistant_message" and e.seq in private:
         d["message"] = {**d.get("message", {}), "content": placeholder(e.seq, "assistant"), "tool_calls": []}
+    elif e.kind == "recall_injected" and any(
+        p.get("seq") in private or p.get("before_seq") in private for p in d.get("passages") or ()
+    ):
+        d["passages"] = [_redacted_passage(p, private) for p in d.get("passages") or ()]
     else:
         return e
     d["redacted"] = True
     return e.model_copy(update={"data": d})
+
+
+def _redacted_passage(passage: dict[str, Any], private: set[int]) -> dict[str, Any]:
+    """A recalled passage with its private text (or the private message it quotes before it) withheld."""
+    out = dict(passage)
+    if out.get("seq") in private:
+        out["text"] = placeholder(out["seq"], str(out.get("role") or "tool"))
+    if out.get("before_seq") in private:
+        out.pop("before", None)
+    return out
 
 
 def redact_events(events: Iterable[Event], private: set[int] | None = None) -> list[Event]:

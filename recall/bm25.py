@@ -123,6 +123,12 @@ class IncrementalBM25:
     def __contains__(self, doc: int) -> bool:
         return doc in self._lengths
 
+    def idf(self, term: str) -> float:
+        """The inverse document frequency of ``term`` (0.0 when no document holds it)."""
+        p, n = self._postings.get(term), len(self._lengths)
+        df = len(p.slot) if p is not None else 0
+        return math.log(1 + (n - df + 0.5) / (df + 0.5)) if df and n else 0.0
+
     def add(self, doc: int, tokens: Sequence[str], *, old: Iterable[str] | None = None) -> None:
         """Add document ``doc`` (a non-negative int), or replace it: ``old``, its tokens
         until now if given, spares a scan of the vocabulary.

@@ -133,10 +133,18 @@ class Entry:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result: an entry and its fused score in (0, 1]."""
+    """One search result: an entry and its fused score in (0, 1].
+
+    The fused score is scaled per query (the best hit is always near 1); ``cosine`` and
+    ``bm25`` are the hit's raw scores, which say how good the best hit really is (recall
+    injection's relevance floor reads them)."""
 
     entry: Entry
     score: float
+    cosine: float | None = None
+    """The raw cosine of the query with the entry (its best passage); None without dense search."""
+    bm25: float = 0.0
+    """The raw BM25 score of the entry alone (speaker and text) for the query."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +182,8 @@ _STOPWORDS = frozenset(
     nor not now of off on once only or other our ours ourselves out over own same she should so some such than
     that the their theirs them themselves then there these they this those through to too under until up very
     was we were what when where which while who whom why will with would you your yours yourself yourselves
-    did does hey hi oh yeah yes ok okay really also got get gets""".split()
+    did does hey hi oh yeah yes ok okay really also got get gets thanks thank thx please sure great cool nice
+    fine hello bye goodbye yep nope hmm alright""".split()
 )
 
 
@@ -364,17 +373,25 @@ class RecallIndex:
         first = next(iter(self.entries))
         self._refresh_context(range(first, first + self.fusion.context_radius))
 
+    def rarest(self, text: str, n: int) -> list[str]:
+        """The ``n`` tokens of ``text`` with the highest IDF among the indexed entries (tokens
+        no entry holds are left out: they cannot match)."""
+        scored = {t: self._lexical.idf(t) for t in set(tokenize(text))}
+        return [t for t, idf in sorted(scored.items(), key=lambda kv: (-kv[1], kv[0])) if idf > 0][:n]
+
     def dense_size(self) -> int:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
-    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float]:
-        """The weighted sum of the scaled BM25 signals of every entry (oldest first) and the
-        sum of their weights. An entry any signal matched has a positive sum."""
+    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray | None]:
+        """The weighted sum of the scaled BM25 signals of every entry (oldest first), the
+        sum of their weights, and the raw BM25 of each entry alone (None when that signal is
+        off). An entry any signal matched has a positive sum."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(n, dtype=np.float32)
         weight = 0.0
+        raw: np.ndarray | None = None
         for w, lex in (
             (f.lexical, self._lexical),
             (f.lexical_window, self._lexical_window),
@@ -382,12 +399,14 @@ class RecallIndex:
         ):
             if w > 0:
                 scores = lex.scores(tokens, None, n, first=first)
+                if lex is self._lexical:
+                    raw = scores.copy()
                 best = float(scores.max()) if n else 0.0
                 if best > 0:  # scaled so the best is 1, and weighted, in place
                     scores *= np.float32(w / best)
                     total += scores
                 weight += w
-        return total, weight
+        return total, weight, raw
 
     def _dense_scores(self, q: np.ndarray) -> np.ndarray:
         """Every entry's cosine with ``q`` (oldest first), scaled so the mean is 0 and the best 1."""
@@ -463,7 +482,7 @@ class RecallIndex:
         f = self.fusion
         embedder = self.embedder if self._dense is not None and f.dense > 0 else None
         q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
-        total, weight = self._lexical_scores(tokenize(query))
+        total, weight, raw_bm25 = self._lexical_scores(tokenize(query))
         first = next(iter(self.entries))
         if q is None:
             candidates = np.flatnonzero(total > 0)
@@ -481,7 +500,14 @@ class RecallIndex:
             best = np.argpartition(-scores, k - 1)[:k]
             candidates, scores = candidates[best], scores[best]
         order = np.argsort(-scores, kind="stable")
+        positions = candidates[order].astype(np.int64)
+        cosines = self._dense.gather(q, positions) if q is not None and self._dense is not None else None
         return [
-            Hit(self.entries[first + int(candidates[j])], round(float(np.clip(scores[j] / weight, 0.0, 1.0)), 6))
-            for j in order
+            Hit(
+                self.entries[first + int(p)],
+                round(float(np.clip(scores[j] / weight, 0.0, 1.0)), 6),
+                cosine=round(float(cosines[i]), 6) if cosines is not None else None,
+                bm25=round(float(raw_bm25[p]), 6) if raw_bm25 is not None else 0.0,
+            )
+            for i, (j, p) in enumerate(zip(order, positions, strict=True))
         ]

@@ -16,6 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,8 +28,13 @@ from loomrt.recall.embedders import resolve_embedder
 from loomrt.recall.index import CHUNK_OVERLAP, Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
+from loomrt.visibility import placeholder
 
-__all__ = ["RunRecall"]
+__all__ = ["RunRecall", "SOURCES"]
+
+SOURCES = ("all", "run", "family", "memory")
+"""What Recall (and injection) may search: this run's evicted spans, a fork's shared
+history up to the fork point, durable memory, or all three."""
 
 _BEFORE_WORDS = 60
 """How much of the previous message an entry's window carries (words, from its end)."""
@@ -128,6 +134,9 @@ class RunRecall:
             self._index = RecallIndex(
                 None, max_entries=int(getattr(context, "recall_max_entries", 4096)), fusion=fusion
             )
+        self.visible: Callable[[RecallHit], bool] | None = None
+        """Whether the run may see a hit (:func:`loomrt.visibility.visible_to`); set by the
+        toolset. None: every hit."""
         self.tool = make_recall_tool(self)
         if history:
             self.rebuild(history)
@@ -162,7 +171,7 @@ class RunRecall:
         """Entries in the index (after indexing any backlog)."""
         return len(self.index)
 
-    def _drafts(self, distillation_seq: int, messages: Sequence[Message]) -> list[Entry]:
+    def _drafts(self, distillation_seq: int, messages: Sequence[Message], run_id: str | None = None) -> list[Entry]:
         drafts: list[Entry] = []
         for m in messages:
             if m.synthetic is not None or m.role == "system":
@@ -181,7 +190,7 @@ class RunRecall:
                 drafts.append(
                     Entry(
                         id=-1,
-                        run_id=self.run_id,
+                        run_id=run_id or self.run_id,
                         seq=m.seq,
                         distillation_seq=distillation_seq,
                         role=m.role,
@@ -276,7 +285,7 @@ class RunRecall:
             if e.kind != "distillation" or e.run_id not in self.shared_runs:
                 continue
             span = [messages[s] for s in e.data.get("span_seqs") or [] if s in messages]
-            drafts.extend(self._drafts(e.seq, span))
+            drafts.extend(self._drafts(e.seq, span, e.run_id))
         self._backlog.extend(drafts)
         return len(self._backlog)
 
@@ -294,13 +303,18 @@ class RunRecall:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, query: str, top_k: int = 5) -> list[RecallHit]:
-        """The best ``top_k`` hits for ``query`` from this run's evicted spans and durable
-        memory, merged by score, best first (no token cap: the tool applies it)."""
+    def search(self, query: str, top_k: int = 5, source: str = "all") -> list[RecallHit]:
+        """The best ``top_k`` hits for ``query`` from this run's evicted spans, a fork's
+        shared history and durable memory (``source``: run, family, memory or all), merged by
+        score, best first (no token cap: the tool applies it). A hit the run may not see
+        (:attr:`visible`) comes back as its placeholder."""
+        if source not in SOURCES:
+            raise ValueError(f"unknown recall source {source!r}: expected one of {', '.join(SOURCES)}")
         hits: list[RecallHit] = []
         index = self.index
+        wanted = 0 if source == "memory" else top_k if source == "all" else top_k * 4
         try:
-            found = index.search(query, top_k)
+            found = index.search(query, wanted)
         except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
             if not index.dense:
                 raise
@@ -308,14 +322,21 @@ class RunRecall:
             self._notice(
                 f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
             )
-            found = index.search(query, top_k)
+            found = index.search(query, wanted)
         for h in found:
             e = h.entry
+            kind = "run" if e.run_id == self.run_id else "family"
+            if source not in ("all", kind):
+                continue
             hits.append(
                 RecallHit(
                     text=e.text,
                     score=h.score,
-                    source="run",
+                    source=kind,
+                    run_id=e.run_id,
+                    cosine=h.cosine,
+                    bm25=h.bm25,
+                    before=e.before,
                     seq=e.seq,
                     seqs=tuple(e.seqs),
                     ts=e.ts,
@@ -326,9 +347,18 @@ class RunRecall:
                     chunk=(e.chunk + 1, e.chunks) if e.chunks > 1 else None,
                 )
             )
-        hits.extend(self._memory_hits(query, top_k))
+        if source in ("all", "memory"):
+            hits.extend(self._memory_hits(query, top_k))
         hits.sort(key=lambda h: -h.score)
-        return hits[:top_k]
+        return [self._seen(h) for h in hits[:top_k]]
+
+    def _seen(self, hit: RecallHit) -> RecallHit:
+        """``hit`` as this run may see it: itself, or its placeholder (a fork's parent's private message)."""
+        if self.visible is None or self.visible(hit):
+            return hit
+        return replace(
+            hit, text=placeholder(hit.seq, hit.role or "tool"), before="", extra={**hit.extra, "private": True}
+        )
 
     def at_seq(self, seq: int) -> list[RecallHit]:
         """The evicted message at record seq ``seq``, whole (its chunks joined), or nothing."""
@@ -339,20 +369,20 @@ class RunRecall:
         text = (
             first.text if first.chunks == 1 else _join_chunks([e.text for e in sorted(pieces, key=lambda e: e.chunk)])
         )
-        return [
-            RecallHit(
-                text=text,
-                score=1.0,
-                source="run",
-                seq=seq,
-                seqs=(seq,),
-                ts=first.ts,
-                role=first.role,
-                speaker=first.speaker,
-                tools=first.tools,
-                distillation_seq=first.distillation_seq,
-            )
-        ]
+        hit = RecallHit(
+            text=text,
+            score=1.0,
+            source="run" if first.run_id == self.run_id else "family",
+            seq=seq,
+            seqs=(seq,),
+            ts=first.ts,
+            role=first.role,
+            speaker=first.speaker,
+            tools=first.tools,
+            distillation_seq=first.distillation_seq,
+            run_id=first.run_id,
+        )
+        return [self._seen(hit)]
 
     def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:
         if self.memory is None:

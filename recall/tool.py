@@ -52,7 +52,8 @@ class RecallHit:
     score: float
     """Relevance in (0, 1], best 1."""
     source: str
-    """``run`` (this run's evicted spans) or ``memory`` (durable memory)."""
+    """``run`` (this run's evicted spans), ``family`` (a fork's shared history, up to the
+    fork point) or ``memory`` (durable memory)."""
     seq: int | None = None
     """The record seq of the message (run hits)."""
     seqs: tuple[int, ...] = ()
@@ -67,6 +68,14 @@ class RecallHit:
     chunk: tuple[int, int] | None = None
     """(i, n): this is chunk i of n of a long message (1-based), else None."""
     extra: dict[str, Any] = field(default_factory=dict)
+    cosine: float | None = None
+    """The raw cosine of the query with the entry (None without dense search, or from memory)."""
+    bm25: float = 0.0
+    """The raw BM25 score of the entry alone."""
+    before: str = ""
+    """The end of the message before this one (an answer often only reads with its question)."""
+    run_id: str | None = None
+    """The run whose record holds the message (run and family hits)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The hit as the tool returns it (ts as ISO 8601)."""
@@ -132,7 +141,9 @@ def cap_results(hits: list[RecallHit], max_tokens: int) -> tuple[list[dict[str, 
 def make_recall_tool(recall: RunRecall) -> Tool:
     """The ``Recall(query, top_k=5)`` (or ``Recall(seq=N)``) tool over one run's :class:`RunRecall`."""
 
-    def run_recall(query: str | None = None, top_k: int = 5, seq: int | None = None) -> dict[str, Any]:
+    def run_recall(
+        query: str | None = None, top_k: int = 5, seq: int | None = None, source: str = "all"
+    ) -> dict[str, Any]:
         top_k = max(1, min(int(top_k), 20))
         if seq is not None:
             hits = recall.at_seq(int(seq))
@@ -146,7 +157,7 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             return found
         if not query or not str(query).strip():
             raise ValueError("Recall needs a query (the words you expect in the original) or a seq ([#seq] pointer)")
-        hits = recall.search(query, top_k=top_k)
+        hits = recall.search(query, top_k=top_k, source=source)
         results, left_out = cap_results(hits, recall.max_tokens)
         answer: dict[str, Any] = {"query": query, "results": results}
         if left_out:
@@ -172,6 +183,13 @@ def make_recall_tool(recall: RunRecall) -> Tool:
                     "type": "integer",
                     "description": "Instead of a query: the record seq of one message "
                     "(a [#seq] pointer in a summary) to get back whole.",
+                },
+                "source": {
+                    "type": "string",
+                    "enum": ["all", "run", "family", "memory"],
+                    "default": "all",
+                    "description": "Where to search: this run's evicted history, a fork's shared history "
+                    "(up to the fork point), durable memory, or all.",
                 },
                 "top_k": {
                     "type": "integer",

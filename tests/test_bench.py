@@ -43,6 +43,10 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
             "fold/no-recall",
             "fold/no-tools",
             "fold/no-defer",
+            "recap/inject-only",
+            "compaction/inject-only",
+            "stateful/inject-only",
+            "fold/inject-only",
         ]
         assert all(f["status"] == "done" for f in modes.values()), {m: f.get("error") for m, f in modes.items()}
         assert modes["append"]["ratio"] == 1.0

@@ -53,6 +53,9 @@ REFERENCE_RATIOS: dict[str, float] = {"compaction": 0.45, "recap": 0.30, "statef
 
 VARIANTS: dict[str, str] = {
     "no-recall": "the mode with context.recall off: what its working context alone keeps",
+    "inject": "the mode with recall injection on (the runtime recalls before each call) and the Recall tool offered",
+    "inject-only": "the mode with recall injection on and the Recall tool not offered: what the runtime's own recall "
+    "brings back (a plain MODE offers the tool and injects nothing)",
     "backstop": "append with the compaction backstop in the model's window (append only)",
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
     "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
@@ -70,6 +73,10 @@ DEFAULT_VARIANTS = [
     "fold/no-recall",
     "fold/no-tools",
     "fold/no-defer",
+    "recap/inject-only",
+    "compaction/inject-only",
+    "stateful/inject-only",
+    "fold/inject-only",
 ]
 """The variants ``loomrt bench run`` plays besides the modes (chat200 and agentic)."""
 
@@ -88,6 +95,8 @@ def known_variant(name: str) -> bool:
     if soft_pct(option) is not None:
         return base == "fold"
     only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold"}
+    if option in ("inject", "inject-only") and base == "append":
+        return False
     return option is None or option in VARIANTS and only.get(option, base) == base
 
 

@@ -160,6 +160,7 @@ def bench_spec(
     """
     base, option = split_variant(mode)
     backstop, soft = option == "backstop", soft_pct(option)
+    recall = config.recall and option != "no-recall" and recall_available()
     return AgentSpec(
         model=config.model or "bench/scripted",
         system_prompt=system,
@@ -171,7 +172,10 @@ def bench_spec(
             "budget_tokens": config.window_tokens if backstop else config.budget_tokens,
             "backstop": backstop,
             "keep_last_n": config.keep_last_n,
-            "recall": config.recall and option != "no-recall" and recall_available(),
+            "recall": recall,
+            # a plain MODE offers the Recall tool alone, as published before injection existed
+            "recall_inject": "on" if option in ("inject", "inject-only") and recall else "off",
+            "recall_tool": option != "inject-only",
             "state_schema": STATE_SCHEMA,
             # a scripted run plays hours of conversation in seconds: the per-10-minute spend
             # guard would turn most cards into fallbacks, which no real run at this pace sees

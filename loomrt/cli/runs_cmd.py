@@ -56,6 +56,12 @@ def show_cmd(
     as_of: int | None = typer.Option(
         None, "--as-of", help="The working context exactly as the model saw it after this seq."
     ),
+    prompt: int | None = typer.Option(
+        None,
+        "--prompt",
+        help="The whole prompt the model call at this seq sent: the working context and, marked, "
+        "the recalled passages injected into that call only.",
+    ),
     json_output: bool = JsonOpt,
 ) -> None:
     """One run: its summary, pins and transcript, each distillation a marker between the messages."""
@@ -70,6 +76,9 @@ def show_cmd(
         return
     if as_of is not None:
         _show_as_of(run_id, events, as_of, json_output)
+        return
+    if prompt is not None:
+        _show_prompt(run_id, events, prompt, json_output)
         return
     summary = run_summary(info, events, rt.store)
     view = project(events, store=rt.store)
@@ -196,6 +205,28 @@ def _show_as_of(run_id: str, events: list, seq: int, json_output: bool) -> None:
         return
     out.rule(f"run {run_id}: the working context after #{seq} ({len(context)} messages)")
     for m in context:
+        where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
+        out.print(f"[bold]{where} {escape(m.role)}[/bold]", highlight=False)
+        out.print(m.content, markup=False, highlight=False)
+
+
+def _show_prompt(run_id: str, events: list, seq: int, json_output: bool) -> None:  # type: ignore[type-arg]
+    """The prompt of the turn call at ``seq``, as the record derives it (injected block marked)."""
+    from loomrt.audit import prompt_as_of
+    from loomrt.errors import NotFoundError
+    from loomrt.injection import INJECTED
+
+    try:
+        prompt = prompt_as_of(events, seq, runtime().store)
+    except ValueError as exc:
+        raise NotFoundError(f"run {run_id}: {exc}") from None
+    if json_output:
+        print_json({"run_id": run_id, "prompt_of": seq, "prompt": [m.to_dict() for m in prompt]})
+        return
+    out.rule(f"run {run_id}: the prompt of the model call #{seq} ({len(prompt)} messages)")
+    for m in prompt:
+        if m.synthetic == INJECTED:
+            out.print("[bold magenta]▶ injected for this call only (recall_injected)[/bold magenta]", highlight=False)
         where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
         out.print(f"[bold]{where} {escape(m.role)}[/bold]", highlight=False)
         out.print(m.content, markup=False, highlight=False)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.audit import prompt_hash
 from loomrt.crashpoints import reached
@@ -11,6 +11,9 @@ from loomrt.messages import Message
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Purpose, ToolSchema
 from loomrt.providers.retry import call_with_retries
 from loomrt.run.state import RunState
+
+if TYPE_CHECKING:
+    from loomrt.run.inject import Injected
 
 __all__ = ["call_model"]
 
@@ -25,12 +28,22 @@ async def call_model(
     tool_choice: str = "auto",
     provider: ModelProvider | None = None,
     max_tokens: int | None = None,
+    injected: Injected | None = None,
 ) -> ModelResponse:
-    """One model call on behalf of ``run``, recorded as a ``model_call`` event."""
+    """One model call on behalf of ``run``, recorded as a ``model_call`` event.
+
+    ``injected`` is a recalled block (:mod:`loomrt.run.inject`) sent after the working
+    context, in this call's prompt only; the call records its ``recall_injected`` seq."""
     provider = provider or run.provider
+    from_context = messages is run.context
+    if not from_context:
+        injected = None
+    wire = list(run.view.wire) if from_context else [m.to_litellm() for m in messages]
+    if injected is not None:
+        wire.append(injected.message.to_litellm())
     request = ModelRequest(
         # the working context's wire form is kept by the view; other prompts are built here
-        messages=list(run.view.wire) if messages is run.context else [m.to_litellm() for m in messages],
+        messages=wire,
         tools=tools,
         max_tokens=max_tokens or run.spec.max_tokens,
         temperature=run.spec.temperature,
@@ -52,8 +65,11 @@ async def call_model(
         )
 
     # before the provider sees them; the working context's is kept by the view, step by step
-    sent = run.view.prompt_hash() if messages is run.context else prompt_hash(request.messages)
-    estimated = run.judged_estimate() if messages is run.context else None
+    block = injected.message if injected is not None else None
+    sent = run.view.prompt_hash(block) if from_context else prompt_hash(request.messages)
+    estimated = run.judged_estimate() if from_context else None
+    if estimated is not None and injected is not None:
+        estimated += injected.tokens
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")
@@ -66,7 +82,8 @@ async def call_model(
             "seconds": round(time.perf_counter() - started, 4),
             "finish_reason": response.finish_reason,
             "prompt_hash": sent,
-            **({"prompt_from": "context"} if messages is run.context else {}),
+            **({"prompt_from": "context"} if from_context else {}),
+            **({"recall_injected": injected.seq, "injected_tokens": injected.tokens} if injected is not None else {}),
             **({"estimated_tokens": estimated} if estimated is not None else {}),
         },
     )

@@ -13,6 +13,7 @@ from loomrt.errors import LoomError, RunError, SpecError
 from loomrt.messages import ToolCall
 from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
+from loomrt.run.inject import inject_recall
 from loomrt.run.state import RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 from loomrt.tools import CURRENT_CALL, Private
@@ -58,9 +59,11 @@ async def play_turn(run: RunState) -> str:
             if run.view.status == "cancelled":  # handed to this owner: its last write took the cancel in
                 return run.output or ""
             await maybe_distil(run)
+            injected = await inject_recall(run)  # the evicted words the turn needs, in this call's prompt only
             response = await call_model(
                 run,
                 run.context,
+                injected=injected,
                 tools=run.mode.offered_tools(run),
                 response_schema=run.mode.response_schema(run),
                 tool_choice=run.mode.tool_choice(run),

@@ -121,6 +121,19 @@ class RunView:
     """The first user input (the task: pinned by ``keep_first``, not as the current request)."""
     parked_after_error: bool = False
     """An interactive run parked because its turn failed: resume plays that turn again."""
+    turns: int = 0
+    """User inputs so far (a turn begins with each)."""
+    input_seq: int | None = None
+    """The newest user input (the query recall injection searches with)."""
+    injection: tuple[int, Message, tuple[dict[str, Any], ...]] | None = None
+    """The last ``recall_injected`` event's seq and block, while no turn call has used it and
+    the working context has not changed since: the next turn call sends it (a run resumed
+    between the event and the call sends the same block, and injects nothing new)."""
+    injection_sent: frozenset[int] = frozenset()
+    """The record seqs of the passages the last turn call's prompt held (stateful mode: a
+    private one makes the keys that step sets private)."""
+    injected: dict[tuple[str, Any], int] = field(default_factory=dict)
+    """(source, seq or memory id) of each injected passage, and the turn it was injected in."""
 
     def __post_init__(self) -> None:
         if self.slot is None:
@@ -185,10 +198,25 @@ class RunView:
                 self.model_calls += 1
                 if d.get("purpose") == "turn":
                     self.turn_calls += 1
+                    sent = self.injection if d.get("recall_injected") else None
+                    self.injection_sent = (
+                        frozenset(p["seq"] for p in sent[2] if p.get("seq") is not None and p.get("source") != "memory")
+                        if sent
+                        else frozenset()
+                    )
+                    self.injection = None
                     self.reported_prompt_tokens = u.get("input_tokens", 0)
                     self.estimated_prompt_tokens = int(d.get("estimated_tokens") or 0)
                     if self.estimated_prompt_tokens:
                         self.tokenizer_scale = max(1.0, self.reported_prompt_tokens / self.estimated_prompt_tokens)
+                    injected = int(d.get("injected_tokens") or 0)
+                    if injected and self.estimated_prompt_tokens > injected:
+                        # pressure judges the working context: the block was in this prompt only
+                        share = 1 - injected / self.estimated_prompt_tokens
+                        self.reported_prompt_tokens = int(self.reported_prompt_tokens * share)
+                        self.estimated_prompt_tokens -= injected
+                    elif injected:
+                        self.reported_prompt_tokens = max(0, self.reported_prompt_tokens - injected)
                 else:
                     self.summary_calls += 1
             case "summary_rejected":
@@ -198,7 +226,16 @@ class RunView:
                 self.parked_after_error = bool(d.get("after_error"))
                 self.request_seq = None
             case "user_input":
-                self.request_seq = e.seq
+                self.request_seq = self.input_seq = e.seq
+                self.turns += 1  # a passage injected this turn or the previous one is not injected again
+                self.injected = {k: t for k, t in self.injected.items() if t >= self.turns - 1}
+            case "recall_injected":
+                from loomrt.injection import block_message
+
+                self.injection = (e.seq, block_message(d), tuple(d.get("passages") or ()))
+                for p in d.get("passages") or ():
+                    key = p.get("seq") if p.get("seq") is not None else p.get("id")
+                    self.injected[(str(p.get("source")), key)] = self.turns
             case "pin":
                 self.pin_count += 1
                 seq = d.get("seq")
@@ -283,6 +320,7 @@ class RunView:
         self.lifecycle, self.output, self.request_seq = e.kind, None, None
         self.usage, self.model_calls, self.turn_calls, self.summary_calls = Usage(), 0, 0, 0
         self.distillations = self.declines = self.rejections = 0
+        self.injected = {}
         self.declined_at = self.declined_size = self.declined_pressure = -1
         system = message_of(e)
         if system is not None:
@@ -305,21 +343,25 @@ class RunView:
 
     def push(self, message: Message) -> None:
         """Append ``message`` to the working context (a mode's replay adds its own this way)."""
+        self.injection = None  # a block follows the context it was searched for
         self.context.append(message)
         self.wire.append(message.to_litellm())
         self.wire_steps.append(message_step(self.wire_steps[-1] if self.wire_steps else "", self.wire[-1]))
 
     def replace(self, context: list[Message]) -> None:
         """Make ``context`` the working context (a distillation)."""
+        self.injection = None
         self.context = context
         self.wire = [m.to_litellm() for m in context]
         self.wire_steps = []
         for wire in self.wire:
             self.wire_steps.append(message_step(self.wire_steps[-1] if self.wire_steps else "", wire))
 
-    def prompt_hash(self) -> str:
-        """The hash of the working context as a turn sends it (``model_call.prompt_hash``)."""
-        return chained(self.wire_steps[-1] if self.wire_steps else "")
+    def prompt_hash(self, injected: Message | None = None) -> str:
+        """The hash of the working context as a turn sends it (``model_call.prompt_hash``),
+        followed by ``injected`` (a recalled block) when one goes with it."""
+        last = self.wire_steps[-1] if self.wire_steps else ""
+        return chained(message_step(last, injected.to_litellm()) if injected is not None else last)
 
 
 def cut_note(message: Message, limit: int, run_id: str) -> str:

@@ -194,8 +194,17 @@ class RunState:
 
     @property
     def budget(self) -> int:
-        """The working-context budget: budget_tokens, or the model's window if smaller."""
-        return min(self.spec.context.budget_tokens, self.provider.capabilities.context_window)
+        """The working-context budget: budget_tokens, or the model's window if smaller, less
+        the tokens reserved for recall injection (so an injected block never triggers a
+        distillation, and the prompt never passes budget_tokens)."""
+        whole = min(self.spec.context.budget_tokens, self.provider.capabilities.context_window)
+        return whole - self.spec.context.inject_reserve(whole)
+
+    @property
+    def inject_reserve(self) -> int:
+        """The tokens of the budget reserved for one call's recalled passages (0: no injection)."""
+        whole = min(self.spec.context.budget_tokens, self.provider.capabilities.context_window)
+        return self.spec.context.inject_reserve(whole)
 
     def estimate(self) -> int:
         """The estimated size of the next call: the working context and the tool schemas sent with it."""

@@ -57,6 +57,8 @@ def qa_spec(model: str, mode: str, *, budget_tokens: int, recall: bool, window: 
             "keep_last_n": 4,
             "recall": recall,
             "recall_max_entries": 8192,
+            # a replay's turns are acknowledged without a model call: nothing to recall for
+            "recall_inject": "off",
         },
     )
 
@@ -98,15 +100,29 @@ class Asked:
     """The working context the question met, as text (for the analysis of what it kept)."""
     recall_queries: tuple[str, ...] = ()
     recall_results: tuple[str, ...] = ()
+    injected_seqs: tuple[int, ...] = ()
+    """The record seqs of the passages injected into the question's prompts."""
+    injected_text: str = ""
+    injections: int = 0
+    """How many blocks the question's calls got (0: injection off, or nothing relevant)."""
 
 
-def _without_recall(data: dict[str, Any]) -> dict[str, Any]:
-    """A ``run_started`` payload whose definition has Recall off (and whose system text no longer offers it)."""
+def _asked_as(data: dict[str, Any], *, recall: bool, tool: bool, inject_tokens: int) -> dict[str, Any]:
+    """A ``run_started`` payload whose definition is the fork's: Recall on or off, the tool
+    offered or not (its system line with it), injection on (``inject_tokens`` > 0, reserved
+    on top of the replay's budget, so the question meets the same working context) or off."""
     from loomrt.recall import RECALL_PROMPT
 
-    definition = {**data["definition"], "context": {**data["definition"]["context"], "recall": False}}
-    system = str(data.get("system", "")).replace(f"\n\n{RECALL_PROMPT}", "").replace(RECALL_PROMPT, "")
-    tools = [t for t in data.get("tools", []) if t != "Recall"]
+    context = {**data["definition"]["context"], "recall": recall, "recall_tool": tool}
+    context["recall_inject"] = "on" if recall and inject_tokens else "off"
+    if recall and inject_tokens:
+        context["recall_inject_tokens"] = inject_tokens
+        context["budget_tokens"] = int(context["budget_tokens"]) + inject_tokens
+    definition = {**data["definition"], "context": context}
+    system, tools = str(data.get("system", "")), list(data.get("tools", []))
+    if not (recall and tool):
+        system = system.replace(f"\n\n{RECALL_PROMPT}", "").replace(RECALL_PROMPT, "")
+        tools = [t for t in tools if t != "Recall"]
     return {**data, "definition": definition, "system": system, "tools": tools}
 
 
@@ -118,10 +134,13 @@ async def ask(
     *,
     embedder: Any,
     recall: bool = True,
+    tool: bool = True,
+    inject_tokens: int = 0,
 ) -> Asked:
     """Fork ``run_id`` into a throwaway record and send ``question`` to the fork. With
     ``recall`` off the fork's definition turns Recall off: the question meets the same
-    working context with nothing but what the distillations kept."""
+    working context with nothing but what the distillations kept. ``tool`` offers the Recall
+    tool; ``inject_tokens`` turns recall injection on with that reserve."""
     fork = SQLiteStore(":memory:")
     info = source.get_run(run_id)
     fork_id = f"{run_id}-{uuid.uuid4().hex[:6]}"
@@ -129,7 +148,11 @@ async def ask(
         RunInfo(**{**info.model_dump(), "run_id": fork_id, "parent_run_id": run_id, "status": "active"})
     )
     for e in source.events(run_id):
-        data = _without_recall(e.data) if e.kind == "run_started" and not recall else e.data
+        data = (
+            _asked_as(e.data, recall=recall, tool=tool, inject_tokens=inject_tokens)
+            if e.kind == "run_started"
+            else e.data
+        )
         await fork.write(fork_id, e.kind, data)
     runtime = Runtime(fork, providers=lambda s, m: provider, embedder=embedder)
     run = await runtime.aopen(fork_id)
@@ -145,6 +168,19 @@ async def ask(
     results = tuple(
         str(e.data.get("content", "")) for e in after if e.kind == "tool_result" and e.data.get("name") == "Recall"
     )
+    injected = [e.data for e in after if e.kind == "recall_injected"]
     fork.close()
     status = "failed" if result.status == "failed" else "done"
-    return Asked(result.output or "", status, context, len(queries), result.error, text, queries, results)
+    return Asked(
+        result.output or "",
+        status,
+        context,
+        len(queries),
+        result.error,
+        text,
+        queries,
+        results,
+        injected_seqs=tuple(p["seq"] for d in injected for p in d["passages"] if p.get("seq") is not None),
+        injected_text="\n".join(p.get("text", "") for d in injected for p in d["passages"]),
+        injections=len(injected),
+    )

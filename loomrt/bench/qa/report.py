@@ -38,6 +38,17 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
             f"| {fmt(s['folded_size'])} | {fmt(s['input_tokens_per_question'])} | {fmt(s['seconds_per_question'], 1)} "
             f"| {fmt(s['recall_calls_per_question'], 2)} | {s['abstained']} | {s['failed']} |"
         )
+    injected = [(n, s) for n, s in summary.items() if "injected_none" in s]
+    if injected:
+        lines += [
+            "",
+            "Recall injection (categories 1-4 for the evidence; every question for the empty blocks):",
+            "",
+            "| configuration | an evidence turn among the injected | no block injected |",
+            "|---|---:|---:|",
+        ]
+        for name, s in injected:
+            lines.append(f"| {name} | {fmt(s.get('evidence_injected'))} | {fmt(s.get('injected_none'))} |")
     cats = sorted({c for s in summary.values() for c in s.get("by_category", {})})
     if cats:
         names = {c: s["by_category"][c]["name"] for s in summary.values() for c in s.get("by_category", {})}
@@ -64,7 +75,7 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
         ]
         for name, m in misses:
             lines.append(f"| {name} | " + " | ".join(str(m[k]) for k in kinds) + " |")
-    replays = [(k, v) for k, v in results["setups"].items() if "run_id" in v and not k.endswith("/no-recall")]
+    replays = [(k, v) for k, v in results["setups"].items() if "run_id" in v and "/" not in k.partition(":")[2]]
     if replays:
         lines += ["", "The replays (every distillation written by the model):", ""]
         lines += [

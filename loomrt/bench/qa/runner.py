@@ -41,7 +41,20 @@ __all__ = ["QAConfig", "DEFAULT_CONFIGS", "KNOWN_CONFIGS", "run_qa", "run_qa_asy
 
 DEFAULT_CONFIGS = ["full", "recall", "recap", "recap/no-recall", "compaction", "compaction/no-recall"]
 """Each replay's configurations together, so an interrupted benchmark has whole ones."""
-KNOWN_CONFIGS = [*DEFAULT_CONFIGS, "stateful", "stateful/no-recall"]
+INJECT_CONFIGS = [
+    "full/inject",
+    "recap/inject",
+    "recap/inject-only",
+    "compaction/inject",
+    "compaction/inject-only",
+    "fold",
+    "fold/no-recall",
+    "fold/inject",
+    "fold/inject-only",
+]
+"""Recall injection's rows (``MODE/inject``: injection and the Recall tool; ``MODE/inject-only``:
+injection alone; ``full/inject``: the distractor guard, every answer already in the prompt)."""
+KNOWN_CONFIGS = [*DEFAULT_CONFIGS, "stateful", "stateful/no-recall", *INJECT_CONFIGS]
 SCRIPTED = "scripted"
 """``--model scripted``: the scripted reader (:class:`~loomrt.bench.qa.parts.QAReader`), for tests."""
 
@@ -67,6 +80,9 @@ class QAConfig:
     """The working-context budget of the replayed runs."""
     top_k: int = 10
     """Recall results the ``recall`` configuration answers from."""
+    inject_tokens: int = 640
+    """``MODE/inject`` rows: the tokens reserved for injected passages (context.recall_inject_tokens),
+    on top of the replay's budget, so every question meets the replay's working context."""
     window: int = 32768
     """The model's context window (the ``full`` configuration runs where the conversation fits)."""
     embedder: str = "default"
@@ -179,16 +195,47 @@ class _Session:
         return "CORRECT" in (response.text or "").upper()
 
 
-async def _direct(session: _Session, system: str, context: str, question: str) -> tuple[str, list[dict[str, Any]]]:
-    """One answer from a prompt built by hand (``full`` and ``recall``), metered."""
+async def _direct(
+    session: _Session, system: str, context: str, question: str, *, block: str | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """One answer from a prompt built by hand (``full`` and ``recall``), metered; ``block``
+    (recalled passages) follows the question, as the runtime places it."""
     provider = Metered(session.provider(session.spec()), session.meter)
     mark = session.meter.mark()
     messages = [
         {"role": "system", "content": system},
         {"role": "user", "content": f"{context}\n\n{QUESTION_PREFIX}{question}"},
+        *([{"role": "user", "content": block}] if block else []),
     ]
     response = await provider.complete(ModelRequest(messages=messages, max_tokens=64, temperature=0))
     return (response.text or "").strip(), session.meter.since(mark)
+
+
+def _full_block(recall_index: Any, question: str, tokens: int) -> str | None:
+    """The block the runtime would inject for ``question`` from an index of every turn (the
+    relevance floor and the token reserve as a run applies them; nothing is left out for being
+    in the prompt already, since everything is: this row measures what a block of distractors costs)."""
+    from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, passage_line, render_block
+    from loomrt.recall.tool import iso
+    from loomrt.run.inject import BM25_FLOOR, COSINE_FLOOR, TOP_K
+
+    hits = recall_index.search(question, top_k=TOP_K)
+    best_cos = max((h.cosine for h in hits if h.cosine is not None), default=0.0)
+    if not hits or (best_cos < COSINE_FLOOR and max(h.bm25 for h in hits) < BM25_FLOOR):
+        return None
+    passages, used = [], count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
+    for h in hits:
+        p = {
+            "seq": h.seq,
+            "speaker": h.speaker or h.role,
+            "date": (iso(h.ts) or "")[:16].replace("T", " "),
+            "text": h.text,
+        }
+        cost = count_text(passage_line(p))
+        if used + cost <= tokens:
+            passages.append(p)
+            used += cost
+    return render_block(passages) if passages else None
 
 
 async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mode: str) -> dict[str, Any]:
@@ -237,14 +284,17 @@ async def _answer_config(
     base, _, option = config.partition("/")
     setup: dict[str, Any] | None = None
     recall_index: Any = None
+    seq_dia: dict[str, str] = {}
     if base not in ("full", "recall"):
         setup = await _ensure_replay(session, cid, sample, base)
+        inputs = [e.seq for e in session.store.events(setup["run_id"], kinds=["user_input"])]
+        seq_dia = {str(s): t.dia_id for s, t in zip(inputs, turns_of(sample), strict=False)}
     if not pending:
         return setup
     if base == "full" and count_text(conversation) * 1.15 + 200 > session.config.window:
         session.progress.note(f"{cid}: full does not fit the {session.config.window}-token window; skipped")
         return {"skipped": f"the conversation ({count_text(conversation)} tokens) does not fit the window"}
-    if base == "recall":
+    if base == "recall" or config == "full/inject":
         session.progress.start(f"{cid} · index for recall", len(turns_of(sample)))
         _, run, _ = await replay(sample, embedder=session.embedder, on_turn=session.progress.advance)
         recall_index = run.toolset.recall
@@ -260,7 +310,12 @@ async def _answer_config(
         def has(text: str, category: int = category, gold: str = gold) -> bool | None:
             return None if category == 5 else contains(text, gold.split(";")[0])
 
-        if base == "full":
+        if config == "full/inject":  # the distractor guard: the whole conversation, and a block besides
+            block = _full_block(recall_index, question, session.config.inject_tokens)
+            answer, calls = await _direct(session, FULL_SYSTEM, f"Conversation:\n{conversation}", question, block=block)
+            seen["gold_in_context"] = has(conversation)
+            seen["injected_none"] = block is None
+        elif base == "full":
             answer, calls = await _direct(session, FULL_SYSTEM, f"Conversation:\n{conversation}", question)
             seen["gold_in_context"] = has(conversation)
         elif base == "recall":
@@ -280,12 +335,20 @@ async def _answer_config(
                 provider,
                 embedder=session.embedder,
                 recall=option != "no-recall",
+                tool=option != "inject-only",
+                inject_tokens=session.config.inject_tokens if option in ("inject", "inject-only") else 0,
             )
             answer, calls, status = asked.answer.strip(), session.meter.since(mark), asked.status
             recall_calls, context_tokens = asked.recall_calls, asked.context_tokens
             seen["gold_in_context"] = has(asked.context_text)
             seen["recall_queries"] = list(asked.recall_queries)
             seen["gold_in_recall"] = has("\n".join(asked.recall_results)) if asked.recall_results else None
+            if option in ("inject", "inject-only"):
+                evidence = {str(d) for d in q.get("evidence") or ()}
+                dias = seq_dia
+                seen["injected_none"] = not asked.injected_seqs
+                seen["evidence_injected"] = any(dias.get(str(s)) in evidence for s in asked.injected_seqs)
+                seen["gold_in_injected"] = has(asked.injected_text) if asked.injected_text else None
         row = {
             "conversation": cid,
             "config": config,

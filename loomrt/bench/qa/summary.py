@@ -25,6 +25,7 @@ def _misses(rows: list[dict[str, Any]]) -> dict[str, int]:
         "not in context, Recall not called": 0,
         "Recall called, results missed it": 0,
         "Recall found it, answered wrongly": 0,
+        "injected, answered wrongly": 0,
         "not verbatim anywhere": 0,
     }
     for r in rows:
@@ -33,6 +34,8 @@ def _misses(rows: list[dict[str, Any]]) -> dict[str, int]:
         in_context, in_recall = r.get("gold_in_context"), r.get("gold_in_recall")
         if in_context:
             out["in context, answered wrongly"] += 1
+        elif r.get("gold_in_injected"):
+            out["injected, answered wrongly"] += 1
         elif in_recall:
             out["Recall found it, answered wrongly"] += 1
         elif r["recall_calls"] and in_recall is False:
@@ -96,4 +99,8 @@ def summarize(
             "misses": _misses(mine),
             "abstained": sum("no information available" in r["answer"].lower() for r in mine),
         }
+        if any("injected_none" in r for r in mine):
+            answerable = [r for r in mine if "evidence_injected" in r and r["category"] != 5]
+            out[config]["evidence_injected"] = _mean([float(r["evidence_injected"]) for r in answerable])
+            out[config]["injected_none"] = _mean([float(bool(r.get("injected_none"))) for r in mine])
     return out

@@ -1,0 +1,187 @@
+"""Recall injection: the runtime recalls for the model before each call.
+
+A small model does not ask for what it forgot (DESIGN, principle 9). Between the boundary
+check and the model call, :func:`inject_recall` searches the run's evicted history (a fork's
+shared history, durable memory) with the turn's input and records the best passages as a
+``recall_injected`` event. The call sends them after the working context, in that prompt
+only (:func:`loomrt.injection.block_message` renders the block from the event); they never
+enter the working context, so they are never summarised, banked or evicted again.
+
+What is injected:
+
+- the query is what the turn's user input asks (its questions, when it has any; else the
+  whole input); on a later call of the turn, it adds the rarest words of the newest tool
+  result (:data:`QUERY_RARE_TOKENS`); a query of fewer than two tokens injects nothing;
+- a hit is kept when the run may see it (:func:`loomrt.visibility.visible_to`), it is not
+  in the working context already (by seq, or its words contained there), and it was not
+  injected this turn or the previous one;
+- nothing is injected unless the best hit is relevant on a raw score: cosine at least
+  :data:`COSINE_FLOOR`, or BM25 at least :data:`BM25_FLOOR` (fused scores are scaled per
+  query, so the best is always near 1 and says nothing);
+- passages go best first, while the block fits ``context.recall_inject_tokens``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from loomrt.crashpoints import reached
+from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, block_message, passage_line
+from loomrt.messages import Message
+from loomrt.recall.index import tokenize
+from loomrt.recall.tool import RecallHit, iso
+from loomrt.run.state import RunState
+from loomrt.tokens import count_messages, count_text
+from loomrt.visibility import visible_to
+
+__all__ = ["Injected", "inject_recall", "injection_query", "COSINE_FLOOR", "BM25_FLOOR", "TOP_K", "QUERY_RARE_TOKENS"]
+
+TOP_K = 10
+"""The most passages one block holds."""
+COSINE_FLOOR = 0.35
+"""The raw cosine (all-MiniLM-L6-v2) the best hit must reach for anything to be injected."""
+BM25_FLOOR = 2.0
+"""The raw BM25 score (of the entry alone) the best hit may reach instead: one rare word shared."""
+QUERY_RARE_TOKENS = 8
+"""On a later call of a turn, how many of the newest tool result's rarest tokens join the query."""
+SHORT_WORDS = 12
+"""A passage shorter than this many words carries the end of the message before it."""
+BEFORE_WORDS = 30
+
+
+@dataclass(frozen=True)
+class Injected:
+    """A recorded block: the ``recall_injected`` event's seq, its message and estimated tokens."""
+
+    seq: int
+    message: Message
+    tokens: int
+
+
+def _normal(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip().lower()
+
+
+_SENTENCE = re.compile(r"[^.!?\n]*\?")
+
+
+def asked(text: str) -> str:
+    """What ``text`` asks: its questions (sentences ending in ``?``, each with the clause that
+    leads into it, such as "Remind me:"), or the whole text when it asks none. A long input
+    that asks one thing among paragraphs of context is searched for that thing."""
+    questions = [q.strip() for q in _SENTENCE.findall(text) if len(q.split()) >= 2]
+    return " ".join(questions) if questions else text
+
+
+def injection_query(run: RunState) -> str | None:
+    """What to search for before the next call: what the turn's user input asks (its
+    questions, else all of it), and after a tool result that result's rarest words; None
+    when there is no input to search with."""
+    view = run.view
+    if view.input_seq is None or view.input_seq not in view.messages:
+        return None
+    query = asked(view.original(view.messages[view.input_seq]).content)
+    last = view.context[-1] if view.context else None
+    recall = run.toolset.recall
+    if last is not None and last.role == "tool" and recall is not None:
+        rare = recall.index.rarest(view.original(last).content, QUERY_RARE_TOKENS)
+        if rare:
+            query = f"{query} {' '.join(rare)}"
+    return query
+
+
+def _before(run: RunState, seq: int) -> tuple[int, str] | None:
+    """The message before record message ``seq`` (seq and its last words), if near."""
+    view = run.view
+    for s in range(seq - 1, max(0, seq - 8), -1):
+        m = view.messages.get(s)
+        if m is not None and m.role != "system":
+            words = view.original(m).content.split()
+            return s, " ".join(words[-BEFORE_WORDS:])
+    return None
+
+
+def _passage(run: RunState, hit: RecallHit) -> dict[str, Any]:
+    passage: dict[str, Any] = {
+        "source": hit.source,
+        "score": round(hit.score, 4),
+        **({"seq": hit.seq} if hit.seq is not None else {"id": hit.extra.get("id")}),
+        **({"cosine": round(hit.cosine, 4)} if hit.cosine is not None else {}),
+        "bm25": round(hit.bm25, 3),
+        "role": hit.role,
+        "speaker": hit.speaker or (f"tool {hit.tools[0]} result" if hit.role == "tool" and hit.tools else hit.role),
+        "date": (iso(hit.ts) or "")[:16].replace("T", " "),
+        "text": hit.text,
+    }
+    if hit.seq is not None and len(hit.text.split()) < SHORT_WORDS:
+        before = _before(run, hit.seq)
+        if before is not None and not (before[0] in run.view.private and hit.source == "family"):
+            passage["before_seq"], passage["before"] = before
+    passage["tokens"] = count_text(passage_line(passage))
+    return passage
+
+
+def _choose(run: RunState, hits: list[RecallHit], reserve: int) -> list[dict[str, Any]]:
+    """The passages to inject, best first, within ``reserve`` tokens."""
+    if not hits:
+        return []
+    best_cosine = max((h.cosine for h in hits if h.cosine is not None), default=None)
+    best_bm25 = max(h.bm25 for h in hits)
+    memory = [h for h in hits if h.source == "memory"]
+    relevant = (best_cosine is not None and best_cosine >= COSINE_FLOOR) or best_bm25 >= BM25_FLOOR
+    if not relevant and not memory:
+        return []
+    view = run.view
+    visible = visible_to(view)
+    in_context = {m.seq for m in view.context if m.seq is not None}
+    context_text = _normal("\n".join(m.content for m in view.context))
+    used = count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
+    chosen: list[dict[str, Any]] = []
+    seen: set[Any] = set()
+    for hit in hits:
+        if hit.source != "memory" and not relevant:
+            continue
+        key = hit.seq if hit.seq is not None else hit.extra.get("id")
+        if key in seen or (hit.source, key) in view.injected or not visible(hit):
+            continue
+        if hit.seq is not None and hit.source == "run" and hit.seq in in_context:
+            continue
+        if _normal(hit.text) in context_text:
+            continue
+        passage = _passage(run, hit)
+        if used + passage["tokens"] > reserve:
+            continue  # a shorter one further down may still fit
+        seen.add(key)
+        chosen.append(passage)
+        used += passage["tokens"]
+    return chosen
+
+
+async def inject_recall(run: RunState) -> Injected | None:
+    """Record the passages to put into the next call's prompt, or None (injection off,
+    nothing relevant, nothing new). A block recorded and not yet sent (a run resumed
+    between the event and its call) is sent as it is: nothing is searched again."""
+    recall = run.toolset.recall
+    if recall is None or run.inject_reserve <= 0:
+        return None
+    if run.view.injection is not None:
+        seq, block, _ = run.view.injection
+        return Injected(seq, block, count_messages([block]))
+    query = injection_query(run)
+    if query is None or len(tokenize(query)) < 2:
+        return None
+    hits = recall.search(query, top_k=TOP_K)
+    passages = _choose(run, hits, run.inject_reserve)
+    if not passages:
+        return None
+    sources = sorted(
+        {"run", *(["family"] if run.view.family is not None else []), *(["memory"] if recall.memory else [])}
+    )
+    data = {"query": query, "passages": passages, "sources": sources}
+    block = block_message(data)
+    tokens = count_messages([block])
+    event = await run.add("recall_injected", {**data, "tokens": tokens})
+    reached("after_recall_injected")
+    return Injected(event.seq, block, tokens)
