@@ -164,7 +164,7 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
     runner = CliRunner()
     r = runner.invoke(app, ["bench", "qa", "--data", str(tmp_path / "nope.json"), "--model", "scripted"])
     assert r.exit_code == 2 and "no LoCoMo file" in r.output
-    r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--configs", "fold"])
-    assert r.exit_code == 2 and "unknown configuration fold" in r.output
+    r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--configs", "fold/bogus"])
+    assert r.exit_code == 2 and "unknown configuration fold/bogus" in r.output
     r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--conversations", "x"])
     assert r.exit_code == 2 and "no conversation x" in r.output

@@ -37,14 +37,23 @@ def qa_cmd(
         list[str] | None,
         typer.Option(
             "--configs",
-            help="full, recall, recap, compaction, MODE/no-recall; stateful on request "
-            "(default: full, recall, recap, compaction and both /no-recall).",
+            help="full, recall, recap, compaction, fold, MODE/no-recall; recall injection: MODE/inject "
+            "(injection and the Recall tool), MODE/inject-only (injection alone), full/inject (the "
+            "distractor guard); stateful on request (default: full, recall, recap, compaction and both /no-recall).",
         ),
     ] = None,
     budget: Annotated[
         int, typer.Option("--budget", help="Working-context budget of the replayed runs.", min=256)
     ] = 2048,
     top_k: Annotated[int, typer.Option("--top-k", help="Recall results for the `recall` configuration.", min=1)] = 10,
+    inject_tokens: Annotated[
+        int,
+        typer.Option(
+            "--inject-tokens",
+            help="The inject rows' reserve for recalled passages (recall_inject_tokens), on top of the replay's budget.",
+            min=64,
+        ),
+    ] = 640,
     window: Annotated[int, typer.Option("--window", help="The model's context window in tokens.", min=1024)] = 32768,
     embedder: Annotated[
         str, typer.Option("--embedder", help="Recall's embedder: default (MiniLM), hash or none.")
@@ -74,6 +83,7 @@ def qa_cmd(
         questions=questions or None,
         budget_tokens=budget,
         top_k=top_k,
+        inject_tokens=inject_tokens,
         window=window,
         embedder=embedder,
         judge=judge,

@@ -378,10 +378,7 @@ async def run_qa_async(config: QAConfig, progress: Progress | None = None) -> di
     progress = progress or NullProgress()
     unknown = [c for c in config.configs if c not in KNOWN_CONFIGS]
     if unknown:
-        raise SpecError(
-            f"unknown configuration {', '.join(unknown)}; known: {', '.join(KNOWN_CONFIGS)}"
-            + (" (fold arrives with the fold issue)" if any(u.startswith("fold") for u in unknown) else "")
-        )
+        raise SpecError(f"unknown configuration {', '.join(unknown)}; known: {', '.join(KNOWN_CONFIGS)}")
     samples = load_locomo(config.data)
     ids = [sample_id(s, i) for i, s in enumerate(samples)]
     wanted = config.conversations or ids[:1]
