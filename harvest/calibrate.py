@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.harvest.placement import Candidate, place
+from loomrt.recall.embedders import Embedder
 
 __all__ = ["PARAPHRASES", "OTHERS", "calibrate"]
 
@@ -73,7 +74,7 @@ OTHERS: list[tuple[str, str]] = [
 """Near misses: these must not merge."""
 
 
-def _cosines(embedder: Any, pairs: list[tuple[str, str]]) -> list[float]:
+def _cosines(embedder: Embedder, pairs: list[tuple[str, str]]) -> list[float]:
     a = np.asarray(embedder.embed([p[0] for p in pairs]), dtype=np.float32)
     b = np.asarray(embedder.embed([p[1] for p in pairs]), dtype=np.float32)
     return [float(x) for x in np.sum(a * b, axis=1)]
@@ -96,7 +97,7 @@ def _merges(pair: tuple[str, str], cosine: float, threshold: float) -> bool:
     )
 
 
-def calibrate(embedder: Any) -> dict[str, Any]:
+def calibrate(embedder: Embedder | None) -> dict[str, Any]:
     """The cosines of both sets under ``embedder``, and the merge threshold with which
     placement (cosine and the values check) sorts them best."""
     if embedder is None:

@@ -30,6 +30,7 @@ from typing import Any
 
 from loomrt.crashpoints import reached
 from loomrt.errors import ProviderError
+from loomrt.harvest.backends import memory_of
 from loomrt.harvest.db import Tables, harvest_db
 from loomrt.harvest.extract import (
     REPLY_SCHEMA,
@@ -40,10 +41,11 @@ from loomrt.harvest.extract import (
     parse_reply,
     parts_of,
 )
-from loomrt.harvest.memory import MemoryStore, NewFact, fact_key, memory_of
+from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["Consolidator", "PassReport", "BATCH_TOKENS", "PART_TOKENS", "MAX_PARTS", "SETTLE_S"]
 
@@ -123,7 +125,7 @@ class Consolidator:
         *,
         provider: ModelProvider | None = None,
         model: str | None = None,
-        embedder: Any = None,
+        embedder: EmbedderChoice = None,
         settle_s: float = SETTLE_S,
         part_tokens: int = PART_TOKENS,
         max_parts: int = MAX_PARTS,

@@ -26,11 +26,11 @@ from loomrt.errors import NotFoundError
 from loomrt.harvest.db import Tables
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
-from loomrt.recall.embedders import Embedder, resolve_embedder
+from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key", "memory_of"]
+__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
 
@@ -161,7 +161,7 @@ class MemoryStore:
     ``embedder`` is as for recall (``None``: MiniLM, ``"hash"`` in tests, ``False``:
     lexical-only)."""
 
-    def __init__(self, db: Tables, *, embedder: Any = None):
+    def __init__(self, db: Tables, *, embedder: EmbedderChoice = None):
         self.db = db
         self.embedder = resolve_embedder(embedder)
         self._indexes: dict[str, _ScopeIndex] = {}
@@ -483,15 +483,6 @@ class MemoryStore:
                 )
             )
         return hits
-
-
-def memory_of(db: Tables, embedder: Any = None) -> MemoryStore:
-    """Durable memory in ``db``: searched in the process on SQLite, in the database on PostgreSQL."""
-    if db.dialect == "postgres":
-        from loomrt.harvest.pg_memory import PgMemoryStore
-
-        return PgMemoryStore(db, embedder=embedder)  # type: ignore[arg-type]
-    return MemoryStore(db, embedder=embedder)
 
 
 class ScopedMemory:

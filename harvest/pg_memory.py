@@ -30,6 +30,7 @@ import numpy as np
 
 from loomrt.harvest.memory import MemoryStore
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
+from loomrt.recall.embedders import EmbedderChoice
 from loomrt.recall.index import tokenize
 from loomrt.recall.memory import MemoryHit
 
@@ -54,7 +55,7 @@ class PgMemoryStore(MemoryStore):
 
     db: PgHarvestDB
 
-    def __init__(self, db: PgHarvestDB, *, embedder: Any = None):
+    def __init__(self, db: PgHarvestDB, *, embedder: EmbedderChoice = None):
         super().__init__(db, embedder=embedder)
         self.pgvector = "vector" in db.extensions
         self._cache: dict[

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from loomrt.events import Event
+from loomrt.harvest.backends import memory_of
 from loomrt.harvest.bank import Bank
 from loomrt.harvest.db import harvest_db, has_place, where_of
-from loomrt.harvest.memory import MemoryStore, ScopedMemory, memory_of
+from loomrt.harvest.memory import MemoryStore, ScopedMemory
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems"]
 
@@ -38,7 +40,7 @@ _stores: dict[tuple[str, str], MemoryStore] = {}
 _stores_lock = threading.Lock()
 
 
-def memory_store(where: Any, embedder: Any = None) -> MemoryStore:
+def memory_store(where: Any, embedder: EmbedderChoice = None) -> MemoryStore:
     """The process's durable memory beside a record (``where``: the store, its SQLite file or
     its PostgreSQL URL), one per embedder."""
     key = (where_of(where), repr(embedder) if embedder is not None and not isinstance(embedder, str) else str(embedder))
@@ -93,7 +95,7 @@ def wire(
     def_hash: str,
     history: Sequence[Event] | None = None,
     memory: Any = None,
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
 ) -> HarvestWiring:
     """The bank and memory of run ``run_id``; each problem is a ``harvest_error`` event, once."""
     context = spec.context

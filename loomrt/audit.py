@@ -14,7 +14,6 @@ as of any seq, and the check that every prompt sent is the one the record rebuil
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -22,6 +21,8 @@ from typing import Any
 
 from loomrt.events import Event, message_of
 from loomrt.messages import Message
+from loomrt.prompt_hash import CHAINED, _whole_prompt_hash, chained, message_step, prompt_hash
+from loomrt.record.store import Store
 
 __all__ = [
     "Line",
@@ -37,38 +38,6 @@ __all__ = [
     "to_markdown",
     "to_jsonl",
 ]
-
-
-CHAINED = "c2:"
-"""The prefix of a chained prompt hash: one sha256 step per message, so the working
-context's hash is kept up to date message by message and a turn costs the same at any
-history length. A hash without it (the first records) is of the whole prompt at once."""
-
-
-def message_step(prev: str, message: dict[str, Any]) -> str:
-    """One step of the chained prompt hash: ``prev`` (the hash so far, or "") and one message."""
-    text = json.dumps(message, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(f"{prev}\x1f{text}".encode()).hexdigest()
-
-
-def chained(last_step: str) -> str:
-    """The recorded form of a chain whose last step is ``last_step`` ("" for no messages)."""
-    return CHAINED + (last_step or hashlib.sha256(b"").hexdigest())[:32]
-
-
-def prompt_hash(wire: Sequence[dict[str, Any]]) -> str:
-    """The hash a ``model_call`` records of the messages it sent (provider format), chained
-    message by message (:func:`message_step`): the view keeps it for its working context."""
-    step = ""
-    for message in wire:
-        step = message_step(step, message)
-    return chained(step)
-
-
-def _whole_prompt_hash(wire: Sequence[dict[str, Any]]) -> str:
-    """The hash the first records hold (before :data:`CHAINED`): of the whole prompt at once."""
-    text = json.dumps(list(wire), sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -175,14 +144,14 @@ def transcript(events: Iterable[Event]) -> list[Line | Marker]:
     return out
 
 
-def context_as_of(events: Iterable[Event], seq: int, store: Any = None) -> list[Message]:
+def context_as_of(events: Iterable[Event], seq: int, store: Store | None = None) -> list[Message]:
     """The working context after event ``seq``, rebuilt from the record (a fork's needs ``store``)."""
     from loomrt.run.projection import project
 
     return project((e for e in events if e.seq <= seq), store=store).context
 
 
-def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
+def prompt_problems(events: Iterable[Event], store: Store | None = None) -> list[str]:
     """One line per turn whose recorded prompt hash differs from the working context the
     record rebuilds at that moment; empty when every prompt checks out (a fork's record
     needs ``store``, where its shared history is)."""
@@ -221,7 +190,7 @@ def prompt_problems(events: Iterable[Event], store: Any = None) -> list[str]:
     return problems
 
 
-def prompt_as_of(events: Iterable[Event], seq: int, store: Any = None) -> list[Message]:
+def prompt_as_of(events: Iterable[Event], seq: int, store: Store | None = None) -> list[Message]:
     """The whole prompt the ``model_call`` at ``seq`` sent, as the record derives it: the
     working context then, and the recalled block when one went with it (``synthetic="recall"``).
     ``ValueError`` when ``seq`` is not a turn's model call."""

@@ -14,7 +14,7 @@ from typing import Any
 
 from loomrt.messages import Message
 
-__all__ = ["INJECTED", "BLOCK_HEADER", "render_block", "block_message", "passage_line"]
+__all__ = ["INJECTED", "BLOCK_HEADER", "BLOCK_FOOTER", "render_block", "block_message", "passage_line"]
 
 INJECTED = "recall"
 """``Message.synthetic`` of the block: recalled passages, in one prompt only."""

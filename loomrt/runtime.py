@@ -26,6 +26,7 @@ from loomrt.events import Event, RunInfo
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
+from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
@@ -100,7 +101,7 @@ class Runtime:
         providers: ProviderFactory | None = None,
         tools: dict[str, Tool] | list[Tool] | None = None,
         callbacks: list[EvictedSpanCallback] | None = None,
-        embedder: Any = None,
+        embedder: EmbedderChoice = None,
         memory: Any = None,
         listeners: list[Callable[[Event], None]] | None = None,
         user: str | None = None,

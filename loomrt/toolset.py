@@ -17,6 +17,7 @@ from typing import Any
 
 from loomrt.errors import SpecError
 from loomrt.events import Event
+from loomrt.recall.embedders import EmbedderChoice
 from loomrt.spec import SPAWN_TOOLS, AgentSpec
 from loomrt.tools import BUILTIN_TOOLS, Tool, Toolset
 
@@ -30,7 +31,7 @@ def resolve_toolset(
     emit: Callable[[str, dict[str, Any]], Any],
     registry: dict[str, Tool] | None = None,
     memory: Any = None,
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     history: list[Event] | None = None,
     agent: str = "",
     spawn: Any = None,

@@ -26,6 +26,7 @@ from typing import Any
 
 from loomrt.events import Event
 from loomrt.messages import Message
+from loomrt.record.store import Store
 
 __all__ = [
     "placeholder",
@@ -119,7 +120,7 @@ def withhold(state: dict[str, Any] | None, keys: set[str]) -> tuple[dict[str, An
     return {k: v for k, v in state.items() if k not in keys}, withheld
 
 
-def mark_private_in_record(store: Any, run_id: str, seq: int) -> None:
+def mark_private_in_record(store: Store, run_id: str, seq: int) -> None:
     """An operator's ``loomrt runs private RUN_ID SEQ``: the message at ``seq`` is private from now on."""
     from loomrt.errors import NotFoundError
     from loomrt.events import message_of

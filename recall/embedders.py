@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 __all__ = [
+    "EmbedderChoice",
     "Embedder",
     "MiniLMEmbedder",
     "HashEmbedder",
@@ -174,7 +175,12 @@ EMBEDDER_ENV = "LOOMRT_RECALL_EMBEDDER"
 """Environment variable naming the default embedder: ``minilm`` (default), ``none``, ``hash``."""
 
 
-def resolve_embedder(embedder: Any) -> Embedder | None:
+EmbedderChoice = Embedder | bool | str | None
+"""What a caller may pass as an embedder: ``None`` (the default), ``False`` (none), a name
+(``minilm``, ``hash``, ``none``) or an :class:`Embedder`."""
+
+
+def resolve_embedder(embedder: EmbedderChoice) -> Embedder | None:
     """``None`` → the default (``$LOOMRT_RECALL_EMBEDDER``, else MiniLM); ``False`` /
     ``"none"`` → no embedder; ``"hash"`` / ``"minilm"`` by name; anything with ``embed`` and
     ``dim`` as is."""
@@ -188,7 +194,6 @@ def resolve_embedder(embedder: Any) -> Embedder | None:
         return MiniLMEmbedder()
     if embedder == "hash":
         return HashEmbedder()
-    if not (hasattr(embedder, "embed") and hasattr(embedder, "dim")):
+    if isinstance(embedder, (bool, str)) or not (hasattr(embedder, "embed") and hasattr(embedder, "dim")):
         raise TypeError(f"not an embedder: {embedder!r} (it needs .dim and .embed(texts))")
-    resolved: Embedder = embedder
-    return resolved
+    return embedder

@@ -24,7 +24,7 @@ import numpy as np
 from loomrt.crashpoints import reached
 from loomrt.events import Event, message_of
 from loomrt.messages import SEARCH_TOOLS, EvictedSpan, Message
-from loomrt.recall.embedders import resolve_embedder
+from loomrt.recall.embedders import EmbedderChoice, resolve_embedder
 from loomrt.recall.index import CHUNK_OVERLAP, Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
@@ -97,7 +97,7 @@ class RunRecall:
         run_id: str,
         context: Any = None,
         emit: Callable[[str, dict[str, Any]], Any] | None = None,
-        embedder: Any = None,
+        embedder: EmbedderChoice = None,
         memory: MemorySource | None = None,
         scopes: Sequence[str] | None = None,
         fusion: Fusion | None = None,

@@ -108,3 +108,23 @@ def record_store(request: pytest.FixtureRequest) -> object:
     store = default_store("sqlite::memory:" if request.param == "sqlite" else request.getfixturevalue("postgres_url"))
     yield store
     store.close()
+
+
+SUBPROCESS_FILES = frozenset({"test_chaos.py", "test_workers.py", "test_mcp_server.py", "test_mcp_sources.py"})
+"""Files whose tests start loomrt processes (a worker, an MCP server, the crash harness)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``slow`` by rule, besides the tests marked by hand (a real model, the embedder):
+    every test on PostgreSQL (the session's server, or the postgres side of ``record_store``)
+    and every test of a file that starts loomrt processes. ``pytest -m "not slow"`` is the
+    quick set for development; CI runs everything."""
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if (
+            names & {"postgres_server", "postgres_url"}
+            or params.get("record_store") == "postgres"
+            or item.path.name in SUBPROCESS_FILES
+        ):
+            item.add_marker(pytest.mark.slow)

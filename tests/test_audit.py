@@ -14,7 +14,8 @@ from loomrt.audit import Marker, context_as_of, prompt_problems, to_jsonl, to_ma
 from loomrt.cli.app import app
 from loomrt.events import Event
 from loomrt.providers.base import ModelRequest, ModelResponse
-from loomrt.run.pins import PinError, pin_in_record, unpin_in_record
+from loomrt.run.pin_record import pin_in_record, unpin_in_record
+from loomrt.run.pins import PinError
 from loomrt.run.projection import project
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider, extractive_summary

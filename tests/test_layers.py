@@ -1,6 +1,10 @@
-"""The layers hold: no import cycle (imports made at module level; TYPE_CHECKING ones are
-type-only), and recall/ stands on the bottom floor (nothing from run/, the runtime,
-testing or bench)."""
+"""The layers hold: no import cycle, and recall/ stands on the bottom floor (nothing from
+run/, the runtime, testing or bench).
+
+Every import counts, those made inside a function as well as at module level: a lazy
+import is a dependency all the same, only paid later. TYPE_CHECKING ones are type-only and
+do not count. The one exception is the CLI's lazy imports (:data:`LAZY_OK`), which exist
+to keep ``loomrt --help`` fast and point down from the top floor anyway."""
 
 from __future__ import annotations
 
@@ -27,15 +31,21 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _imports(path: Path, known: set[str]) -> set[str]:
+LAZY_OK = ("loomrt.cli",)
+"""Packages whose imports inside functions are left out of the graph: the CLI imports each
+command's machinery when the command runs, so that ``loomrt --help`` starts fast."""
+
+
+def _imports(path: Path, known: set[str], name: str = "") -> set[str]:
     found: set[str] = set()
+    lazy_ok = name.startswith(LAZY_OK)
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
                 continue  # type-only
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                continue  # imported when called, not when the module loads
+            if lazy_ok and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # the CLI's lazy imports (LAZY_OK)
             if isinstance(child, ast.ImportFrom) and child.module and child.module.startswith("loomrt"):
                 names = [f"{child.module}.{a.name}" for a in child.names]
                 found.update(n for n in names if n in known)
@@ -54,7 +64,9 @@ def _graph() -> dict[str, set[str]]:
     known = set(modules)
     graph: dict[str, set[str]] = defaultdict(set)
     for name, path in modules.items():
-        graph[name] = {m for m in _imports(path, known) if m != name and m in known and not name.startswith(m + ".")}
+        graph[name] = {
+            m for m in _imports(path, known, name) if m != name and m in known and not name.startswith(m + ".")
+        }
     return graph
 
 
@@ -95,7 +107,14 @@ def test_recall_stands_on_the_bottom_floor() -> None:
     }
     forbidden = {m for m in outside if m.startswith(("loomrt.run", "loomrt.runtime", "loomrt.testing", "loomrt.bench"))}
     assert forbidden == set()
-    assert outside <= {"loomrt.events", "loomrt.messages", "loomrt.tokens", "loomrt.tools", "loomrt.crashpoints"}
+    assert outside <= {
+        "loomrt.events",
+        "loomrt.messages",
+        "loomrt.tokens",
+        "loomrt.tools",
+        "loomrt.crashpoints",
+        "loomrt.visibility",
+    }
 
 
 def test_harvest_is_wired_at_the_top_and_never_imported_by_recall_or_the_run() -> None:
@@ -106,3 +125,11 @@ def test_harvest_is_wired_at_the_top_and_never_imported_by_recall_or_the_run() -
             assert not re.search(r"^\s*(from|import) loomrt\.harvest", f.read_text(encoding="utf-8"), re.M), f
     harvest = {m for n, deps in _graph().items() if n.startswith("loomrt.harvest") for m in deps}
     assert not {m for m in harvest if m.startswith(("loomrt.run.", "loomrt.runtime", "loomrt.bench", "loomrt.cli"))}
+
+
+def test_the_record_never_imports_what_stands_above_it() -> None:
+    """record/ is the bottom floor: harvest registers its migrations from its own side."""
+    above = ("loomrt.harvest", "loomrt.run", "loomrt.runtime", "loomrt.cli", "loomrt.mcp", "loomrt.bench")
+    graph = _graph()
+    up = {(n, m) for n, deps in graph.items() if n.startswith("loomrt.record") for m in deps if m.startswith(above)}
+    assert up == set()

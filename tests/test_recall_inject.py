@@ -240,3 +240,12 @@ def test_every_site_that_builds_a_context_injects(site: str) -> None:
     asyncio.run(go())
     assert NEEDLE in prompt_text(provider.calls[-1].messages), site
     assert provider.calls[-1].messages[-1]["content"].startswith(BLOCK_HEADER)
+
+
+def test_the_cost_measure_times_the_step_as_a_run_meets_it() -> None:
+    from loomrt.bench.inject_measure import inject_cost
+
+    out = inject_cost(300, 10, embedder="hash")
+    assert out["entries"] == 300 and out["queries"] == 10
+    assert out["injected_share"] > 0, "the needle questions find their statements"
+    assert out["step_p95_ms"] >= out["step_p50_ms"] > 0

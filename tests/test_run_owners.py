@@ -152,7 +152,7 @@ def test_a_model_call_longer_than_the_claim_keeps_its_run_by_the_heartbeat(share
 
 
 def test_out_of_band_writes_go_through_the_runs_claim(postgres_url: str) -> None:
-    from loomrt.run.pins import pin_in_record
+    from loomrt.run.pin_record import pin_in_record
 
     store = default_store(postgres_url)
     rt = Runtime(store, owner="host-a/1/x", providers=lambda s, m: ScriptedProvider(["one", "two", "three"]))

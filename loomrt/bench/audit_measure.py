@@ -70,7 +70,7 @@ class _Copier:
 
 async def _chat(folder: Path, mode: str, *, pin: bool, private: bool | None, turns: int) -> dict[str, Any]:
     from loomrt.record.sqlite import SQLiteStore
-    from loomrt.run.pins import pin_in_record
+    from loomrt.run.pin_record import pin_in_record
     from loomrt.runtime import Runtime
     from loomrt.spec import AgentSpec
     from loomrt.testing import FunctionProvider

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.locomo_recall import CATEGORY_NAMES, rates
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals", "TIERS", "harvest_bench", "drained"]
 
@@ -164,7 +165,7 @@ async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
     return out
 
 
-def paraphrase(tmp: Path, embedder: Any = None) -> dict[str, Any]:
+def paraphrase(tmp: Path, embedder: EmbedderChoice = None) -> dict[str, Any]:
     """How many rows 5 facts in 3 wordings become."""
     from loomrt.harvest.db import harvest_db
     from loomrt.harvest.memory import MemoryStore, NewFact
@@ -315,7 +316,7 @@ async def locomo_tiers(
     provider: Any,
     conversations: Sequence[str] | None = None,
     ks: Sequence[int] = (1, 3, 5, 10),
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     part_tokens: int | None = None,
     raw: bool = True,
     progress: Progress | None = None,
@@ -369,7 +370,7 @@ async def _locomo_conversation(
     *,
     provider: Any,
     ks: Sequence[int],
-    embedder: Any,
+    embedder: EmbedderChoice,
     part_tokens: int | None,
     raw: bool,
     progress: Progress | None,

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.errors import SpecError
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = [
     "Turn",
@@ -148,7 +149,7 @@ ACKNOWLEDGEMENT = "I see, thanks for telling me."
 async def replay(
     sample: dict[str, Any],
     *,
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     on_turn: Callable[[], None] | None = None,
     budget_tokens: int = 512,
     replies: bool = False,
@@ -263,7 +264,7 @@ async def evaluate_locomo_async(
     *,
     conversations: Sequence[str] | None = None,
     ks: Sequence[int] = (1, 3, 5, 10),
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     progress: Progress | None = None,
     replies: bool = False,
     mode: str = "compaction",
@@ -392,7 +393,7 @@ def evaluate_locomo(
     *,
     conversations: Sequence[str] | None = None,
     ks: Sequence[int] = (1, 3, 5, 10),
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     progress: Progress | None = None,
     replies: bool = False,
     mode: str = "compaction",

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["clustered_agreement", "recall_clusters"]
 
@@ -25,7 +26,7 @@ def clustered_agreement(
     entries: int = 24_000,
     *,
     ivf_min: int = 8_192,
-    embedder: Any = None,
+    embedder: EmbedderChoice = None,
     seed: int = 11,
     progress: Progress | None = None,
 ) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loomrt.messages import EvictedSpan, Message
+from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["QueryEmbedder", "recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
 
@@ -152,7 +153,9 @@ class QueryEmbedder:
         return self.inner.embed(texts) if len(texts) == 1 else self._cheap.embed(texts)
 
 
-def recall_latency(entries: int = 4096, queries: int = 200, *, embedder: Any = None, seed: int = 1) -> dict[str, Any]:
+def recall_latency(
+    entries: int = 4096, queries: int = 200, *, embedder: EmbedderChoice = None, seed: int = 1
+) -> dict[str, Any]:
     """Recall p50/p95 in ms over ``queries`` queries on an index of ``entries`` entries
     (dense + BM25 + fusion + the tool's token cap; query embedding included), warm and as
     the first query after a new eviction (``after_eviction_*``).
@@ -224,7 +227,12 @@ def _p95(sorted_times: list[float]) -> float:
 
 
 def needles_run(
-    turns: int = 200, *, embedder: Any = None, seed: int = 7, top_k: int = 5, tool_lines: tuple[int, int] = (20, 60)
+    turns: int = 200,
+    *,
+    embedder: EmbedderChoice = None,
+    seed: int = 7,
+    top_k: int = 5,
+    tool_lines: tuple[int, int] = (20, 60),
 ) -> dict[str, Any]:
     """Play a ``turns``-turn scripted agentic run (compaction, recall on) in which the
     needles are stated in the first turns (some in user inputs, some inside long tool
@@ -237,7 +245,7 @@ def needles_run(
 
 
 async def _needles_run(
-    turns: int, *, embedder: Any, seed: int, top_k: int, tool_lines: tuple[int, int]
+    turns: int, *, embedder: EmbedderChoice, seed: int, top_k: int, tool_lines: tuple[int, int]
 ) -> dict[str, Any]:
     from loomrt.spec import AgentSpec
     from loomrt.testing import ScriptedProvider, scripted_runtime

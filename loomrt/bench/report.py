@@ -271,6 +271,19 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             f"and evicted were returned verbatim by Recall in its top 5.",
             "",
         ]
+    if "recall_inject" in m and "skipped" not in m["recall_inject"]:
+        r = m["recall_inject"]
+        lines += [
+            "### Recall injection's cost",
+            "",
+            f"The injection step before a model call (query embedding, search, choice, the `recall_injected` "
+            f"event), inside the running event loop, at {r['entries']:,} entries (dense: {r['dense']}): "
+            f"p50 {r['step_p50_ms']:.2f} ms, p95 {r['step_p95_ms']:.2f} ms over {r['queries']} calls "
+            f"({r['injected_share']:.0%} of them injected a block). The runtime's own time per turn at that "
+            f"history, injection included: p50 {r['turn_overhead_p50_ms']:.2f} ms; the step is "
+            f"{r['step_share_of_turn']:.0%} of it.",
+            "",
+        ]
     if "curves" in m:
         lines += _curves(m["curves"])
     if "concurrency" in m:
@@ -325,6 +338,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             "recall_latency",
             "recall_scale",
             "recall_needles",
+            "recall_inject",
             "curves",
             "concurrency",
             "mcp",

@@ -31,6 +31,7 @@ DEFAULT_TARGETS = [
     "recall_scale",
     "recall_clusters",
     "recall_needles",
+    "recall_inject",
     "mcp",
     "fanout",
     "audit",
@@ -46,6 +47,7 @@ def _load() -> None:
     import loomrt.bench.curves  # noqa: F401
     import loomrt.bench.fanout  # noqa: F401
     import loomrt.bench.fork_measure  # noqa: F401
+    import loomrt.bench.inject_measure  # noqa: F401
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401

@@ -151,8 +151,8 @@ def _queue_figures(config: BenchConfig, folder: Path, url: str | None) -> dict[s
 def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> dict[str, Any]:
     """Durable-memory search on each backend: latency at 10,000 facts, parity on LoCoMo."""
     from loomrt.bench.memory_search import LATENCY_FACTS, latency_figures, parity_figures
+    from loomrt.harvest.backends import memory_of
     from loomrt.harvest.db import harvest_db
-    from loomrt.harvest.memory import memory_of
 
     places = {"sqlite": sqlite_path.parent / "latency.sqlite", "postgres": url}
     out: dict[str, Any] = {"embedder": "all-MiniLM-L6-v2"}

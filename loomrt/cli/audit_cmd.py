@@ -26,7 +26,7 @@ def pin_cmd(
     json_output: bool = JsonOpt,
 ) -> None:
     """Pin a message: it survives every distillation verbatim (and counts against context.pins_max_tokens)."""
-    from loomrt.run.pins import pin_in_record
+    from loomrt.run.pin_record import pin_in_record
 
     store = runtime().store
     store.get_run(run_id)
@@ -45,7 +45,7 @@ def unpin_cmd(
     json_output: bool = JsonOpt,
 ) -> None:
     """End a pin (the message may be distilled again from the next boundary on)."""
-    from loomrt.run.pins import unpin_in_record
+    from loomrt.run.pin_record import unpin_in_record
 
     store = runtime().store
     store.get_run(run_id)

@@ -182,8 +182,8 @@ def copy_cmd(
         from loomrt.harvest.copy import copy_memory, has_memory
 
         if has_memory(src):  # the harvest queue and durable memory beside the record go with it
+            from loomrt.harvest.backends import memory_of
             from loomrt.harvest.db import harvest_db, release
-            from loomrt.harvest.memory import memory_of
 
             there = harvest_db(dst)
             result["memory"] = copy_memory(harvest_db(src), there, memory_of(there, embedder=False))

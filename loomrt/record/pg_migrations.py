@@ -127,13 +127,20 @@ _LOCK = 7_710_001
 """The advisory lock ``loomrt db migrate`` holds: two migrators never interleave."""
 
 
+PARTS_GROUP = "loomrt.pg_migrations"
+"""The entry-point group where the parts above the record register their migrations
+(harvest's: ``loomrt.harvest.pg_part:PART``), so the record never imports them."""
+
+
 def _parts() -> list[tuple[list[tuple[str, str]], dict[str, str]]]:
     """Each part's one list of migrations and its PostgreSQL SQL by name: the record's, then
-    harvest's (the span queue and durable memory, :mod:`loomrt.harvest.pg`)."""
-    from loomrt.harvest.db import MIGRATIONS as HARVEST
-    from loomrt.harvest.pg import POSTGRES_SQL as HARVEST_SQL
+    each registered part's, by entry-point name (harvest: the span queue and durable memory)."""
+    from importlib.metadata import entry_points
 
-    return [(MIGRATIONS, POSTGRES_SQL), (HARVEST, HARVEST_SQL)]
+    parts = [(MIGRATIONS, POSTGRES_SQL)]
+    for ep in sorted(entry_points(group=PARTS_GROUP), key=lambda e: e.name):
+        parts.append(ep.load())
+    return parts
 
 
 def names() -> list[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from loomrt.audit import prompt_hash
 from loomrt.crashpoints import reached
 from loomrt.messages import Message
+from loomrt.prompt_hash import prompt_hash
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Purpose, ToolSchema
 from loomrt.providers.retry import call_with_retries
 from loomrt.run.state import RunState

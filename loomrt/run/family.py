@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loomrt.events import Event
+from loomrt.record.store import Store
 from loomrt.run.cards import Card
 
 __all__ = ["Family"]
@@ -34,11 +35,11 @@ def _stretches(seqs: list[int], gap: int = 8) -> list[tuple[int, int]]:
 class Family:
     """The ancestors of a fork: ``(run_id, last shared seq)``, nearest first."""
 
-    store: Any
+    store: Store
     links: tuple[tuple[str, int], ...]
 
     @classmethod
-    def of(cls, store: Any, forked_from: dict[str, Any] | None) -> Family | None:
+    def of(cls, store: Store, forked_from: dict[str, Any] | None) -> Family | None:
         """The family of a run whose ``run_started`` says ``forked_from`` (None if it says nothing)."""
         links: list[tuple[str, int]] = []
         at = forked_from

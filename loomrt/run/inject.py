@@ -36,7 +36,18 @@ from loomrt.run.state import RunState
 from loomrt.tokens import count_messages, count_text
 from loomrt.visibility import visible_to
 
-__all__ = ["Injected", "inject_recall", "injection_query", "COSINE_FLOOR", "BM25_FLOOR", "TOP_K", "QUERY_RARE_TOKENS"]
+__all__ = [
+    "Injected",
+    "inject_recall",
+    "injection_query",
+    "COSINE_FLOOR",
+    "BM25_FLOOR",
+    "TOP_K",
+    "QUERY_RARE_TOKENS",
+    "asked",
+    "SHORT_WORDS",
+    "BEFORE_WORDS",
+]
 
 TOP_K = 10
 """The most passages one block holds."""

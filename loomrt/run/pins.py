@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import SpecError
 from loomrt.messages import Message
-from loomrt.record.owners import append_out_of_band
 from loomrt.tokens import count_text
 
 if TYPE_CHECKING:
@@ -38,8 +37,6 @@ __all__ = [
     "pin_payload",
     "definition_pins_text",
     "pin_tool",
-    "pin_in_record",
-    "unpin_in_record",
 ]
 
 PIN_BLOCK = "pin"
@@ -182,30 +179,3 @@ def pin_tool(run: Any) -> Any:
         },
         fn=pin,
     )
-
-
-def pin_in_record(store: Any, run_id: str, *, seq: int, note: str = "") -> Pin:
-    """An operator's pin of record message ``seq`` (``loomrt runs pin``), appended to the
-    record out of band: a run playing elsewhere takes it in at its next event."""
-    from loomrt.run.projection import project
-
-    events = store.events(run_id)
-    view = project(events, store=store)
-    from loomrt.spec import ContextSpec
-
-    context = (events[0].data.get("definition") or {}).get("context") or {}
-    limit = int(context.get("pins_max_tokens", ContextSpec.model_fields["pins_max_tokens"].default))
-    made = check_pin(view, seq=seq, text=None, limit=limit, run_id=run_id)
-    append_out_of_band(store, run_id, "pin", pin_payload(made, note=note, by="operator"))
-    return made
-
-
-def unpin_in_record(store: Any, run_id: str, pin_id: str) -> None:
-    """End pin ``pin_id`` (``#SEQ`` or ``text-N``) of run ``run_id``."""
-    from loomrt.run.projection import project
-
-    view = project(store.events(run_id), store=store)
-    if pin_id not in view.pins:
-        held = ", ".join(view.pins) or "none"
-        raise PinError(f"run {run_id} has no pin {pin_id} (its pins: {held})")
-    append_out_of_band(store, run_id, "unpin", {"pin": pin_id, "by": "operator"})

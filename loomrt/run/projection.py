@@ -16,18 +16,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from loomrt.audit import chained, message_step
 from loomrt.events import LIFECYCLE_KINDS, Event, message_of, run_status
 from loomrt.messages import Message
+from loomrt.prompt_hash import chained, message_step
 from loomrt.providers.base import Usage
 from loomrt.run.cards import CARD_BLOCK, Card, card_message
 from loomrt.run.pins import Pin
-from loomrt.tokens import count_text, cut_text
+from loomrt.tokens import count_text
 
 if TYPE_CHECKING:
+    from loomrt.record.store import Store
     from loomrt.run.reducers.base import RetentionMode
 
-__all__ = ["RunView", "project", "context_refs", "message_limit", "cut_note", "MAX_TOKENIZER_SCALE"]
+__all__ = ["RunView", "project", "context_refs", "message_limit", "MAX_TOKENIZER_SCALE"]
 
 MAX_TOKENIZER_SCALE = 1.5
 """The most :meth:`~loomrt.run.state.RunState.pressure` scales the estimate by (the provider's
@@ -364,19 +365,7 @@ class RunView:
         return chained(message_step(last, injected.to_litellm()) if injected is not None else last)
 
 
-def cut_note(message: Message, limit: int, run_id: str) -> str:
-    """The first part of ``message`` that fits ``limit`` tokens, with a note that says it was
-    cut and where the full text is."""
-    size = count_text(message.content)
-    note = (
-        f"\n[cut: this message is {size} tokens, over the limit of {limit} (context.message_max_tokens); "
-        f"only its start is shown. The full text is on the record: "
-        f"`loomrt runs show {run_id} --seq {message.seq}`.]"
-    )
-    return cut_text(message.content, max(16, limit - count_text(note))) + note
-
-
-def project(events: Iterable[Event], *, mode: RetentionMode | None = None, store: Any = None) -> RunView:
+def project(events: Iterable[Event], *, mode: RetentionMode | None = None, store: Store | None = None) -> RunView:
     """Apply ``events`` (one run's record, in seq order) to a fresh view. The retention
     mode is the one the record's ``run_started`` names, unless given. A fork's record
     needs ``store``, where its family's history is."""

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from loomrt.events import Event, RunInfo
+from loomrt.record.store import Store
 from loomrt.run.projection import project
 
 __all__ = ["run_summary"]
 
 
-def run_summary(info: RunInfo, events: list[Event], store: Any = None) -> dict[str, Any]:
+def run_summary(info: RunInfo, events: list[Event], store: Store | None = None) -> dict[str, Any]:
     """What the record says about one run: its row, usage, distillations, output and Σ; with
     ``store``, the runs it spawned, and its usage gains ``children`` (theirs, rolled up)."""
     view = project(events, store=store)

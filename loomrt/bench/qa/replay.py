@@ -24,6 +24,7 @@ from loomrt.bench.locomo_recall import render_turn, turns_of
 from loomrt.bench.qa.parts import QUESTION_PREFIX
 from loomrt.events import RunInfo
 from loomrt.providers.base import ModelProvider
+from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
@@ -70,7 +71,7 @@ async def replay_mode(
     provider: ModelProvider,
     *,
     name: str,
-    embedder: Any,
+    embedder: EmbedderChoice,
     on_turn: Callable[[], None] | None = None,
 ) -> str:
     """Replay ``sample`` into a new run of ``spec`` in ``store``; its run id."""
@@ -132,7 +133,7 @@ async def ask(
     question: str,
     provider: ModelProvider,
     *,
-    embedder: Any,
+    embedder: EmbedderChoice,
     recall: bool = True,
     tool: bool = True,
     inject_tokens: int = 0,

@@ -33,6 +33,7 @@ from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, CachingEmbedde
 from loomrt.bench.qa.replay import QA_INSTRUCTION, ask, qa_spec, replay_mode
 from loomrt.errors import SpecError
 from loomrt.providers.base import ModelProvider, ModelRequest
+from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.spec import AgentSpec
 from loomrt.tokens import count_text
@@ -147,7 +148,7 @@ class _Session:
         from loomrt.recall.embedders import resolve_embedder
 
         inner = resolve_embedder(None if config.embedder == "default" else config.embedder)
-        self.embedder: Any = CachingEmbedder(inner) if inner is not None else False
+        self.embedder: EmbedderChoice = CachingEmbedder(inner) if inner is not None else False
         self._providers: dict[str, ModelProvider] = {}
         self._judge: ModelProvider | None = None
 

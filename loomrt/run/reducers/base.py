@@ -26,13 +26,27 @@ from loomrt.events import Event
 from loomrt.messages import Message, ToolCall
 from loomrt.providers.base import ModelResponse, ToolSchema
 from loomrt.run.steps import FinalOutput, NextStep, RunTools
+from loomrt.tokens import count_text, cut_text
 
 if TYPE_CHECKING:
+    from loomrt.record.store import Store
     from loomrt.run.projection import RunView
     from loomrt.run.state import RunState
     from loomrt.tools import Tool
 
-__all__ = ["Reduction", "Declined", "RetentionMode"]
+__all__ = ["cut_note", "Reduction", "Declined", "RetentionMode"]
+
+
+def cut_note(message: Message, limit: int, run_id: str) -> str:
+    """The first part of ``message`` that fits ``limit`` tokens, with a note that says it was
+    cut and where the full text is."""
+    size = count_text(message.content)
+    note = (
+        f"\n[cut: this message is {size} tokens, over the limit of {limit} (context.message_max_tokens); "
+        f"only its start is shown. The full text is on the record: "
+        f"`loomrt runs show {run_id} --seq {message.seq}`.]"
+    )
+    return cut_text(message.content, max(16, limit - count_text(note))) + note
 
 
 @dataclass(frozen=True)
@@ -119,7 +133,7 @@ class RetentionMode:
         :func:`loomrt.toolset.resolve_toolset`."""
         return []
 
-    def fork_catalog(self, store: Any, run_id: str, seq: int) -> list[dict[str, Any]] | None:
+    def fork_catalog(self, store: Store, run_id: str, seq: int) -> list[dict[str, Any]] | None:
         """A fork's starting catalog, read from the parent's record without replaying it
         (fold); None: the fork replays its parent's record up to ``seq`` (every other mode)."""
         return None
@@ -132,8 +146,6 @@ class RetentionMode:
 
     def cut_note(self, message: Message, limit: int, run_id: str) -> str:
         """What the working context holds of a message over ``context.message_max_tokens``."""
-        from loomrt.run.projection import cut_note
-
         return cut_note(message, limit, run_id)
 
     async def unanswered_calls(self, run: RunState, calls: list[ToolCall]) -> list[ToolCall]:
