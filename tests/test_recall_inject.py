@@ -249,3 +249,68 @@ def test_the_cost_measure_times_the_step_as_a_run_meets_it() -> None:
     assert out["entries"] == 300 and out["queries"] == 10
     assert out["injected_share"] > 0, "the needle questions find their statements"
     assert out["step_p95_ms"] >= out["step_p50_ms"] > 0
+
+
+def _spy(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The run ids the loop asks to inject for, call by call."""
+    import loomrt.run.loop as loop
+
+    asked: list[str] = []
+    real = loop.inject_recall
+
+    async def spy(run: Any) -> Any:
+        asked.append(run.run_id)
+        return await real(run)
+
+    monkeypatch.setattr(loop, "inject_recall", spy)
+    return asked
+
+
+def test_a_spawned_child_and_an_mcp_run_go_through_the_injection_step(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from loomrt.mcp.service import RunService
+    from loomrt.record.sqlite import default_store
+    from loomrt.spec import load_agents
+
+    asked = _spy(monkeypatch)
+    (tmp_path / "child.yaml").write_text("turns:\n  - text: the pump is fine\n")
+    (tmp_path / "boss.yaml").write_text(
+        json.dumps(
+            {
+                "turns": [
+                    {"tool_call": {"name": "spawn", "arguments": {"agent": "child", "prompt": "check the pump"}}},
+                    {"text": "all done"},
+                ]
+            }
+        )
+    )
+    child = {"model": "scripted/child.yaml", "context": {"mode": "recap", "recall": True, "recall_inject": "on"}}
+    path = tmp_path / "agents.yaml"
+    path.write_text(
+        json.dumps(
+            {
+                "agents": {
+                    "boss": {"model": "scripted/boss.yaml", "tools": ["spawn"], "spawnable": ["child"]},
+                    "child": child,
+                }
+            }
+        )
+    )
+    agents = load_agents(path)
+    result = Runtime().run_sync("boss", "fan out", agents=agents, agents_file=str(path))
+    assert result.status == "done"
+    children = [r.run_id for r in default_store().list_runs() if r.agent == "child"]
+    assert children and set(children) <= set(asked), "the spawned child's calls went through injection"
+
+    async def over_mcp() -> str:
+        service = RunService(agents, agents_file=str(path))
+        run = await service.spawn("child", "check the valve")
+        await service.wait(run.run_id, timeout_s=30)
+        await service.close()
+        return run.run_id
+
+    mcp_run = asyncio.run(over_mcp())
+    assert mcp_run in asked, "a run an MCP client starts goes through injection"
