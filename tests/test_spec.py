@@ -525,3 +525,15 @@ def test_a_missing_prompt_file_given_in_defaults_is_reported_in_defaults(tmp_pat
     msg = load_error(tmp_path, monkeypatch, "defaults:\n  system_prompt_file: nope.md\nagents:\n  a: {model: m}\n")
     assert msg.startswith("agents.yaml:2:23: defaults.system_prompt_file: system prompt file 'nope.md' does not exist")
     assert msg.endswith("(applies to agent 'a')")
+
+
+def test_the_declared_capabilities_and_the_resolved_ones_have_the_same_fields() -> None:
+    """spec.Capabilities (what a definition may declare, each optional) and
+    providers.base.Capabilities (what the registry resolves) differ on purpose, but a field
+    added to one and not the other would be silently ignored: their fields must not drift."""
+    import dataclasses
+
+    from loomrt.providers.base import Capabilities as Resolved
+    from loomrt.spec import Capabilities as Declared
+
+    assert list(Declared.model_fields) == [f.name for f in dataclasses.fields(Resolved)]

@@ -42,11 +42,18 @@ EMIT_STATE = "emit_state"
 
 @dataclass(frozen=True)
 class Needle:
-    """An exact value a workload plants, and the words a model would search it by."""
+    """An exact value a workload plants, and the words a model would search it by (one class
+    for every workload and measure that plants values)."""
 
     key: str
+    """What the value is ("the deploy lock file"): the words a line that holds it names."""
     value: str
     query: str = ""
+    """The words a model would search it by (default: ``key``)."""
+    statement: str = ""
+    """The sentence that states it, where the planter writes one (the Recall measures)."""
+    kind: str = ""
+    """What sort of value it is (path, id, number, ...), where the planter says."""
 
     @property
     def search(self) -> str:

@@ -14,13 +14,13 @@ import json
 import random
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any
 
+from loomrt.bench.model import Needle
 from loomrt.messages import EvictedSpan, Message
 from loomrt.recall.embedders import EmbedderChoice
 
-__all__ = ["QueryEmbedder", "recall_latency", "needles_run", "Needle", "make_needles", "agentic_filler"]
+__all__ = ["QueryEmbedder", "recall_latency", "needles_run", "make_needles", "agentic_filler"]
 
 _TOPICS = ["deploy", "billing", "search", "auth", "cache", "queue", "metrics", "backup", "frontend", "mailer"]
 _VERBS = ["restarted", "rolled back", "patched", "profiled", "migrated", "rebuilt", "reviewed", "retried"]
@@ -34,16 +34,6 @@ def agentic_filler(rng: random.Random, i: int) -> str:
         f"log at /var/log/{topic}/{topic}-{rng.randint(100, 999)}.log shows {rng.randint(2, 900)} requests, "
         f"p99 {rng.randint(20, 900)} ms, exit code {rng.choice([0, 0, 1, 2, 137])}, build {rng.randint(1000, 9999)}."
     )
-
-
-@dataclass(frozen=True)
-class Needle:
-    """An exact value stated early, and the question that needs it later."""
-
-    kind: str
-    statement: str
-    query: str
-    value: str
 
 
 def make_needles(seed: int = 7) -> list[Needle]:
@@ -130,7 +120,7 @@ def make_needles(seed: int = 7) -> list[Needle]:
             "".join(r.choice("0123456789abcdef") for _ in range(16)),
         ),
     ]
-    return [Needle(kind, s.format(v=v), q, v) for kind, s, q, v in table]
+    return [Needle(key=q, value=v, query=q, statement=s.format(v=v), kind=kind) for kind, s, q, v in table]
 
 
 class QueryEmbedder:
