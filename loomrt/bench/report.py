@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,147 @@ def _curves(c: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_overhead(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    lines += ["### Runtime overhead per turn (no model, no embedding)", ""]
+    lines += _table(
+        ["history (messages)", "p50 ms", "p95 ms"],
+        [[f"{p['messages']:,}", f"{p['p50_ms']:.2f}", f"{p['p95_ms']:.2f}"] for p in r["points"]],
+    )
+    lines.append("")
+    return lines
+
+
+def _render_recall_latency(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    r = r
+    lines += [
+        "### Recall latency",
+        "",
+        f"{r['entries']:,}-entry index, {r['queries']} queries, query embedding "
+        f"included: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms.",
+    ]
+    if "after_eviction_p50_ms" in r:
+        lines.append(
+            f"The first query after a new eviction (the index just changed): p50 "
+            f"{r['after_eviction_p50_ms']:.2f} ms, p95 {r['after_eviction_p95_ms']:.2f} ms."
+        )
+    lines.append("")
+    return lines
+
+
+def _render_recall_scale(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    r = r
+    lines += [
+        "### Recall at scale",
+        "",
+        f"{r['entries']:,}-entry index (built in {r['build_s']} s), {r['queries']} queries, each embedded by the "
+        f"real embedder: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms; first query after an eviction p95 "
+        f"{r['after_eviction_p95_ms']:.2f} ms.",
+        "",
+    ]
+    return lines
+
+
+def _render_recall_clusters(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    r = r
+    lines += [
+        "### Recall with clustered codes",
+        "",
+        f"{r['entries']:,} entries embedded by the real embedder, the inverted file trained from "
+        f"{r['ivf_min']:,} on ({r['clusters']} clusters), {r['queries']} queries searched as the index does it and "
+        f"with every entry scored: the same top 5 for {r['same_top5']:.3f} of them, the same first hit for "
+        f"{r['same_top1']:.3f}, {r['top5_overlap']:.3f} of the exact top 5 found; the scan's candidates held "
+        f"{r['dense_top5_in_candidates']:.3f} of the exact dense top 5.",
+        "",
+    ]
+    return lines
+
+
+def _render_recall_needles(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    r = r
+    lines += [
+        "### Recall needles",
+        "",
+        f"{r.get('found_top5')} of {r.get('needles')} exact values stated early "
+        f"and evicted were returned verbatim by Recall in its top 5.",
+        "",
+    ]
+    return lines
+
+
+def _render_recall_inject(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    r = r
+    lines += [
+        "### Recall injection's cost",
+        "",
+        f"The injection step before a model call (query embedding, search, choice, the `recall_injected` "
+        f"event), inside the running event loop, at {r['entries']:,} entries (dense: {r['dense']}): "
+        f"p50 {r['step_p50_ms']:.2f} ms, p95 {r['step_p95_ms']:.2f} ms over {r['queries']} calls "
+        f"({r['injected_share']:.0%} of them injected a block). The runtime's own time per turn at that "
+        f"history, injection included: p50 {r['turn_overhead_p50_ms']:.2f} ms; the step is "
+        f"{r['step_share_of_turn']:.0%} of it.",
+        "",
+    ]
+    return lines
+
+
+def _render_concurrency(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    c = r
+    lines += [
+        "### Concurrency",
+        "",
+        f"{c['runs']} recap chats of {c['turns_per_run']} turns at once in one process (model latency "
+        f"{c['model_latency_ms']:.0f} ms): {c['finished']} finished in {c['wall_s']} s (the model waits alone, "
+        f"one after another, would take {c['serial_model_wait_s']} s). Runtime time per turn: p50 "
+        f"{c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms (×{c['p99_over_p50']}); turns without a boundary "
+        f"({c['turns_without_boundary']}): p50 {c['plain_p50_ms']:.2f} ms, p99 {c['plain_p99_ms']:.2f} ms.",
+        "",
+    ]
+    return lines
+
+
+def _render_mcp(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    c = r
+    lines += [
+        "### MCP",
+        "",
+        f"`loomrt mcp` over stdio with the SDK's client: `spawn_run` of a run whose model answers at once, "
+        f"{c['round_trips']} times: p50 {c['spawn_run_p50_ms']:.1f} ms, p95 {c['spawn_run_p95_ms']:.1f} ms. "
+        f"`spawn_runs` of {c['fan_out']} runs whose model takes {c['model_s_each']} s each: {c['fan_out_ok']} ok "
+        f"in {c['fan_out_wall_s']} s, overlap ×{c['overlap']} (×{c['fan_out']} at best, ×1 if they ran one "
+        f"after another). An MCP server as a tool source: started on first use in {c['server_start_s']} s; "
+        f"then p50 {c['mcp_call_p50_ms']:.2f} ms a call against {c['builtin_call_p50_ms']:.3f} ms for the "
+        f"built-in calculate ({c['extra_ms_per_call']:.2f} ms more), over {c['tool_calls']} calls.",
+        "",
+    ]
+    return lines
+
+
+def _render_fork_cost(r: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    f = r
+    lines += [
+        "### Fork cost",
+        "",
+        f"`Runtime.fork` at the run's last seq, median of {f['forks']} forks, after a "
+        f"scripted chat of each length ({f['goal']}):",
+        "",
+    ]
+    lines += _table(
+        ["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
+        [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]],
+    )
+    lines.append("")
+    return lines
+
+
 def markdown(results: dict[str, Any], *, command: str | None = None, images: str | None = None) -> str:
     """The figures as Markdown: a table per workload, then the standalone measures."""
     cfg = results["config"]
@@ -218,140 +360,15 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
             if w.get(key):
                 lines += _evidence(w[key])
         lines.append("")
-    m = results["measures"]
-    if "overhead" in m:
-        lines += ["### Runtime overhead per turn (no model, no embedding)", ""]
-        lines += _table(
-            ["history (messages)", "p50 ms", "p95 ms"],
-            [[f"{p['messages']:,}", f"{p['p50_ms']:.2f}", f"{p['p95_ms']:.2f}"] for p in m["overhead"]["points"]],
-        )
-        lines.append("")
-    if "recall_latency" in m:
-        r = m["recall_latency"]
-        lines += [
-            "### Recall latency",
-            "",
-            f"{r['entries']:,}-entry index, {r['queries']} queries, query embedding "
-            f"included: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms.",
-        ]
-        if "after_eviction_p50_ms" in r:
-            lines.append(
-                f"The first query after a new eviction (the index just changed): p50 "
-                f"{r['after_eviction_p50_ms']:.2f} ms, p95 {r['after_eviction_p95_ms']:.2f} ms."
-            )
-        lines.append("")
-    if "recall_scale" in m:
-        r = m["recall_scale"]
-        lines += [
-            "### Recall at scale",
-            "",
-            f"{r['entries']:,}-entry index (built in {r['build_s']} s), {r['queries']} queries, each embedded by the "
-            f"real embedder: p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms; first query after an eviction p95 "
-            f"{r['after_eviction_p95_ms']:.2f} ms.",
-            "",
-        ]
-    if "recall_clusters" in m and "skipped" not in m["recall_clusters"]:
-        r = m["recall_clusters"]
-        lines += [
-            "### Recall with clustered codes",
-            "",
-            f"{r['entries']:,} entries embedded by the real embedder, the inverted file trained from "
-            f"{r['ivf_min']:,} on ({r['clusters']} clusters), {r['queries']} queries searched as the index does it and "
-            f"with every entry scored: the same top 5 for {r['same_top5']:.3f} of them, the same first hit for "
-            f"{r['same_top1']:.3f}, {r['top5_overlap']:.3f} of the exact top 5 found; the scan's candidates held "
-            f"{r['dense_top5_in_candidates']:.3f} of the exact dense top 5.",
-            "",
-        ]
-    if "recall_needles" in m:
-        r = m["recall_needles"]
-        lines += [
-            "### Recall needles",
-            "",
-            f"{r.get('found_top5')} of {r.get('needles')} exact values stated early "
-            f"and evicted were returned verbatim by Recall in its top 5.",
-            "",
-        ]
-    if "recall_inject" in m and "skipped" not in m["recall_inject"]:
-        r = m["recall_inject"]
-        lines += [
-            "### Recall injection's cost",
-            "",
-            f"The injection step before a model call (query embedding, search, choice, the `recall_injected` "
-            f"event), inside the running event loop, at {r['entries']:,} entries (dense: {r['dense']}): "
-            f"p50 {r['step_p50_ms']:.2f} ms, p95 {r['step_p95_ms']:.2f} ms over {r['queries']} calls "
-            f"({r['injected_share']:.0%} of them injected a block). The runtime's own time per turn at that "
-            f"history, injection included: p50 {r['turn_overhead_p50_ms']:.2f} ms; the step is "
-            f"{r['step_share_of_turn']:.0%} of it.",
-            "",
-        ]
-    if "curves" in m:
-        lines += _curves(m["curves"])
-    if "concurrency" in m:
-        c = m["concurrency"]
-        lines += [
-            "### Concurrency",
-            "",
-            f"{c['runs']} recap chats of {c['turns_per_run']} turns at once in one process (model latency "
-            f"{c['model_latency_ms']:.0f} ms): {c['finished']} finished in {c['wall_s']} s (the model waits alone, "
-            f"one after another, would take {c['serial_model_wait_s']} s). Runtime time per turn: p50 "
-            f"{c['p50_ms']:.2f} ms, p99 {c['p99_ms']:.2f} ms (×{c['p99_over_p50']}); turns without a boundary "
-            f"({c['turns_without_boundary']}): p50 {c['plain_p50_ms']:.2f} ms, p99 {c['plain_p99_ms']:.2f} ms.",
-            "",
-        ]
-    if "mcp" in m:
-        c = m["mcp"]
-        lines += [
-            "### MCP",
-            "",
-            f"`loomrt mcp` over stdio with the SDK's client: `spawn_run` of a run whose model answers at once, "
-            f"{c['round_trips']} times: p50 {c['spawn_run_p50_ms']:.1f} ms, p95 {c['spawn_run_p95_ms']:.1f} ms. "
-            f"`spawn_runs` of {c['fan_out']} runs whose model takes {c['model_s_each']} s each: {c['fan_out_ok']} ok "
-            f"in {c['fan_out_wall_s']} s, overlap ×{c['overlap']} (×{c['fan_out']} at best, ×1 if they ran one "
-            f"after another). An MCP server as a tool source: started on first use in {c['server_start_s']} s; "
-            f"then p50 {c['mcp_call_p50_ms']:.2f} ms a call against {c['builtin_call_p50_ms']:.3f} ms for the "
-            f"built-in calculate ({c['extra_ms_per_call']:.2f} ms more), over {c['tool_calls']} calls.",
-            "",
-        ]
-    if "fanout" in m:
-        lines += _fanout(m["fanout"])
-    if "audit" in m:
-        lines += _audit(m["audit"])
-    if "fork_cost" in m:
-        f = m["fork_cost"]
-        lines += [
-            "### Fork cost",
-            "",
-            f"`Runtime.fork` at the run's last seq, median of {f['forks']} forks, after a "
-            f"scripted chat of each length ({f['goal']}):",
-            "",
-        ]
-        lines += _table(
-            ["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
-            [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]],
-        )
-        lines.append("")
-    if "store" in m:
-        lines += _store(m["store"])
-    for name, f in m.items():
-        if name not in (
-            "overhead",
-            "recall_latency",
-            "recall_scale",
-            "recall_needles",
-            "recall_inject",
-            "curves",
-            "concurrency",
-            "mcp",
-            "fanout",
-            "audit",
-            "fork_cost",
-            "store",
-        ):
-            lines += [f"### {name}", "", "```json", json.dumps(f, indent=2), "```", ""]
+    for name, figures in results["measures"].items():
+        if "skipped" in figures:
+            continue
+        lines += render_measure(name, figures)
     if results["skipped"]:
         lines += ["Skipped: " + "; ".join(f"{k} ({v})" for k, v in results["skipped"].items()) + ".", ""]
     if results.get("failed"):
         lines += ["**Failed**: " + "; ".join(f"{k} ({v})" for k, v in results["failed"].items()) + ".", ""]
+    m = results["measures"]
     if images and results["workloads"]:
         lines += [
             f"![cumulative input tokens]({images}/tokens.png)",
@@ -661,3 +678,29 @@ def update_docs(
     written by its own command (the main one, and blocks for measures run on their own)."""
     begin, end = markers(block)
     replace_block(doc, begin, end, markdown(results, command=command, images=images))
+
+
+RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "overhead": _render_overhead,
+    "recall_latency": _render_recall_latency,
+    "recall_scale": _render_recall_scale,
+    "recall_clusters": _render_recall_clusters,
+    "recall_needles": _render_recall_needles,
+    "recall_inject": _render_recall_inject,
+    "curves": _curves,
+    "concurrency": _render_concurrency,
+    "mcp": _render_mcp,
+    "fanout": _fanout,
+    "audit": _audit,
+    "fork_cost": _render_fork_cost,
+    "store": _store,
+}
+"""How each standalone measure renders its figures (one function a measure; a new measure adds one here)."""
+
+
+def render_measure(name: str, figures: dict[str, Any]) -> list[str]:
+    """The Markdown lines of one measure's figures: its renderer's, or its figures as JSON."""
+    render = RENDERERS.get(name)
+    if render is None:
+        return [f"### {name}", "", "```json", json.dumps(figures, indent=2), "```", ""]
+    return render(figures)

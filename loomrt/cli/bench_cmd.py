@@ -284,23 +284,13 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
                     + ", ".join(f"R@{k} {v:.3f}" for k, v in ev.get("recall_all_at", {}).items())
                     + " all"
                 )
-    m = results["measures"]
-    if "overhead" in m:
-        table = Table(title="runtime overhead per turn (no model, no embedding)", title_justify="left")
-        for h in ("history (messages)", "p50 ms", "p95 ms"):
-            table.add_column(h, justify="right")
-        for p in m["overhead"]["points"]:
-            table.add_row(f"{p['messages']:,}", f"{p['p50_ms']:.2f}", f"{p['p95_ms']:.2f}")
-        _out.print(table)
-    if "recall_latency" in m:
-        r = m["recall_latency"]
-        _out.print(f"Recall latency ({r['entries']:,} entries): p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms")
-    if "recall_needles" in m:
-        r = m["recall_needles"]
-        _out.print(f"Recall needles: {r.get('found_top5')} of {r.get('needles')} found verbatim in the top 5")
-    for name, f in m.items():
-        if name not in ("overhead", "recall_latency", "recall_needles"):
-            _out.print(f"{name}: {f}")
+    from rich.markdown import Markdown
+
+    from loomrt.bench.report import render_measure
+
+    for name, figures in results["measures"].items():  # each measure renders itself, as in report.md
+        if "skipped" not in figures:
+            _out.print(Markdown("\n".join(render_measure(name, figures))))
     for name, why in results["skipped"].items():
         _err.print(f"[yellow]skipped[/yellow] {name}: {why}")
 
