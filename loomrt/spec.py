@@ -374,8 +374,12 @@ class _Located:
         if node is not None:
             self._walk(node, ())
 
-    def _walk(self, node: yaml.Node, path: tuple[Any, ...]) -> None:
+    def _walk(self, node: yaml.Node, path: tuple[Any, ...], seen: set[int] | None = None) -> None:
         self.marks[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+        seen = set() if seen is None else seen
+        if id(node) in seen:  # an alias of a node walked already: its keys were checked there
+            return
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 sub = (*path, key.value)
@@ -387,10 +391,10 @@ class _Located:
                         path=_dotted(sub),
                     )
                 self.key_marks[sub] = mark
-                self._walk(value, sub)
+                self._walk(value, sub, seen)
         elif isinstance(node, yaml.SequenceNode):
             for i, item in enumerate(node.value):
-                self._walk(item, (*path, i))
+                self._walk(item, (*path, i), seen)
 
     def where(self, path: tuple[Any, ...], *, key: bool = False) -> str:
         for p in (path[:n] for n in range(len(path), -1, -1)):
@@ -398,6 +402,56 @@ class _Located:
             if mark:
                 return f"{self.filename}:{mark[0]}:{mark[1]}"
         return self.filename
+
+
+YAML_MAX_NODES = 100_000
+"""The most nodes an agents file may hold once its aliases are expanded (a definitions file
+holds hundreds): past it, a few lines of aliases that refer to aliases (a "billion laughs")
+would take minutes and gigabytes to read, so the file is refused."""
+
+
+def _expanded_size(node: yaml.Node, limit: int) -> int:
+    """How many nodes ``node`` stands for with every alias expanded (each distinct node is
+    counted once and its size remembered, so this visits each node once), or ``limit + 1``
+    as soon as it is known to be over ``limit``."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(node, False)]
+    while stack:
+        current, done = stack.pop()
+        if id(current) in sizes:
+            continue
+        children = (
+            [n for pair in current.value for n in pair]
+            if isinstance(current, yaml.MappingNode)
+            else list(current.value)
+            if isinstance(current, yaml.SequenceNode)
+            else []
+        )
+        if not done:
+            stack.append((current, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        sizes[id(current)] = min(limit + 1, 1 + sum(sizes.get(id(c), 1) for c in children))
+    return sizes[id(node)]
+
+
+def _alias_bomb(text: str, node: yaml.Node | None, filename: str) -> None:
+    """Refuse a file whose aliases expand past :data:`YAML_MAX_NODES`, naming the alias used most."""
+    if node is None or "*" not in text:
+        return
+    size = _expanded_size(node, YAML_MAX_NODES)
+    if size <= YAML_MAX_NODES:
+        return
+    uses: dict[str, int] = {}
+    for m in re.finditer(r"\*([^\s,\]\}]+)", text):
+        uses[m.group(1)] = uses.get(m.group(1), 0) + 1
+    name = max(uses, key=lambda k: uses[k]) if uses else "?"
+    line = next((i + 1 for i, ln in enumerate(text.splitlines()) if f"*{name}" in ln), 0)
+    raise SpecError(
+        f"the file's aliases expand to more than {YAML_MAX_NODES:,} nodes (alias *{name} is used {uses.get(name, 0)} "
+        "times, and aliases refer to aliases): write the repeated part once under defaults:, or repeat it plainly",
+        where=f"{filename}:{line}" if line else filename,
+    )
 
 
 AGENTS_FILE_MAX_BYTES = 2 * 1024 * 1024
@@ -438,7 +492,15 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
     base_dir = base_dir or Path.cwd()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _alias_bomb(text, node, filename)
         raw = yaml.safe_load(text)
+    except ValueError as exc:  # a number too long to read (Python's limit on digits, 4,300)
+        long_number = re.search(r"\d{1000,}", text)
+        line = text[: long_number.start()].count("\n") + 1 if long_number else 0
+        raise SpecError(
+            f"a number in the file is too large to read ({exc}); write it as a quoted string if it is an id",
+            where=f"{filename}:{line}" if line else filename,
+        ) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename

@@ -537,3 +537,29 @@ def test_the_declared_capabilities_and_the_resolved_ones_have_the_same_fields() 
     from loomrt.spec import Capabilities as Declared
 
     assert list(Declared.model_fields) == [f.name for f in dataclasses.fields(Resolved)]
+
+
+def test_a_yaml_alias_bomb_is_refused_at_once_naming_an_alias() -> None:
+    import time
+
+    rows = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(8):
+        prev, name = chr(97 + i), chr(98 + i)
+        rows.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    text = "\n".join(rows) + "\nagents:\n  x:\n    description: hi\n"
+    started = time.perf_counter()
+    with pytest.raises(SpecError, match=r"aliases expand to more than 100,000 nodes \(alias \*\w"):
+        load_agents_text(text)
+    assert time.perf_counter() - started < 5  # it was 21 s and 1.5 GB for a 418-byte file
+
+
+def test_a_file_with_a_few_aliases_still_loads() -> None:
+    text = "agents:\n  x: &d\n    model: local/smollm2-135m\n    max_tokens: 64\n  y:\n    <<: *d\n    max_tokens: 32\n"
+    agents = load_agents_text(text)
+    assert agents.agents["x"].max_tokens == 64 and agents.agents["y"].max_tokens == 32
+
+
+def test_a_5000_digit_number_is_one_clear_error_with_its_line() -> None:
+    with pytest.raises(SpecError, match="too large to read") as err:
+        load_agents_text("agents:\n  x:\n    max_tokens: " + "9" * 5000 + "\n")
+    assert ":3" in str(err.value)
