@@ -209,6 +209,12 @@ def test_bad_arguments_are_tool_errors_and_the_server_keeps_serving(tmp_path: Pa
                 await s.call_tool("spawn_run", {"agent": "quick", "prompt": "x" * 1_000_001})
             )
             assert "limit must be" in error_text(await s.call_tool("get_events", {"run_id": "x", "limit": 5000}))
+            for tool, args in [  # integers past what a seq can be are refused by the argument check
+                ("get_events", {"after_seq": 2**63}),
+                ("fork_run", {"at_seq": 2**64}),
+                ("recall", {"query": "x", "top_k": 10**30}),
+            ]:
+                assert "less than or equal" in error_text(await s.call_tool(tool, {"run_id": "x", **args}))
             before = len(default_store().list_runs(limit=100))
             bad = [
                 {"agent": "quick", "prompt": "a"},

@@ -254,3 +254,15 @@ def test_the_store_is_chosen_in_one_place_from_configuration(tmp_path, monkeypat
     chosen = default_store()
     assert isinstance(chosen, PostgresStore) and chosen.url == postgres_url
     chosen.close()
+
+
+def test_an_explicit_sqlite_url_in_a_missing_folder_is_refused_not_created(tmp_path, monkeypatch):
+    missing = tmp_path / "no" / "such" / "dir"
+    with pytest.raises(StoreError, match=r"the record's folder .*no/such/dir does not exist"):
+        default_store(f"sqlite:{missing / 'x.db'}")
+    assert not (tmp_path / "no").exists(), "nothing was created"
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / "home" / "made"))
+    monkeypatch.delenv("LOOMRT_DB_URL", raising=False)
+    store = default_store()  # a path the program chooses itself is still created
+    assert store.path.parent.is_dir()
+    store.close()

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any, NotRequired
+from typing import Annotated, Any, NotRequired
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from mcp.types import CallToolResult, InputRequiredResult
 from mcp.types import Resource as MCPResource
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
 from loomrt import __version__
@@ -32,6 +32,13 @@ INSTRUCTIONS = (
     "spawn_run starts one (or spawn_runs, several at once); get_run, get_events and the "
     "loomrt://runs/{run_id} resources show what a run did."
 )
+
+
+SEQ_MAX = 2**53 - 1
+"""The largest seq a tool takes (the largest integer JSON carries exactly); a larger one is
+refused by the tool's argument check, never passed to the store."""
+Seq = Annotated[int, Field(ge=0, le=SEQ_MAX)]
+TopK = Annotated[int, Field(ge=1, le=20)]
 
 
 class Usage(TypedDict):
@@ -228,7 +235,7 @@ def build_server(service: RunService) -> LoomMCPServer:
         return {"runs": service.list_runs(agent, status, limit)}
 
     @server.tool()
-    def get_events(run_id: str, after_seq: int = 0, limit: int = 100, include_private: bool = False) -> EventsOut:
+    def get_events(run_id: str, after_seq: Seq = 0, limit: int = 100, include_private: bool = False) -> EventsOut:
         """A page of the run's record: events with seq above AFTER_SEQ, at most LIMIT (up to 1000).
         next_seq is the after_seq of the next page, or null on the last. Private messages are
         placeholders (redacted: true) unless INCLUDE_PRIVATE."""
@@ -262,14 +269,14 @@ def build_server(service: RunService) -> LoomMCPServer:
         return await service.compact(run_id)  # type: ignore[return-value]
 
     @server.tool()
-    async def fork_run(run_id: str, at_seq: int | None = None) -> dict[str, Any]:
+    async def fork_run(run_id: str, at_seq: Seq | None = None) -> dict[str, Any]:
         """A new run that shares RUN_ID's history up to AT_SEQ (default: all of it) and goes on
         on its own, parked for its first input (continue_run). Its record says forked_from;
         in fold mode no text is copied, whatever the history's length."""
         return await service.fork(run_id, at_seq)
 
     @server.tool()
-    async def recall(run_id: str, query: str, top_k: int = 5, include_private: bool = False) -> RecallOut:
+    async def recall(run_id: str, query: str, top_k: TopK = 5, include_private: bool = False) -> RecallOut:
         """Search one run's evicted spans for the original words, exactly as its Recall tool
         does (only that run, and its agent's permitted memory). The run's agent must have recall on.
         A private message's hit is its placeholder unless INCLUDE_PRIVATE."""

@@ -59,7 +59,14 @@ def default_store(url: str | None = None) -> Any:
     if not url:
         return SQLiteStore(loomrt_home() / "record.sqlite")
     if url.startswith("sqlite:"):
-        return SQLiteStore(Path(url.removeprefix("sqlite:").removeprefix("//")).expanduser())
+        path = Path(url.removeprefix("sqlite:").removeprefix("//")).expanduser()
+        if str(path) != ":memory:" and not path.parent.is_dir():
+            # an explicit URL names a file: a typo must not create folders and an empty record
+            raise StoreError(
+                f"the record's folder {path.parent} does not exist (from the URL {url!r}). Create it, or fix "
+                "the path; unset LOOMRT_DB_URL to use $LOOMRT_HOME/record.sqlite."
+            )
+        return SQLiteStore(path)
     if url.startswith(("postgresql://", "postgres://")):
         from loomrt.record.postgres import PostgresStore
 
