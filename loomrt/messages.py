@@ -43,7 +43,15 @@ class ToolCall:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ToolCall:
-        return cls(id=d["id"], name=d["name"], arguments=dict(d.get("arguments") or {}))
+        """A call as a record holds it. A malformed one (arguments that are not an object,
+        which an older version could record) reads as a call whose arguments say so: the
+        record is never rewritten, and it can still be shown, verified and resumed."""
+        args = d.get("arguments")
+        if args is None:
+            args = {}
+        if not isinstance(args, dict):
+            args = {"malformed_arguments": f"{args!r:.200}"}
+        return cls(id=str(d.get("id") or ""), name=str(d.get("name") or "?"), arguments=dict(args))
 
 
 @dataclass(frozen=True)

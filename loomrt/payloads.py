@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 __all__ = [
     "EventPayload",
@@ -114,6 +114,22 @@ class AssistantMessage(_Payload):
     kind: Literal["assistant_message"]
     message: dict[str, Any]
     """role, content and tool_calls, as :meth:`loomrt.messages.Message.to_dict` writes them."""
+
+    @field_validator("message")
+    @classmethod
+    def _calls_are_readable(cls, message: dict[str, Any]) -> dict[str, Any]:
+        """Nothing unreadable is written: each tool call has a name and an object of arguments
+        that nests at most a readable depth (a provider's reply is checked before this)."""
+        from loomrt.providers.base import ARGUMENTS_MAX_DEPTH, nesting_depth
+
+        for call in message.get("tool_calls") or ():
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                raise ValueError(f"a tool call without a name: {call!r:.200}")
+            if not isinstance(call.get("arguments", {}), dict):
+                raise ValueError(f"the arguments of tool call {call['name']!r} are not an object")
+            if nesting_depth(call.get("arguments")) > ARGUMENTS_MAX_DEPTH:
+                raise ValueError(f"the arguments of tool call {call['name']!r} nest too deeply")
+        return message
 
 
 class ToolCallPayload(_Payload):

@@ -13,7 +13,18 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from loomrt.messages import ToolCall
 
-__all__ = ["Purpose", "Usage", "ToolSchema", "ModelRequest", "ModelResponse", "Capabilities", "ModelProvider"]
+__all__ = [
+    "Purpose",
+    "Usage",
+    "ToolSchema",
+    "ModelRequest",
+    "ModelResponse",
+    "Capabilities",
+    "ModelProvider",
+    "ARGUMENTS_MAX_DEPTH",
+    "nesting_depth",
+    "malformed_call",
+]
 
 Purpose = Literal["turn", "recap", "summary", "fold", "extract"]
 
@@ -85,6 +96,42 @@ class ModelResponse:
     usage: Usage = field(default_factory=Usage)
     model: str = ""
     finish_reason: str | None = None
+
+
+ARGUMENTS_MAX_DEPTH = 64
+"""How deep a tool call's arguments may nest. A real tool's arguments nest a few levels; a
+degenerate reply (``{"a":{"a":...`` thousands deep) would overflow every reader of the record."""
+
+
+def nesting_depth(value: Any, limit: int = ARGUMENTS_MAX_DEPTH) -> int:
+    """How deep ``value`` nests (a scalar is 0), counted without recursion; ``limit + 1`` as
+    soon as it is known to be deeper than ``limit``."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list | tuple) else None
+        if children is None:
+            continue
+        depth += 1
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return limit + 1
+        stack.extend((child, depth) for child in children)
+    return deepest
+
+
+def malformed_call(call: Any) -> str | None:
+    """What is wrong with one tool call of a reply, or None: a provider's call must have a
+    name and arguments that are a JSON object nesting at most :data:`ARGUMENTS_MAX_DEPTH` deep."""
+    name = getattr(call, "name", None)
+    args = getattr(call, "arguments", None)
+    if not isinstance(name, str) or not name:
+        return f"a tool call without a name ({call!r:.200})"
+    if not isinstance(args, dict):
+        return f"the arguments for tool {name!r} are not a JSON object: {args!r:.200}"
+    if nesting_depth(args) > ARGUMENTS_MAX_DEPTH:
+        return f"the arguments for tool {name!r} nest more than {ARGUMENTS_MAX_DEPTH} levels deep"
+    return None
 
 
 @dataclass(frozen=True)

@@ -127,12 +127,14 @@ def parse_json_reply(text: str, *, model: str, finish_reason: str | None, max_to
     """
     try:
         return json.loads(text)
+    except RecursionError:
+        raise ProviderError(f"{model}: the reply nests too deeply to read: {text[:200]!r}", retryable=True) from None
     except ValueError as exc:
         start, end = text.find("{"), text.rfind("}")
         if 0 <= start < end and finish_reason != "length":  # a model without a grammar may fence its JSON
             try:
                 return json.loads(text[start : end + 1])
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         if finish_reason == "length":
             raise ProviderError(

@@ -307,7 +307,7 @@ def _tool_call(tc: Any, model: str) -> ToolCall:
     raw = fn.arguments
     try:
         args = json.loads(raw) if isinstance(raw, str) and raw.strip() else (raw or {})
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise ProviderError(
             f"{model}: the model sent malformed JSON arguments for tool {fn.name!r} ({exc}): {str(raw)[:200]!r}",
             retryable=True,

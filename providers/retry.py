@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable
 
 from loomrt.errors import ProviderError
-from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse
+from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, malformed_call
 
 __all__ = ["call_with_retries", "backoff_delay", "default_base_delay"]
 
@@ -53,7 +53,12 @@ async def call_with_retries(
     local_timeouts = 0
     while True:
         try:
-            return await provider.complete(request)
+            response = await provider.complete(request)
+            for call in response.tool_calls:  # checked before anything records them
+                wrong = malformed_call(call)
+                if wrong is not None:
+                    raise ProviderError(f"{provider.model}: a malformed reply: {wrong}", retryable=True)
+            return response
         except ProviderError as exc:
             if exc.status == 408 and provider.capabilities.local:
                 # a local model that timed out is retried once, with its timeout raised, never in a loop

@@ -108,3 +108,49 @@ def test_a_chat_survives_a_provider_outage_and_continues_afterwards() -> None:
         "one more",
     ]
     assert any(e.kind == "parked" and e.data.get("after_error") for e in events)
+
+
+def _replying(*replies: object) -> object:
+    """A custom provider whose replies are tool calls with the given arguments, then an answer."""
+    from loomrt.messages import ToolCall
+    from loomrt.providers.base import ModelResponse
+    from loomrt.testing import FunctionProvider
+
+    queue = list(replies)
+
+    def reply(request: object) -> ModelResponse:
+        if queue:
+            return ModelResponse(tool_calls=(ToolCall(id="c1", name="calculate", arguments=queue.pop(0)),))  # type: ignore[arg-type]
+        return ModelResponse(text="done")
+
+    return FunctionProvider(reply)
+
+
+def _deep(n: int) -> dict:
+    value: dict = {}
+    for _ in range(n):
+        value = {"a": value}
+    return value
+
+
+def test_deeply_nested_or_non_object_arguments_are_a_retried_provider_error_never_recorded() -> None:
+    from loomrt.audit import prompt_problems
+    from loomrt.run.projection import project
+
+    for bad in (_deep(3000), ["not", "an", "object"], "2 + 2"):
+        rt = scripted_runtime(_replying(bad))  # type: ignore[arg-type]
+        result = rt.run_sync(AgentSpec(model="scripted/x", tools=["calculate"], retries=2), "compute")
+        assert result.status == "done" and result.output == "done", result.error
+        events = rt.store.events(result.run_id)
+        retries = [e.data for e in events if e.kind == "retry"]
+        assert retries and "malformed reply" in retries[0]["error"]
+        assert not any(e.kind == "tool_call" for e in events), "the malformed call was never recorded"
+        project(events)  # the record can be read, shown and verified
+        assert prompt_problems(events) == []
+
+
+def test_a_malformed_call_already_on_a_record_reads_as_a_placeholder() -> None:
+    from loomrt.messages import Message
+
+    m = Message.from_dict({"role": "assistant", "tool_calls": [{"id": "c", "name": "x", "arguments": [1, 2]}]})
+    assert m.tool_calls[0].arguments == {"malformed_arguments": "[1, 2]"}
