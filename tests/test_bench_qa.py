@@ -168,3 +168,45 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "unknown configuration fold/bogus" in r.output
     r = runner.invoke(app, ["bench", "qa", "--data", str(MINI), "--model", "scripted", "--conversations", "x"])
     assert r.exit_code == 2 and "no conversation x" in r.output
+
+
+def test_the_inject_rows_report_what_was_injected(tmp_path: Path) -> None:
+    configs = ["recap/no-recall", "recap/inject-only", "recap/inject", "full/inject"]
+    out = run_qa(
+        QAConfig(
+            data=MINI,
+            model="scripted",
+            embedder="hash",
+            budget_tokens=400,
+            questions=None,
+            configs=configs,
+            inject_tokens=200,
+        )
+    )
+    summary = out["summary"]
+    for name in ("recap/inject-only", "recap/inject", "full/inject"):
+        assert summary[name]["questions"] == 7 and summary[name]["failed"] == 0, name
+        assert 0 <= summary[name]["injected_none"] <= 1
+    assert summary["recap/inject-only"]["evidence_injected"] > 0, "some evidence turn came back without asking"
+    assert summary["recap/inject-only"]["recall_calls_per_question"] == 0.0, "the tool is not offered"
+    assert summary["recap/inject-only"]["contains"] >= summary["recap/no-recall"]["contains"]
+
+
+def test_an_interrupted_replay_continues_from_its_last_turn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import loomrt.bench.qa.replay as replay
+
+    real = replay.turns_of
+    monkeypatch.setattr(replay, "turns_of", lambda sample: real(sample)[:5])  # the first process stops after 5 turns
+    config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=400, configs=["recap"], out=tmp_path)
+    run_qa(config)
+    (tmp_path / "replays.json").unlink()  # as if it had been killed before the replay was finished
+    monkeypatch.setattr(replay, "turns_of", real)
+    again = run_qa(config)
+    from loomrt.record.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    runs = store.list_runs(limit=10)
+    sample = json.loads(MINI.read_text())[0]
+    assert len(runs) == 1, "the replay went on in the same run"
+    assert len(store.events(runs[0].run_id, kinds=["user_input"])) == len(real(sample))
+    assert again["setups"]["mini-1:recap"]["run_id"] == runs[0].run_id

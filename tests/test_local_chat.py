@@ -16,10 +16,10 @@ pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install '
 
 
 @pytest.mark.slow
-def test_a_12_turn_chat_on_a_small_budget_recaps_and_survives_every_turn(tmp_path) -> None:
+def test_a_13_turn_chat_on_a_small_budget_recaps_and_survives_every_turn(tmp_path) -> None:
     rt = Runtime(SQLiteStore(tmp_path / "record.sqlite"), embedder=False)
     run, results = asyncio.run(play_chat(rt, chat_spec("local/smollm2-135m", max_tokens=48, budget_tokens=1000)))
-    assert [r.status for r in results] == ["parked"] * 12, [r.error for r in results if r.error]
+    assert [r.status for r in results] == ["parked"] * 13, [r.error for r in results if r.error]
     recaps = [e.data["summary"] for e in rt.store.events(run.run_id, kinds=["distillation"])]
     assert recaps and all(r.strip() for r in recaps)  # written by the model, accepted by the prose check
     # the early fact is still in reach at the end: pinned verbatim, in a recap, or in Recall

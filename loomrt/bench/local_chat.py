@@ -1,10 +1,13 @@
-"""The ``local_chat`` measure: a 12-turn chat on the embedded model, on a small budget.
+"""The ``local_chat`` measure: a 13-turn chat on the embedded model, on a small budget.
 
-An early fact, ten questions, then the fact asked for. Every recap is written by the
-model itself and must pass the prose check. Reported: whether every turn survived, the
-recaps made and rejected, whether the last answer holds the fact, and the seconds. Run
-only when named (`loomrt bench run local_chat --model local/qwen2.5-coder-1.5b`): on 2
-cores the default model takes several minutes.
+An opening line (the task, pinned), a fact in the second turn (which the recaps evict),
+ten questions, then the fact asked for. Every recap is written by the model itself and
+must pass the prose check. The chat is played twice, with recall injection off (the model
+must call Recall itself) and on (the runtime brings the evicted words back). Reported for
+each: whether every turn survived, the recaps made and rejected, Recall calls, blocks
+injected, whether the last answer holds the fact, and the seconds. Run only when named
+(`loomrt bench run local_chat --model local/qwen2.5-coder-1.5b`): on 2 cores the default
+model takes several minutes a chat.
 """
 
 from __future__ import annotations
@@ -17,7 +20,19 @@ from typing import Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
 
-__all__ = ["FACT", "QUESTIONS", "FINAL_QUESTION", "CODE", "chat_spec", "play_chat", "local_chat"]
+__all__ = [
+    "OPENING",
+    "FACT",
+    "QUESTIONS",
+    "FINAL_QUESTION",
+    "CODE",
+    "chat_spec",
+    "play_chat",
+    "local_chat",
+    "chat_figures",
+]
+
+OPENING = "Hi! I am setting up a new database project, and I will ask you some questions along the way."
 
 CODE = "ZEBRA-41"
 FACT = f"My project code is {CODE}. Please remember it; I will ask for it later."
@@ -36,8 +51,9 @@ QUESTIONS = [
 FINAL_QUESTION = "What is my project code? Reply with the code only."
 
 
-def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200) -> Any:
-    """The agent of the chat: recap mode, recall on, a budget that forces recaps."""
+def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200, inject: bool = False) -> Any:
+    """The agent of the chat: recap mode, recall on, a budget that forces recaps; recall
+    injection on or off (its reserve on top of the budget, so both chats recap alike)."""
     from loomrt.spec import AgentSpec
 
     return AgentSpec(
@@ -47,9 +63,11 @@ def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200) ->
         temperature=0,
         context={
             "mode": "recap",
-            "budget_tokens": budget_tokens,
+            "budget_tokens": budget_tokens + (INJECT_TOKENS if inject else 0),
             "keep_last_n": 2,
             "recall": True,
+            "recall_inject": "on" if inject else "off",
+            **({"recall_inject_tokens": INJECT_TOKENS} if inject else {}),
             "recap_max_chars": 600,
         },
     )
@@ -59,15 +77,40 @@ async def play_chat(runtime: Any, spec: Any, progress: Progress | None = None) -
     """Play the chat through ``runtime``; the run and each turn's result."""
     run = await runtime.astart(spec, interactive=True, name="local-chat")
     results = []
-    for text in [FACT, *QUESTIONS, FINAL_QUESTION]:
+    for text in [OPENING, FACT, *QUESTIONS, FINAL_QUESTION]:
         results.append(await runtime.send(run, text))
         if progress is not None:
             progress.advance()
     return run, results
 
 
+INJECT_TOKENS = 300
+"""The chat's reserve for injected passages (context.recall_inject_tokens)."""
+
+
+def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> dict[str, Any]:
+    """What one played chat shows."""
+    kinds = [e.kind for e in store.events(run.run_id)]
+    calls = [e for e in store.events(run.run_id, kinds=["tool_call"]) if e.data.get("name") == "Recall"]
+    return {
+        "turns": len(results),
+        "turns_failed": sum(r.status == "failed" for r in results),
+        "recaps": kinds.count("distillation"),
+        "recaps_rejected": kinds.count("summary_rejected"),
+        "declined": kinds.count("distillation_declined"),
+        "recall_calls": len(calls),
+        "blocks_injected": kinds.count("recall_injected"),
+        "fact_evicted": not any(CODE in m.content for m in run.context),
+        "fact_answered": CODE in (results[-1].output or ""),
+        "last_answer": (results[-1].output or "")[:200],
+        "seconds": round(seconds, 1),
+        "seconds_per_turn": round(seconds / len(results), 1),
+    }
+
+
 @standalone_measure(
-    "local_chat", "a 12-turn chat on the embedded model: recaps it writes, every turn survives, the fact at the end"
+    "local_chat",
+    "a 13-turn chat on the embedded model, recall injection off and on: recaps it writes, the evicted fact at the end",
 )
 def local_chat(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     try:
@@ -78,22 +121,14 @@ def local_chat(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.runtime import Runtime
 
     model = config.model if config.model and config.model.startswith("local/") else "local/qwen2.5-coder-1.5b"
-    progress.start(f"local chat · {model}", 2 + len(QUESTIONS))
-    with tempfile.TemporaryDirectory() as tmp:
-        runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=False)
-        started = time.perf_counter()
-        run, results = asyncio.run(play_chat(runtime, chat_spec(model), progress))
-        seconds = time.perf_counter() - started
-        kinds = [e.kind for e in runtime.store.events(run.run_id)]
-    return {
-        "model": model,
-        "turns": len(results),
-        "turns_failed": sum(r.status == "failed" for r in results),
-        "recaps": kinds.count("distillation"),
-        "recaps_rejected": kinds.count("summary_rejected"),
-        "declined": kinds.count("distillation_declined"),
-        "fact_answered": CODE in (results[-1].output or ""),
-        "last_answer": (results[-1].output or "")[:200],
-        "seconds": round(seconds, 1),
-        "seconds_per_turn": round(seconds / len(results), 1),
-    }
+    out: dict[str, Any] = {"model": model}
+    for inject in (False, True):
+        progress.start(f"local chat · {model} · injection {'on' if inject else 'off'}", 2 + len(QUESTIONS) + 1)
+        with tempfile.TemporaryDirectory() as tmp:
+            runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
+            started = time.perf_counter()
+            run, results = asyncio.run(play_chat(runtime, chat_spec(model, inject=inject), progress))
+            out["inject" if inject else "no_inject"] = chat_figures(
+                runtime.store, run, results, time.perf_counter() - started
+            )
+    return out

@@ -35,7 +35,16 @@ from loomrt.messages import SEARCH_TOOLS, ToolCall
 from loomrt.providers.base import ModelRequest, ModelResponse, Usage
 from loomrt.providers.scripted import extractive_summary
 
-__all__ = ["Needle", "BenchModel", "prompt_text", "readable", "reported_tokens", "schema_tokens", "recall_texts"]
+__all__ = [
+    "Needle",
+    "BenchModel",
+    "prompt_text",
+    "readable",
+    "newest",
+    "reported_tokens",
+    "schema_tokens",
+    "recall_texts",
+]
 
 EMIT_STATE = "emit_state"
 
@@ -68,6 +77,18 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
         for tc in m.get("tool_calls") or ():
             parts.append(str(tc.get("function", {}).get("arguments", "")))
     return "\n".join(parts)
+
+
+def newest(messages: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """The newest message of a prompt that the conversation holds, and its index: a block of
+    recalled passages the runtime put after it (recall injection) is read as part of the
+    prompt, never taken for the newest turn or tool result."""
+    from loomrt.injection import BLOCK_HEADER
+
+    for i in range(len(messages) - 1, -1, -1):
+        if not str(messages[i].get("content") or "").startswith(BLOCK_HEADER):
+            return i, messages[i]
+    return -1, {}
 
 
 def readable(message: dict[str, Any]) -> str:
@@ -176,7 +197,7 @@ class BenchModel(abc.ABC):
     @staticmethod
     def recall_result(request: ModelRequest) -> list[str] | None:
         """The result texts if the newest message is a Recall result, else None."""
-        last = request.messages[-1] if request.messages else {}
+        _, last = newest(request.messages)
         content = str(last.get("content") or "")
         if last.get("role") == "tool" and last.get("name") == "Recall":
             return recall_texts(content)
@@ -187,7 +208,7 @@ class BenchModel(abc.ABC):
     @staticmethod
     def last_tool(request: ModelRequest) -> tuple[str, str]:
         """The newest message's tool name and content, if it is a tool result."""
-        last = request.messages[-1] if request.messages else {}
+        _, last = newest(request.messages)
         return (str(last.get("name") or ""), str(last.get("content") or "")) if last.get("role") == "tool" else ("", "")
 
     def dig(self, request: ModelRequest, question: str, query: str) -> ModelResponse | None:
@@ -231,7 +252,8 @@ class BenchModel(abc.ABC):
         if asked_in:
             texts = [t.replace(asked_in, "") for t in texts]
         if recalled is not None:
-            texts[-1:] = recalled
+            at = newest(request.messages)[0]
+            texts[at : at + 1] = recalled
         line, score = best_line(question, texts)
         if score >= ANSWER_OVERLAP:
             return line, None

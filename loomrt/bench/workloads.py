@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from loomrt.bench.core import BenchConfig, ModeRun, Probe, Progress, WorkloadResult, workload
-from loomrt.bench.model import BenchModel, Needle
+from loomrt.bench.model import BenchModel, Needle, newest
 from loomrt.bench.play import bench_spec, play_mode
 from loomrt.bench.reader import lines_of, value_after_key
 from loomrt.bench.textgen import make_facts, prose, system_prompt
@@ -336,7 +336,7 @@ class AgenticModel(BenchModel):
         return self.act(request, tool=s.tool, arguments=args)
 
     def worth_noting(self, request: ModelRequest) -> dict[str, str]:
-        last = request.messages[-1] if request.messages else {}
+        _, last = newest(request.messages)
         if last.get("role") not in ("tool", "user"):
             return {}
         lines = [ln for ln in str(last.get("content") or "").splitlines() if " ERROR " in ln]

@@ -74,10 +74,20 @@ async def replay_mode(
     embedder: EmbedderChoice,
     on_turn: Callable[[], None] | None = None,
 ) -> str:
-    """Replay ``sample`` into a new run of ``spec`` in ``store``; its run id."""
+    """Replay ``sample`` into a run of ``spec`` in ``store``; its run id. An unfinished replay
+    of the same name in ``store`` (an interrupted benchmark) is continued from its last turn."""
     runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)
-    run = await runtime.astart(spec, name=name, interactive=True)
-    for turn in turns_of(sample):
+    unfinished = store.list_runs(limit=1, agent=name)
+    turns = turns_of(sample)
+    if unfinished:
+        run = await runtime.aopen(unfinished[0].run_id)
+        if run.view.status != "parked" or run.view.parked_after_error:
+            await runtime.resume(run.run_id)  # the turn it stopped in is played to its end
+            run = await runtime.aopen(run.run_id)
+        turns = turns[len(store.events(run.run_id, kinds=["user_input"])) :]
+    else:
+        run = await runtime.astart(spec, name=name, interactive=True)
+    for turn in turns:
         result = await runtime.send(run, render_turn(turn))
         if result.status == "failed":
             raise RuntimeError(f"the replay of {name} failed at {turn.dia_id}: {result.error}")
