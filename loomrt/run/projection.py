@@ -84,6 +84,8 @@ class RunView:
     declines: int = 0
     rejections: int = 0
     """Recaps or summaries the prose check rejected (``summary_rejected`` events)."""
+    fallback_streak: int = 0
+    """Distillations in a row whose block is a fallback extract (the summariser failed)."""
     output: str | None = None
     last_seq: int = 0
     lifecycle: str | None = None
@@ -181,6 +183,7 @@ class RunView:
                     self.cards[c["id"]] = Card.from_dict(c)
                 self.replace([self._ref(r) for r in d["context"]])
                 self.distillations += 1
+                self.fallback_streak = self.fallback_streak + 1 if d.get("fallback") else 0
                 self.reported_prompt_tokens = self.estimated_prompt_tokens = 0
                 if self.tokenizer_scale > MAX_TOKENIZER_SCALE:
                     self.tokenizer_scale = 1.0

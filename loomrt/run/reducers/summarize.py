@@ -5,7 +5,12 @@ Every part of the span reaches the summariser: a span too large for one call is 
 message boundaries into parts that fit the summariser's own window, each part is
 summarised, and the parts' accounts are merged. Each account is checked
 (:mod:`loomrt.run.reducers.prose_check`); a rejected one is retried once with a stricter
-prompt, then the distillation is declined and the span stays in the context.
+prompt. If that is rejected too, the block is a **fallback**: an extract of the span (the
+first sentence of each message, with its ``[#seq]`` pointer), marked ``fallback: true`` on
+the distillation, so the budget holds whatever the summariser does; the words themselves
+stay on the record and in Recall. After :data:`FALLBACK_STREAK` fallbacks in a row the
+summariser is not paid again (the spend guard) except on every :data:`FALLBACK_RETRY`-th
+distillation, which tries it once more.
 """
 
 from __future__ import annotations
@@ -24,7 +29,14 @@ from loomrt.visibility import redact
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
-__all__ = ["transcript_parts", "distil_with_prose", "keep_pointers"]
+__all__ = ["transcript_parts", "distil_with_prose", "keep_pointers", "extract", "FALLBACK_STREAK", "FALLBACK_RETRY"]
+
+FALLBACK_STREAK = 2
+"""Fallbacks in a row after which the summariser is no longer paid for every distillation."""
+FALLBACK_RETRY = 4
+"""Once the guard is on, every this-many-th distillation pays the summariser again (it may have recovered)."""
+
+_FIRST_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)")
 
 _PROMPT_OVERHEAD = 400
 """Tokens a summariser call spends besides the transcript (instructions, task, earlier account)."""
@@ -91,25 +103,62 @@ async def distil_with_prose(
     room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
     parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
     writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens)
+    streak = run.view.fallback_streak
+    guarded = streak >= FALLBACK_STREAK and (streak - FALLBACK_STREAK + 1) % FALLBACK_RETRY != 0
     accounts: list[str] = []
+    fallback = ""
     for i, lines in enumerate(parts):
-        text = await writer.write("\n".join(lines), previous if i == 0 else "", part=(i + 1, len(parts)))
+        text = (
+            None
+            if guarded
+            else await writer.write("\n".join(lines), previous if i == 0 else "", part=(i + 1, len(parts)))
+        )
         if text is None:
-            return Declined(writer.reason, paid=True)
+            fallback = "the summariser has failed repeatedly (the spend guard)" if guarded else writer.reason
+            break
         accounts.append(text)
-    text = accounts[0]
-    if len(accounts) > 1:
+    if fallback:  # about a quarter of the budget (a character is about a quarter of a token)
+        room = min(max_chars or 2000, run.budget)
+        text = extract([line for lines in parts for line in lines], room)
+        if previous:
+            text = f"{extract(previous.splitlines(), room // 3)}\n{text}"
+    else:
+        text = accounts[0]
+    if len(accounts) > 1 and not fallback:
         merged = await writer.merge(accounts)
         text = merged if merged is not None else "\n\n".join(accounts)
     allowed = {m.seq for m in span if m.seq is not None} | {int(s) for s in _POINTER.findall(previous)}
     text, dropped = keep_pointers(text, allowed)
     if max_chars and len(text) > max_chars:
         text = text[: max_chars - 1].rstrip() + "…"
+    if fallback:
+        label = f"{label} (an extract: the first sentence of each message; Recall has the rest)"
     block = Message(role="user", content=f"{label}\n{text}", synthetic=synthetic)
     payload: dict[str, object] = {"summary": text, "parts": len(parts)}
+    if fallback:
+        payload["fallback"] = True
+        payload["fallback_reason"] = fallback
     if dropped:
         payload["pointers_dropped"] = dropped
     return Reduction(context=[*cut.head, block, *cut.tail], evicted=span, payload=payload)
+
+
+def extract(lines: list[str], max_chars: int) -> str:
+    """A deterministic account of transcript ``lines`` (``[#seq] who: text``): each line's
+    first sentence, cut to an even share of ``max_chars``, in order."""
+    lines = [ln for ln in lines if ln.strip()]
+    if not lines:
+        return ""
+    share = max(40, max_chars // len(lines) - 1)
+    out = []
+    for line in lines:
+        head, sep, body = line.partition(": ")
+        first = _FIRST_SENTENCE.match(body.strip()) if sep else None
+        sentence = (first.group(1) if first else body.strip()) if sep else head
+        item = f"{head}: {sentence}" if sep else sentence
+        out.append(item if len(item) <= share else item[: share - 1].rstrip() + "…")
+    text = "\n".join(out)
+    return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
 
 
 class _Writer:
