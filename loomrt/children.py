@@ -148,7 +148,7 @@ class Children:
             raise SpawnRefused(
                 f"{where}: unknown keys {sorted(unknown)} (an entry takes agent, prompt, context, timeout_s)"
             )
-        child = self.agents.agents[agent]
+        child = self.agents.agent(agent)
         try:
             check_input(prompt)
             context = (

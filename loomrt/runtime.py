@@ -190,7 +190,7 @@ class Runtime:
         if agents is None or agent not in agents.agents:
             known = ", ".join(sorted(agents.agents)) if agents else "none loaded"
             raise NotFoundError(f"no agent named {agent!r}. Known agents: {known}")
-        return agent, agents.agents[agent]
+        return agent, agents.agent(agent)
 
     async def _assemble(
         self,

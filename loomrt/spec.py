@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import jsonschema
 import yaml
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from loomrt.errors import SpecError
@@ -336,6 +336,20 @@ class AgentsFile(_Strict):
     (default: the name of the file's folder)."""
     agents: dict[str, AgentSpec]
     """The agents, by name."""
+    _problems: dict[str, SpecError] = PrivateAttr(default_factory=dict)
+
+    def agent(self, name: str) -> AgentSpec:
+        """The agent ``name``, ready to run: a problem with its own files (a system prompt
+        file that does not resolve), found when the file was loaded, is raised now. A run
+        resolves only the agent it plays, so a copied file whose *other* agents point at
+        missing files still runs this one; ``loomrt agents validate`` checks them all."""
+        if name in self._problems:
+            raise self._problems[name]
+        return self.agents[name]
+
+    def problems(self) -> dict[str, SpecError]:
+        """The agents whose files did not resolve, and why (empty for a file that loads whole)."""
+        return dict(self._problems)
 
     def unknown_spawnable(self) -> tuple[str, int, str] | None:
         """The first ``spawnable`` entry naming no agent of this file: (agent, index, name)."""
@@ -459,7 +473,7 @@ AGENTS_FILE_MAX_BYTES = 2 * 1024 * 1024
 ``system_prompt_file`` files."""
 
 
-def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
+def load_agents(path: str | os.PathLike[str], *, eager: bool = False) -> AgentsFile:
     """Load and validate a definitions file; raise :class:`SpecError` naming file:line:col and key."""
     p = Path(path)
     try:
@@ -484,11 +498,20 @@ def load_agents(path: str | os.PathLike[str]) -> AgentsFile:
         ) from None
     except OSError as exc:
         raise SpecError(f"cannot read the agents file: {exc.strerror or exc}", where=str(p)) from None
-    return load_agents_text(text, filename=str(p), base_dir=p.resolve().parent)
+    return load_agents_text(text, filename=str(p), base_dir=p.resolve().parent, eager=eager)
 
 
-def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | None = None) -> AgentsFile:
-    """Load definitions from YAML text (relative paths resolve against ``base_dir``)."""
+_NAME_BAD = re.compile(r"[/\\\x00-\x1f\x7f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""What an agent name may not hold: path separators, control characters, and the
+bidirectional controls that make a name read as another."""
+
+
+def load_agents_text(
+    text: str, *, filename: str = "<agents>", base_dir: Path | None = None, eager: bool = True
+) -> AgentsFile:
+    """Load definitions from YAML text (relative paths resolve against ``base_dir``). With
+    ``eager`` every agent's files must resolve; without, an agent whose files do not is
+    refused only when it is chosen (:meth:`AgentsFile.agent`)."""
     base_dir = base_dir or Path.cwd()
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -529,18 +552,33 @@ def load_agents_text(text: str, *, filename: str = "<agents>", base_dir: Path | 
     if not isinstance(agents, dict) or not agents:
         raise SpecError("'agents:' must map agent names to definitions", where=loc.where(("agents",)), path="agents")
     merged = {}
+    deferred: dict[str, SpecError] = {}
     for name, body in agents.items():
+        if not isinstance(name, str) or not name.strip() or _NAME_BAD.search(name):
+            raise SpecError(
+                f"the agent name {name!r} holds a path separator, a control character or a bidirectional "
+                "control; name agents with letters, digits, '-', '_' and '.'",
+                where=loc.where(("agents", name), key=True),
+                path=f"agents.{name!r}",
+            )
         if not isinstance(body, dict):
             raise SpecError(
                 "an agent definition must be a mapping", where=loc.where(("agents", name)), path=f"agents.{name}"
             )
-        merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
+        try:
+            merged[name] = _resolve_paths(_apply_defaults(defaults, body), base_dir, loc, name)
+        except SpecError as exc:
+            if eager:
+                raise
+            deferred[name] = exc
+            merged[name] = {k: v for k, v in _apply_defaults(defaults, body).items() if k != "system_prompt_file"}
     try:
         top = {k: v for k, v in raw.items() if k != "agents"}
         top.setdefault("project", base_dir.name or None)  # the project scope: the file's folder by default
         loaded = AgentsFile.model_validate({**top, "agents": merged})
     except ValidationError as exc:
         raise _spec_error(exc, loc) from None
+    loaded._problems = deferred
     unknown = loaded.unknown_spawnable()
     if unknown is not None:
         name, i, child = unknown
@@ -567,9 +605,10 @@ def _resolve_paths(body: dict[str, Any], base: Path, loc: _Located, name: str) -
     if isinstance(prompt_file, str):
         resolved = (base / prompt_file).resolve()
         if not resolved.is_file():
+            what = "is not a regular file" if resolved.exists() else f"does not exist (looked in {resolved.parent})"
             raise _at_origin(
                 SpecError(
-                    f"system prompt file {prompt_file!r} does not exist (looked in {resolved.parent})",
+                    f"system prompt file {prompt_file!r} {what}",
                     where=loc.where(("agents", name, "system_prompt_file")),
                     path=f"agents.{name}.system_prompt_file",
                 ),

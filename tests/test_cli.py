@@ -263,12 +263,44 @@ def test_real_subprocess_run_and_error(calc_agents: Path, tmp_path: Path) -> Non
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr
 
 
-def test_validate_warns_on_tools_that_are_not_built_in(tmp_path: Path) -> None:
-    p = write(tmp_path, "agents:\n  a:\n    model: local/x\n    tools: [calculate, deploy]\n")
-    result = invoke("agents", "validate", str(p), "--json")
-    assert result.exit_code == 0
-    warnings = json.loads(result.stdout)["warnings"]
-    assert len(warnings) == 1 and "agents.a.tools[1]: 'deploy' is not a built-in tool" in warnings[0]
+def test_validate_refuses_what_run_refuses(tmp_path: Path) -> None:
+    """An unknown tool, an unknown embedded model, a system prompt file that is not a file,
+    an agent name that is a path or reads as another: each one clear error, as `run` gives."""
+    cases = [
+        (
+            "agents:\n  a:\n    model: local/qwen2.5-coder-1.5b\n    tools: [calculate, deploy]\n",
+            "unknown tool 'deploy'",
+        ),
+        ("agents:\n  a:\n    model: local/qwen9-nope\n", "unknown embedded model 'local/qwen9-nope'"),
+        ("agents:\n  a:\n    model: local/smollm2-135m\n    system_prompt_file: /dev/zero\n", "is not a regular file"),
+        ("agents:\n  ../evil:\n    model: local/smollm2-135m\n", "path separator"),
+        ('agents:\n  "ab\\u202ec":\n    model: local/smollm2-135m\n', "bidirectional"),
+    ]
+    for text, message in cases:
+        result = invoke("agents", "validate", str(write(tmp_path, text)))
+        assert result.exit_code == 2 and message in result.stderr, (text, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_run_resolves_only_the_chosen_agents_files(tmp_path: Path) -> None:
+    """A copied agents.yaml whose other agent points at a missing prompt file still runs
+    this one; validate checks them all; choosing the broken one names its problem."""
+    (tmp_path / "s.yaml").write_text("turns: [{text: hello}]\n")
+    p = write(
+        tmp_path,
+        "agents:\n  good:\n    model: scripted/s.yaml\n  broken:\n    model: scripted/s.yaml\n"
+        "    system_prompt_file: prompts/missing.md\n",
+    )
+    from loomrt.errors import SpecError
+    from loomrt.runtime import Runtime
+    from loomrt.spec import load_agents
+
+    agents = load_agents(p)
+    assert Runtime().run_sync("good", "hi", agents=agents).output == "hello"
+    with pytest.raises(SpecError, match="system prompt file 'prompts/missing.md' does not exist"):
+        Runtime().run_sync("broken", "hi", agents=agents)
+    result = invoke("agents", "validate", str(p))
+    assert result.exit_code == 2 and "prompts/missing.md" in result.stderr
 
 
 def test_recall_in_tools_needs_context_recall(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ def load_error(tmp_path, monkeypatch, text: str) -> str:
     monkeypatch.chdir(tmp_path)
     write(tmp_path, "agents.yaml", text)
     with pytest.raises(SpecError) as info:
-        load_agents("agents.yaml")
+        load_agents("agents.yaml", eager=True)
     return str(info.value)
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "render_measure",
+    "RENDERERS",
     "markers",
     "COLUMNS",
     "SHORT",

@@ -37,11 +37,13 @@ def agents_path(explicit: Path | None) -> Path:
     raise SpecError("no agents file: pass --agents FILE, create ./agents.yaml, or set LOOMRT_AGENTS")
 
 
-def load(explicit: Path | None) -> tuple[Path, Any]:
+def load(explicit: Path | None, *, eager: bool = False) -> tuple[Path, Any]:
+    """The agents file and its definitions; ``eager`` checks every agent's files now (validate),
+    else each agent's when it is chosen (run, chat)."""
     from loomrt.spec import load_agents
 
     path = agents_path(explicit)
-    return path, load_agents(path)
+    return path, load_agents(path, eager=eager)
 
 
 def runtime(*, show_events: bool = False, user: str | None = None) -> Any:

@@ -55,6 +55,17 @@ def list_cmd(agents: Path | None = AgentsOpt, json_output: bool = typer.Option(F
     out.print(table)
 
 
+def _local_model_problem(model: str | None) -> str | None:
+    """Why an embedded model name would be refused by `loomrt run`, or None."""
+    if not model or not model.startswith("local/"):
+        return None
+    from loomrt.providers.models import CATALOGUE
+
+    if model in CATALOGUE:
+        return None
+    return f"unknown embedded model {model!r}. Embedded models: {', '.join(sorted(CATALOGUE))}"
+
+
 @agents_app.command("validate")
 @friendly
 def validate_cmd(
@@ -62,17 +73,28 @@ def validate_cmd(
     json_output: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a definitions file; print file:line:col: key: problem on error."""
+    from loomrt.errors import SpecError
     from loomrt.spec import SPAWN_TOOLS
     from loomrt.tools import BUILTIN_TOOLS
 
-    path, defs = load(file)
-    warnings = [
-        f"agents.{name}.tools[{i}]: {tool!r} is not a built-in tool; the Runtime that runs "
-        f"this agent must register it (built-ins: {', '.join(sorted(BUILTIN_TOOLS))})"
-        for name, spec in defs.agents.items()
-        for i, tool in enumerate(spec.tools)
-        if tool not in BUILTIN_TOOLS and tool not in ("Recall", *SPAWN_TOOLS) and "." not in tool  # SERVER.TOOL: MCP
-    ]
+    path, defs = load(file, eager=True)
+    # what `loomrt run` would refuse, refused here too: a tool the CLI's runtime does not have
+    # (a Python caller registers its own tools and validates with its own Runtime), an
+    # embedded model that does not exist
+    for name, spec in defs.agents.items():
+        for i, tool in enumerate(spec.tools):
+            if tool not in BUILTIN_TOOLS and tool not in ("Recall", *SPAWN_TOOLS) and "." not in tool:
+                raise SpecError(
+                    f"unknown tool {tool!r}. Known tools: {', '.join(sorted(BUILTIN_TOOLS))} (and Recall, the spawn "
+                    "tools and an MCP server's SERVER.TOOL)",
+                    where=str(path),
+                    path=f"agents.{name}.tools[{i}]",
+                )
+        for key, model in (("model", spec.model), ("context.summarizer_model", spec.context.summarizer_model)):
+            problem = _local_model_problem(model)
+            if problem:
+                raise SpecError(problem, where=str(path), path=f"agents.{name}.{key}")
+    warnings: list[str] = []
     from loomrt.harvest.wiring import config_problems
 
     warnings += [

@@ -92,7 +92,7 @@ class RunService:
         if not isinstance(agent, str) or agent not in self.agents.agents:
             known = ", ".join(sorted(self.agents.agents)) or "none"
             raise ServiceError(f"{where}: no agent named {agent!r}. Known agents: {known}")
-        return self.agents.agents[agent]
+        return self.agents.agent(agent)
 
     def check_spawn(self, agent: Any, prompt: Any, context: Any, where: str = "") -> dict[str, Any]:
         """The overrides for one spawn, or ServiceError naming what is wrong (``where`` prefixes it)."""
