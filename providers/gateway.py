@@ -255,6 +255,20 @@ class LiteLLMProvider:
                     retryable=False,
                 )
             out["api_key"] = key
+        elif not mocked and not self.api_base and not runs_locally(self.model, self.api_base):
+            # a key the provider needs and nobody set is a configuration error: said once, not retried
+            try:
+                missing = import_litellm().validate_environment(self.model).get("missing_keys") or []
+            except Exception:  # noqa: BLE001 - a model litellm cannot place: the call says why
+                missing = []
+            keys = [k for k in missing if k.endswith(("_KEY", "_TOKEN"))]
+            if keys:
+                raise ProviderError(
+                    f"{self.model}: no API key: the environment variable {keys[0]} is not set. Export it "
+                    f"(export {keys[0]}=...), or name the variable that holds the key with api_key_env "
+                    "in the agent definition.",
+                    retryable=False,
+                )
         return out
 
     # ------------------------------------------------------------------ the reply

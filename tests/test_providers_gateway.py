@@ -115,6 +115,21 @@ def test_an_unset_api_key_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     assert "LOOMRT_TEST_KEY" in str(info.value) and info.value.retryable is False
 
 
+def test_a_missing_api_key_without_api_key_env_is_one_configuration_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a server error retried three times: said once, with what to set."""
+    from loomrt.runtime import Runtime
+
+    monkeypatch.setenv("LOOMRT_ALLOW_MODEL_REQUESTS", "1")
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ProviderError) as info:
+        asyncio.run(LiteLLMProvider.from_spec(AgentSpec(model="openai/gpt-4o")).complete(HELLO))
+    assert "OPENAI_API_KEY is not set" in str(info.value) and "api_key_env" in str(info.value)
+    assert info.value.retryable is False
+    result = Runtime().run_sync(AgentSpec(model="openai/gpt-4o"), "hi")
+    assert result.status == "failed" and "OPENAI_API_KEY" in (result.error or "")
+    assert not any(e.kind == "retry" for e in Runtime().store.events(result.run_id))
+
+
 def test_from_spec_carries_endpoint_settings_and_declared_capabilities() -> None:
     spec = AgentSpec.model_validate(
         {
