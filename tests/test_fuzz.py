@@ -276,3 +276,63 @@ def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(
             await service.close()
 
     asyncio.run(call())
+
+
+@FAST
+@given(st.integers(2, 12), st.integers(2, 12), st.booleans())
+def test_alias_heavy_yaml_loads_or_is_refused_within_a_bounded_count_of_nodes(
+    width: int, depth: int, tail: bool
+) -> None:
+    """Aliases that refer to aliases (width^depth nodes once expanded): the file loads when it
+    is small and is refused, naming an alias, when it is not; the loader counts each distinct
+    node once, so the work is bounded by the file's own nodes, never by the expansion."""
+    from loomrt.spec import YAML_MAX_NODES, _expanded_size, load_agents_text
+
+    rows = ['a0: &a0 ["x"]']
+    for i in range(1, depth):
+        rows.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * width) + "]")
+    text = "\n".join(rows) + f"\nagents:\n  x:\n    model: local/smollm2-135m\n    tools: {'*a1' if tail else '[]'}\n"
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    expanded = _expanded_size(node, YAML_MAX_NODES)
+    try:
+        load_agents_text(text, filename="bomb.yaml", base_dir=Path("/tmp"))
+        assert expanded <= YAML_MAX_NODES
+    except SpecError as exc:
+        if expanded > YAML_MAX_NODES:
+            assert "aliases expand to more than" in str(exc) and "*a" in str(exc)
+        else:
+            _assert_own_error(exc, "bomb.yaml")
+
+
+@FAST
+@given(st.integers(1, 6000), st.sampled_from(["dict", "list", "str", "int", "none-name"]))
+def test_a_custom_providers_malformed_or_deep_arguments_are_a_retried_error_never_recorded(
+    depth: int, shape: str
+) -> None:
+    """Whatever a custom provider puts in a tool call, the run ends done (after a retry) or
+    with one clear error, and the record stays readable: it can be projected and verified."""
+    from loomrt.audit import prompt_problems
+    from loomrt.messages import ToolCall
+    from loomrt.providers.base import ARGUMENTS_MAX_DEPTH, ModelResponse
+    from loomrt.run.projection import project
+    from loomrt.spec import AgentSpec
+    from loomrt.testing import FunctionProvider, scripted_runtime
+
+    value: Any = {}
+    for _ in range(depth):
+        value = {"a": value}
+    arguments: Any = {"dict": value, "list": [1, 2], "str": "2 + 2", "int": 4, "none-name": {}}[shape]
+    name = "" if shape == "none-name" else "calculate"
+    replies = [ModelResponse(tool_calls=(ToolCall(id="c", name=name, arguments=arguments),))]
+
+    def reply(request: Any) -> ModelResponse:
+        return replies.pop() if replies else ModelResponse(text="done")
+
+    rt = scripted_runtime(FunctionProvider(reply))
+    result = rt.run_sync(AgentSpec(model="scripted/x", tools=["calculate"]), "compute")
+    events = rt.store.events(result.run_id)
+    project(events)
+    assert prompt_problems(events) == []
+    good = shape == "dict" and depth <= ARGUMENTS_MAX_DEPTH
+    assert result.status == "done", result.error
+    assert any(e.kind == "retry" for e in events) != good
