@@ -633,11 +633,21 @@ def _resolve_script(model: Any, base: Path) -> Any:
     return model
 
 
-def _interpolate(value: Any, path: tuple[Any, ...], loc: _Located) -> Any:
+def _interpolate(value: Any, path: tuple[Any, ...], loc: _Located, done: dict[int, Any] | None = None) -> Any:
+    """``value`` with ``${VAR}`` replaced; a mapping or list an alias shares is walked once."""
+    done = {} if done is None else done
+    if isinstance(value, dict | list) and id(value) in done:
+        return done[id(value)]
     if isinstance(value, dict):
-        return {k: _interpolate(v, (*path, k), loc) for k, v in value.items()}
+        mapping: dict[Any, Any] = {}
+        done[id(value)] = mapping
+        mapping.update({k: _interpolate(v, (*path, k), loc, done) for k, v in value.items()})
+        return mapping
     if isinstance(value, list):
-        return [_interpolate(v, (*path, i), loc) for i, v in enumerate(value)]
+        items: list[Any] = []
+        done[id(value)] = items
+        items.extend(_interpolate(v, (*path, i), loc, done) for i, v in enumerate(value))
+        return items
     if isinstance(value, str) and "${" in value:
 
         def sub(m: re.Match[str]) -> str:
