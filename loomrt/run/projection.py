@@ -26,6 +26,7 @@ from loomrt.tokens import count_text
 
 if TYPE_CHECKING:
     from loomrt.record.store import Store
+    from loomrt.run.family import Family
     from loomrt.run.reducers.base import RetentionMode
 
 __all__ = ["RunView", "project", "context_refs", "message_limit", "MAX_TOKENIZER_SCALE"]
@@ -108,7 +109,7 @@ class RunView:
     """Seqs of the private messages (:mod:`loomrt.visibility`)."""
     cards: dict[str, Card] = field(default_factory=dict)
     """Every card this run's record holds (fold mode writes them), by id, oldest first."""
-    family: Any = None
+    family: Family | None = None
     """A fork's shared history (:class:`loomrt.run.family.Family`); None for a run that is not a fork."""
     fork_seq: int = 0
     """The parent's last seq a fork shares (0: not a fork)."""
@@ -333,8 +334,10 @@ class RunView:
 
     def _load_catalog(self, refs: list[dict[str, Any]]) -> None:
         """A fold fork's starting context: its catalog's cards and raw messages, read from the family."""
+        family = self.family
+        assert family is not None  # _start_fork checked
         seqs = [int(r["seq"]) for r in refs if "seq" in r]
-        shared = self.family.events_at(seqs)
+        shared = family.events_at(seqs)
         self.private |= {s for s, ev in shared.items() if ev.kind == "tool_result" and ev.data.get("private")}
         for s in seqs:
             message = message_of(shared[s]) if s in shared else None
@@ -342,7 +345,7 @@ class RunView:
                 if shared[s].kind == "user_input" and not self.seen_user:
                     self.task_seq, self.seen_user = s, True
                 self._enter(message, push=False)
-        self.cards.update(self.family.cards([r["card"] for r in refs if "card" in r]))
+        self.cards.update(family.cards([r["card"] for r in refs if "card" in r]))
         self.replace([self._ref(r) for r in refs if "card" in r or "message" in r or int(r["seq"]) in self.messages])
 
     def push(self, message: Message) -> None:
