@@ -22,11 +22,15 @@ SEQ``, a ``mark_private`` event). The record keeps it whole, and its own run wor
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
 from loomrt.messages import Message
 from loomrt.record.store import Store
+
+if TYPE_CHECKING:
+    from loomrt.recall.tool import RecallHit
+    from loomrt.run.projection import RunView
 
 __all__ = [
     "placeholder",
@@ -56,14 +60,14 @@ def private_seqs(events: Iterable[Event]) -> set[int]:
     return out
 
 
-def visible_to(view: Any) -> Callable[[Any], bool]:
+def visible_to(view: RunView) -> Callable[[RecallHit], bool]:
     """Whether run ``view`` (a :class:`~loomrt.run.projection.RunView`) may see a recalled hit
     (a :class:`~loomrt.recall.tool.RecallHit`): its own evicted messages, private ones
     included (it saw them), durable memory (scoped, and never private), and a fork's
     shared history except the parent's private messages. Recall and recall injection both
     ask it, as it is when they ask (a message marked private later is private from then on)."""
 
-    def visible(hit: Any) -> bool:
+    def visible(hit: RecallHit) -> bool:
         if getattr(hit, "source", None) != "family":
             return True
         return hit.seq is None or hit.seq not in view.private
