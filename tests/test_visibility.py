@@ -253,3 +253,29 @@ def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
     (row,) = [e.data for e in rt.store.events(result.run_id, kinds=["spawn_child_result"])]
     assert row["state"] == {"owner": "ops"} and row["state_withheld"] == ["token"]
     assert not any(SECRET in s for s in seen)  # the parent's model never saw it
+
+
+def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its_placeholder(tmp_path, monkeypatch):
+    """The fork's Recall (and recall injection) go through visible_to: the parent's private
+    tool result is its placeholder there; `loomrt recall FORK` searches the shared history
+    too, and redacts unless --include-private."""
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path))
+    from loomrt.cli.app import app
+    from loomrt.record import default_store
+
+    rt, run, _ = play(tmp_path, "recap", private_vault())
+    fork = asyncio.run(rt.fork(run.run_id))
+    hits = fork.toolset.recall.search("vault token 7Q9Z", top_k=5)
+    vault_hits = [h for h in hits if h.source == "family" and h.role == "tool"]
+    assert vault_hits and all(SECRET not in h.text for h in hits)
+    assert "withheld" in vault_hits[0].text
+    own = run.toolset.recall.search("vault token 7Q9Z", top_k=5)
+    assert any(SECRET in h.text for h in own), "the run that saw it still recalls it"
+    rt.store.close()
+    assert default_store().path == tmp_path / "record.sqlite"
+    cli = CliRunner()
+    shown = cli.invoke(app, ["recall", fork.run_id, "vault token 7Q9Z", "--json"]).stdout
+    assert json.loads(shown), "the fork's shared history is searched"
+    assert SECRET not in shown and "withheld" in shown
+    assert SECRET in cli.invoke(app, ["recall", fork.run_id, "vault token 7Q9Z", "--include-private"]).output
+    assert SECRET not in cli.invoke(app, ["recall", run.run_id, "vault token 7Q9Z"]).output

@@ -36,13 +36,20 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(1)
 
 
+_INCLUDE_PRIVATE = typer.Option(
+    False, "--include-private", help="Show private messages whole (else each is its placeholder)."
+)
+
+
 def recall(
     run_id: str = _RUN,
     query: str = _QUERY,
     k: int = _K,
     json_output: bool = _JSON_HITS,
+    include_private: bool = _INCLUDE_PRIVATE,
 ) -> None:
-    """Search what RUN_ID evicted (rebuilt from its record) and print the originals."""
+    """Search what RUN_ID evicted (rebuilt from its record; a fork's shared history too) and
+    print the originals; private messages are placeholders unless --include-private."""
     from loomrt.errors import NotFoundError
     from loomrt.recall import RunRecall
     from loomrt.record.sqlite import default_store
@@ -60,14 +67,28 @@ def recall(
             context = AgentSpec.model_validate(events[0].data["definition"]).context
         except Exception:  # noqa: BLE001 - an old definition still has a searchable record
             context = None
+    from loomrt.run.family import Family
+    from loomrt.visibility import placeholder, private_seqs
+
     notes: list[str] = []
+    family = Family.of(store, events[0].data.get("forked_from")) if events else None
+    shared = list(family.events()) if family is not None else []
     rr = RunRecall(
         run_id=run_id,
         context=context,
         emit=lambda kind, data: notes.append(str(data.get("message") or data.get("error"))),
+        shared_runs=[r for r, _ in family.links] if family is not None else (),
     )
-    rr.rebuild(events)
+    rr.rebuild([*shared, *events])
+    private = private_seqs([*shared, *events]) | (family.private() if family is not None else set())
     hits = rr.search(query, top_k=k)
+    if not include_private:  # the reader without the right sees the placeholder
+        from dataclasses import replace
+
+        hits = [
+            replace(h, text=placeholder(h.seq, h.role or "tool")) if h.seq is not None and h.seq in private else h
+            for h in hits
+        ]
     for note in notes:
         err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, highlight=False)
     if json_output:
