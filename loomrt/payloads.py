@@ -350,6 +350,8 @@ class RecallInjected(_Payload):
     """The block's estimated tokens (at most ``context.recall_inject_tokens``)."""
     sources: list[str] = Field(default_factory=list)
     """The sources searched."""
+    query_seqs: list[int] = Field(default_factory=list)
+    """The record seqs the query's words came from (a reader withholds the query when one is private)."""
 
 
 class CardRejected(_Payload):

@@ -88,10 +88,14 @@ def _redacted(e: Event, private: set[int]) -> Event:
         d["content"] = placeholder(e.seq, "tool" if e.kind == "tool_result" else "user")
     elif e.kind == "assistant_message" and e.seq in private:
         d["message"] = {**d.get("message", {}), "content": placeholder(e.seq, "assistant"), "tool_calls": []}
-    elif e.kind == "recall_injected" and any(
-        p.get("seq") in private or p.get("before_seq") in private for p in d.get("passages") or ()
+    elif e.kind == "recall_injected" and (
+        any(p.get("seq") in private or p.get("before_seq") in private for p in d.get("passages") or ())
+        or any(s in private for s in d.get("query_seqs") or ())
     ):
         d["passages"] = [_redacted_passage(p, private) for p in d.get("passages") or ()]
+        quoted = [s for s in d.get("query_seqs") or () if s in private]
+        if quoted:
+            d["query"] = f"[query withheld: it quotes private message #{quoted[0]}]"
     else:
         return e
     d["redacted"] = True

@@ -30,7 +30,7 @@ from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.tool import RecallHit, make_recall_tool
 from loomrt.visibility import placeholder
 
-__all__ = ["RunRecall", "SOURCES"]
+__all__ = ["RunRecall", "SOURCES", "INLINE_MAX"]
 
 SOURCES = ("all", "run", "family", "memory")
 """What Recall (and injection) may search: this run's evicted spans, a fork's shared
@@ -38,6 +38,9 @@ history up to the fork point, durable memory, or all three."""
 
 _BEFORE_WORDS = 60
 """How much of the previous message an entry's window carries (words, from its end)."""
+
+INLINE_MAX = 64
+"""The largest backlog a per-call reader (recall injection) indexes before it searches."""
 
 _SLICE = 32
 """Entries indexed at a time in the background, between other runs' work."""
@@ -165,6 +168,24 @@ class RunRecall:
     def index(self) -> RecallIndex:
         """The index, with everything evicted so far in it (indexing any backlog now)."""
         self._catch_up()
+        return self._index
+
+    def index_as_is(self) -> RecallIndex:
+        """The index as a per-call reader wants it: a small backlog (a distillation's span,
+        at most :data:`INLINE_MAX` entries) is indexed now, so what just left the working
+        context can be found; a large one (a resumed run's whole history) is left to the
+        background drain, started here if it is idle, and the search reads what is indexed."""
+        if self._backlog:
+            if len(self._backlog) <= INLINE_MAX:
+                self._catch_up()
+            else:
+                try:
+                    loop = asyncio.get_running_loop()
+                except RuntimeError:
+                    self._catch_up()
+                else:
+                    if self._draining is None or self._draining.done():
+                        self._draining = loop.create_task(self._drain(), name=f"recall-index-{self.run_id}")
         return self._index
 
     def size(self) -> int:
@@ -303,15 +324,16 @@ class RunRecall:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, query: str, top_k: int = 5, source: str = "all") -> list[RecallHit]:
+    def search(self, query: str, top_k: int = 5, source: str = "all", *, catch_up: bool = True) -> list[RecallHit]:
         """The best ``top_k`` hits for ``query`` from this run's evicted spans, a fork's
         shared history and durable memory (``source``: run, family, memory or all), merged by
         score, best first (no token cap: the tool applies it). A hit the run may not see
-        (:attr:`visible`) comes back as its placeholder."""
+        (:attr:`visible`) comes back as its placeholder. Without ``catch_up`` a large backlog
+        is not indexed first (:meth:`index_as_is`)."""
         if source not in SOURCES:
             raise ValueError(f"unknown recall source {source!r}: expected one of {', '.join(SOURCES)}")
         hits: list[RecallHit] = []
-        index = self.index
+        index = self.index if catch_up else self.index_as_is()
         wanted = 0 if source == "memory" else top_k if source == "all" else top_k * 4
         try:
             found = index.search(query, wanted)

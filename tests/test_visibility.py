@@ -255,7 +255,10 @@ def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
     assert not any(SECRET in s for s in seen)  # the parent's model never saw it
 
 
-def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its_placeholder(tmp_path, monkeypatch):
+@pytest.mark.parametrize("mode", ["recap", "fold"])
+def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its_placeholder(
+    tmp_path, monkeypatch, mode
+):
     """The fork's Recall (and recall injection) go through visible_to: the parent's private
     tool result is its placeholder there; `loomrt recall FORK` searches the shared history
     too, and redacts unless --include-private."""
@@ -263,7 +266,7 @@ def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its
     from loomrt.cli.app import app
     from loomrt.record import default_store
 
-    rt, run, _ = play(tmp_path, "recap", private_vault())
+    rt, run, _ = play(tmp_path, mode, private_vault())
     fork = asyncio.run(rt.fork(run.run_id))
     hits = fork.toolset.recall.search("vault token 7Q9Z", top_k=5)
     vault_hits = [h for h in hits if h.source == "family" and h.role == "tool"]
@@ -279,3 +282,18 @@ def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its
     assert SECRET not in shown and "withheld" in shown
     assert SECRET in cli.invoke(app, ["recall", fork.run_id, "vault token 7Q9Z", "--include-private"]).output
     assert SECRET not in cli.invoke(app, ["recall", run.run_id, "vault token 7Q9Z"]).output
+
+
+def test_an_injected_blocks_query_that_quotes_a_private_result_is_withheld_from_readers() -> None:
+    from loomrt.events import Event
+
+    event = Event(
+        run_id="r",
+        seq=9,
+        kind="recall_injected",
+        ts=0.0,
+        data={"query": f"deploy {SECRET}", "query_seqs": [2, 6], "passages": [], "tokens": 1},
+        hash="h",
+    )
+    (out,) = redact_events([event], {6})
+    assert SECRET not in json.dumps(out.data) and "withheld" in out.data["query"]

@@ -84,5 +84,11 @@ class Family:
         return {i: Card.from_dict(d) for i, d in self.store.cards(ids).items()}
 
     def private(self) -> set[int]:
-        """The shared seqs an operator marked private (private tool results say so themselves)."""
-        return {int(e.data["seq"]) for e in self.events(kinds=["mark_private"]) if int(e.data["seq"]) <= self.fork_seq}
+        """The shared seqs that are private: results of private tools, and messages an
+        operator marked private (a fold fork reads only its catalog's raw messages, so the
+        rest of the shared history's private results are named here)."""
+        marked = {
+            int(e.data["seq"]) for e in self.events(kinds=["mark_private"]) if int(e.data["seq"]) <= self.fork_seq
+        }
+        results = {e.seq for e in self.events(kinds=["tool_result"]) if e.data.get("private")}
+        return marked | results

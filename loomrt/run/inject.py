@@ -90,17 +90,25 @@ def injection_query(run: RunState) -> str | None:
     """What to search for before the next call: what the turn's user input asks (its
     questions, else all of it), and after a tool result that result's rarest words; None
     when there is no input to search with."""
+    found = _query(run)
+    return found[0] if found is not None else None
+
+
+def _query(run: RunState) -> tuple[str, list[int]] | None:
+    """The query and the record seqs its words came from (a reader redacts the query when
+    one of them is private)."""
     view = run.view
     if view.input_seq is None or view.input_seq not in view.messages:
         return None
-    query = asked(view.original(view.messages[view.input_seq]).content)
+    query, seqs = asked(view.original(view.messages[view.input_seq]).content), [view.input_seq]
     last = view.context[-1] if view.context else None
     recall = run.toolset.recall
-    if last is not None and last.role == "tool" and recall is not None:
-        rare = recall.index.rarest(view.original(last).content, QUERY_RARE_TOKENS)
+    if last is not None and last.role == "tool" and recall is not None and last.seq not in view.private:
+        rare = recall.index_as_is().rarest(view.original(last).content, QUERY_RARE_TOKENS)
         if rare:
             query = f"{query} {' '.join(rare)}"
-    return query
+            seqs += [last.seq] if last.seq is not None else []
+    return query, seqs
 
 
 def _before(run: RunState, seq: int) -> tuple[int, str] | None:
@@ -134,40 +142,57 @@ def _passage(run: RunState, hit: RecallHit) -> dict[str, Any]:
     return passage
 
 
-def _choose(run: RunState, hits: list[RecallHit], reserve: int) -> list[dict[str, Any]]:
-    """The passages to inject, best first, within ``reserve`` tokens."""
-    if not hits:
-        return []
-    best_cosine = max((h.cosine for h in hits if h.cosine is not None), default=None)
-    best_bm25 = max(h.bm25 for h in hits)
-    memory = [h for h in hits if h.source == "memory"]
-    relevant = (best_cosine is not None and best_cosine >= COSINE_FLOOR) or best_bm25 >= BM25_FLOOR
-    if not relevant and not memory:
-        return []
+MEMORY_FLOOR = 0.5
+"""The score a durable-memory hit needs to be injected (memory ranks its own facts)."""
+
+
+def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, Any]]:
+    """The passages to inject, best first, within ``room`` tokens: the hits the run may see,
+    not in its working context and not injected this turn or the previous one, and only if
+    the best of those is relevant on a raw score (judged on what would be injected, so a
+    hit the run may not see never decides whether a block appears)."""
     view = run.view
     visible = visible_to(view)
     in_context = {m.seq for m in view.context if m.seq is not None}
     context_text = _normal("\n".join(m.content for m in view.context))
-    used = count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
-    chosen: list[dict[str, Any]] = []
+    fresh: list[RecallHit] = []
     seen: set[Any] = set()
     for hit in hits:
-        if hit.source != "memory" and not relevant:
-            continue
         key = hit.seq if hit.seq is not None else hit.extra.get("id")
         if key in seen or (hit.source, key) in view.injected or not visible(hit):
+            continue
+        if hit.source == "memory" and hit.score < MEMORY_FLOOR:
             continue
         if hit.seq is not None and hit.source == "run" and hit.seq in in_context:
             continue
         if _normal(hit.text) in context_text:
             continue
-        passage = _passage(run, hit)
-        if used + passage["tokens"] > reserve:
-            continue  # a shorter one further down may still fit
         seen.add(key)
+        fresh.append(hit)
+    history = [h for h in fresh if h.source != "memory"]
+    best_cosine = max((h.cosine for h in history if h.cosine is not None), default=None)
+    best_bm25 = max((h.bm25 for h in history), default=0.0)
+    relevant = (best_cosine is not None and best_cosine >= COSINE_FLOOR) or best_bm25 >= BM25_FLOOR
+    used = count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
+    chosen: list[dict[str, Any]] = []
+    for hit in fresh:
+        if hit.source != "memory" and not relevant:
+            continue
+        passage = _passage(run, hit)
+        if used + passage["tokens"] > room:
+            continue  # a shorter one further down may still fit
         chosen.append(passage)
         used += passage["tokens"]
     return chosen
+
+
+def _room(run: RunState) -> int:
+    """The tokens the block may take: the reserve, or what is left of budget_tokens when the
+    context is over the budget less the reserve (a declined distillation), in the runtime's
+    tokens (the provider's count is larger by the run's tokenizer scale)."""
+    whole = run.budget + run.inject_reserve
+    left = min(run.inject_reserve, whole - run.pressure())
+    return int(left / run.tokenizer_scale())
 
 
 async def inject_recall(run: RunState) -> Injected | None:
@@ -180,17 +205,25 @@ async def inject_recall(run: RunState) -> Injected | None:
     if run.view.injection is not None:
         seq, block, _ = run.view.injection
         return Injected(seq, block, count_messages([block]))
-    query = injection_query(run)
-    if query is None or len(tokenize(query)) < 2:
+    found = _query(run)
+    if found is None or len(tokenize(found[0])) < 2:
         return None
-    hits = recall.search(query, top_k=TOP_K)
-    passages = _choose(run, hits, run.inject_reserve)
+    query, query_seqs = found
+    room = _room(run)
+    if room < 64:
+        return None
+    try:  # optional, as recall is: a search that fails sends the call without a block
+        hits = recall.search(query, top_k=TOP_K, catch_up=False)
+        passages = _choose(run, hits, room)
+    except Exception as exc:  # noqa: BLE001 - recall never fails a run
+        await run.add("callback_error", {"callback": "recall.inject", "error": f"{type(exc).__name__}: {exc}"})
+        return None
     if not passages:
         return None
     sources = sorted(
         {"run", *(["family"] if run.view.family is not None else []), *(["memory"] if recall.memory else [])}
     )
-    data = {"query": query, "passages": passages, "sources": sources}
+    data = {"query": query, "query_seqs": query_seqs, "passages": passages, "sources": sources}
     block = block_message(data)
     tokens = count_messages([block])
     event = await run.add("recall_injected", {**data, "tokens": tokens})

@@ -203,12 +203,19 @@ class RunView:
                 self.model_calls += 1
                 if d.get("purpose") == "turn":
                     self.turn_calls += 1
-                    sent = self.injection if d.get("recall_injected") else None
-                    self.injection_sent = (
-                        frozenset(p["seq"] for p in sent[2] if p.get("seq") is not None and p.get("source") != "memory")
-                        if sent
-                        else frozenset()
+                    sent = self.injection[2] if self.injection and d.get("recall_injected") else ()
+                    # what the prompt held (a passage, and the message before a short one);
+                    # a passage counts as injected once a call sent it
+                    self.injection_sent = frozenset(
+                        s
+                        for p in sent
+                        if p.get("source") != "memory"
+                        for s in (p.get("seq"), p.get("before_seq"))
+                        if s is not None
                     )
+                    for p in sent:
+                        key = p.get("seq") if p.get("seq") is not None else p.get("id")
+                        self.injected[(str(p.get("source")), key)] = self.turns
                     self.injection = None
                     self.reported_prompt_tokens = u.get("input_tokens", 0)
                     self.estimated_prompt_tokens = int(d.get("estimated_tokens") or 0)
@@ -220,8 +227,9 @@ class RunView:
                         share = 1 - injected / self.estimated_prompt_tokens
                         self.reported_prompt_tokens = int(self.reported_prompt_tokens * share)
                         self.estimated_prompt_tokens -= injected
-                    elif injected:
-                        self.reported_prompt_tokens = max(0, self.reported_prompt_tokens - injected)
+                    elif injected:  # the block in the provider's tokens, as pressure scales the estimate
+                        scaled = int(injected * min(self.tokenizer_scale, MAX_TOKENIZER_SCALE))
+                        self.reported_prompt_tokens = max(0, self.reported_prompt_tokens - scaled)
                 else:
                     self.summary_calls += 1
             case "summary_rejected":
@@ -238,9 +246,6 @@ class RunView:
                 from loomrt.injection import block_message
 
                 self.injection = (e.seq, block_message(d), tuple(d.get("passages") or ()))
-                for p in d.get("passages") or ():
-                    key = p.get("seq") if p.get("seq") is not None else p.get("id")
-                    self.injected[(str(p.get("source")), key)] = self.turns
             case "pin":
                 self.pin_count += 1
                 seq = d.get("seq")
@@ -325,7 +330,7 @@ class RunView:
         self.lifecycle, self.output, self.request_seq = e.kind, None, None
         self.usage, self.model_calls, self.turn_calls, self.summary_calls = Usage(), 0, 0, 0
         self.distillations = self.declines = self.rejections = 0
-        self.injected = {}
+        self.injected, self.injection_sent, self.input_seq, self.turns = {}, frozenset(), None, 0
         self.declined_at = self.declined_size = self.declined_pressure = -1
         system = message_of(e)
         if system is not None:

@@ -58,7 +58,7 @@ class RunState:
     _queue: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     """Events queued by :meth:`emit`, recorded with the next :meth:`add` (or by :meth:`flush`)."""
     _atomic: int = 0
-    _pressure_estimate: tuple[int, int, int] = (-1, -1, 0)
+    _pressure_estimate: tuple[str, int, int] = ("", -1, 0)
     """(the record's last seq, the context's length, the estimate) at the last :meth:`pressure`."""
     _unheard: list[Event] = field(default_factory=list)
     """Events of the open :meth:`atomic` block, told to the listeners once it commits."""
@@ -219,7 +219,7 @@ class RunState:
         less, and a larger gap is something else (a provider's own hidden prompt), which the
         reported count alone covers."""
         estimate, reported = self.estimate(), self.view.reported_prompt_tokens
-        self._pressure_estimate = (self.view.last_seq, len(self.context), estimate)
+        self._pressure_estimate = (self._context_key(), len(self.context), estimate)
         return max(estimate, reported, int(estimate * self.tokenizer_scale()))
 
     def tokenizer_scale(self) -> float:
@@ -230,11 +230,16 @@ class RunState:
         return min(self.view.tokenizer_scale, MAX_TOKENIZER_SCALE)
 
     def judged_estimate(self) -> int | None:
-        """The estimate the last :meth:`pressure` took of the context as it still is (no event
+        """The estimate the last :meth:`pressure` took of the context as it still is (no message
         since), else None: what a model call records beside the provider's count, at no cost
         on the per-call path (a mode that never asks for pressure, like append, never scales)."""
-        seq, size, estimate = self._pressure_estimate
-        return estimate if (seq, size) == (self.view.last_seq, len(self.context)) else None
+        key, size, estimate = self._pressure_estimate
+        return estimate if (key, size) == (self._context_key(), len(self.context)) else None
+
+    def _context_key(self) -> str:
+        """The working context's identity: its chained hash so far (an event that is not a
+        message, such as ``recall_injected``, leaves it as it is)."""
+        return self.view.wire_steps[-1] if self.view.wire_steps else ""
 
 
 @dataclass

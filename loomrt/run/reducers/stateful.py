@@ -212,7 +212,11 @@ class StatefulMode(RetentionMode):
         # the step's prompt held private material: a private message, or Σ's private keys (Σ is in every
         # prompt), or a recalled passage (the block this step's call sent; its model_call is written with the step)
         block = run.view.injection
-        recalled = {p.get("seq") for p in block[2] if p.get("source") != "memory"} if block else run.view.injection_sent
+        recalled = (
+            {s for p in block[2] if p.get("source") != "memory" for s in (p.get("seq"), p.get("before_seq"))}
+            if block
+            else set(run.view.injection_sent)
+        )
         exposed = bool(run.view.slot.private_keys or recalled & run.view.private) or any(
             m.seq in run.view.private for m in run.context if m.seq is not None
         )
