@@ -15,7 +15,7 @@ What is injected:
 - a hit is kept when the run may see it (:func:`loomrt.visibility.visible_to`), it is not
   in the working context already (by seq, or its words contained there), and it was not
   injected this turn or the previous one;
-- nothing is injected unless the best hit is relevant on a raw score: cosine at least
+- a passage is injected only if it is relevant on its own raw score: cosine at least
   :data:`COSINE_FLOOR`, or BM25 at least :data:`BM25_FLOOR` (fused scores are scaled per
   query, so the best is always near 1 and says nothing);
 - passages go best first, while the block fits ``context.recall_inject_tokens``.
@@ -51,10 +51,14 @@ __all__ = [
 
 TOP_K = 10
 """The most passages one block holds."""
-COSINE_FLOOR = 0.35
-"""The raw cosine (all-MiniLM-L6-v2) the best hit must reach for anything to be injected."""
+COSINE_FLOOR = 0.5
+"""The raw cosine (all-MiniLM-L6-v2) a passage must reach to be injected. On the embedded
+model a near miss is not harmless: in the local chat (docs/benchmarks.md) a 1.5B model
+asked "What is a checkpoint in a database?" answered with an injected passage about
+write-ahead logs (cosine 0.44), and asked about LSM tombstones, with one about B-trees
+(0.36 and 0.48); the fact it needed scored 0.63."""
 BM25_FLOOR = 2.0
-"""The raw BM25 score (of the entry alone) the best hit may reach instead: one rare word shared."""
+"""The raw BM25 score (of the entry alone) a passage may reach instead: a rare word shared."""
 QUERY_RARE_TOKENS = 8
 """On a later call of a turn, how many of the newest tool result's rarest tokens join the query."""
 SHORT_WORDS = 12
@@ -148,9 +152,8 @@ MEMORY_FLOOR = 0.5
 
 def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, Any]]:
     """The passages to inject, best first, within ``room`` tokens: the hits the run may see,
-    not in its working context and not injected this turn or the previous one, and only if
-    the best of those is relevant on a raw score (judged on what would be injected, so a
-    hit the run may not see never decides whether a block appears)."""
+    not in its working context and not injected this turn or the previous one, each relevant
+    on its own raw score (:func:`relevant`)."""
     view = run.view
     visible = visible_to(view)
     in_context = {m.seq for m in view.context if m.seq is not None}
@@ -169,14 +172,10 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
             continue
         seen.add(key)
         fresh.append(hit)
-    history = [h for h in fresh if h.source != "memory"]
-    best_cosine = max((h.cosine for h in history if h.cosine is not None), default=None)
-    best_bm25 = max((h.bm25 for h in history), default=0.0)
-    relevant = (best_cosine is not None and best_cosine >= COSINE_FLOOR) or best_bm25 >= BM25_FLOOR
     used = count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
     chosen: list[dict[str, Any]] = []
     for hit in fresh:
-        if hit.source != "memory" and not relevant:
+        if hit.source != "memory" and not relevant(hit):
             continue
         passage = _passage(run, hit)
         if used + passage["tokens"] > room:
@@ -184,6 +183,12 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
         chosen.append(passage)
         used += passage["tokens"]
     return chosen
+
+
+def relevant(hit: RecallHit) -> bool:
+    """Whether a passage of history is relevant enough to inject, on its raw scores (a fused
+    score is scaled per query, so the best hit is always near 1 and says nothing)."""
+    return (hit.cosine is not None and hit.cosine >= COSINE_FLOOR) or hit.bm25 >= BM25_FLOOR
 
 
 def _room(run: RunState) -> int:

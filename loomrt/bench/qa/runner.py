@@ -218,12 +218,9 @@ def _full_block(recall_index: Any, question: str, tokens: int) -> str | None:
     in the prompt already, since everything is: this row measures what a block of distractors costs)."""
     from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, passage_line, render_block
     from loomrt.recall.tool import iso
-    from loomrt.run.inject import BM25_FLOOR, COSINE_FLOOR, TOP_K
+    from loomrt.run.inject import TOP_K, relevant
 
-    hits = recall_index.search(question, top_k=TOP_K)
-    best_cos = max((h.cosine for h in hits if h.cosine is not None), default=0.0)
-    if not hits or (best_cos < COSINE_FLOOR and max(h.bm25 for h in hits) < BM25_FLOOR):
-        return None
+    hits = [h for h in recall_index.search(question, top_k=TOP_K) if relevant(h)]
     passages, used = [], count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
     for h in hits:
         p = {
