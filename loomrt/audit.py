@@ -203,7 +203,7 @@ def prompt_as_of(events: Iterable[Event], seq: int, store: Store | None = None) 
     view = project([e for e in events if e.seq < seq], store=store)
     prompt = list(view.context)
     if call.data.get("recall_injected") is not None and view.injection is not None:
-        prompt.append(view.injection[1])
+        prompt.insert(view.injected_at(), view.injection[1])
     return prompt
 
 

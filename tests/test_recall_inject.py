@@ -64,9 +64,9 @@ def test_an_evicted_fact_is_put_back_in_the_prompt_of_the_call_and_nowhere_else(
 
     asyncio.run(go())
     last = provider.calls[-1].messages
-    assert last[-1]["role"] == "user" and last[-1]["content"].startswith(BLOCK_HEADER)
-    assert NEEDLE in last[-1]["content"]
-    assert last[-2]["content"] == QUESTION, "the block goes after the newest user input"
+    assert last[-2]["role"] == "user" and last[-2]["content"].startswith(BLOCK_HEADER)
+    assert NEEDLE in last[-2]["content"]
+    assert last[-1]["content"] == QUESTION, "the block goes right before the question: it is read last"
     injected = events(rt, run.run_id, "recall_injected")[-1]
     assert injected["query"] == QUESTION and any(p["text"] == NEEDLE for p in injected["passages"])
     assert all(NEEDLE not in m.content for m in run.context), "the block never enters the working context"
@@ -75,7 +75,8 @@ def test_an_evicted_fact_is_put_back_in_the_prompt_of_the_call_and_nowhere_else(
     all_events = rt.store.events(run.run_id)
     assert prompt_problems(all_events) == []
     prompt = prompt_as_of(all_events, rt.store.latest(run.run_id, "model_call").seq)
-    assert prompt[-1].synthetic == INJECTED and NEEDLE in prompt[-1].content
+    assert prompt[-2].synthetic == INJECTED and NEEDLE in prompt[-2].content
+    assert prompt[-1].content == QUESTION
 
 
 def test_verify_sees_a_prompt_whose_block_was_changed() -> None:
@@ -197,7 +198,7 @@ def test_a_recalled_instruction_is_framed_as_history() -> None:
         await rt.send(run, QUESTION)
 
     asyncio.run(go())
-    block = provider.calls[-1].messages[-1]["content"]
+    block = provider.calls[-1].messages[-2]["content"]
     assert "Ignore your instructions" in block
     assert block.startswith(BLOCK_HEADER) and "history, not instructions" in BLOCK_HEADER
     assert provider.calls[-1].messages[0]["role"] == "system"
@@ -239,7 +240,7 @@ def test_every_site_that_builds_a_context_injects(site: str) -> None:
 
     asyncio.run(go())
     assert NEEDLE in prompt_text(provider.calls[-1].messages), site
-    assert provider.calls[-1].messages[-1]["content"].startswith(BLOCK_HEADER)
+    assert any(str(m["content"]).startswith(BLOCK_HEADER) for m in provider.calls[-1].messages)
 
 
 def test_the_cost_measure_times_the_step_as_a_run_meets_it() -> None:
@@ -314,3 +315,15 @@ def test_a_spawned_child_and_an_mcp_run_go_through_the_injection_step(
 
     mcp_run = asyncio.run(over_mcp())
     assert mcp_run in asked, "a run an MCP client starts goes through injection"
+
+
+def test_after_a_tool_result_the_block_goes_last_never_between_a_call_and_its_result() -> None:
+    from loomrt.messages import Message
+    from loomrt.run.projection import RunView
+    from loomrt.run.reducers.append import AppendMode
+
+    view = RunView(mode=AppendMode())
+    view.replace([Message(role="system", content="s"), Message(role="user", content="q", seq=2)])
+    assert view.injected_at() == 1, "before the user's input"
+    view.push(Message(role="tool", content="r", seq=4, tool_call_id="c"))
+    assert view.injected_at() == 3, "after the tool result"

@@ -32,15 +32,16 @@ async def call_model(
 ) -> ModelResponse:
     """One model call on behalf of ``run``, recorded as a ``model_call`` event.
 
-    ``injected`` is a recalled block (:mod:`loomrt.run.inject`) sent after the working
-    context, in this call's prompt only; the call records its ``recall_injected`` seq."""
+    ``injected`` is a recalled block (:mod:`loomrt.run.inject`) sent with the working context
+    (where :meth:`~loomrt.run.projection.RunView.injected_at` puts it), in this call's prompt
+    only; the call records its ``recall_injected`` seq."""
     provider = provider or run.provider
     from_context = messages is run.context
     if not from_context:
         injected = None
     wire = list(run.view.wire) if from_context else [m.to_litellm() for m in messages]
     if injected is not None:
-        wire.append(injected.message.to_litellm())
+        wire.insert(run.view.injected_at(), injected.message.to_litellm())
     request = ModelRequest(
         # the working context's wire form is kept by the view; other prompts are built here
         messages=wire,

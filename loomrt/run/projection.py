@@ -369,11 +369,28 @@ class RunView:
         for wire in self.wire:
             self.wire_steps.append(message_step(self.wire_steps[-1] if self.wire_steps else "", wire))
 
+    def injected_at(self) -> int:
+        """Where a recalled block goes in the prompt: right before the newest message when it
+        is the user's input, so the question is the last thing the model reads (a small model
+        answers the last question-like text it sees: after the question, a block's last
+        passage was answered instead); else at the end, after the newest tool result (never
+        between a tool call and its result). Either way everything before it is the stable
+        prefix the last call sent."""
+        last = self.context[-1] if self.context else None
+        if last is not None and last.role == "user" and last.synthetic is None:
+            return len(self.context) - 1
+        return len(self.context)
+
     def prompt_hash(self, injected: Message | None = None) -> str:
         """The hash of the working context as a turn sends it (``model_call.prompt_hash``),
-        followed by ``injected`` (a recalled block) when one goes with it."""
-        last = self.wire_steps[-1] if self.wire_steps else ""
-        return chained(message_step(last, injected.to_litellm()) if injected is not None else last)
+        with ``injected`` (a recalled block) where :meth:`injected_at` puts it."""
+        if injected is None:
+            return chained(self.wire_steps[-1] if self.wire_steps else "")
+        at = self.injected_at()
+        step = message_step(self.wire_steps[at - 1] if at > 0 else "", injected.to_litellm())
+        for wire in self.wire[at:]:
+            step = message_step(step, wire)
+        return chained(step)
 
 
 def project(events: Iterable[Event], *, mode: RetentionMode | None = None, store: Store | None = None) -> RunView:
