@@ -3,7 +3,8 @@
 A small model does not ask for what it forgot (DESIGN, principle 9). Between the boundary
 check and the model call, :func:`inject_recall` searches the run's evicted history (a fork's
 shared history, durable memory) with the turn's input and records the best passages as a
-``recall_injected`` event. The call sends them after the working context, in that prompt
+``recall_injected`` event. The call sends them with the working context (right before the
+user's input, or after the newest tool result: :meth:`~loomrt.run.projection.RunView.injected_at`), in that prompt
 only (:func:`loomrt.injection.block_message` renders the block from the event); they never
 enter the working context, so they are never summarised, banked or evicted again.
 
