@@ -90,7 +90,12 @@ INJECT_TOKENS = 300
 
 def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> dict[str, Any]:
     """What one played chat shows."""
-    kinds = [e.kind for e in store.events(run.run_id)]
+    from loomrt.audit import context_as_of
+
+    events = store.events(run.run_id)
+    kinds = [e.kind for e in events]
+    asked = [e.seq for e in events if e.kind == "user_input"][-1]
+    before_question = context_as_of(events, asked - 1, store)
     calls = [e for e in store.events(run.run_id, kinds=["tool_call"]) if e.data.get("name") == "Recall"]
     return {
         "turns": len(results),
@@ -100,7 +105,7 @@ def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> di
         "declined": kinds.count("distillation_declined"),
         "recall_calls": len(calls),
         "blocks_injected": kinds.count("recall_injected"),
-        "fact_evicted": not any(CODE in m.content for m in run.context),
+        "fact_evicted": not any(CODE in m.content for m in before_question),
         "fact_answered": CODE in (results[-1].output or ""),
         "last_answer": (results[-1].output or "")[:200],
         "seconds": round(seconds, 1),
