@@ -13,10 +13,10 @@ from harvest_kit import chat, harvest_agent, padded
 from loomrt import Runtime
 from loomrt.bench.harvest_load import bank_load
 from loomrt.harvest import Consolidator, MemoryStore, NewFact, ScopedMemory, ScopeError
+from loomrt.harvest.backends import memory_of
 from loomrt.harvest.coreference import CASES
 from loomrt.harvest.db import harvest_db
 from loomrt.harvest.extract import Unparseable, check_fact, parse_reply
-from loomrt.harvest.memory import memory_of
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.scripted import coreference_extractor, echo_extractor
 from loomrt.harvest.wiring import memory_store

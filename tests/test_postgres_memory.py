@@ -12,8 +12,8 @@ import psycopg
 import pytest
 
 from loomrt.bench.harvest_load import bank_load
+from loomrt.harvest.backends import memory_of
 from loomrt.harvest.db import harvest_db, release
-from loomrt.harvest.memory import memory_of
 from loomrt.harvest.pg_memory import PgMemoryStore
 from loomrt.harvest.queue import Queue
 from loomrt.recall.embedders import HashEmbedder
