@@ -71,7 +71,9 @@ def test_each_applied_distillation_is_banked_once_with_provenance(store: SQLiteS
     assert not any("Recall:" in t["text"] for t in turns)
 
 
-def test_declined_distillations_bank_nothing(store: SQLiteStore) -> None:
+def test_a_rejected_recap_is_never_banked(store: SQLiteStore) -> None:
+    """The summariser's recap is rejected: the distillation falls back to an extract, and the
+    bank gets the evicted originals, never the rejected text or the extract."""
     spec = harvest_agent()
     from loomrt.providers.scripted import ScriptedProvider
 
@@ -85,9 +87,10 @@ def test_declined_distillations_bank_nothing(store: SQLiteStore) -> None:
         return run.run_id
 
     run_id = asyncio.run(play())
-    kinds = [e.kind for e in store.events(run_id)]
-    assert "distillation_declined" in kinds and "distillation" not in kinds
-    assert _banked(store) == []
+    made = [e.data for e in store.events(run_id, kinds=["distillation"])]
+    assert made and all(d.get("fallback") for d in made)
+    banked = json.dumps(_banked(store))
+    assert "unrelated recap" not in banked and "an extract: the first sentence" not in banked
 
 
 def test_resuming_and_rebuilding_recall_bank_nothing_new(store: SQLiteStore) -> None:

@@ -43,6 +43,8 @@ __all__ = [
     "injection_query",
     "COSINE_FLOOR",
     "BM25_FLOOR",
+    "MEMORY_FLOOR",
+    "relevant",
     "TOP_K",
     "QUERY_RARE_TOKENS",
     "asked",
