@@ -238,7 +238,18 @@ def write_scenarios(folder: Path) -> Path:
         "properties": {"step": {"type": "integer"}, "facts": {"type": "array", "items": {"type": "string"}}},
     }
     agents = {
-        "chat-recap": {**chat, "context": {"mode": "recap", **small}},
+        # recall injection on (its reserve off the small budget): a kill between the
+        # recall_injected event and its call is among the planned ones
+        "chat-recap": {
+            **chat,
+            "context": {
+                "mode": "recap",
+                **small,
+                "budget_tokens": 1000,
+                "recall_inject": "on",
+                "recall_inject_tokens": 250,
+            },
+        },
         "chat-compaction": {**chat, "context": {"mode": "compaction", **small}},
         "chat-append": {**chat, "context": {"mode": "append", "backstop": True, **small}},
         "chat-pins": {**chat, "model": "scripted/pins.yaml", "context": {"mode": "recap", "model_pins": True, **small}},
