@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
+from loomrt.bench.measures import time_model_calls
 from loomrt.bench.recall_targets import agentic_filler, make_needles
 from loomrt.messages import EvictedSpan, Message
-from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.providers.base import ModelResponse
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
@@ -83,16 +84,7 @@ async def _inject_cost(
         step.append((time.perf_counter() - t) * 1000)
         injected += block is not None
         progress.advance()
-    spent = {"model": 0.0}
-    inner = provider.complete
-
-    async def timed(request: ModelRequest) -> ModelResponse:
-        t = time.perf_counter()
-        out = await inner(request)
-        spent["model"] += time.perf_counter() - t
-        return out
-
-    provider.complete = timed  # type: ignore[method-assign]
+    spent = time_model_calls(provider)
     turns = []
     for i in range(max(5, queries // 4)):
         spent["model"] = 0.0

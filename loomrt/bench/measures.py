@@ -19,6 +19,7 @@ from loomrt.testing import FunctionProvider
 
 __all__ = [
     "tokens",
+    "time_model_calls",
     "folding",
     "cache",
     "prompt",
@@ -135,23 +136,31 @@ async def _history(runtime: Runtime, spec: AgentSpec, size: int) -> Any:
     return run
 
 
-async def _turn_times(db: Path, size: int, repeats: int, progress: Progress) -> list[float]:
-    """Milliseconds the runtime itself spends on each of ``repeats`` turns at ``size`` messages."""
+def time_model_calls(provider: FunctionProvider) -> dict[str, float]:
+    """Wrap ``provider`` so the seconds its calls take add up in the returned ``{"model": s}``
+    (a measure of the runtime's own time subtracts them)."""
     spent = {"model": 0.0}
-
-    def instant(request: ModelRequest) -> ModelResponse:
-        return ModelResponse(text="ok", model="bench/instant")
-
-    provider = FunctionProvider(instant, context_window=10**9, name="bench/instant")
     inner = provider.complete
 
-    async def timed_complete(request: ModelRequest) -> ModelResponse:
+    async def timed(request: ModelRequest) -> ModelResponse:
         t = time.perf_counter()
         out = await inner(request)
         spent["model"] += time.perf_counter() - t
         return out
 
-    provider.complete = timed_complete  # type: ignore[method-assign]
+    provider.complete = timed  # type: ignore[method-assign]
+    return spent
+
+
+async def _turn_times(db: Path, size: int, repeats: int, progress: Progress) -> list[float]:
+    """Milliseconds the runtime itself spends on each of ``repeats`` turns at ``size`` messages."""
+
+    def instant(request: ModelRequest) -> ModelResponse:
+        return ModelResponse(text="ok", model="bench/instant")
+
+    provider = FunctionProvider(instant, context_window=10**9, name="bench/instant")
+    spent = time_model_calls(provider)
+
     runtime = Runtime(SQLiteStore(db), providers=lambda s, m: provider)
     spec = AgentSpec(
         model="bench/instant", system_prompt="You answer briefly.", context={"mode": "append", "budget_tokens": 10**9}
