@@ -15,7 +15,10 @@ from typing import Any
 
 import typer
 
-from loomrt.cli import audit_cmd  # noqa: F401 - registers `loomrt runs pin`, `unpin`, `export`
+from loomrt.cli import (
+    audit_cmd,  # noqa: F401 - registers `loomrt runs pin`, `unpin`, `export`
+    ledger_cmd,  # noqa: F401 - registers `loomrt runs verify`, `anchor`
+)
 from loomrt.cli._common import err, friendly, load, out, print_json, print_result, runtime
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
