@@ -4,12 +4,14 @@
 seq}`` and whose own seqs continue after SEQ, so a ``[#seq]`` pointer means the same
 message in the fork and in its parent up to the fork point. Nothing is copied: the fork
 reads its parent's record (and its grandparent's, for a fork of a fork) through a
-:class:`Family`, and cards by id from the store's card index.
+:class:`Family`, and cards by id from the store's card index. What a fork may read by a
+card id the model names is its catalog lineage (:meth:`Family.lineage`), never the whole
+index: card ids are content hashes printed everywhere, so knowing one is no grant.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +83,29 @@ class Family:
         return out
 
     def cards(self, ids: Iterable[str]) -> dict[str, Card]:
+        """Cards by id from the store's index, whoever wrote them: for ids the runtime itself
+        took from the family's record (a fork's catalog, a card's children). An id a model
+        names goes through :meth:`lineage` instead."""
         return {i: Card.from_dict(d) for i, d in self.store.cards(ids).items()}
+
+    def lineage(self, own: Mapping[str, Card]) -> dict[str, Card]:
+        """The cards a fork may read, given ``own`` (its catalog's cards and those it wrote):
+        those, the cards each ancestor wrote or started from up to its fork point, and every
+        card these roll up, by id. Not another run's cards, nor an ancestor's written after
+        the fork point (a card straddling it summarises what the fork never saw)."""
+        known: dict[str, Card] = dict(own)
+        wanted: list[str] = []
+        for e in self.events(kinds=["run_started", "distillation"]):
+            for c in e.data.get("cards") or ():
+                known.setdefault(str(c["id"]), Card.from_dict(c))
+            wanted += [str(r["card"]) for r in e.data.get("catalog") or () if "card" in r]
+        wanted += [child for c in known.values() for child in c.children]
+        while wanted:
+            missing = [i for i in dict.fromkeys(wanted) if i not in known]
+            found = self.cards(missing)
+            known.update(found)
+            wanted = [child for c in found.values() for child in c.children]
+        return known
 
     def private(self) -> set[int]:
         """The shared seqs that are private: results of private tools, and messages an

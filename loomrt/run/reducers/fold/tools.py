@@ -45,10 +45,12 @@ def _seq_of(ref: Any) -> int | None:
 
 class _Reader:
     """What the tools read: the run's cards and its record messages, whole; in a fork, the
-    shared history up to the fork point too (its private messages as placeholders)."""
+    shared history up to the fork point too (its private messages as placeholders), and the
+    cards of its catalog lineage (:meth:`~loomrt.run.family.Family.lineage`), no others."""
 
     def __init__(self, run: RunState):
         self.run = run
+        self._lineage: dict[str, Card] | None = None
 
     @property
     def cards(self) -> dict[str, Card]:
@@ -58,7 +60,9 @@ class _Reader:
         view = self.run.view
         card = view.cards.get(card_id)
         if card is None and view.family is not None:
-            card = view.family.cards([card_id]).get(card_id)
+            if self._lineage is None:  # the shared history is immutable; the fork's own cards are view.cards
+                self._lineage = view.family.lineage(view.cards)
+            card = self._lineage.get(card_id)
         return card
 
     def message(self, seq: int) -> Message | None:
