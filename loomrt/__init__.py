@@ -23,7 +23,8 @@ from loomrt.messages import EvictedSpan, Message, ToolCall
 from loomrt.record import SQLiteStore, Store
 from loomrt.run.state import RunResult, RunState
 from loomrt.runtime import Runtime
-from loomrt.spec import AgentsFile, AgentSpec, ContextSpec, agents_json_schema, load_agents, load_agents_text
+from loomrt.spec import AgentsFile, AgentSpec, ContextSpec, agents_json_schema
+from loomrt.spec_load import load_agents, load_agents_text
 from loomrt.tools import Tool, tool
 from loomrt.toolset import Toolset, resolve_toolset
 

@@ -71,7 +71,7 @@ def _agents_at(path: str | None) -> AgentsFile | None:
     """The agents file a run was started from, read again (a resumed parent spawns from it)."""
     if not path:
         return None
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     try:
         return load_agents(path)

@@ -21,7 +21,8 @@ from typing import Any
 import yaml
 
 from loomrt.errors import NotFoundError, SpecError
-from loomrt.spec import definition_hash, load_agents, load_agents_text
+from loomrt.spec import definition_hash
+from loomrt.spec_load import load_agents, load_agents_text
 
 __all__ = ["version_agent", "promote_agent", "Block"]
 

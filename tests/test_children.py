@@ -16,7 +16,7 @@ import pytest
 from loomrt.errors import SpecError
 from loomrt.record.sqlite import default_store
 from loomrt.runtime import Runtime
-from loomrt.spec import load_agents, load_agents_text
+from loomrt.spec_load import load_agents, load_agents_text
 
 SCHEMA = {"type": "object", "properties": {"step": {"type": "integer"}, "finding": {"type": "string"}}}
 PARENT_SCHEMA = {"type": "object", "properties": {"results": {"type": "object"}, "step": {"type": "integer"}}}

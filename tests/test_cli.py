@@ -198,7 +198,7 @@ def test_version_and_promote_keep_the_rest_of_the_file(tmp_path: Path) -> None:
     assert set(rows) == {"triage", "triage@2", "other"} and rows["triage"]["hash"] != rows["triage@2"]["hash"]
     promoted = json.loads(invoke("agents", "promote", "triage@2", "--agents", str(p), "--json").stdout)
     assert promoted["hash"] == forked["hash"]
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     defs = load_agents(p)
     assert set(defs.agents) == {"triage", "other"}
@@ -225,7 +225,7 @@ def test_version_from_run_adopts_proposed_schema(tmp_path: Path) -> None:
     run = json.loads(invoke("run", "t", "go", "--agents", str(p), "--json").stdout)
     assert run["state"] == {"a": "x"}
     # recorded, never applied: the definition is unchanged until an operator writes a version
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     assert "b" not in load_agents(p).agents["t"].context.state_schema["properties"]
     result = invoke("agents", "version", "t", "--from-run", run["run_id"], "--agents", str(p), "--json")
@@ -293,7 +293,7 @@ def test_run_resolves_only_the_chosen_agents_files(tmp_path: Path) -> None:
     )
     from loomrt.errors import SpecError
     from loomrt.runtime import Runtime
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     agents = load_agents(p)
     assert Runtime().run_sync("good", "hi", agents=agents).output == "hello"
@@ -310,7 +310,8 @@ def test_recall_in_tools_needs_context_recall(tmp_path: Path) -> None:
 
 
 def test_definition_hash_does_not_depend_on_where_the_checkout_lives(tmp_path: Path) -> None:
-    from loomrt.spec import definition_hash, load_agents
+    from loomrt.spec import definition_hash
+    from loomrt.spec_load import load_agents
 
     hashes = []
     for folder in ("one", "two"):

@@ -75,7 +75,7 @@ def test_readme_setup_is_what_ci_runs() -> None:
 
 
 def test_agents_yaml_examples_are_valid_and_point_at_the_schema() -> None:
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     text = (REPO / "agents.yaml").read_text(encoding="utf-8")
     assert text.splitlines()[0] == "# yaml-language-server: $schema=./docs/agents.schema.json"

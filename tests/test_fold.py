@@ -19,7 +19,8 @@ from loomrt.run.cards import CARD_BLOCK, Card
 from loomrt.run.projection import project
 from loomrt.run.reducers.fold.verify import invented
 from loomrt.runtime import Runtime
-from loomrt.spec import AgentSpec, load_agents
+from loomrt.spec import AgentSpec
+from loomrt.spec_load import load_agents
 from loomrt.testing import FunctionProvider, ScriptedProvider, scripted_runtime
 from loomrt.tokens import count_dicts, count_tools
 

@@ -198,7 +198,7 @@ def test_runs_fork_on_the_cli_and_fork_run_over_mcp(tmp_path: Path, monkeypatch:
     bad = CliRunner().invoke(app, ["runs", "fork", parent.run_id, "--at", "999"])
     assert bad.exit_code != 0 and "no seq 999" in bad.output
     from loomrt.mcp.service import RunService
-    from loomrt.spec import load_agents_text
+    from loomrt.spec_load import load_agents_text
 
     service = RunService(load_agents_text("agents: {a: {model: scripted/x}}"), runtime=rt)
     row = asyncio.run(service.fork(parent.run_id, 5))

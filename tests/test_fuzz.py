@@ -68,7 +68,7 @@ def _assert_own_error(exc: Exception, where: str) -> None:
 @FAST
 @given(st.text(max_size=400))
 def test_any_text_as_an_agents_file_loads_or_says_why(text: str) -> None:
-    from loomrt.spec import load_agents_text
+    from loomrt.spec_load import load_agents_text
 
     try:
         load_agents_text(text, filename="fuzz.yaml", base_dir=Path("/tmp"))
@@ -88,7 +88,7 @@ def test_any_text_as_an_agents_file_loads_or_says_why(text: str) -> None:
     )
 )
 def test_any_structure_as_an_agents_file_loads_or_says_why(doc: dict[str, Any]) -> None:
-    from loomrt.spec import load_agents_text
+    from loomrt.spec_load import load_agents_text
 
     try:
         load_agents_text(yaml.safe_dump(doc), filename="fuzz.yaml", base_dir=Path("/tmp"))
@@ -99,7 +99,7 @@ def test_any_structure_as_an_agents_file_loads_or_says_why(doc: dict[str, Any]) 
 @FAST
 @given(st.binary(max_size=300))
 def test_any_bytes_as_an_agents_file_load_or_say_why(tmp_path_factory: Any, data: bytes) -> None:
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     path = tmp_path_factory.mktemp("fuzz") / "agents.yaml"
     path.write_bytes(data)
@@ -110,7 +110,7 @@ def test_any_bytes_as_an_agents_file_load_or_say_why(tmp_path_factory: Any, data
 
 
 def test_a_deeply_nested_or_huge_agents_file_says_why(tmp_path: Path) -> None:
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     deep = tmp_path / "deep.yaml"
     deep.write_text("agents:\n  a:\n    context: " + "[" * 5000 + "]" * 5000 + "\n")
@@ -256,7 +256,7 @@ def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(
 
     from loomrt.mcp.server import build_server
     from loomrt.mcp.service import RunService
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     folder = tmp_path_factory.mktemp("mcp-fuzz")
     (folder / "quick.yaml").write_text("turns:\n  - text: ok\n")
@@ -286,7 +286,7 @@ def test_alias_heavy_yaml_loads_or_is_refused_within_a_bounded_count_of_nodes(
     """Aliases that refer to aliases (width^depth nodes once expanded): the file loads when it
     is small and is refused, naming an alias, when it is not; the loader counts each distinct
     node once, so the work is bounded by the file's own nodes, never by the expansion."""
-    from loomrt.spec import YAML_MAX_NODES, _expanded_size, load_agents_text
+    from loomrt.spec_load import YAML_MAX_NODES, _expanded_size, load_agents_text
 
     rows = ['a0: &a0 ["x"]']
     for i in range(1, depth):

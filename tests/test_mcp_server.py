@@ -22,7 +22,7 @@ from loomrt.mcp.service import RunService
 from loomrt.recall.embedders import HashEmbedder
 from loomrt.record.sqlite import default_store
 from loomrt.runtime import Runtime
-from loomrt.spec import load_agents
+from loomrt.spec_load import load_agents
 
 TOKEN = "t" * 40
 TOOLS = {

@@ -16,7 +16,7 @@ from loomrt.mcp.sources import UNTRUSTED, safe_name
 from loomrt.providers.scripted import ScriptedProvider
 from loomrt.record.sqlite import default_store
 from loomrt.runtime import Runtime
-from loomrt.spec import load_agents, load_agents_text
+from loomrt.spec_load import load_agents, load_agents_text
 
 TINY = Path(__file__).parent / "data" / "tiny_mcp_server.py"
 SAFE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -274,7 +274,7 @@ def test_a_spawned_child_and_an_mcp_run_go_through_the_injection_step(
 
     from loomrt.mcp.service import RunService
     from loomrt.record.sqlite import default_store
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     asked = _spy(monkeypatch)
     (tmp_path / "child.yaml").write_text("turns:\n  - text: the pump is fine\n")

@@ -68,7 +68,7 @@ def _scripts(folder: Path, n: int, horizon: int) -> None:
 
 
 def _agents(folder: Path, n: int, horizon: int) -> Any:
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     common = {
         "spawnable": ["child"],

@@ -97,7 +97,7 @@ async def _through_the_server(agents: Path, round_trips: int, fan_out: int) -> d
 
 async def _tool_source(agents: Path, calls: int) -> dict[str, Any]:
     from loomrt.runtime import Runtime
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     defs = load_agents(agents)
     rt = Runtime()

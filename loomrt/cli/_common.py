@@ -40,7 +40,7 @@ def agents_path(explicit: Path | None) -> Path:
 def load(explicit: Path | None, *, eager: bool = False) -> tuple[Path, Any]:
     """The agents file and its definitions; ``eager`` checks every agent's files now (validate),
     else each agent's when it is chosen (run, chat)."""
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     path = agents_path(explicit)
     return path, load_agents(path, eager=eager)

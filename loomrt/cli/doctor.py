@@ -43,7 +43,7 @@ def _version(dist: str) -> str | None:
 
 def _agents(explicit: Path | None) -> tuple[str | None, dict[str, Any], str | None]:
     from loomrt.cli._common import agents_path
-    from loomrt.spec import load_agents
+    from loomrt.spec_load import load_agents
 
     try:
         path = agents_path(explicit)
