@@ -11,17 +11,30 @@ SEQ``, a ``mark_private`` event). The record keeps it whole, and its own run wor
 - in stateful mode the model reads a private observation (it is its own run) and may write
   it into Σ: the keys a step's patch set while the step's prompt held private material are
   Σ's private keys, and Σ as the run hands it out (its result, a sub-agent's Σ to its
-  parent, MCP) leaves them out and names them in ``state_withheld`` (:func:`withhold`);
-- what leaves the run for a reader (``runs export``, MCP ``get_events`` and resources, an
-  MCP client's ``recall``) has it replaced (:func:`redact_events`) unless the reader asks
-  for it explicitly (``--include-private``, ``include_private: true``).
+  parent, MCP, and its output when it is Σ: a run done without ``final``) leaves them out
+  and names them in ``state_withheld`` (:func:`withhold`);
+- what leaves the run for a reader goes through one function, :func:`redact_events` (through
+  :func:`reader_events`, which judges the whole record and a fork's shared history): a private
+  message is its placeholder wherever it is carried (its own event, a distillation's inline
+  context, a recalled passage, the calls it made), and Σ's private keys are left out wherever
+  Σ or a patch appears (``state_update``, ``patch_rejected``, ``distillation``, ``final``, an
+  ``emit_state`` call, an output that is Σ). Every reader uses it: ``runs show`` (``--seq``,
+  ``--as-of``, ``--prompt`` too), ``runs events``, ``runs export``, MCP ``get_run``,
+  ``get_events`` and the resources; ``loomrt recall`` and MCP ``recall`` give a private hit's
+  placeholder. Only an explicit ask has it whole (``--include-private``,
+  ``include_private: true``): an operator's view is one flag away, never the default.
 
-``runs show`` is the operator's view of the record: it shows private material, marked.
+Not yet covered: the model's own repetition of private material (a quote in its reply, its
+``reasoning``, ``final`` or a tool call's arguments) is not private unless an operator marks
+it (``loomrt runs private``); issue 39's derived-private rule is still to build.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
@@ -35,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = [
     "placeholder",
     "private_seqs",
+    "PrivateRecord",
+    "private_record",
+    "reader_events",
     "redact",
     "redact_events",
     "mark_private_in_record",
@@ -82,24 +98,180 @@ def redact(message: Message, private: set[int]) -> Message:
     return message.with_(content=placeholder(message.seq, message.role), tool_calls=[])
 
 
-def _redacted(e: Event, private: set[int]) -> Event:
+@dataclass(frozen=True)
+class PrivateRecord:
+    """What of one run's record is private, by provenance, read from the whole record (a
+    ``mark_private`` covers the events before it too) and, for a fork, its shared history."""
+
+    seqs: frozenset[int] = frozenset()
+    """The private messages (:func:`private_seqs`)."""
+    calls: frozenset[str] = frozenset()
+    """The ids of the tool calls a private assistant message made."""
+    keys: tuple[tuple[int, frozenset[str]], ...] = ()
+    """Σ's private keys after each ``state_update``, ``(seq, keys)`` in record order."""
+
+    @classmethod
+    def of(cls, events: Iterable[Event]) -> PrivateRecord:
+        """The private material ``events`` name (a whole record, its family's shared events first)."""
+        events = list(events)
+        seqs = private_seqs(events)
+        calls: set[str] = set()
+        keys: list[tuple[int, frozenset[str]]] = []
+        current: frozenset[str] = frozenset()
+        for e in events:
+            if e.kind == "assistant_message" and e.seq in seqs:
+                calls |= {str(c.get("id")) for c in (e.data.get("message") or {}).get("tool_calls") or ()}
+            elif e.kind == "state_update":  # as stateful mode replays it: a key stays private while Σ has it
+                state = e.data.get("state") or {}
+                current = (current | frozenset(e.data.get("private_keys") or ())) & frozenset(state)
+                keys.append((e.seq, current))
+        return cls(frozenset(seqs), frozenset(calls), tuple(keys))
+
+    def keys_at(self, seq: int) -> frozenset[str]:
+        """Σ's keys private at ``seq``: those of the state update at or before it, and those of
+        the next one (the step it belongs to: an ``emit_state`` call comes before its update)."""
+        i = bisect.bisect_right(self.keys, seq, key=lambda k: k[0])
+        before = self.keys[i - 1][1] if i else frozenset()
+        return before | (self.keys[i][1] if i < len(self.keys) else frozenset())
+
+    @property
+    def state_withheld(self) -> list[str]:
+        """Σ's keys private now (after the last state update): what Σ handed out leaves out."""
+        return sorted(self.keys[-1][1]) if self.keys else []
+
+    def __bool__(self) -> bool:
+        return bool(self.seqs or any(k for _, k in self.keys))
+
+
+def private_record(store: Store, run_id: str) -> PrivateRecord:
+    """:class:`PrivateRecord` of run ``run_id``: its whole record, and a fork's shared history
+    (the parent's private material is private in the fork too)."""
+    from loomrt.run.family import Family
+
+    events = store.events(run_id)
+    family = Family.of(store, events[0].data.get("forked_from")) if events else None
+    shared = family.events(kinds=["tool_result", "mark_private", "state_update"]) if family is not None else []
+    found = PrivateRecord.of([*shared, *events])
+    if family is None:
+        return found
+    return PrivateRecord(found.seqs | family.private(), found.calls, found.keys)
+
+
+def reader_events(
+    store: Store,
+    run_id: str,
+    *,
+    include_private: bool = False,
+    after: int = 0,
+    kinds: Iterable[str] | None = None,
+) -> list[Event]:
+    """Run ``run_id``'s events as a reader gets them (``runs show``, ``runs events``, ``runs
+    export``, MCP ``get_events`` and resources): private material replaced
+    (:func:`redact_events`, judged on the whole record) unless ``include_private``."""
+    events = store.events(run_id, after=after, kinds=kinds)
+    return events if include_private else redact_events(events, private_record(store, run_id))
+
+
+def redact_events(events: Iterable[Event], private: PrivateRecord | set[int] | None = None) -> list[Event]:
+    """``events`` with their private material replaced (``redacted: true``), whatever kind
+    carries it: a private message by its placeholder (in its own event, in a distillation's
+    context, in a recalled passage, and the arguments of the calls it made); Σ's private keys
+    left out wherever Σ or a patch appears (``state_update``, ``patch_rejected``,
+    ``distillation``, ``final``, ``parked``, an ``emit_state`` call, an output that is Σ) and
+    named in ``withheld``. ``private`` is the record's (:func:`private_record`); by default,
+    what ``events`` name."""
+    events = list(events)
+    if private is None:
+        private = PrivateRecord.of(events)
+    elif not isinstance(private, PrivateRecord):
+        private = PrivateRecord(frozenset(private))
+    return [_redacted(e, private) for e in events] if private else events
+
+
+def _redacted(e: Event, private: PrivateRecord) -> Event:
+    seqs, keys = set(private.seqs), private.keys_at(e.seq)
     d: dict[str, Any] = dict(e.data)
-    if e.kind in ("tool_result", "user_input") and e.seq in private:
+    withheld: set[str] = set()
+
+    def hide(value: Any) -> Any:
+        """``value`` (Σ or a patch) without its private keys."""
+        if not isinstance(value, dict) or not keys & set(value):
+            return value
+        withheld.update(keys & set(value))
+        return {k: v for k, v in value.items() if k not in keys}
+
+    if e.kind in ("tool_result", "user_input") and e.seq in seqs:
         d["content"] = placeholder(e.seq, "tool" if e.kind == "tool_result" else "user")
-    elif e.kind == "assistant_message" and e.seq in private:
+    elif e.kind == "assistant_message" and e.seq in seqs:
         d["message"] = {**d.get("message", {}), "content": placeholder(e.seq, "assistant"), "tool_calls": []}
+    elif e.kind == "assistant_message" and keys:
+        calls = [_call_without(c, hide) for c in (d.get("message") or {}).get("tool_calls") or ()]
+        d["message"] = {**d.get("message", {}), "tool_calls": calls}
+    elif e.kind == "tool_call" and str(d.get("id")) in private.calls:
+        d["arguments"] = {}
     elif e.kind == "recall_injected" and (
-        any(p.get("seq") in private or p.get("before_seq") in private for p in d.get("passages") or ())
-        or any(s in private for s in d.get("query_seqs") or ())
+        any(p.get("seq") in seqs or p.get("before_seq") in seqs for p in d.get("passages") or ())
+        or any(s in seqs for s in d.get("query_seqs") or ())
     ):
-        d["passages"] = [_redacted_passage(p, private) for p in d.get("passages") or ()]
-        quoted = [s for s in d.get("query_seqs") or () if s in private]
+        d["passages"] = [_redacted_passage(p, seqs) for p in d.get("passages") or ()]
+        quoted = [s for s in d.get("query_seqs") or () if s in seqs]
         if quoted:
             d["query"] = f"[query withheld: it quotes private message #{quoted[0]}]"
-    else:
+    elif e.kind in ("state_update", "patch_rejected", "final", "parked", "cancelled"):
+        for field_ in ("state", "patch"):
+            if field_ in d:
+                d[field_] = hide(d[field_])
+        if isinstance(d.get("output"), str):
+            d["output"] = _output_without(d["output"], hide)
+    elif e.kind == "distillation":
+        if "state" in d:
+            d["state"] = hide(d["state"])
+        d["context"] = [_ref_without(r, seqs, hide) for r in d.get("context") or ()]
+    if d == e.data and not withheld:
         return e
+    if withheld:
+        d["withheld"] = sorted(withheld)
     d["redacted"] = True
     return e.model_copy(update={"data": d})
+
+
+def _call_without(call: dict[str, Any], hide: Callable[[Any], Any]) -> dict[str, Any]:
+    """An ``emit_state`` call with Σ's private keys left out of its patch."""
+    args = call.get("arguments")
+    if call.get("name") != "emit_state" or not isinstance(args, dict) or "patch" not in args:
+        return call
+    return {**call, "arguments": {**args, "patch": hide(args["patch"])}}
+
+
+def _output_without(output: str, hide: Callable[[Any], Any]) -> str:
+    """A run's output that is Σ itself (a stateful run that finished without ``final``),
+    without Σ's private keys."""
+    try:
+        value = json.loads(output)
+    except ValueError:
+        return output
+    shown = hide(value)
+    return output if shown is value else json.dumps(shown, ensure_ascii=False)
+
+
+def _ref_without(ref: dict[str, Any], seqs: set[int], hide: Callable[[Any], Any]) -> dict[str, Any]:
+    """One entry of a distillation's ``context``: a message it holds whole (stateful's
+    observation, a cut message's head, Σ) with its private material replaced."""
+    message = ref.get("message")
+    if not isinstance(message, dict):
+        return ref
+    if message.get("seq") in seqs:
+        return {"message": {**message, "content": placeholder(message["seq"], str(message.get("role") or "tool"))}}
+    if message.get("synthetic") == "state":  # "Your state Σ:" and Σ as JSON on the next line
+        head, _, body = str(message.get("content") or "").partition("\n")
+        try:
+            state = json.loads(body)
+        except ValueError:
+            return ref
+        shown = hide(state)
+        if shown is not state:
+            return {"message": {**message, "content": f"{head}\n{json.dumps(shown, ensure_ascii=False)}"}}
+    return ref
 
 
 def _redacted_passage(passage: dict[str, Any], private: set[int]) -> dict[str, Any]:
@@ -110,14 +282,6 @@ def _redacted_passage(passage: dict[str, Any], private: set[int]) -> dict[str, A
     if out.get("before_seq") in private:
         out.pop("before", None)
     return out
-
-
-def redact_events(events: Iterable[Event], private: set[int] | None = None) -> list[Event]:
-    """``events`` with every private message replaced by its placeholder (``redacted: true``);
-    ``private`` is the record's private seqs (by default, those ``events`` name)."""
-    events = list(events)
-    private = private_seqs(events) if private is None else private
-    return [_redacted(e, private) for e in events] if private else events
 
 
 def withhold(state: dict[str, Any] | None, keys: set[str]) -> tuple[dict[str, Any] | None, list[str]]:

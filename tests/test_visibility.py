@@ -128,7 +128,8 @@ def test_export_and_mcp_get_events_and_recall_redact_unless_asked(tmp_path, monk
     exported = cli.invoke(app, ["runs", "export", run.run_id, "--format", "jsonl"]).output
     assert SECRET not in exported and "withheld from summaries" in exported
     assert SECRET in cli.invoke(app, ["runs", "export", run.run_id, "--include-private"]).output
-    assert SECRET in cli.invoke(app, ["runs", "show", run.run_id, "--full"]).output  # the operator sees it, marked
+    assert SECRET not in cli.invoke(app, ["runs", "show", run.run_id, "--full"]).output
+    assert SECRET in cli.invoke(app, ["runs", "show", run.run_id, "--full", "--include-private"]).output
     (result,) = store.events(run.run_id, kinds=["tool_result"])
     assert json.loads(cli.invoke(app, ["runs", "show", run.run_id, "--json"]).output)["private"] == [result.seq]
 
@@ -159,24 +160,15 @@ def test_redact_events_replaces_by_provenance_not_by_text():
     assert out[0].data["content"] == f"say {SECRET}" and out[1].data["content"] == placeholder(2)
 
 
-def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_material(tmp_path):
-    """The model sees its own private observation and may copy it into Σ; the keys a patch set
-    while the prompt held private material (the observation, or Σ's private keys) are left
-    out of Σ as the run hands it out. Keys set before the secret arrived are handed out."""
+def run_stateful(tmp_path, steps: list[dict]):
+    """A one-shot stateful run with the private vault, whose model emits ``steps`` in turn."""
     from loomrt.messages import ToolCall
 
-    steps = iter(
-        [
-            {"reasoning": "start", "patch": {"owner": "ops"}},
-            {"reasoning": "get it", "patch": {"plan": "fetch the token"}, "action": {"tool": "vault", "arguments": {}}},
-            {"reasoning": "keep it", "patch": {"token": SECRET, "plan": "deploy"}},
-            {"reasoning": "done", "patch": {"status": "deployed"}, "done": True, "final": "deployed"},
-        ]
-    )
+    emits = iter(steps)
 
     def stateful(request: ModelRequest) -> ModelResponse:
         return ModelResponse(
-            text="", tool_calls=[ToolCall(id=f"s{id(request)}", name="emit_state", arguments=next(steps))]
+            text="", tool_calls=[ToolCall(id=f"s{id(request)}", name="emit_state", arguments=next(emits))]
         )
 
     rt = runtime(tmp_path, FunctionProvider(stateful, local=False), tools=[private_vault()])
@@ -185,7 +177,22 @@ def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_m
         tools=["vault"],
         context={"mode": "stateful", "state_schema": {"type": "object", "properties": {}}},
     )
-    result = asyncio.run(rt.run(spec, "Deploy with the vault token."))
+    return rt, asyncio.run(rt.run(spec, "Deploy with the vault token."))
+
+
+def test_a_stateful_run_hands_out_sigma_without_the_keys_it_wrote_from_private_material(tmp_path):
+    """The model sees its own private observation and may copy it into Σ; the keys a patch set
+    while the prompt held private material (the observation, or Σ's private keys) are left
+    out of Σ as the run hands it out. Keys set before the secret arrived are handed out."""
+    rt, result = run_stateful(
+        tmp_path,
+        [
+            {"reasoning": "start", "patch": {"owner": "ops"}},
+            {"reasoning": "get it", "patch": {"plan": "fetch the token"}, "action": {"tool": "vault", "arguments": {}}},
+            {"reasoning": "keep it", "patch": {"token": SECRET, "plan": "deploy"}},
+            {"reasoning": "done", "patch": {"status": "deployed"}, "done": True, "final": "deployed"},
+        ],
+    )
     assert result.status == "done"
     assert result.state == {"owner": "ops"}  # written before the secret arrived
     assert list(result.state_withheld) == ["plan", "status", "token"]  # status was written with Σ's token in view
@@ -297,3 +304,143 @@ def test_an_injected_blocks_query_that_quotes_a_private_result_is_withheld_from_
     )
     (out,) = redact_events([event], {6})
     assert SECRET not in json.dumps(out.data) and "withheld" in out.data["query"]
+
+
+def stateful_vault_run(tmp_path, monkeypatch):
+    """A stateful run that reads the private vault (its observation), copies the token into Σ
+    and finishes without ``final`` (its output is Σ), on the default store: (store, run_id)."""
+    from loomrt.record import default_store
+
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path))
+    rt, result = run_stateful(
+        tmp_path,
+        [
+            {"reasoning": "start", "patch": {"owner": "ops"}},
+            {"reasoning": "get it", "patch": {"plan": "fetch"}, "action": {"tool": "vault", "arguments": {}}},
+            {"reasoning": "keep it", "patch": {"token": SECRET}},
+            {"reasoning": "done", "patch": {"status": "deployed"}, "done": True},
+        ],
+    )
+    assert result.status == "done" and SECRET not in json.dumps(result.to_json()), "the output is Σ handed out"
+    rt.store.close()
+    store = default_store()
+    assert store.path == tmp_path / "record.sqlite"
+    raw = json.dumps([e.data for e in store.events(result.run_id)])
+    kinds = {e.kind for e in store.events(result.run_id) if SECRET in json.dumps(e.data)}
+    assert {"tool_result", "distillation", "state_update", "final", "assistant_message"} <= kinds, raw[:300]
+    return store, result.run_id
+
+
+def test_every_cli_reader_withholds_a_stateful_runs_private_observation_and_sigma_keys(tmp_path, monkeypatch):
+    """Issue 39, items 1 and 4: the observation inline in distillations, Σ's private keys in
+    state_update, final, the emit_state arguments and Σ's block: `runs show` (with --seq,
+    --as-of and --prompt), `runs events` and `runs export` show none of it unless
+    --include-private."""
+    from loomrt.cli.app import app
+
+    store, run_id = stateful_vault_run(tmp_path, monkeypatch)
+    events = store.events(run_id)
+    cli = CliRunner()
+
+    def read(*args: str) -> str:
+        done = cli.invoke(app, list(args))
+        assert done.exit_code == 0, done.output
+        return done.output
+
+    readers = [
+        ["runs", "show", run_id, "--full"],
+        ["runs", "show", run_id, "--json"],
+        ["runs", "events", run_id],
+        ["runs", "events", run_id, "--json"],
+        ["runs", "events", run_id, "--kind", "distillation", "--json"],  # judged on the whole record
+        ["runs", "export", run_id],
+        ["runs", "export", run_id, "--format", "jsonl"],
+        *(["runs", "show", run_id, "--seq", str(e.seq), "--json"] for e in events),
+        *(["runs", "show", run_id, "--as-of", str(e.seq), "--json"] for e in events),
+        *(
+            ["runs", "show", run_id, "--prompt", str(e.seq), "--json"]
+            for e in events
+            if e.kind == "model_call" and e.data.get("prompt_from") == "context"
+        ),
+    ]
+    leaked = [" ".join(args[2:]) for args in readers if SECRET in read(*args)]
+    assert leaked == []
+    assert json.loads(read("runs", "show", run_id, "--json"))["state_withheld"] == ["status", "token"]
+    for args in (readers[0], readers[3], readers[6]):
+        assert SECRET in read(*args, "--include-private"), args
+    tail = [e for e in events if e.kind == "distillation"][-1]
+    assert SECRET in read("runs", "show", run_id, "--seq", str(tail.seq), "--include-private")
+
+
+def test_mcp_get_events_the_events_resource_and_get_run_withhold_a_stateful_runs_private_material(
+    tmp_path, monkeypatch
+):
+    from loomrt.mcp.server import build_server
+    from loomrt.mcp.service import RunService
+    from loomrt.runtime import Runtime
+    from loomrt.spec import AgentsFile
+
+    store, run_id = stateful_vault_run(tmp_path, monkeypatch)
+    service = RunService(AgentsFile(agents={}), runtime=Runtime(store))
+    page = service.get_events(run_id, 0, 1000)
+    assert SECRET not in json.dumps(page) and any(e["data"].get("withheld") == ["token"] for e in page["events"])
+    assert SECRET in json.dumps(service.get_events(run_id, 0, 1000, include_private=True))
+    late = service.get_events(run_id, len(store.events(run_id)) - 3, 1000)  # a page after the secret arrived
+    assert late["events"] and SECRET not in json.dumps(late)
+    shown = service.get_run(run_id)
+    assert SECRET not in json.dumps(shown) and shown["state_withheld"] == ["status", "token"]
+    server = build_server(service)
+    resource = asyncio.run(server.read_resource(f"loomrt://runs/{run_id}/events"))
+    text = "".join(str(getattr(c, "content", c)) for c in resource)
+    assert run_id in text and SECRET not in text
+
+
+def test_one_function_redacts_every_kind_that_carries_private_material():
+    """A private message's tool calls, a cut message's head inline in a distillation, Σ's
+    private keys in a distillation's Σ block and a rejected patch: each replaced by provenance."""
+    calls = [{"id": "k1", "name": "deploy", "arguments": {"token": SECRET}}]
+    observation = {
+        "role": "user",
+        "content": f"Last observation (vault):\n{SECRET}",
+        "seq": 3,
+        "synthetic": "observation",
+    }
+    sigma = {
+        "role": "user",
+        "content": "Your state Σ:\n" + json.dumps({"token": SECRET, "owner": "ops"}),
+        "synthetic": "state",
+    }
+
+    def event(at: int, kind: str, **data) -> Event:
+        return Event(run_id="r", seq=at, kind=kind, ts=0.0, data=data, hash="")
+
+    events = [
+        event(2, "assistant_message", message={"role": "assistant", "content": SECRET, "tool_calls": calls}),
+        event(3, "tool_call", **calls[0]),
+        event(4, "mark_private", seq=2, by="operator"),
+        event(5, "tool_result", tool_call_id="v", name="vault", content=SECRET, private=True),
+        event(
+            6, "state_update", state={"token": SECRET, "owner": "ops"}, patch={"token": SECRET}, private_keys=["token"]
+        ),
+        event(7, "patch_rejected", patch={"token": SECRET, "owner": 5}, error="bad", attempt=1),
+        event(
+            8,
+            "distillation",
+            mode="stateful",
+            span_seqs=[2],
+            context=[{"message": {**observation, "seq": 5}}, {"message": sigma}],
+            state={"token": SECRET, "owner": "ops"},
+            tokens_before=9,
+            tokens_after=3,
+            pressure=9,
+            budget=9,
+        ),
+        event(
+            9, "final", output=json.dumps({"token": SECRET, "owner": "ops"}), state={"token": SECRET, "owner": "ops"}
+        ),
+    ]
+    out = redact_events(events)
+    assert [e.seq for e in out if SECRET in json.dumps(e.data)] == []
+    assert all(e.data.get("redacted") for e in out if e.kind != "mark_private")
+    assert out[-1].data["state"] == {"owner": "ops"} and out[-1].data["withheld"] == ["token"]
+    assert "ops" in out[6].data["context"][1]["message"]["content"]

@@ -63,21 +63,20 @@ def export_cmd(
     format: str = typer.Option("md", "--format", help="md (a thread with its distillation markers) or jsonl."),
     output: Path | None = typer.Option(None, "--out", "-o", help="Write here instead of standard output."),
     include_private: bool = typer.Option(
-        False, "--include-private", help="Private messages whole, not their placeholders."
+        False, "--include-private", help="Private material whole, not its placeholders (loomrt.visibility)."
     ),
 ) -> None:
     """The run for a reviewer: every message and every distillation marker, in record order
     (private messages as placeholders unless --include-private)."""
     from loomrt.audit import to_jsonl, to_markdown, transcript
     from loomrt.errors import SpecError
-    from loomrt.visibility import redact_events
+    from loomrt.visibility import reader_events
 
     if format not in ("md", "jsonl"):
         raise SpecError(f"unknown export format {format!r}: use md or jsonl", path="--format")
     store = runtime().store
     store.get_run(run_id)
-    events = store.events(run_id)
-    items = transcript(events if include_private else redact_events(events))
+    items = transcript(reader_events(store, run_id, include_private=include_private))
     text = to_markdown(run_id, items) if format == "md" else to_jsonl(items)
     if output is None:
         typer.echo(text, nl=False)

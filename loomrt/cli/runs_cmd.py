@@ -17,6 +17,9 @@ __all__ = ["runs_app"]
 
 runs_app = typer.Typer(help="Runs in the record: list, show, events, verify, resume, continue.", no_args_is_help=True)
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
+IncludePrivateOpt = typer.Option(
+    False, "--include-private", help="Private material whole, not its placeholders (loomrt.visibility)."
+)
 
 
 def _when(ts: float) -> str:
@@ -62,15 +65,22 @@ def show_cmd(
         help="The whole prompt the model call at this seq sent: the working context and, marked, "
         "the recalled passages injected into that call only.",
     ),
+    include_private: bool = IncludePrivateOpt,
     json_output: bool = JsonOpt,
 ) -> None:
-    """One run: its summary, pins and transcript, each distillation a marker between the messages."""
+    """One run: its summary, pins and transcript, each distillation a marker between the messages
+    (private material as placeholders unless --include-private)."""
     from loomrt.run.projection import project
     from loomrt.run.summary import run_summary
+    from loomrt.visibility import private_record, redact_events
 
     rt = runtime()
     info = rt.store.get_run(run_id)
     events = rt.store.events(run_id)
+    withheld: list[str] = []
+    if not include_private:  # the one redaction every reader goes through (loomrt.visibility)
+        private = private_record(rt.store, run_id)
+        events, withheld = redact_events(events, private), private.state_withheld
     if seq is not None:
         _show_event(run_id, events, seq, json_output)
         return
@@ -85,7 +95,8 @@ def show_cmd(
     pins = [p.to_json() for p in view.pins.values()]
     standing = ((events[0].data.get("definition") or {}).get("context") or {}).get("pins") or [] if events else []
     if json_output:
-        print_json({**summary, "pins": pins, "definition_pins": standing, "private": sorted(view.private)})
+        withholds = {"state_withheld": withheld} if withheld and summary.get("state") is not None else {}
+        print_json({**summary, **withholds, "pins": pins, "definition_pins": standing, "private": sorted(view.private)})
         return
     table = Table(show_header=False, box=None)
     for key in (
@@ -145,7 +156,7 @@ def show_cmd(
         out.print("[bold]output[/bold]")
         out.print(view.output, markup=False, highlight=False)
     if view.state is not None:
-        out.print("[bold]state Σ[/bold]")
+        out.print("[bold]state Σ[/bold]" + (f" (withheld: {', '.join(withheld)})" if withheld else ""))
         out.print_json(json.dumps(view.state, ensure_ascii=False))
     if pins or standing:
         out.print("[bold]pins[/bold]")
@@ -264,14 +275,16 @@ def events_cmd(
     run_id: str,
     after: int = typer.Option(0, "--after", help="Only events with seq greater than this."),
     kind: list[str] = typer.Option(None, "--kind", help="Only events of these kinds."),
+    include_private: bool = IncludePrivateOpt,
     json_output: bool = typer.Option(False, "--json", help="JSON lines, one event each."),
 ) -> None:
-    """The run's record, event by event."""
+    """The run's record, event by event (private material as placeholders unless --include-private)."""
     from loomrt.record import default_store
+    from loomrt.visibility import reader_events
 
     store = default_store()
     store.get_run(run_id)
-    events = store.events(run_id, after=after, kinds=kind or None)
+    events = reader_events(store, run_id, include_private=include_private, after=after, kinds=kind or None)
     if json_output:
         for e in events:
             print_json(e.to_json_dict())

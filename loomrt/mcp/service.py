@@ -232,21 +232,18 @@ class RunService:
         return {**self.runtime.result(run).to_json(), "status": status}
 
     def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run's summary as a reader gets it: its output and Σ without private material."""
+        from loomrt.visibility import private_record, redact_events
+
         store = self.runtime.store
         try:
             info = store.get_run(run_id)
         except NotFoundError as exc:
             raise ServiceError(str(exc)) from None
-        events = store.events(run_id)
-        summary = run_summary(info, events, store)
-        if summary.get("state") is not None:  # Σ as the run hands it out: its private keys left out
-            from loomrt.run.projection import project
-            from loomrt.visibility import withhold
-
-            keys: set[str] = getattr(project(events, store=self.runtime.store).slot, "private_keys", set())
-            summary["state"], withheld = withhold(summary["state"], keys)
-            if withheld:
-                summary["state_withheld"] = withheld
+        private = private_record(store, run_id)
+        summary = run_summary(info, redact_events(store.events(run_id), private), store)
+        if summary.get("state") is not None and private.state_withheld:  # Σ as the run hands it out
+            summary["state_withheld"] = private.state_withheld
         if run_id in self.playing:
             summary["status"] = "running"
         return summary
@@ -264,18 +261,15 @@ class RunService:
         return rows[:limit]
 
     def get_events(self, run_id: str, after_seq: int, limit: int, include_private: bool = False) -> dict[str, Any]:
-        """A page of the record; private messages are placeholders unless ``include_private``."""
-        from loomrt.visibility import private_seqs, redact_events
+        """A page of the record; private material is its placeholder unless ``include_private``
+        (:func:`loomrt.visibility.reader_events`, judged on the whole record)."""
+        from loomrt.visibility import reader_events
 
         if not 1 <= limit <= EVENTS_MAX:
             raise ServiceError(f"limit must be between 1 and {EVENTS_MAX}, not {limit}")
         self.get_run(run_id)  # an unknown run id is one clear error
-        events = self.runtime.store.events(run_id, after=max(0, after_seq))
+        events = reader_events(self.runtime.store, run_id, include_private=include_private, after=max(0, after_seq))
         page = events[:limit]
-        if not include_private:  # the whole record's private seqs: a later mark_private covers earlier ones
-            page = redact_events(
-                page, private_seqs(self.runtime.store.events(run_id, kinds=["tool_result", "mark_private"]))
-            )
         more = len(events) > limit
         return {
             "run_id": run_id,

@@ -29,6 +29,7 @@ from loomrt.run.reducers.base import Reduction, RetentionMode
 from loomrt.run.splice import splice
 from loomrt.run.steps import AskAgain, FinalOutput, NextStep, RunTools
 from loomrt.tokens import count_text
+from loomrt.visibility import withhold
 
 if TYPE_CHECKING:
     from loomrt.run.projection import RunView
@@ -236,7 +237,10 @@ class StatefulMode(RetentionMode):
         if args.get("done"):
             await self._observe(run, emit, "State accepted. Done.")
             final = args.get("final")
-            return FinalOutput(str(final) if final is not None else json.dumps(new_state, ensure_ascii=False))
+            if final is not None:
+                return FinalOutput(str(final))
+            shown, _ = withhold(new_state, run.view.slot.private_keys)  # the output is Σ as the run hands it out
+            return FinalOutput(json.dumps(shown, ensure_ascii=False))
         if action and action.get("tool"):
             return RunTools(
                 (ToolCall(id=emit.id, name=str(action["tool"]), arguments=dict(action.get("arguments") or {})),)
