@@ -286,7 +286,7 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
                 )
     from rich.markdown import Markdown
 
-    from loomrt.bench.report import render_measure
+    from loomrt.bench.render import render_measure
 
     for name, figures in results["measures"].items():  # each measure renders itself, as in report.md
         if "skipped" not in figures:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from loomrt.bench.report import fmt
+from loomrt.bench.render import fmt
 
 __all__ = ["QA_BEGIN", "QA_END", "markdown", "write_report", "update_docs"]
 
