@@ -5,7 +5,8 @@ One async core (:meth:`Runtime.astart`, :meth:`Runtime.send`, :meth:`Runtime.aop
 :meth:`Runtime.open` and :meth:`Runtime.finish` are thin wrappers over it. The store is
 awaited (:class:`loomrt.record.Store`'s async face). Every run works on a deep clone of its
 agent definition, resolves its retention mode once, and resolves its toolset in
-:func:`loomrt.toolset.resolve_toolset`.
+:func:`loomrt.toolset.resolve_toolset`; putting a run together (new, forked, or rebuilt
+from its record) is :func:`loomrt.runtime_assembly.assemble`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
-from loomrt.crashpoints import reached
 from loomrt.errors import LoomError, MovedOnError, NotFoundError, RunOwnedError, SpecError, StoreError
-from loomrt.events import Event, RunInfo
+from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
@@ -31,15 +31,12 @@ from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, wor
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
-from loomrt.run.family import Family
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
-from loomrt.run.modes import mode_for, resolve_mode
-from loomrt.run.pins import definition_pins_text
-from loomrt.run.projection import message_limit, project
+from loomrt.run.modes import mode_for
 from loomrt.run.state import RunResult, RunState
-from loomrt.spec import SPAWN_TOOLS, AgentsFile, AgentSpec, definition_hash
+from loomrt.runtime_assembly import assemble
+from loomrt.spec import AgentsFile, AgentSpec
 from loomrt.tools import Tool
-from loomrt.toolset import resolve_toolset
 from loomrt.visibility import withhold
 
 __all__ = ["Runtime", "drive"]
@@ -65,18 +62,6 @@ def drive(coro: Coroutine[Any, Any, T]) -> T:
         "this store waits on I/O, so this call cannot complete synchronously: "
         "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
     )
-
-
-def _agents_at(path: str | None) -> AgentsFile | None:
-    """The agents file a run was started from, read again (a resumed parent spawns from it)."""
-    if not path:
-        return None
-    from loomrt.spec_load import load_agents
-
-    try:
-        return load_agents(path)
-    except LoomError:
-        return None  # the spawn tools say so when they are called
 
 
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
@@ -172,7 +157,8 @@ class Runtime:
         identity = {
             k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v
         }
-        return await self._assemble(
+        return await assemble(
+            self,
             run_id,
             name,
             spec,
@@ -191,131 +177,6 @@ class Runtime:
             known = ", ".join(sorted(agents.agents)) if agents else "none loaded"
             raise NotFoundError(f"no agent named {agent!r}. Known agents: {known}")
         return agent, agents.agent(agent)
-
-    async def _assemble(
-        self,
-        run_id: str,
-        name: str,
-        spec: AgentSpec,
-        *,
-        interactive: bool,
-        agents_file: str | None,
-        history: list[Event] | None,
-        agents: AgentsFile | None = None,
-        lineage: dict[str, Any] | None = None,
-        fork: dict[str, Any] | None = None,
-        identity: dict[str, str] | None = None,
-    ) -> RunState:
-        provider = self.providers(spec, spec.model)
-        summarizer = self.providers(spec, spec.context.summarizer_model) if spec.context.summarizer_model else provider
-        requested = spec.context.mode
-        if history:
-            resolved = history[0].data["mode"]
-        else:
-            resolved = resolve_mode(
-                requested,
-                provider.capabilities,
-                interactive=interactive,
-                has_schema=spec.context.state_schema is not None,
-            )
-        mode = mode_for(resolved)
-        lineage = dict(lineage or {})
-        identity = dict(identity or {})  # whom the run works for: its user and project memory scopes
-        if history:
-            lineage = {k: history[0].data[k] for k in ("parent_run_id", "root_run_id", "depth") if k in history[0].data}
-            identity = {k: history[0].data[k] for k in ("user", "project") if history[0].data.get(k)}
-        run = RunState(
-            run_id=run_id,
-            agent=name,
-            spec=spec,
-            mode=mode,
-            interactive=interactive,
-            store=self.store,
-            provider=provider,
-            summarizer=summarizer,
-            listeners=list(self.listeners),
-            **lineage,
-        )
-        if history is None:
-            self.claim(run)  # a new run is this worker's from its first event
-        if history:
-            run.view = project(history, mode=mode, store=self.store)
-        elif fork:
-            run.view.family = Family.of(self.store, fork["forked_from"])
-        shared = run.view.family.events() if run.view.family is not None and spec.context.recall else []
-        spawn = None
-        if any(t in SPAWN_TOOLS for t in spec.tools):
-            from loomrt.children import Children
-
-            spawn = Children(self, run, agents or (lambda: _agents_at(agents_file)), agents_file).spawn
-        below = {"parent_run_id": run_id, "root_run_id": run.root_run_id or run_id, "depth": run.depth + 1}
-        run.toolset = resolve_toolset(
-            spec,
-            run_id=run_id,
-            agent=name,
-            registry=self.tools,
-            memory=self.memory,
-            embedder=self.embedder,
-            history=[*shared, *(history or [])] if shared else history,
-            emit=run.emit,
-            spawn=spawn,
-            lineage=below,
-            run=run,
-            user=identity.get("user"),
-            project=identity.get("project"),
-        )
-        run.callbacks = [*run.toolset.callbacks, *self.callbacks]
-        if history is None:
-            system = "\n\n".join(
-                x
-                for x in [
-                    spec.system_text(),
-                    definition_pins_text(spec.context.pins),
-                    *mode.system_lines(spec),
-                    *run.toolset.prompt_lines,
-                ]
-                if x
-            )
-            info = RunInfo(
-                run_id=run_id,
-                agent=name,
-                def_hash=definition_hash(spec),
-                mode=resolved,
-                model=spec.model,
-                interactive=interactive,
-                agents_file=agents_file,
-                parent_run_id=run.parent_run_id,
-                root_run_id=run.root_run_id,
-                forked_from=(fork or {}).get("forked_from", {}).get("run_id"),
-                fork_seq=(fork or {}).get("forked_from", {}).get("seq"),
-            )
-            if fork:  # a fork waits for its first input: parked in the same transaction as its start
-                run.emit("parked", {"output": None})
-            async with run.atomic():  # the run and its first event: a crash leaves both or neither
-                await self.store.write_run(info)
-                await run.add(
-                    "run_started",
-                    {
-                        "agent": name,
-                        "def_hash": definition_hash(spec),
-                        "definition": spec.model_dump(mode="json"),
-                        "requested_mode": requested,
-                        "mode": resolved,
-                        "model": spec.model,
-                        "interactive": interactive,
-                        "tools": sorted(run.toolset.tools),
-                        "system": system,
-                        "local": provider.capabilities.local,
-                        "budget": run.budget,
-                        "message_max_tokens": message_limit(spec.context.model_dump(), run.budget),
-                        **lineage,
-                        **(fork or {}),
-                        **identity,
-                    },
-                )
-                if fork:
-                    reached("in_fork")
-        return run
 
     # ------------------------------------------------------------------ playing
 
@@ -394,8 +255,8 @@ class Runtime:
         if not events or events[0].kind != "run_started":
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
         spec = AgentSpec.model_validate(events[0].data["definition"])
-        run = await self._assemble(
-            run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events
+        run = await assemble(
+            self, run_id, info.agent, spec, interactive=info.interactive, agents_file=info.agents_file, history=events
         )
         for provider in {id(run.provider): run.provider, id(run.summarizer): run.summarizer}.values():
             advance = getattr(provider, "advance", None)
@@ -530,7 +391,8 @@ class Runtime:
             fork["catalog"] = catalog
         new_id = uuid.uuid4().hex[:12]
         identity = {k: started.data[k] for k in ("user", "project") if started.data.get(k)}
-        return await self._assemble(
+        return await assemble(
+            self,
             new_id,
             info.agent,
             spec,

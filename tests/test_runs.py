@@ -502,15 +502,15 @@ def test_a_run_continues_from_the_record_after_its_prompt_file_is_gone(tmp_path)
 
 
 def test_events_the_toolset_emits_while_it_is_resolved_land_after_run_started(tmp_path, monkeypatch):
-    import loomrt.runtime as runtime_module
+    import loomrt.runtime_assembly as assembly_module
 
-    real = runtime_module.resolve_toolset
+    real = assembly_module.resolve_toolset
 
     def noisy(spec, **kw):
         kw["emit"]("notice", {"message": "resolved early"})
         return real(spec, **kw)
 
-    monkeypatch.setattr(runtime_module, "resolve_toolset", noisy)
+    monkeypatch.setattr(assembly_module, "resolve_toolset", noisy)
     rt = runtime(tmp_path, ScriptedProvider(["ok"]))
     run = rt.start(AgentSpec(model="scripted/x"), name="a")
     assert [e.kind for e in rt.store.events(run.run_id)][:2] == ["run_started", "notice"]
