@@ -63,6 +63,9 @@ class RunInfo(BaseModel):
     """The run this one was forked from (``loomrt runs fork``): it shares that run's history
     up to ``fork_seq``, and its own seqs continue after it."""
     fork_seq: int | None = None
+    chain: str | None = None
+    """The run's ledger scheme (:mod:`loomrt.record.ledger`): ``v1`` plain, ``v2`` keyed; None
+    on a run not written yet (the store chooses: v2 while it has a ledger key)."""
     created_at: float = Field(default_factory=time.time)
     status: str = "active"
     """Derived from the last event: active, parked, done, failed."""

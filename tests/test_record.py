@@ -42,6 +42,7 @@ def test_the_store_has_no_way_to_change_or_delete():
         "create_run",
         "events",
         "get_run",
+        "head",
         "latest",
         "lease_holder",
         "list_runs",

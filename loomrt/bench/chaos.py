@@ -56,6 +56,7 @@ from typing import Any
 
 from loomrt.bench.chaos_scenarios import CHAT_INPUTS, SCENARIOS, TASK, Scenario, write_scenarios
 from loomrt.crashpoints import CRASH_AT_ENV, CRASH_TRACE_ENV, POINTS
+from loomrt.integrity import verify_run
 from loomrt.run.loop import INTERRUPTED
 
 __all__ = [
@@ -422,6 +423,8 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: st
     kill.violations = check(outcome, baseline, events, scenario, rebuilt)
     if scenario.fork:
         kill.violations += fork_problems(store, scenario)
+    for other in store.list_runs(limit=100):  # every run the scenario left: `runs verify` holds on each
+        kill.violations += [f"runs verify {other.run_id}: {p}" for p in verify_run(store, other.run_id).problems]
     store.close()
     return kill
 

@@ -132,6 +132,36 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         """,
     ),
+    (
+        "0010_run_heads_and_keyed_chains",
+        # each run's head (last seq and hash) kept apart from its events, only ever moving
+        # forward, so a cut tail shows (its epoch: the newest claim's fencing token, which
+        # never falls); a run names its chain scheme (NULL: v1, plain); a card is never
+        # replaced (the store inserts only ids it does not have)
+        """
+        ALTER TABLE runs ADD COLUMN chain TEXT;
+        CREATE TABLE run_heads (
+            run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+            seq INTEGER NOT NULL,
+            hash TEXT,
+            epoch INTEGER NOT NULL DEFAULT 0
+        );
+        INSERT INTO run_heads (run_id, seq, hash, epoch)
+            SELECT e.run_id, e.seq, e.hash, 0 FROM events e
+            WHERE e.seq = (SELECT MAX(x.seq) FROM events x WHERE x.run_id = e.run_id);
+        CREATE TRIGGER run_heads_forward_only BEFORE UPDATE ON run_heads
+        WHEN NEW.run_id != OLD.run_id OR NEW.seq <= OLD.seq OR NEW.epoch < OLD.epoch
+        BEGIN SELECT RAISE(ABORT, 'a run head only moves forward: its seq grows and its epoch never falls'); END;
+        CREATE TRIGGER run_heads_no_delete BEFORE DELETE ON run_heads
+        BEGIN SELECT RAISE(ABORT, 'a run head is never deleted'); END;
+        CREATE TRIGGER run_heads_no_replace BEFORE INSERT ON run_heads
+        WHEN EXISTS (SELECT 1 FROM run_heads WHERE run_id = NEW.run_id)
+        BEGIN SELECT RAISE(ABORT, 'a run head is never replaced: it only moves forward'); END;
+        CREATE TRIGGER cards_no_replace BEFORE INSERT ON cards
+        WHEN EXISTS (SELECT 1 FROM cards WHERE card_id = NEW.card_id)
+        BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card with this id exists'); END;
+        """,
+    ),
 ]
 
 

@@ -119,6 +119,32 @@ POSTGRES_SQL: dict[str, str] = {
         );
         GRANT SELECT, INSERT, UPDATE, DELETE ON run_owners TO {APP_ROLE};
     """,
+    # a card is refused again by the primary key (an upsert fires the update trigger)
+    "0010_run_heads_and_keyed_chains": f"""
+        ALTER TABLE runs ADD COLUMN chain TEXT;
+        CREATE TABLE run_heads (
+            run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+            seq BIGINT NOT NULL,
+            hash TEXT,
+            epoch BIGINT NOT NULL DEFAULT 0
+        );
+        INSERT INTO run_heads (run_id, seq, hash, epoch)
+            SELECT DISTINCT ON (run_id) run_id, seq, hash, 0 FROM events ORDER BY run_id, seq DESC;
+        CREATE FUNCTION loomrt_run_heads_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP <> 'UPDATE' OR NEW.run_id <> OLD.run_id OR NEW.seq <= OLD.seq OR NEW.epoch < OLD.epoch THEN
+                RAISE EXCEPTION 'a run head only moves forward: % is refused on run_heads', TG_OP
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER run_heads_forward_only BEFORE UPDATE OR DELETE ON run_heads
+            FOR EACH ROW EXECUTE FUNCTION loomrt_run_heads_forward_only();
+        CREATE TRIGGER run_heads_no_truncate BEFORE TRUNCATE ON run_heads
+            FOR EACH STATEMENT EXECUTE FUNCTION loomrt_run_heads_forward_only();
+        REVOKE ALL ON run_heads FROM PUBLIC;
+        GRANT SELECT, INSERT, UPDATE ON run_heads TO {APP_ROLE};
+    """,
 }
 """The PostgreSQL SQL of each migration, by name (``tests/test_postgres.py`` checks the
 names are exactly those of the one list, in its order)."""

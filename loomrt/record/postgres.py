@@ -31,9 +31,19 @@ from loomrt.errors import FencedError, MovedOnError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.record import pg_migrations
 from loomrt.record.inline import InlineAsyncFace
-from loomrt.record.ledger import canonical
+from loomrt.record.ledger import canonical, ledger_key
 from loomrt.record.owners import claimed, fenced, owner_rows
-from loomrt.record.rows import RunReads, chained, insert_run_sql, run_info, run_row, runs_sql
+from loomrt.record.rows import (
+    RunReads,
+    chain_key,
+    chain_start,
+    chained,
+    insert_run_sql,
+    new_run,
+    run_info,
+    run_row,
+    runs_sql,
+)
 
 __all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
 
@@ -68,6 +78,8 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 "Install it with: pip install 'loomrt[postgres]'"
             ) from None
         self.url = url
+        self.ledger_key = ledger_key()
+        """The deployment's ledger key (:mod:`loomrt.record.ledger`): new runs are chained v2 with it."""
         self.path = redact_url(url)
         """Where the record is, as messages name it (the URL without its password)."""
         self._errors = psycopg.Error
@@ -143,6 +155,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
     def create_run(self, info: RunInfo) -> None:
         import psycopg.errors
 
+        info = new_run(info, self.ledger_key)
         try:
             with self._conn() as conn:
                 conn.execute(insert_run_sql("%s"), run_row(info))
@@ -173,14 +186,18 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
                 # the time, the run's last seq and hash, and where a fork's seqs start: one round
                 # trip, in a snapshot taken after the lock (read committed: every earlier append shows)
-                now, last, last_hash, fork_seq = conn.execute(
-                    f"SELECT {_NOW}, last.seq, last.hash, (SELECT fork_seq FROM runs WHERE run_id = %s) FROM "
+                now, last, last_hash, fork_seq, chain = conn.execute(
+                    f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain FROM "
                     "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
-                    "ORDER BY seq DESC LIMIT 1) last ON true",
+                    "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s",
                     (run_id, run_id),
                 ).fetchone()
                 ts = float(now)
-                seq, prev = (int(last), last_hash or "") if last is not None else (int(fork_seq or 0), "")
+                key = chain_key(run_id, chain, self.ledger_key)
+                if last is not None:
+                    seq, prev = int(last), last_hash or ""
+                else:  # a fork's first event continues after the seq it was forked at
+                    seq, prev = int(fork_seq or 0), (chain_start(self.get_run(run_id), key) if key else "")
                 if after is not None and seq != after:
                     raise MovedOnError(
                         f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
@@ -195,7 +212,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                     == 0
                 ):
                     raise FencedError(fenced(run_id, epoch, self._owner_row(conn, run_id)))
-                rows, cards, out = chained(run_id, seq, prev, ts, items)
+                rows, cards, out = chained(run_id, seq, prev, ts, items, key)
                 with conn.cursor() as cur:
                     if len(rows) == 1:  # executemany prepares; one row needs one round trip
                         cur.execute(
@@ -213,6 +230,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                             "ON CONFLICT (card_id) DO NOTHING",
                             cards,
                         )
+                    _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
         except (MovedOnError, FencedError):
             raise
         except self._errors as exc:
@@ -225,6 +243,11 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 return list(conn.execute(sql, list(args)).fetchall())
         except self._errors as exc:
             raise self._fail("cannot read the record", exc) from exc
+
+    def head(self, run_id: str) -> tuple[int, str | None, int] | None:
+        """The run's head anchor: (last seq, its hash, epoch), or None where none was kept."""
+        rows = self._select("SELECT seq, hash, epoch FROM run_heads WHERE run_id = %s", (run_id,))
+        return (int(rows[0][0]), rows[0][1], int(rows[0][2])) if rows else None
 
     def events(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -398,6 +421,17 @@ def import_run(
             "ON CONFLICT (card_id) DO NOTHING",
             [(c, info.run_id, s, d, data) for c, s, d, data in cards],
         )
+        if events:
+            _move_head(cur, info.run_id, events[-1].seq, events[-1].hash, None)
+
+
+def _move_head(cur: Any, run_id: str, seq: int, hash_: str | None, epoch: int | None) -> None:
+    """Move the run's head anchor to its new last event (inside the append's transaction)."""
+    cur.execute(
+        "INSERT INTO run_heads (run_id, seq, hash, epoch) VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE "
+        "SET seq = excluded.seq, hash = excluded.hash, epoch = GREATEST(run_heads.epoch, excluded.epoch)",
+        (run_id, seq, hash_, epoch or 0),
+    )
 
 
 def run_cards(store: PostgresStore, run_id: str) -> list[tuple[str, int, int, str]]:

@@ -6,11 +6,22 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from loomrt.errors import NotFoundError
+from loomrt.errors import NotFoundError, StoreError
 from loomrt.events import LIFECYCLE_KINDS, Event, RunInfo, run_status
-from loomrt.record.ledger import canonical, event_hash
+from loomrt.record.ledger import KEY_ENV, KEY_FILE_ENV, canonical, event_hash, genesis
 
-__all__ = ["RUN_COLUMNS", "run_row", "insert_run_sql", "runs_sql", "run_info", "RunReads", "chained"]
+__all__ = [
+    "RUN_COLUMNS",
+    "run_row",
+    "insert_run_sql",
+    "runs_sql",
+    "run_info",
+    "RunReads",
+    "chained",
+    "chain_key",
+    "new_run",
+    "chain_start",
+]
 
 RUN_COLUMNS = (
     "run_id",
@@ -25,6 +36,7 @@ RUN_COLUMNS = (
     "root_run_id",
     "forked_from",
     "fork_seq",
+    "chain",
 )
 
 _LIFECYCLE = ", ".join(f"'{k}'" for k in LIFECYCLE_KINDS)
@@ -45,6 +57,7 @@ def run_row(info: RunInfo) -> tuple[Any, ...]:
         info.root_run_id,
         info.forked_from,
         info.fork_seq,
+        info.chain,
     )
 
 
@@ -62,24 +75,54 @@ def runs_sql(where: str, mark: str) -> str:
                (SELECT kind FROM events e WHERE e.run_id = r.run_id AND e.kind IN ({_LIFECYCLE})
                 ORDER BY seq DESC LIMIT 1),
                (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
-               r.root_run_id, r.forked_from, r.fork_seq
+               r.root_run_id, r.forked_from, r.fork_seq, r.chain
         FROM runs r {where} ORDER BY r.created_at DESC LIMIT {mark}"""
 
 
+def new_run(info: RunInfo, key: bytes | None) -> RunInfo:
+    """``info`` as a store writes a new run: chained v2 (keyed) while the store has a ledger
+    key, else v1; a scheme already named (a copied run) is kept."""
+    return info if info.chain else info.model_copy(update={"chain": "v2" if key is not None else "v1"})
+
+
+def chain_key(run_id: str, chain: str | None, key: bytes | None) -> bytes | None:
+    """The key a run's events are hashed with: None for a v1 run; the ledger key for a v2
+    run, which a process without it may not append to (:class:`StoreError`)."""
+    if chain != "v2":
+        return None
+    if key is None:
+        raise StoreError(
+            f"run {run_id}'s record is keyed (chain v2) and this process has no ledger key: set "
+            f"${KEY_ENV} or ${KEY_FILE_ENV} to the deployment's key (every writer of a shared record needs it)"
+        )
+    return key
+
+
+def chain_start(info: RunInfo, key: bytes | None) -> str:
+    """What a run's first event chains to: "" for v1, the keyed digest of its row for v2."""
+    k = chain_key(info.run_id, info.chain, key)
+    return genesis(info, k) if k is not None else ""
+
+
 def chained(
-    run_id: str, seq: int, prev: str, ts: float, items: list[tuple[str, dict[str, Any]]]
+    run_id: str,
+    seq: int,
+    prev: str,
+    ts: float,
+    items: list[tuple[str, dict[str, Any]]],
+    key: bytes | None = None,
 ) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[Event]]:
     """The rows of ``items`` (kind, data) appended after ``seq`` (whose hash is ``prev``) at
     ``ts``: event rows (run_id, seq, kind, ts, data, hash) with each data the canonical text
     the ledger hashes, card index rows (card_id, run_id, seq, depth, data) of the
-    distillations' cards, and the events as written."""
+    distillations' cards, and the events as written. ``key``: a v2 run's (:func:`chain_key`)."""
     rows: list[tuple[Any, ...]] = []
     cards: list[tuple[Any, ...]] = []
     events: list[Event] = []
     for kind, data in items:
         payload = canonical(data)
         seq += 1
-        prev = event_hash(prev, run_id, seq, kind, ts, payload)
+        prev = event_hash(prev, run_id, seq, kind, ts, payload, key)
         rows.append((run_id, seq, kind, ts, payload, prev))
         for card in data.get("cards") or () if kind == "distillation" else ():
             cards.append((card["id"], run_id, seq, int(card["depth"]), canonical(card)))
@@ -104,6 +147,7 @@ def run_info(r: tuple[Any, ...]) -> RunInfo:
         root_run_id=r[11],
         forked_from=r[12],
         fork_seq=r[13],
+        chain=r[14] or "v1",
     )
 
 

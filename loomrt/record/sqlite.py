@@ -16,10 +16,20 @@ from loomrt.errors import FencedError, MovedOnError, StoreError
 from loomrt.events import Event, RunInfo
 from loomrt.record import checkpoints
 from loomrt.record.inline import InlineAsyncFace
-from loomrt.record.ledger import canonical
+from loomrt.record.ledger import canonical, ledger_key
 from loomrt.record.migrations import migrate
 from loomrt.record.owners import claimed, fenced, owner_rows
-from loomrt.record.rows import RunReads, chained, insert_run_sql, run_info, run_row, runs_sql
+from loomrt.record.rows import (
+    RunReads,
+    chain_key,
+    chain_start,
+    chained,
+    insert_run_sql,
+    new_run,
+    run_info,
+    run_row,
+    runs_sql,
+)
 
 __all__ = ["SQLiteStore", "loomrt_home", "default_store", "import_run", "run_cards"]
 
@@ -78,6 +88,14 @@ def default_store(url: str | None = None) -> Any:
     )
 
 
+_NEW_CARD = (
+    "INSERT INTO cards (card_id, run_id, seq, depth, data) SELECT ?, ?, ?, ?, ? "
+    "WHERE NOT EXISTS (SELECT 1 FROM cards WHERE card_id = ?)"
+)
+"""A card is written once: an id the index has already (a fork's refold of the same cards)
+is left as it is; any other insert of an existing id is refused by a trigger."""
+
+
 class SQLiteStore(InlineAsyncFace, RunReads):
     """Append-only record in one SQLite file. Safe to share between threads of one process."""
 
@@ -86,6 +104,8 @@ class SQLiteStore(InlineAsyncFace, RunReads):
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.ledger_key = ledger_key()
+        """The deployment's ledger key (:mod:`loomrt.record.ledger`): new runs are chained v2 with it."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._conn = self._open()
@@ -160,6 +180,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
     # the sync face
 
     def create_run(self, info: RunInfo) -> None:
+        info = new_run(info, self.ledger_key)
         with self._lock:
             try:
                 self._conn.execute(insert_run_sql("?"), run_row(info))
@@ -189,13 +210,17 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             try:  # the next seq and its hash are taken under the write lock
                 if not self._atomic:
                     self._conn.execute("BEGIN IMMEDIATE")
-                row = self._conn.execute(
-                    "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
+                chain, fork_seq, last, last_hash = self._conn.execute(
+                    "SELECT r.chain, r.fork_seq, e.seq, e.hash FROM (SELECT ? AS run_id) one "
+                    "LEFT JOIN runs r ON r.run_id = one.run_id LEFT JOIN events e ON e.run_id = one.run_id "
+                    "AND e.seq = (SELECT MAX(seq) FROM events WHERE run_id = one.run_id)",
+                    (run_id,),
                 ).fetchone()
-                if row is None:  # a fork's first event continues after the seq it was forked at
-                    base = self._conn.execute("SELECT fork_seq FROM runs WHERE run_id = ?", (run_id,)).fetchone()
-                    row = ((base[0] or 0) if base else 0, "")
-                seq, prev = row[0], row[1] or ""
+                key = chain_key(run_id, chain, self.ledger_key)
+                if last is None:  # a fork's first event continues after the seq it was forked at
+                    seq, prev = fork_seq or 0, (chain_start(self.get_run(run_id), key) if key else "")
+                else:
+                    seq, prev = last, last_hash or ""
                 if after is not None and seq != after:
                     raise MovedOnError(
                         f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
@@ -209,13 +234,12 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     ).rowcount
                 ):
                     raise FencedError(fenced(run_id, epoch, self._owner_row(run_id)))
-                rows, cards, out = chained(run_id, seq, prev, ts, items)
+                rows, cards, out = chained(run_id, seq, prev, ts, items, key)
                 self._conn.executemany(
                     "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)", rows
                 )
-                self._conn.executemany(
-                    "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)", cards
-                )
+                self._conn.executemany(_NEW_CARD, [(*c, c[0]) for c in cards])
+                self._move_head(run_id, rows[-1][1], rows[-1][5], epoch)
                 if not self._atomic:
                     self._conn.execute("COMMIT")
             except (MovedOnError, FencedError):
@@ -227,6 +251,23 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     self._conn.execute("ROLLBACK")
                 raise StoreError(f"cannot append to the record of run {run_id}: {exc}{_hint(exc)}") from exc
         return out
+
+    def _move_head(self, run_id: str, seq: int, hash_: str | None, epoch: int | None) -> None:
+        """Move the run's head anchor to its new last event (inside the append's transaction)."""
+        moved = self._conn.execute(
+            "UPDATE run_heads SET seq = ?, hash = ?, epoch = MAX(epoch, ?) WHERE run_id = ?",
+            (seq, hash_, epoch or 0, run_id),
+        ).rowcount
+        if not moved:
+            self._conn.execute(
+                "INSERT INTO run_heads (run_id, seq, hash, epoch) VALUES (?, ?, ?, ?)", (run_id, seq, hash_, epoch or 0)
+            )
+
+    def head(self, run_id: str) -> tuple[int, str | None, int] | None:
+        """The run's head anchor: (last seq, its hash, epoch), or None where none was kept."""
+        with self._lock:
+            row = self._conn.execute("SELECT seq, hash, epoch FROM run_heads WHERE run_id = ?", (run_id,)).fetchone()
+        return (int(row[0]), row[1], int(row[2])) if row else None
 
     def events(
         self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
@@ -397,10 +438,9 @@ def import_run(store: SQLiteStore, info: RunInfo, events: list[Event], cards: li
                 "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)",
                 [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events],
             )
-            conn.executemany(
-                "INSERT OR IGNORE INTO cards (card_id, run_id, seq, depth, data) VALUES (?, ?, ?, ?, ?)",
-                [(c, info.run_id, s, d, data) for c, s, d, data in cards],
-            )
+            conn.executemany(_NEW_CARD, [(c, info.run_id, s, d, data, c) for c, s, d, data in cards])
+            if events:
+                store._move_head(info.run_id, events[-1].seq, events[-1].hash, None)
         except BaseException:
             conn.execute("ROLLBACK")
             raise

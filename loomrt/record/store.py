@@ -31,6 +31,10 @@ __all__ = ["Store"]
 class Store(Protocol):
     """Where records live."""
 
+    ledger_key: bytes | None
+    """The deployment's ledger key (:func:`loomrt.record.ledger.ledger_key`): new runs are
+    chained v2 (keyed) with it, and a v2 run takes appends only from a store that has it."""
+
     async def write_run(self, info: RunInfo) -> None:
         """Register a new run (written once)."""
 
@@ -73,6 +77,10 @@ class Store(Protocol):
 
     def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
         """The run's last event of ``kind`` (at or before ``until``), or None."""
+
+    def head(self, run_id: str) -> tuple[int, str | None, int] | None:
+        """The run's head anchor, kept apart from its events and only ever moving forward:
+        (last seq, that event's hash, the newest claim's epoch); None where none was kept."""
 
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Fold's cards by id, whichever run of the family wrote them (the ids found)."""
