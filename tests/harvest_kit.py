@@ -1,14 +1,36 @@
-"""Helpers for the harvest tests: an agent that banks, a chat that evicts."""
+"""Helpers for the harvest tests: a record on each backend, an agent that banks, a chat that
+evicts."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from loomrt import Runtime
 from loomrt.providers.scripted import ScriptedProvider
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.spec import AgentSpec
+
+
+def harvest_record(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore]:
+    """The body of the harvest tests' ``store`` fixture: a record on the backend
+    ``request.param`` names; harvest's tables live beside it (the SQLite file, or the
+    PostgreSQL database), and are let go after the test."""
+    from loomrt.harvest.wiring import release
+    from loomrt.record.sqlite import default_store
+
+    record = (
+        SQLiteStore(tmp_path / "record.sqlite")
+        if request.param == "sqlite"
+        else default_store(request.getfixturevalue("postgres_url"))
+    )
+    yield record
+    release(record)
+    record.close()
 
 
 def harvest_agent(**context: Any) -> AgentSpec:
@@ -55,3 +77,7 @@ def chat(
 def padded(text: str, words: int = 45) -> str:
     """``text`` with filler after it, so a few turns fill the budget."""
     return text + " " + " ".join(["filler"] * words)
+
+
+TALK = [padded(f"My colleague Rosa{i} works on the billing service and prefers tabs over spaces.") for i in range(6)]
+"""Six turns that each name a colleague: enough for a few distillations to bank."""

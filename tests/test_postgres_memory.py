@@ -1,6 +1,7 @@
 """Durable memory on PostgreSQL: search in the database, scopes enforced by row-level
 security, claims that skip locked spans (the queue and memory on both backends are
-``tests/test_harvest.py``, whose store fixture runs each test on SQLite and PostgreSQL)."""
+``tests/test_harvest.py`` and ``tests/test_harvest_memory.py``, whose store fixture runs each
+test on SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
