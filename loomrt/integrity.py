@@ -179,7 +179,12 @@ def verify_run(
         require_keyed=require_keyed,
     )
     if prompts and verdict.clean:
-        verdict.problems += prompt_problems(events, store)
+        try:
+            verdict.problems += prompt_problems(events, store)
+        except Exception as exc:  # noqa: BLE001 - a record the projection cannot replay is a finding, not a crash
+            verdict.problems.append(
+                f"the record cannot be replayed to re-derive its prompts: {type(exc).__name__}: {exc}"
+            )
     return verdict
 
 

@@ -497,3 +497,33 @@ def test_every_single_edit_shows_but_those_the_threat_model_names(
     appended_after_anchor = edit == "insert" and i % len(events) == len(events) - 1
     if not appended_after_anchor:  # what was anchored cannot be rewritten, even with the key
         assert with_anchor.problems, (edit, i, rechain, with_key, move_head)
+
+
+# ---------------------------------------------------------------- the bench's measure, and its sabotage
+
+
+def test_the_integrity_measure_detects_every_tampering(tmp_path):
+    from loomrt.bench.integrity_measure import TAMPERINGS, caught
+
+    out = caught(tmp_path)
+    assert out["control_clean"] and out["detected"] == len(TAMPERINGS) == 6
+
+
+@pytest.mark.parametrize(
+    ("disabled", "missed"),
+    [
+        (("_head_problems",), {"cut_tail", "rewritten_answer"}),
+        (("_card_problems",), {"forged_card"}),
+        (("_anchor_problems",), {"key_holders_rewrite"}),
+        (("_head_problems", "grammar_problems"), {"cut_tail", "rewritten_answer", "forged_turn"}),
+        (("verify_chain",), {"changed_row"}),
+    ],
+)
+def test_the_integrity_measure_says_no_when_a_check_is_broken(tmp_path, monkeypatch, disabled, missed):
+    import loomrt.integrity
+    from loomrt.bench.integrity_measure import caught
+
+    for name in disabled:
+        monkeypatch.setattr(loomrt.integrity, name, lambda *a, **k: [])
+    out = caught(tmp_path)
+    assert {r["tampering"] for r in out["rows"] if not r["detected"]} == missed

@@ -35,6 +35,7 @@ DEFAULT_TARGETS = [
     "mcp",
     "fanout",
     "audit",
+    "integrity",
     "fork_cost",
     "store",
 ]
@@ -48,6 +49,7 @@ def _load() -> None:
     import loomrt.bench.fanout  # noqa: F401
     import loomrt.bench.fork_measure  # noqa: F401
     import loomrt.bench.inject_measure  # noqa: F401
+    import loomrt.bench.integrity_measure  # noqa: F401
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401
