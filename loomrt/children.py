@@ -35,6 +35,7 @@ from loomrt.run.loop import check_input
 from loomrt.run.state import RunResult, RunState
 from loomrt.tokens import count_text
 from loomrt.tools import CURRENT_CALL
+from loomrt.visibility import answer_for_another_run
 
 if TYPE_CHECKING:
     from loomrt.runtime import Runtime
@@ -235,6 +236,8 @@ class Children:
             )
         if result.mode == "stateful":
             row.pop("output", None)  # a stateful child hands up Σ, not its transcript
+        elif row.get("output") is not None:  # an answer that repeats private material stays in its run
+            row["output"] = answer_for_another_run(self.runtime.store, child_id, row["output"])
         await self.parent.add(
             "spawn_child_result", {"tool_call_id": call_id, **row, "usage": self.runtime.usage_of(child_id)}
         )

@@ -45,6 +45,7 @@ __all__ = [
     "PinPayload",
     "UnpinPayload",
     "MarkPrivate",
+    "Declassify",
     "CardRejected",
     "FoldQueued",
     "FoldSkippedPayload",
@@ -336,6 +337,16 @@ class MarkPrivate(_Payload):
     seq: int
     """The record message that only its own run may see from now on."""
     by: str = "operator"
+    """operator (``loomrt runs private``), or runtime: the message is derived private."""
+    derived_from: int | None = None
+    """by runtime: the private message it repeats (:class:`loomrt.visibility.Taint`)."""
+
+
+class Declassify(_Payload):
+    kind: Literal["declassify"]
+    seq: int
+    """A message the runtime marked derived private that is not private from now on."""
+    by: str = "operator"
 
 
 class RecallInjected(_Payload):
@@ -436,6 +447,7 @@ PAYLOADS: tuple[type[_Payload], ...] = (
     PinPayload,
     UnpinPayload,
     MarkPrivate,
+    Declassify,
     CardRejected,
     FoldQueued,
     FoldSkippedPayload,
@@ -472,6 +484,7 @@ EventPayload = Annotated[
     | PinPayload
     | UnpinPayload
     | MarkPrivate
+    | Declassify
     | CardRejected
     | FoldQueued
     | FoldSkippedPayload

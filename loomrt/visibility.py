@@ -24,17 +24,23 @@ SEQ``, a ``mark_private`` event). The record keeps it whole, and its own run wor
   placeholder. Only an explicit ask has it whole (``--include-private``,
   ``include_private: true``): an operator's view is one flag away, never the default.
 
-Not yet covered: the model's own repetition of private material (a quote in its reply, its
-``reasoning``, ``final`` or a tool call's arguments) is not private unless an operator marks
-it (``loomrt runs private``); issue 39's derived-private rule is still to build.
+A message the model writes that repeats private material is **derived private**
+(:class:`Taint`): when an assistant message (its text, or its tool calls' arguments)
+repeats a distinctive token of a private source, or a run of :data:`RUN_WORDS` of its
+words, the runtime marks it (``mark_private`` with ``by: runtime`` and ``derived_from``) in
+the message's own transaction, and from then on it is private like its source. An operator
+lifts one such mark with ``loomrt runs declassify RUN_ID SEQ`` (a ``declassify`` event).
+What the model writes in other words than its source's (a paraphrase, a translation) is
+not caught.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
@@ -56,6 +62,11 @@ __all__ = [
     "mark_private_in_record",
     "withhold",
     "visible_to",
+    "Taint",
+    "TOKEN_MIN",
+    "RUN_WORDS",
+    "declassify_in_record",
+    "answer_for_another_run",
 ]
 
 
@@ -66,14 +77,74 @@ def placeholder(seq: int | None, role: str = "tool") -> str:
 
 
 def private_seqs(events: Iterable[Event]) -> set[int]:
-    """The seqs of the record's private messages."""
+    """The seqs of the record's private messages (in record order: a ``declassify`` lifts
+    the derived mark before it)."""
     out: set[int] = set()
     for e in events:
         if e.kind == "tool_result" and e.data.get("private"):
             out.add(e.seq)
         elif e.kind == "mark_private":
             out.add(int(e.data["seq"]))
+        elif e.kind == "declassify":
+            out.discard(int(e.data["seq"]))
     return out
+
+
+TOKEN_MIN = 4
+"""The shortest token of a private source whose repetition makes a message derived private."""
+RUN_WORDS = 8
+"""A run of this many of a private source's words, repeated, makes a message derived private."""
+_WORD = re.compile(r"[^\W_](?:[\w\-.:/@]*[^\W_])?")
+
+
+def _words(text: str) -> list[str]:
+    return [w.lower() for w in _WORD.findall(text)]
+
+
+def _runs(words: list[str]) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + RUN_WORDS]) for i in range(len(words) - RUN_WORDS + 1)}
+
+
+@dataclass
+class Taint:
+    """What the derived-private rule remembers of a run (the view keeps one): each token's
+    first non-private message, and each private source's distinctive tokens and word runs.
+
+    A message the model writes (its text and its tool calls' arguments) is **derived
+    private** when it repeats a token of a private source that has at least
+    :data:`TOKEN_MIN` characters and does not occur in the run's non-private messages
+    before that source, or any :data:`RUN_WORDS` consecutive words of the source. The
+    runtime records it as a ``mark_private`` event with ``by: runtime`` and ``derived_from``,
+    in the message's own transaction; an operator can lift it (``loomrt runs declassify``).
+    A derived message is private, but is no source itself (its new words are the model's)."""
+
+    first_seen: dict[str, int] = field(default_factory=dict)
+    sources: dict[int, tuple[frozenset[str], frozenset[tuple[str, ...]]]] = field(default_factory=dict)
+
+    def saw(self, message: Message) -> None:
+        """A non-private message: its tokens are no longer distinctive of a later source."""
+        for w in _words(message.text_for_search()):
+            if len(w) >= TOKEN_MIN:
+                self.first_seen.setdefault(w, message.seq or 0)
+
+    def source(self, message: Message) -> None:
+        """A private message (a private tool's result, an operator's mark): what repeats it."""
+        seq = message.seq or 0
+        words = _words(message.content)
+        tokens = frozenset(w for w in words if len(w) >= TOKEN_MIN and self.first_seen.get(w, seq) >= seq)
+        self.sources[seq] = (tokens, frozenset(_runs(words)))
+
+    def derived_from(self, message: Message) -> int | None:
+        """The private source ``message`` repeats (the earliest), or None."""
+        if not self.sources:
+            return None
+        words = _words(message.text_for_search())
+        found = set(words)
+        runs = _runs(words) if len(words) >= RUN_WORDS else set()
+        for seq, (tokens, source_runs) in sorted(self.sources.items()):
+            if tokens & found or runs & source_runs:
+                return seq
+        return None
 
 
 def visible_to(view: RunView) -> Callable[[RecallHit], bool]:
@@ -109,6 +180,9 @@ class PrivateRecord:
     """The ids of the tool calls a private assistant message made."""
     keys: tuple[tuple[int, frozenset[str]], ...] = ()
     """Σ's private keys after each ``state_update``, ``(seq, keys)`` in record order."""
+    outputs: tuple[tuple[int, int], ...] = ()
+    """``(seq, message)``: a ``final``, ``parked`` or ``cancelled`` whose output is the text of
+    private assistant message ``message`` (the answer repeated a private source)."""
 
     @classmethod
     def of(cls, events: Iterable[Event]) -> PrivateRecord:
@@ -117,15 +191,21 @@ class PrivateRecord:
         seqs = private_seqs(events)
         calls: set[str] = set()
         keys: list[tuple[int, frozenset[str]]] = []
+        outputs: list[tuple[int, int]] = []
         current: frozenset[str] = frozenset()
+        said: int | None = None  # the last assistant message: a turn's answer is its text
         for e in events:
-            if e.kind == "assistant_message" and e.seq in seqs:
-                calls |= {str(c.get("id")) for c in (e.data.get("message") or {}).get("tool_calls") or ()}
+            if e.kind == "assistant_message":
+                said = e.seq
+                if e.seq in seqs:
+                    calls |= {str(c.get("id")) for c in (e.data.get("message") or {}).get("tool_calls") or ()}
+            elif e.kind in ("final", "parked", "cancelled") and said in seqs and e.data.get("output"):
+                outputs.append((e.seq, int(said or 0)))
             elif e.kind == "state_update":  # as stateful mode replays it: a key stays private while Σ has it
                 state = e.data.get("state") or {}
                 current = (current | frozenset(e.data.get("private_keys") or ())) & frozenset(state)
                 keys.append((e.seq, current))
-        return cls(frozenset(seqs), frozenset(calls), tuple(keys))
+        return cls(frozenset(seqs), frozenset(calls), tuple(keys), tuple(outputs))
 
     def keys_at(self, seq: int) -> frozenset[str]:
         """Σ's keys private at ``seq``: those of the state update at or before it, and those of
@@ -154,7 +234,7 @@ def private_record(store: Store, run_id: str) -> PrivateRecord:
     found = PrivateRecord.of([*shared, *events])
     if family is None:
         return found
-    return PrivateRecord(found.seqs | family.private(), found.calls, found.keys)
+    return PrivateRecord(found.seqs | family.private(), found.calls, found.keys, found.outputs)
 
 
 def reader_events(
@@ -172,13 +252,26 @@ def reader_events(
     return events if include_private else redact_events(events, private_record(store, run_id))
 
 
+def answer_for_another_run(store: Store, run_id: str, output: str | None) -> str | None:
+    """Run ``run_id``'s answer ``output`` as it is handed to another run (a sub-agent's to its
+    parent): the placeholder of the message it is the text of, when that message is private
+    (the answer repeated a private source), else as it is."""
+    if output is None:
+        return None
+    private = private_record(store, run_id)
+    ends = [e for e in store.events(run_id, kinds=["final", "parked", "cancelled"]) if e.data.get("output") == output]
+    said = dict(private.outputs).get(ends[-1].seq) if ends else None
+    return output if said is None else placeholder(said, "assistant")
+
+
 def redact_events(events: Iterable[Event], private: PrivateRecord | set[int] | None = None) -> list[Event]:
     """``events`` with their private material replaced (``redacted: true``), whatever kind
     carries it: a private message by its placeholder (in its own event, in a distillation's
     context, in a recalled passage, and the arguments of the calls it made); Σ's private keys
     left out wherever Σ or a patch appears (``state_update``, ``patch_rejected``,
     ``distillation``, ``final``, ``parked``, an ``emit_state`` call, an output that is Σ) and
-    named in ``withheld``. ``private`` is the record's (:func:`private_record`); by default,
+    named in ``withheld``; an answer (``final``, ``parked``) that is a private message's text
+    is that message's placeholder. ``private`` is the record's (:func:`private_record`); by default,
     what ``events`` name."""
     events = list(events)
     if private is None:
@@ -221,7 +314,10 @@ def _redacted(e: Event, private: PrivateRecord) -> Event:
         for field_ in ("state", "patch"):
             if field_ in d:
                 d[field_] = hide(d[field_])
-        if isinstance(d.get("output"), str):
+        said = dict(private.outputs).get(e.seq)
+        if said is not None:
+            d["output"] = placeholder(said, "assistant")
+        elif isinstance(d.get("output"), str):
             d["output"] = _output_without(d["output"], hide)
     elif e.kind == "distillation":
         if "state" in d:
@@ -305,3 +401,24 @@ def mark_private_in_record(store: Store, run_id: str, seq: int) -> None:
             "message or a tool result; `loomrt runs events RUN_ID` lists their seqs)"
         )
     store.append(run_id, "mark_private", {"seq": seq, "by": "operator"})
+
+
+def declassify_in_record(store: Store, run_id: str, seq: int) -> None:
+    """An operator's ``loomrt runs declassify RUN_ID SEQ``: the message at ``seq``, marked
+    derived private by the runtime, is not private from now on. Only the runtime's mark can
+    be lifted: a private tool's result, or a message an operator marked, stays private."""
+    from loomrt.errors import NotFoundError
+
+    events = store.events(run_id, kinds=["mark_private", "declassify"])
+    marks = [e for e in events if e.kind == "mark_private" and int(e.data["seq"]) == seq]
+    if seq not in private_seqs(events) or not marks:
+        raise NotFoundError(
+            f"run {run_id} has no derived private message at #{seq} to declassify "
+            "(`loomrt runs events RUN_ID --kind mark_private` lists the runtime's marks)"
+        )
+    if any(e.data.get("by") != "runtime" for e in marks):
+        raise NotFoundError(
+            f"#{seq} of run {run_id} was marked private by an operator: declassify lifts only the "
+            "runtime's derived marks (by: runtime)"
+        )
+    store.append(run_id, "declassify", {"seq": seq, "by": "operator"})

@@ -1,7 +1,8 @@
 """Private stays private in every reader (issue 39): over generated runs with a private tool
 and an operator's mark, in every retention mode, forks included, no reader other than an
-explicit ``include_private`` returns the private text. The model copies what it reads into
-Σ, and the summariser copies its whole input, so a reader that leaks shows it."""
+explicit ``include_private`` returns the private text or the model's repetition of it. The
+model quotes what it read and copies it into Σ, and the summariser copies its whole input,
+so a reader that leaks shows it."""
 
 from __future__ import annotations
 
@@ -29,8 +30,8 @@ MODES = ["append", "recap", "compaction", "stateful", "fold"]
 
 
 class Echo:
-    """A model that calls the vault when asked, copies a secret it reads into Σ (stateful),
-    and a summariser that copies its whole input."""
+    """A model that calls the vault when asked, quotes the secrets it read when asked to
+    repeat, copies them into Σ (stateful), and a summariser that copies its whole input."""
 
     def __init__(self, secrets: list[str]):
         self.secrets = secrets
@@ -42,6 +43,10 @@ class Echo:
         last_user = max((i for i, m in enumerate(request.messages) if m.get("role") == "user"), default=0)
         asked = "vault" in text[last_user] and not any(m.get("role") == "tool" for m in request.messages[last_user:])
         if not any(t.name == "emit_state" for t in request.tools):
+            if "Repeat" in text[last_user]:  # the model quotes what it read: derived private
+                return ModelResponse(
+                    text="You said: " + " and ".join(s for s in self.secrets if any(s in t for t in text))
+                )
             if asked:
                 return ModelResponse(text="", tool_calls=[ToolCall(id=f"v{len(text)}", name="vault", arguments={})])
             return ModelResponse(text="Noted.")
@@ -93,6 +98,7 @@ def play(mode: str, folder: str, *, before: int, after: int, fork: bool, forked_
         await rt.send(run, f"My PIN is {said}.")
         (mine,) = [e for e in store.events(run.run_id, kinds=["user_input"]) if said in e.data["content"]]
         mark_private_in_record(store, run.run_id, mine.seq)
+        await rt.send(run, "Repeat the token and the PIN.")
         for i in range(after):
             await rt.send(run, filler(100 + i))
         runs = [run.run_id]

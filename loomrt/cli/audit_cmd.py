@@ -1,4 +1,4 @@
-"""``loomrt runs pin``, ``unpin``, ``private`` and ``export``: the audit trail's commands (show and
+"""``loomrt runs pin``, ``unpin``, ``private``, ``declassify`` and ``export``: the audit trail's commands (show and
 verify, in :mod:`loomrt.cli.runs_cmd`, read it too)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import typer
 from loomrt.cli._common import friendly, out, print_json, runtime
 from loomrt.cli.runs_cmd import JsonOpt, runs_app
 
-__all__ = ["pin_cmd", "unpin_cmd", "export_cmd", "private_cmd"]
+__all__ = ["pin_cmd", "unpin_cmd", "export_cmd", "private_cmd", "declassify_cmd"]
 
 
 def _pin_id(value: str) -> str:
@@ -102,3 +102,23 @@ def private_cmd(
         print_json({"run_id": run_id, "private": seq})
     else:
         out.print(f"run {run_id}: #{seq} is private", highlight=False)
+
+
+@runs_app.command("declassify")
+@friendly
+def declassify_cmd(
+    run_id: str,
+    seq: int = typer.Argument(..., help="The record seq of a message the runtime marked derived private."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """Lift the runtime's derived-private mark from one message (it repeated a private source):
+    readers, summaries and memory see it from now on. Recorded as a declassify event."""
+    from loomrt.visibility import declassify_in_record
+
+    store = runtime().store
+    store.get_run(run_id)
+    declassify_in_record(store, run_id, seq)
+    if json_output:
+        print_json({"run_id": run_id, "declassified": seq})
+    else:
+        out.print(f"run {run_id}: #{seq} is no longer private", highlight=False)

@@ -109,10 +109,13 @@ class Family:
 
     def private(self) -> set[int]:
         """The shared seqs that are private: results of private tools, and messages an
-        operator marked private (a fold fork reads only its catalog's raw messages, so the
-        rest of the shared history's private results are named here)."""
-        marked = {
-            int(e.data["seq"]) for e in self.events(kinds=["mark_private"]) if int(e.data["seq"]) <= self.fork_seq
-        }
-        results = {e.seq for e in self.events(kinds=["tool_result"]) if e.data.get("private")}
-        return marked | results
+        operator (or the runtime: derived private) marked and no one declassified (a fold
+        fork reads only its catalog's raw messages, so the rest of the shared history's
+        private results are named here)."""
+        out: set[int] = set()  # as loomrt.visibility.private_seqs reads a record (which imports this module)
+        for e in self.events(kinds=["tool_result", "mark_private", "declassify"]):
+            if e.kind == "tool_result":
+                out |= {e.seq} if e.data.get("private") else set()
+            elif int(e.data["seq"]) <= self.fork_seq:
+                (out.add if e.kind == "mark_private" else out.discard)(int(e.data["seq"]))
+        return out

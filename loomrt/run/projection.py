@@ -23,6 +23,7 @@ from loomrt.providers.base import Usage
 from loomrt.run.cards import CARD_BLOCK, Card, card_message
 from loomrt.run.pins import Pin
 from loomrt.tokens import count_text
+from loomrt.visibility import Taint
 
 if TYPE_CHECKING:
     from loomrt.record.store import Store
@@ -107,6 +108,8 @@ class RunView:
     """The current user request, pinned until it is answered (a parked or final)."""
     private: set[int] = field(default_factory=set)
     """Seqs of the private messages (:mod:`loomrt.visibility`)."""
+    taint: Taint = field(default_factory=Taint)
+    """What makes a message the model writes derived private (:class:`loomrt.visibility.Taint`)."""
     cards: dict[str, Card] = field(default_factory=dict)
     """Every card this run's record holds (fold mode writes them), by id, oldest first."""
     family: Family | None = None
@@ -262,7 +265,14 @@ class RunView:
                 self.private.add(e.seq)
             case "mark_private":
                 self.private.add(int(d["seq"]))
+                marked = self.messages.get(int(d["seq"]))
+                if d.get("by") != "runtime" and marked is not None:  # a derived message is no source itself
+                    self.taint.source(self.original(marked))
+            case "declassify":
+                self.private.discard(int(d["seq"]))
         message = message_of(e)
+        if message is not None and message.role != "system":
+            (self.taint.source if e.seq in self.private else self.taint.saw)(message)
         if message is not None:
             if e.kind == "user_input":  # the first input is the task, pinned when keep_first is on
                 message = message.with_(pinned=self.keep_first and not self.seen_user)

@@ -87,6 +87,17 @@ class RunState:
         if self.view.last_seq == 0:  # nothing may precede run_started: the queue waits for it
             (event,) = await self._write([(kind, data)])
             return event
+        if kind == "assistant_message" and self.view.taint.sources:  # the derived-private rule (loomrt.visibility)
+            source = self.view.taint.derived_from(Message.from_dict(data["message"]))
+            if source is not None:
+                async with self.atomic():  # the mark goes in the message's own transaction
+                    event = await self._add(kind, data)
+                    mark = {"seq": event.seq, "by": "runtime", "derived_from": source}
+                    await self._write([("mark_private", mark)])
+                    return event
+        return await self._add(kind, data)
+
+    async def _add(self, kind: str, data: dict[str, Any]) -> Event:
         batch, self._queue = [*self._queue, (kind, data)], []
         return (await self._write(batch))[-1]
 
