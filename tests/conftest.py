@@ -116,7 +116,7 @@ SUBPROCESS_FILES = frozenset({"test_chaos.py", "test_workers.py", "test_mcp_serv
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark ``slow`` by rule, besides the tests marked by hand (a real model, the embedder):
-    every test on PostgreSQL (the session's server, or the postgres side of ``record_store``)
+    every test on PostgreSQL (the session's server, or the postgres side of a store fixture)
     and every test of a file that starts loomrt processes. ``pytest -m "not slow"`` is the
     quick set for development; CI runs everything."""
     for item in items:
@@ -124,7 +124,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         params = getattr(getattr(item, "callspec", None), "params", {})
         if (
             names & {"postgres_server", "postgres_url"}
-            or params.get("record_store") == "postgres"
+            or "postgres" in params.values()  # the postgres side of any store fixture (record_store, store, ...)
             or item.path.name in SUBPROCESS_FILES
         ):
             item.add_marker(pytest.mark.slow)
