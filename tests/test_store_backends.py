@@ -228,3 +228,34 @@ def test_pending_lists_runs_with_work_queued_after_it_was_last_settled(store: An
     store.append("c", "distillation", {})
     store.append("c", "fold_queued", {})
     assert store.pending("fold_queued", ["distillation"]) == ["a", "c"]
+
+
+def test_a_keyed_run_and_its_head_anchor_on_either_backend(backend: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from loomrt.record.ledger import KEY_ENV, genesis
+
+    key = "a-key-both-backends-share-0001"
+    monkeypatch.setenv(KEY_ENV, key)
+    store = backend[0]()
+    run_id = f"k{uuid.uuid4().hex[:8]}"
+    new_run(store, run_id)
+    store.append(run_id, "run_started", {"mode": "append"})
+    store.append_many(run_id, [("user_input", {"content": "x"}), ("notice", {"text": "y"})])
+    info = store.get_run(run_id)
+    events = store.events(run_id)
+    assert info.chain == "v2"
+    assert verify_chain(events, scheme="v2", key=key.encode(), start=genesis(info, key.encode())) == []
+    assert store.head(run_id) == (3, events[-1].hash, 0)
+    for sql in (
+        f"UPDATE run_heads SET seq = 1 WHERE run_id = '{run_id}'",
+        f"DELETE FROM run_heads WHERE run_id = '{run_id}'",
+    ):
+        with pytest.raises(Exception, match="run head"):
+            backend[1](sql)
+    store.close()
+    monkeypatch.delenv(KEY_ENV)
+    keyless = backend[0]()
+    with pytest.raises(StoreError, match="keyed \\(chain v2\\)"):
+        keyless.append(run_id, "notice", {"text": "z"})
+    keyless.close()
