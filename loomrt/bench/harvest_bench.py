@@ -10,7 +10,8 @@ Measures, each able to come out badly:
   embedder (MiniLM): how many rows they become (at most 6 is the goal; 5 is perfect, 15
   is no merging at all).
 - **load**: spans banked over 4 scopes, drained by two worker processes with the echo
-  extractor: lost and doubled lines, spans per second.
+  extractor: lost lines, doubled lines (sent to the extractor more than once), spans per
+  second.
 - **locomo** (with ``--data``): each session of a LoCoMo conversation banked as one span,
   consolidated by the embedded model; then every answerable question searches durable
   memory, and counts as found at k when a top-k fact's sources include an evidence turn.
@@ -198,7 +199,7 @@ def load(tmp: Path, spans: int, *, workers: int = 2) -> dict[str, Any]:
     store.close()
     texts = bank_load(store.path, spans)
     ran = drain(store.path, workers=workers, batch_tokens=200)
-    figures = verify(store.path, texts)
+    figures = verify(store.path, texts, ran)
     return {
         "spans": spans,
         "workers": workers,

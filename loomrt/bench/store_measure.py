@@ -12,7 +12,7 @@ Then durable memory on each backend (:mod:`loomrt.bench.memory_search`): search 
 10,000 facts, and R@1/R@5 on the LoCoMo turns of ``--data`` imported as facts and queried
 with its questions (parity: R@5 within 0.02), with the real embedder (all-MiniLM-L6-v2).
 Last, the harvest queue under load on each backend (:mod:`loomrt.bench.harvest_load`):
-10,000 banked spans drained by 4 consolidator processes, counted lost and doubled.
+10,000 banked spans drained by 4 consolidator processes, counted lost and doubled (extracted twice).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _queue_figures(config: BenchConfig, folder: Path, url: str | None) -> dict[s
         texts = bank_load(where, spans)
         ran = drain(where, workers=QUEUE_WORKERS, batch_tokens=200)
         out[backend] = {
-            **verify(where, texts),
+            **verify(where, texts, ran),
             "seconds": round(ran["wall_s"], 1),
             "spans_per_s": round(spans / ran["wall_s"], 1),
             "exit_codes": ran["exit_codes"],

@@ -49,7 +49,8 @@ def harvest_markdown(r: dict[str, Any], command: str) -> str:
     ld = r["load"]
     lines += [
         f"**Load**: {ld['spans']} spans drained by {ld['workers']} worker processes (echo extractor) in "
-        f"{ld['seconds']} s ({ld['spans_per_s']} spans/s): **{ld['lost']} lost, {ld['doubled']} doubled**, "
+        f"{ld['seconds']} s ({ld['spans_per_s']} spans/s): **{ld['lost']} lost, {ld['doubled']} doubled** "
+        f"(banked lines extracted more than once; {ld['extractions']} extraction calls), "
         f"{ld['facts']} facts for {ld['banked_lines']} banked lines.",
         "",
     ]
