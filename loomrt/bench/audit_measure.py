@@ -10,6 +10,12 @@ Per retention mode (recap, compaction, append with its backstop), on scripted in
   summariser is the worst there is (it copies its whole input into the summary). Reported: how
   many summaries and summariser prompts contain the secret when the tool is private, and,
   as the control, when it is an ordinary tool;
+- **readers**: per mode, stateful included, a chat built to leak (:mod:`loomrt.bench.leak_measure`:
+  a model that quotes the private token and a marked PIN and copies them into Σ, a summariser
+  that copies its whole input, a fork that talks on), read by every reader (the record's
+  events, MCP ``get_run`` and ``get_events``, the export, the context as of the end), parent
+  and fork: how many readers return a secret; the control (an ordinary tool, no mark) must
+  show them in the readers that carry the text at all (most; a distilled context may not);
 - **verify**: ``runs verify``'s prompt check (the working context re-derived at every turn
   and hashed) on a 200-turn recap chat: milliseconds per 1,000 events, and what hashing
   one prompt costs a turn.
@@ -29,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
+from loomrt.bench.leak_measure import MODES as READER_MODES
+from loomrt.bench.leak_measure import reader_leaks
 
 __all__ = ["audit", "audit_figures"]
 
@@ -171,7 +179,17 @@ def audit_figures(turns: int = 16) -> dict[str, Any]:
                 }
             )
         verify = _verify_cost(folder)
-    return {"turns": turns, "rows": rows, "verify": verify}
+        readers = [
+            {**reader_leaks(folder / f"readers-{mode}", mode, private=True), "control": _control(folder, mode)}
+            for mode in READER_MODES
+        ]
+    return {"turns": turns, "rows": rows, "verify": verify, "readers": readers}
+
+
+def _control(folder: Path, mode: str) -> dict[str, Any]:
+    """The same chat with an ordinary tool and no mark: how many readers show the secrets."""
+    row = reader_leaks(folder / f"control-{mode}", mode, private=False)
+    return {"leaking": row["leaking"], "readers": row["readers"]}
 
 
 @standalone_measure(

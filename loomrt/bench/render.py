@@ -348,6 +348,22 @@ def _audit(a: dict[str, Any]) -> list[str]:
         f"{v['problems']} problems; hashing one prompt costs a turn {v['hash_us_per_turn']} µs.",
         "",
     ]
+    if a.get("readers"):
+        lines += [
+            "**Readers**: a chat built to leak (the model quotes a private token and an operator-marked PIN and "
+            "copies them into Σ, the summariser copies its whole input, a fork talks on), read by every reader of "
+            "the parent and the fork (events, MCP get_run and get_events, the export, the context as of the end). "
+            "Readers that returned a secret, and, as the control, with an ordinary tool and no mark:",
+            "",
+            "| mode | readers | leaking, private | leaking, control | the record keeps every word |",
+            "|---|---|---|---|---|",
+        ]
+        for r in a["readers"]:
+            lines.append(
+                f"| {r['mode']} | {r['readers']} | {r['leaking']}{' (' + ', '.join(r['where']) + ')' if r['where'] else ''} "
+                f"| {r['control']['leaking']} of {r['control']['readers']} | {'yes' if r['kept'] else '**no**'} |"
+            )
+        lines.append("")
     return lines
 
 
