@@ -1,7 +1,9 @@
 """Model-free extractors for deterministic tests and the load benchmark (never the product's).
 
 - :func:`echo_extractor`: each user line it is sent becomes one fact, verbatim (so a test can
-  count facts against spans: 0 lost, 0 doubled).
+  count facts against spans: 0 lost, 0 doubled); its subject is the line's first name (a
+  capitalised word of 3+ letters that is not a function word, a month or a day), else its
+  first word, as :func:`subject_of` reads it.
 - :func:`coreference_extractor`: like a careful reader with no world knowledge: a line that
   begins with a pronoun becomes a fact about the last name the call's own text mentioned
   before it; with no such name, the pronoun stays (and the fact is dropped as unresolved).
@@ -18,7 +20,7 @@ from typing import Any
 from loomrt.providers.base import ModelRequest
 from loomrt.providers.scripted import FunctionProvider
 
-__all__ = ["echo_extractor", "coreference_extractor", "conversation_lines"]
+__all__ = ["echo_extractor", "coreference_extractor", "conversation_lines", "subject_of"]
 
 _LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
@@ -66,9 +68,19 @@ def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:
     return [(int(m.group(1)), m.group(2), m.group(3)) for line in text.splitlines() if (m := _LINE.match(line))]
 
 
+_WORD_NAME = re.compile(r"\b([A-Z][a-z]{2,})\b")
+
+
+def subject_of(text: str) -> str:
+    """Whom ``text`` is about, read without world knowledge: its first name (a capitalised
+    word of 3+ letters, not a function word, a month or a day), else its first word."""
+    names = [w for w in _WORD_NAME.findall(text) if w not in _NOT_NAMES]
+    return names[0] if names else (text.split() or ["x"])[0]
+
+
 def _echo(request: ModelRequest) -> str:
     facts = [
-        {"statement": text, "class": "fact", "subject": text.split()[0] if text.split() else "x", "source_seqs": [n]}
+        {"statement": text, "class": "fact", "subject": subject_of(text), "source_seqs": [n]}
         for n, role, text in conversation_lines(request)
         if role == "user" and len(text) >= 8
     ]

@@ -8,7 +8,11 @@ the sabotage it is known to catch.
 |---|---|---|
 | chat200 ``MODE/inject-only`` answered | injection made a no-op | ``test_inject_only_falls_to_no_recall_without_injection`` |
 | ``runs verify`` on injected prompts | a recorded block's passage changed | ``test_recall_inject.py::test_verify_sees_a_prompt_whose_block_was_changed`` |
+| ``bench chaos`` violations: nothing paid twice | a summary's model call committed apart from its distillation | ``test_chaos_sees_a_distillation_paid_twice`` |
+| ``bench chaos`` violations: nothing lost from Recall | a resumed run drops the recall index it rebuilt | ``test_chaos_sees_a_resumed_run_lose_its_recall_index`` |
+| ``bench chaos`` violations: the context is the record's | a resumed run ends holding a message its record does not | ``test_chaos_sees_a_resumed_context_the_record_does_not_hold`` |
 | harvest load "0 lost, 0 doubled" | the per-scope lease and the claim check both broken | ``test_harvest_load_counts_a_batch_two_workers_extracted`` |
+| harvest paraphrase rows, facts kept apart | placement merges into the nearest fact, whatever it says | ``test_harvest_paraphrase_reports_facts_merged_together`` |
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from chaos_kit import everywhere, lose_recall_on_resume, pay_distillation_apart, stray_context_on_resume
 
 from loomrt.bench.core import BenchConfig
 from loomrt.bench.runner import run_bench
@@ -100,3 +105,66 @@ def test_harvest_load_counts_a_batch_two_workers_extracted(tmp_path: Path, monke
     broken = _drained(tmp_path / "broken", 24)
     assert broken["lost"] == 0 and broken["stored_twice"] == 0  # idempotent fact keys hide it from memory
     assert broken["doubled"] > 0 and broken["batches_doubled"] > 0, broken
+
+
+# ---------------------------------------------------------------- harvest paraphrase: 5 rows, each fact apart
+
+
+def test_harvest_paraphrase_reports_facts_merged_together(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomrt.bench.harvest_bench import paraphrase
+    from loomrt.harvest.placement import Placement
+
+    (tmp_path / "honest").mkdir()
+    honest = paraphrase(tmp_path / "honest", "hash")
+    assert honest["kept_apart"] == 5 and honest["rows_mixing_facts"] == 0  # the hash embedder merges few: rows > 5
+
+    def collapse(cls: str, subject: str, statement: str, candidates: list[Any], **_: Any) -> Placement:
+        """Placement that merges a new fact into the nearest stored one, whatever it says."""
+        return (
+            Placement("merge", candidates[0].fact_id, candidates[0].cosine, "sabotage")
+            if candidates
+            else Placement("new")
+        )
+
+    monkeypatch.setattr("loomrt.harvest.memory.place", collapse)
+    (tmp_path / "broken").mkdir()
+    broken = paraphrase(tmp_path / "broken", "hash")
+    assert broken["rows"] <= 6  # the old figure's goal (≤ 6) was met
+    assert broken["kept_apart"] < 5 and broken["rows_mixing_facts"] > 0 and broken["verdict"] == "facts merged together"
+
+
+def _chaos(scenario: str, point: str, per_point: int = 2) -> dict[str, Any]:
+    from loomrt.bench.chaos import SCENARIOS, run_chaos
+
+    return run_chaos(per_point, scenarios=[s for s in SCENARIOS if s.agent == scenario], points=[point])
+
+
+def test_chaos_sees_a_distillation_paid_twice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Killed between a summary's call and its distillation, the resumed run pays for the
+    summary again; the harness compares the record's model calls with the uninterrupted run's."""
+    everywhere(monkeypatch, tmp_path, pay_distillation_apart)
+    result = _chaos("chat-compaction", "in_distillation")
+    assert result["landed"] == result["kills"] == 2
+    paid = [v for f in result["failures"] for v in f["violations"] if "model calls" in v]
+    assert len(paid) == 2, result["failures"]
+    assert all("summary" in v for v in paid), paid
+
+
+def test_chaos_sees_a_resumed_run_lose_its_recall_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A resume that drops the recall index it rebuilt: the harness inspects the index of the
+    run that recovered, not one it rebuilds afterwards."""
+    everywhere(monkeypatch, tmp_path, lose_recall_on_resume)
+    result = _chaos("chat-compaction", "after_distillation")
+    assert result["landed"] == result["kills"] == 2
+    lost = [v for f in result["failures"] for v in f["violations"] if "recall index" in v and "missing" in v]
+    assert len(lost) == 2, result["failures"]
+
+
+def test_chaos_sees_a_resumed_context_the_record_does_not_hold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A one-shot run killed mid-turn has nothing left to send once resumed: the harness
+    compares the run that recovered with its record, not the record with itself."""
+    everywhere(monkeypatch, tmp_path, stray_context_on_resume)
+    result = _chaos("tools-compaction", "in_tool")
+    assert result["landed"] == result["kills"] == 2
+    stray = [v for f in result["failures"] for v in f["violations"] if "differs from the live one" in v]
+    assert len(stray) == 2 and all("A note the record does not hold" in v for v in stray), result["failures"]

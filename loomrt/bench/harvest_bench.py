@@ -6,9 +6,11 @@ Measures, each able to come out badly:
   whole batches and span by span, by the model-free coreference extractor and by the
   embedded model. A case is kept when a live fact names the person and keeps the case's
   word; the model is told nothing about the cases.
-- **paraphrase**: 5 facts in 3 wordings each, written as three batches with the configured
-  embedder (MiniLM): how many rows they become (at most 6 is the goal; 5 is perfect, 15
-  is no merging at all).
+- **paraphrase**: 5 facts in 3 wordings each, banked as three spans and consolidated by the
+  echo extractor (which finds each line's subject) with the configured embedder (MiniLM):
+  how many rows they become and how many facts stay apart. The goal is 5 rows, each holding
+  one fact: more rows is restatements left unmerged (15 is no merging at all), fewer, or a
+  row holding two facts, is facts merged that are not the same.
 - **load**: spans banked over 4 scopes, drained by two worker processes with the echo
   extractor: lost lines, doubled lines (sent to the extractor more than once), spans per
   second.
@@ -167,25 +169,69 @@ async def coreference(tmp: Path, *, provider: Any, name: str) -> dict[str, Any]:
 
 
 def paraphrase(tmp: Path, embedder: EmbedderChoice = None) -> dict[str, Any]:
-    """How many rows 5 facts in 3 wordings become."""
+    """How many rows 5 facts in 3 wordings become, and whether each fact stays apart.
+
+    Each wording is a user line; the three wordings of the five facts are banked as three
+    spans (one batch each) and consolidated by the echo extractor, which finds each line's
+    subject itself (:func:`~loomrt.harvest.scripted.subject_of`). A row holds the facts whose
+    lines its sources cite. 5 rows, each holding one fact, is the goal: more rows is
+    restatements left unmerged, a row holding two facts is facts merged that are not the same."""
+    from loomrt.harvest.bank import Bank
+    from loomrt.harvest.consolidator import Consolidator
     from loomrt.harvest.db import harvest_db
-    from loomrt.harvest.memory import MemoryStore, NewFact
+    from loomrt.harvest.memory import MemoryStore
+    from loomrt.harvest.scripted import echo_extractor
+    from loomrt.messages import EvictedSpan, Message
 
     store = _fresh(tmp, "paraphrase")
-    memory = MemoryStore(harvest_db(store.path), embedder=embedder)
+    db = harvest_db(store.path)
+    memory = MemoryStore(db, embedder=embedder)
+    whose: dict[tuple[str, int], int] = {}
     for batch in range(3):
-        memory.write(
-            [
-                NewFact(statement=ws[batch], cls="fact", subject=who, scope="user:p", key=f"b{batch}:{who}")
-                for who, ws in PARAPHRASE_SET
-            ]
+        run_id = f"paraphrase{batch}"
+        bank = Bank(
+            db,
+            run_id=run_id,
+            agent="bench",
+            def_hash="0" * 16,
+            scope="user:p",
+            max_tokens=8000,
+            private=set,
+            record=lambda k, d: None,
         )
+        lines = []
+        for i, (_, wordings) in enumerate(PARAPHRASE_SET):
+            whose[(run_id, 2 * i + 1)] = i
+            lines.append(Message(role="user", content=wordings[batch], seq=2 * i + 1, ts=1_699_963_200.0 + batch))
+        bank.bank(EvictedSpan(run_id=run_id, agent="bench", mode="recap", distillation_seq=20, messages=tuple(lines)))
+    worker = Consolidator(
+        store, provider=echo_extractor(), memory=memory, db=db, settle_s=0, batch_tokens=1
+    )  # one span a batch: three batches, as the wordings came
+    asyncio.run(drained(worker))
     rows = memory.facts()
+    held = [
+        {whose[(src["run_id"], seq)] for src in row.sources for seq in src["seqs"] if (src["run_id"], seq) in whose}
+        for row in rows
+    ]
+    mixed = [h for h in held if len(h) > 1]
+    apart = [i for i in range(len(PARAPHRASE_SET)) if all(h == {i} for h in held if i in h)]
+    stored = set().union(*held) if held else set()
+    goal = len(PARAPHRASE_SET)
+    verdict = (
+        "goal met"
+        if len(rows) == goal and len(apart) == goal
+        else ("facts merged together" if mixed else "restatements left apart" if len(rows) > goal else "facts lost")
+    )
     return {
-        "facts": len(PARAPHRASE_SET),
+        "facts": goal,
         "wordings": 3,
         "rows": len(rows),
-        "goal_rows": 6,
+        "goal_rows": goal,
+        "kept_apart": len(apart),
+        "rows_mixing_facts": len(mixed),
+        "facts_stored": len(stored),
+        "subjects": sorted({row.subject for row in rows}),
+        "verdict": verdict,
         "embedder": getattr(memory.embedder, "name", "none"),
         "merge_cosine": memory.bands()[0],
     }

@@ -42,8 +42,10 @@ def harvest_markdown(r: dict[str, Any], command: str) -> str:
     p = r["paraphrase"]
     lines += [
         "",
-        f"**Paraphrase**: {p['facts']} facts in {p['wordings']} wordings each became **{p['rows']} rows** "
-        f"(goal ≤ {p['goal_rows']}; {p['embedder']}, merge band cosine ≥ {p['merge_cosine']}).",
+        f"**Paraphrase**: {p['facts']} facts in {p['wordings']} wordings each became **{p['rows']} rows, "
+        f"{p['kept_apart']} of {p['facts']} facts kept apart** ({p['verdict']}; goal {p['goal_rows']} rows, each "
+        f"holding one fact; subjects found by the extractor; {p['embedder']}, merge band cosine ≥ "
+        f"{p['merge_cosine']}).",
         "",
     ]
     ld = r["load"]
@@ -234,7 +236,11 @@ def harvest_cmd(
             f"coreference ({c['extractor']})",
             f"whole batch {c['whole_batch']['kept']}/{c['cases']}, per span {c['per_span']['kept']}/{c['cases']}",
         )
-    table.add_row("paraphrase", f"{result['paraphrase']['rows']} rows (goal ≤ {result['paraphrase']['goal_rows']})")
+    pa = result["paraphrase"]
+    table.add_row(
+        "paraphrase",
+        f"{pa['rows']} rows, {pa['kept_apart']}/{pa['facts']} facts apart ({pa['verdict']}; goal {pa['goal_rows']} rows)",
+    )
     ld = result["load"]
     table.add_row(
         "load", f"{ld['spans']} spans: {ld['lost']} lost, {ld['doubled']} doubled, {ld['spans_per_s']} spans/s"
