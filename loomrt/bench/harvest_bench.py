@@ -97,22 +97,28 @@ def _fresh(tmp: Path, name: str) -> Any:
     return SQLiteStore(tmp / f"{name}.sqlite")
 
 
-def _bank_cases(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
+def _bench_bank(db: Any, run_id: str, scope: str, max_tokens: int = 8000) -> Any:
+    """A bank for ``run_id`` in ``scope`` with nothing private and no record."""
     from loomrt.harvest.bank import Bank
+
+    return Bank(
+        db,
+        run_id=run_id,
+        agent="bench",
+        def_hash="0" * 16,
+        scope=scope,
+        max_tokens=max_tokens,
+        private=set,
+        record=lambda k, d: None,
+    )
+
+
+def _bank_cases(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> None:
     from loomrt.harvest.db import harvest_db
     from loomrt.messages import EvictedSpan, Message
 
     for i, (named, said, _) in enumerate(cases):
-        bank = Bank(
-            harvest_db(store.path),
-            run_id=f"case{i}",
-            agent="bench",
-            def_hash="0" * 16,
-            scope=f"user:case{i}",
-            max_tokens=8000,
-            private=set,
-            record=lambda k, d: None,
-        )
+        bank = _bench_bank(harvest_db(store.path), f"case{i}", f"user:case{i}")
         for j, text in enumerate((named, said)):
             bank.bank(
                 EvictedSpan(
@@ -176,7 +182,6 @@ def paraphrase(tmp: Path, embedder: EmbedderChoice = None) -> dict[str, Any]:
     subject itself (:func:`~loomrt.harvest.scripted.subject_of`). A row holds the facts whose
     lines its sources cite. 5 rows, each holding one fact, is the goal: more rows is
     restatements left unmerged, a row holding two facts is facts merged that are not the same."""
-    from loomrt.harvest.bank import Bank
     from loomrt.harvest.consolidator import Consolidator
     from loomrt.harvest.db import harvest_db
     from loomrt.harvest.memory import MemoryStore
@@ -189,16 +194,7 @@ def paraphrase(tmp: Path, embedder: EmbedderChoice = None) -> dict[str, Any]:
     whose: dict[tuple[str, int], int] = {}
     for batch in range(3):
         run_id = f"paraphrase{batch}"
-        bank = Bank(
-            db,
-            run_id=run_id,
-            agent="bench",
-            def_hash="0" * 16,
-            scope="user:p",
-            max_tokens=8000,
-            private=set,
-            record=lambda k, d: None,
-        )
+        bank = _bench_bank(db, run_id, "user:p")
         lines = []
         for i, (_, wordings) in enumerate(PARAPHRASE_SET):
             whose[(run_id, 2 * i + 1)] = i
@@ -426,7 +422,6 @@ async def _locomo_conversation(
     questions of memory (and of the raw turns, unless ``raw`` is off)."""
     from loomrt.bench.locomo_recall import ANSWERABLE, evaluate_locomo_async, evidence_ids, turns_of
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer
-    from loomrt.harvest.bank import Bank
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
     from loomrt.harvest.db import harvest_db
     from loomrt.harvest.memory import MemoryStore
@@ -437,16 +432,7 @@ async def _locomo_conversation(
     db = harvest_db(store.path)
     memory = MemoryStore(db, embedder=embedder)
     scope = f"user:{cid}"
-    bank = Bank(
-        db,
-        run_id=f"locomo-{cid}",
-        agent="bench",
-        def_hash="0" * 16,
-        scope=scope,
-        max_tokens=100_000,
-        private=set,
-        record=lambda k, d: None,
-    )
+    bank = _bench_bank(db, f"locomo-{cid}", scope, max_tokens=100_000)
     by_session: dict[int, list[Message]] = {}
     seq_to_dia: dict[int, str] = {}
     for i, t in enumerate(turns_of(sample)):
