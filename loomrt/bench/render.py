@@ -320,6 +320,27 @@ def _fanout(f: dict[str, Any]) -> list[str]:
             f"| {r['parent_ratio']} | {r['state_total_input_tokens']:,} | {r['transcript_total_input_tokens']:,} "
             f"| {r['total_ratio']} |"
         )
+    ledger = f.get("ledger")
+    if ledger:
+        lines += [
+            "",
+            "The overwriting child's Σ (`{step, finding}`) cannot grow; the ledger child's Σ appends a finding "
+            f"each step, and only its Σ budget ({ledger['sigma_budget_tokens']} tokens) keeps its row bounded:",
+            "",
+            "| N | H | largest Σ row, overwriting | largest Σ row, ledger | findings kept | parent context, ledger rows |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in f.get("rows", []):
+            lines.append(
+                f"| {r['children']} | {r['horizon']} | {r['state_row_tokens']} | {r['ledger_row_tokens']} "
+                f"| {r['ledger_findings_kept']} | {r['ledger_parent_tokens']:,} |"
+            )
+        by_h = ", ".join(f"H={h}: {t}" for h, t in ledger["row_tokens_by_horizon"].items())
+        lines += [
+            "",
+            f"Largest ledger row by H: {by_h} tokens: **{'within' if ledger['within_budget'] else 'over'} the Σ "
+            f"budget**, ×{ledger['growth']} from the shortest H to the longest.",
+        ]
     return [*lines, ""]
 
 
