@@ -58,9 +58,44 @@ def test_the_checks_can_fail() -> None:
         "answers differ",
         "final Σ differs",
         "context rebuilt from the record differs",
-        "recall index rebuilt from the record differs",
+        "the live run's recall index holds 1 texts, the one rebuilt from the record 1: 1 missing ('x'); 1 extra ('y')",
     ):
         assert expected in text, expected
+
+
+def test_a_run_with_nothing_left_to_play_is_compared_with_the_uninterrupted_one() -> None:
+    """No live run (the kill left nothing to resume or send): the run rebuilt from the record
+    is compared with the uninterrupted run, never with itself; what differs is printed."""
+    scenario = SCENARIOS[0]
+    base = Outcome("r", ["a"], None, list(scenario.inputs), ["x", "y"], [{"role": "user", "content": "hello"}])
+    rebuilt = Outcome("r", ["a"], None, list(scenario.inputs), ["x"], [{"role": "user", "content": "hullo"}])
+    text = "\n".join(check(None, base, [], scenario, rebuilt))
+    assert "differs from the uninterrupted run's: 1 messages, the uninterrupted run's 1; at message 1: " in text
+    assert "'hullo'" in text and "'hello'" in text
+    assert "the recall index holds 1 texts, the uninterrupted run's 2: 1 missing ('y')" in text
+    assert check(None, base, [], scenario, base) == []
+
+
+def test_model_calls_paid_twice_are_caught_and_a_refold_is_a_repeat() -> None:
+    """Calls beyond the uninterrupted run's, or a prompt paid for again, are violations; a
+    fold call repeating its run's earlier prompt is a repeat by design, counted apart."""
+    from loomrt.bench.chaos import Call, call_problems
+
+    base = [Call("r", "turn", "t1", 100, 10), Call("r", "summary", "s1", 300, 40), Call("r", "turn", "t2", 200, 10)]
+    assert call_problems(base, base, interrupted=False) == ([], 0)
+    twice = [*base[:2], Call("r", "summary", "s1", 300, 40), base[2]]
+    problems, repeats = call_problems(twice, base, interrupted=False)
+    assert repeats == 0
+    assert "1 summary calls repeat a prompt the run had already paid for, the uninterrupted run's 0" in problems
+    assert "the record holds 4 model calls, the uninterrupted run's 3: summary 2 against 1" in problems
+    assert call_problems(twice, base, interrupted=True)[0] != []  # an interrupted tool call never pays more
+    assert call_problems(base[:1] + base[2:], base, interrupted=True) == ([], 0)  # it may distil less
+    dearer = [base[0], Call("r", "summary", "s1", 600, 40), base[2]]
+    (tokens,) = call_problems(dearer, base, interrupted=False)[0]
+    assert "summary (600, 40) against (300, 40)" in tokens
+    fold = [Call("r", "fold", "f1", 300, 40), Call("r", "turn", "t1", 100, 10)]
+    refolded = [fold[0], Call("r", "fold", "f1", 300, 40), fold[1]]
+    assert call_problems(refolded, fold, interrupted=False) == ([], 1)
 
 
 def test_a_crash_point_is_named_and_counted() -> None:
@@ -203,3 +238,24 @@ def test_the_harvest_checks_can_fail() -> None:
     assert "the bank holds 1 lines" in text and "durable memory holds 3 facts (2 distinct)" in text
     doubled = Outcome("r", ["a"], None, list(scenario.inputs), [], [], banked=["x", "x", "y"], facts=["x", "y"])
     assert "the bank holds 'x' 2 times" in "\n".join(check(doubled, good, [], scenario, doubled))
+
+
+def test_one_scenario_at_one_point_runs_alone() -> None:
+    """``loomrt bench chaos --scenario S --point P``: only those kills; an unknown name is a usage error."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from loomrt.cli.bench_cmd import bench_app
+
+    runner = CliRunner()
+    done = runner.invoke(
+        bench_app, ["chaos", "--scenario", "tools-compaction", "--point", "in_tool", "--per-point", "2", "--json"]
+    )
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["kills"] == result["landed"] == 2 and result["violations"] == 0
+    assert list(result["points"]) == ["in_tool"] and list(result["reached"]) == ["tools-compaction"]
+    for bad in (["--scenario", "nope"], ["--point", "nowhere"]):
+        wrong = runner.invoke(bench_app, ["chaos", *bad])
+        assert wrong.exit_code == 2 and "expected one of" in wrong.output

@@ -157,7 +157,7 @@ def test_chaos_sees_a_resumed_run_lose_its_recall_index(monkeypatch: pytest.Monk
     result = _chaos("chat-compaction", "after_distillation")
     assert result["landed"] == result["kills"] == 2
     lost = [v for f in result["failures"] for v in f["violations"] if "recall index" in v and "missing" in v]
-    assert len(lost) == 2, result["failures"]
+    assert len(lost) == 2, [f["violations"] for f in result["failures"]]
 
 
 def test_chaos_sees_a_resumed_context_the_record_does_not_hold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -72,6 +72,8 @@ __all__ = [
     "check",
     "fork_problems",
     "Kill",
+    "Call",
+    "call_problems",
     "plan_kills",
     "run_chaos",
     "run_chaos_async",
@@ -200,6 +202,19 @@ class Outcome:
     """Harvest: every conversation line the bank holds, one entry per banked copy."""
     facts: list[str] = field(default_factory=list)
     """Harvest: every fact durable memory holds (any status), one entry per row."""
+    calls: list[Call] = field(default_factory=list)
+    """Every model call on the record, the scenario's sub-agents' and forks' included."""
+
+
+@dataclass(frozen=True)
+class Call:
+    """One ``model_call`` event: the run that paid it, why, what it was sent, what it cost."""
+
+    run: str
+    purpose: str
+    prompt_hash: str
+    input_tokens: int
+    output_tokens: int
 
 
 def _runtime(store: Any) -> Any:
@@ -270,7 +285,26 @@ async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool =
         context=[m.to_dict() for m in run.context],
         banked=banked,
         facts=facts,
+        calls=_calls(store),
     )
+
+
+def _calls(store: Any) -> list[Call]:
+    """The model calls of every run on the record, run by run, in the order each paid them."""
+    out: list[Call] = []
+    for info in sorted(store.list_runs(limit=1000), key=lambda r: (r.agent, r.run_id)):
+        for e in store.events(info.run_id, kinds=["model_call"]):
+            usage = e.data.get("usage") or {}
+            out.append(
+                Call(
+                    info.run_id,
+                    str(e.data.get("purpose")),
+                    str(e.data.get("prompt_hash")),
+                    int(usage.get("input_tokens", 0)),
+                    int(usage.get("output_tokens", 0)),
+                )
+            )
+    return out
 
 
 # ---------------------------------------------------------------------- recovering and checking
@@ -278,9 +312,10 @@ async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool =
 
 async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str | None, Any]:
     """Recover a killed scenario as a user would; the id of the run that is checked, and its
-    live run (None if nothing was left to send it; if the process died before the run
-    started, the scenario is played again from the start). With a fork: the parent is
-    finished, forked if it was not yet, and the fork finished."""
+    live run: the one the recovering code played (None if the kill left nothing to resume and
+    nothing to send; if the process died before the run started, the scenario is played again
+    from the start). With a fork: the parent is finished, forked if it was not yet, and the
+    fork finished."""
     store = _store(db)
     if not any(r.parent_run_id is None and not r.forked_from for r in store.list_runs()):
         store.close()
@@ -289,32 +324,52 @@ async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str
     rt = _runtime(store)
     run_id = _root(db)
     if scenario.fork:
-        await _finish(folder, rt, db, run_id, scenario.parent_inputs)
+        await _finish(rt, run_id, scenario.parent_inputs)
         if not any(r.forked_from == run_id for r in store.list_runs()):
             code = _fork(folder, scenario, db, run_id)
             if code:
                 raise RuntimeError(f"loomrt runs fork {run_id} exited {code}")
         run_id = _checked(db, scenario)
-    return run_id, await _finish(folder, rt, db, run_id, scenario.own_inputs)
+    return run_id, await _finish(rt, run_id, scenario.own_inputs)
 
 
-async def _finish(folder: Path, rt: Any, db: str | Path, run_id: str, inputs: tuple[str, ...]) -> Any:
-    """Finish a killed run: ``loomrt runs resume`` (the CLI) if it stopped mid-turn, then the
-    inputs its record does not hold yet, sent in this process; the live run (None if none was left)."""
+async def _finish(rt: Any, run_id: str, inputs: tuple[str, ...]) -> Any:
+    """Finish a killed run: :meth:`~loomrt.Runtime.resume` (what ``loomrt runs resume`` calls)
+    if it stopped mid-turn, then the inputs its record does not hold yet, sent to the run the
+    resume played; that live run (None if there was nothing to resume and nothing to send).
+    The resume runs in this process so that the checks inspect the recovering run's own
+    working context and recall index, not one rebuilt afterwards."""
     run = await rt.aopen(run_id)
     mid_turn = not (run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error))
     recorded = sum(1 for e in rt.store.events(run_id) if e.kind == "user_input")
-    if mid_turn and recorded:
-        code = _loomrt(["runs", "resume", run_id, "--json"], folder, _env(db))
-        if code not in (0, 1):
-            raise RuntimeError(f"loomrt runs resume {run_id} exited {code}")
     remaining = inputs[recorded:]
-    if not remaining:
-        return None
-    live = await rt.aopen(run_id)  # the live run: it plays the inputs the record does not hold yet
+    live = await _resume(rt, run_id) if mid_turn and recorded else None
+    if live is None and remaining:
+        live = await rt.aopen(run_id)  # a process the user starts to send the next input
     for text in remaining:
         await rt.send(live, text)
     return live
+
+
+async def _resume(rt: Any, run_id: str) -> Any:
+    """``rt.resume(run_id)``, and the run it played (the run it opened from the record)."""
+    opened: list[Any] = []
+    aopen = rt.aopen
+
+    async def keep(rid: str) -> Any:
+        run = await aopen(rid)
+        opened.append(run)
+        return run
+
+    rt.aopen = keep
+    try:
+        await rt.resume(run_id)  # a failed turn is the checks' to find, as `runs resume` exiting 1 was
+    finally:
+        rt.__dict__.pop("aopen", None)
+    mine = [run for run in opened if run.run_id == run_id]  # not a sub-agent it resumed
+    if not mine:
+        raise RuntimeError(f"resuming {run_id} opened no run: the harness cannot inspect the recovering run")
+    return mine[0]
 
 
 def fork_problems(store: Any, scenario: Scenario) -> list[str]:
@@ -337,49 +392,188 @@ def fork_problems(store: Any, scenario: Scenario) -> list[str]:
     return problems
 
 
-def check(outcome: Outcome, baseline: Outcome, events: list[Any], scenario: Scenario, rebuilt: Outcome) -> list[str]:
-    """The violations of one recovered run against the uninterrupted one."""
+def check(
+    outcome: Outcome | None, baseline: Outcome, events: list[Any], scenario: Scenario, rebuilt: Outcome
+) -> list[str]:
+    """The violations of one recovered run against the uninterrupted one. ``outcome`` is the
+    live run the recovery played (None if it had nothing to play: the run rebuilt from the
+    record is then compared with the uninterrupted run, never with itself); ``rebuilt`` is
+    the run rebuilt from the record."""
     from loomrt.record.ledger import verify_chain
 
+    live = outcome or rebuilt
     problems = list(verify_chain(events))
-    if outcome.inputs != list(scenario.own_inputs):
-        problems.append(f"inputs differ: {len(outcome.inputs)} recorded, {len(scenario.own_inputs)} sent")
+    if live.inputs != list(scenario.own_inputs):
+        problems.append(f"inputs differ: {len(live.inputs)} recorded, {len(scenario.own_inputs)} sent")
     results = Counter(e.data.get("tool_call_id") for e in events if e.kind == "tool_result")
     problems += [f"tool call {cid} has {n} results" for cid, n in results.items() if n > 1]
     calls = {e.data.get("id") for e in events if e.kind == "tool_call"}
     problems += [f"tool call {cid} has no result" for cid in calls if cid not in results]
     evicted = Counter(s for e in events if e.kind == "distillation" for s in e.data.get("span_seqs") or [])
     problems += [f"message #{s} evicted {n} times" for s, n in evicted.items() if n > 1]
-    if outcome.answers != baseline.answers:
-        problems.append(f"answers differ from the uninterrupted run: {outcome.answers} != {baseline.answers}")
-    if outcome.state != baseline.state:
-        problems.append(f"final Σ differs: {outcome.state} != {baseline.state}")
-    if outcome.context != rebuilt.context:
-        problems.append("the working context rebuilt from the record differs from the live one")
-    if outcome.recall_texts != rebuilt.recall_texts:
-        problems.append("the recall index rebuilt from the record differs from the live one")
-    interrupted = any(
-        e.kind == "tool_result" and str(e.data.get("content", "")).startswith(INTERRUPTED[:40]) for e in events
-    )
-    if scenario.consolidate:
-        doubled = [t for t, n in Counter(outcome.banked).items() if n > 1]
-        problems += [f"the bank holds {t[:40]!r} {n} times" for t, n in Counter(outcome.banked).items() if n > 1][:3]
-        if not doubled and outcome.banked != baseline.banked:
+    if live.answers != baseline.answers:
+        problems.append(f"answers differ from the uninterrupted run: {live.answers} != {baseline.answers}")
+    if live.state != baseline.state:
+        problems.append(f"final Σ differs: {live.state} != {baseline.state}")
+    interrupted = _interrupted(events)  # an interrupted call's result differs from the uninterrupted run's by design
+    if outcome is not None:
+        if outcome.context != rebuilt.context:
             problems.append(
-                f"the bank holds {len(outcome.banked)} lines, the uninterrupted run's {len(baseline.banked)}"
+                "the working context rebuilt from the record differs from the live one: "
+                + _context_differs(rebuilt.context, outcome.context, "the live run's")
             )
-        if outcome.facts != baseline.facts:
+        if outcome.recall_texts != rebuilt.recall_texts:
             problems.append(
-                f"durable memory holds {len(outcome.facts)} facts ({len(set(outcome.facts))} distinct), "
-                f"the uninterrupted run's {len(baseline.facts)}"
+                f"the live run's recall index holds {len(outcome.recall_texts)} texts, the one rebuilt from the "
+                f"record {len(rebuilt.recall_texts)}: " + _differs(outcome.recall_texts, rebuilt.recall_texts)
             )
-    if (
-        not interrupted and rebuilt.recall_texts != baseline.recall_texts
-    ):  # an interrupted call's result differs by design
+    elif not interrupted and _timeless(rebuilt.context) != _timeless(baseline.context):
         problems.append(
-            f"the recall index holds {len(rebuilt.recall_texts)} texts, the uninterrupted run's {len(baseline.recall_texts)}"
+            "the working context rebuilt from the record differs from the uninterrupted run's: "
+            + _context_differs(_timeless(rebuilt.context), _timeless(baseline.context), "the uninterrupted run's")
+        )
+    if scenario.consolidate:
+        problems += _harvest_problems(live, baseline)
+    if not interrupted and rebuilt.recall_texts != baseline.recall_texts:
+        problems.append(
+            f"the recall index holds {len(rebuilt.recall_texts)} texts, the uninterrupted run's "
+            f"{len(baseline.recall_texts)}: " + _differs(rebuilt.recall_texts, baseline.recall_texts)
         )
     return problems
+
+
+_CLOCK = re.compile(r"\b(\d{4}-\d{2}-\d{2}[ T])?\d{2}:\d{2}(:\d{2}(\.\d+)?)?\b")
+
+
+def _timeless(context: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A working context as two playings of one script share it: without the times it was written at."""
+    return [{k: _CLOCK.sub("TIME", v) if isinstance(v, str) else v for k, v in m.items() if k != "ts"} for m in context]
+
+
+def _tokens(calls: list[Call]) -> dict[str, tuple[int, int]]:
+    """Input and output tokens per purpose."""
+    out: dict[str, tuple[int, int]] = {}
+    for c in calls:
+        i, o = out.get(c.purpose, (0, 0))
+        out[c.purpose] = (i + c.input_tokens, o + c.output_tokens)
+    return out
+
+
+def _interrupted(events: list[Any]) -> bool:
+    """Whether a tool call among ``events`` was interrupted (closed by a resume, not answered)."""
+    return any(e.kind == "tool_result" and str(e.data.get("content", "")).startswith(INTERRUPTED[:40]) for e in events)
+
+
+def _harvest_problems(outcome: Outcome, baseline: Outcome) -> list[str]:
+    """The bank and durable memory against the uninterrupted run's."""
+    doubled = [(t, n) for t, n in Counter(outcome.banked).items() if n > 1]
+    problems = [f"the bank holds {t[:40]!r} {n} times" for t, n in doubled][:3]
+    if not doubled and outcome.banked != baseline.banked:
+        problems.append(
+            f"the bank holds {len(outcome.banked)} lines, the uninterrupted run's {len(baseline.banked)}: "
+            + _differs(outcome.banked, baseline.banked)
+        )
+    if outcome.facts != baseline.facts:
+        problems.append(
+            f"durable memory holds {len(outcome.facts)} facts ({len(set(outcome.facts))} distinct), "
+            f"the uninterrupted run's {len(baseline.facts)}: " + _differs(outcome.facts, baseline.facts)
+        )
+    return problems
+
+
+def _differs(got: list[str], want: list[str], shown: int = 2) -> str:
+    """What ``got`` holds that ``want`` does not, and the reverse (a few texts of each)."""
+    extra, missing = Counter(got) - Counter(want), Counter(want) - Counter(got)
+
+    def some(texts: Counter[str]) -> str:
+        listed = list(texts.elements())
+        more = f" and {len(listed) - shown} more" if len(listed) > shown else ""
+        return ", ".join(repr(_short(t)) for t in listed[:shown]) + more
+
+    parts = [f"{sum(missing.values())} missing ({some(missing)})"] if missing else []
+    parts += [f"{sum(extra.values())} extra ({some(extra)})"] if extra else []
+    return "; ".join(parts) or "the same texts in another order"
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _context_differs(got: list[dict[str, Any]], want: list[dict[str, Any]], whose: str) -> str:
+    """Where two working contexts part: their lengths and the first message that differs."""
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+
+    def said(messages: list[dict[str, Any]]) -> str:
+        if at >= len(messages):
+            return "nothing"
+        m = messages[at]
+        return f"{m.get('role')} {_short(str(m.get('content') or m.get('tool_calls') or ''))!r}"
+
+    return f"{len(got)} messages, {whose} {len(want)}; at message {at + 1}: {said(got)}, {whose} {said(want)}"
+
+
+def call_problems(record: list[Call], baseline: list[Call], *, interrupted: bool) -> tuple[list[str], int]:
+    """The model calls a recovered record paid against the uninterrupted run's: the violations,
+    and the repeats made by design.
+
+    A fold writes each card (its model call paid and recorded) before the fold's distillation;
+    killed in between, the resumed run folds that span again, so a ``fold`` call whose prompt
+    the run had already sent is a repeat by design, counted apart. Any other call whose prompt
+    the run had already paid for (beyond the uninterrupted run's own), or any call beyond the
+    uninterrupted run's count, was paid twice: a violation. A run whose tool call was
+    interrupted may pay fewer calls (the interrupted result is shorter, so it distils less),
+    never more. Tokens per purpose must agree within 2% (prompts quote seqs, which a resume
+    shifts), unless a tool call was interrupted (every later prompt differs by design)."""
+    seen: set[tuple[str, str, str]] = set()
+    paid: list[Call] = []
+    repeats, twice = 0, Counter[str]()
+    for c in record:
+        key = (c.run, c.purpose, c.prompt_hash)
+        if key in seen and c.purpose == "fold":
+            repeats += 1
+            continue
+        if key in seen:
+            twice[c.purpose] += 1
+        seen.add(key)
+        paid.append(c)
+    problems: list[str] = []
+    expected = _repeated(baseline)
+    for purpose, n in sorted(twice.items()):
+        if n > expected[purpose]:
+            problems.append(
+                f"{n} {purpose} calls repeat a prompt the run had already paid for, "
+                f"the uninterrupted run's {expected[purpose]}"
+            )
+    got, want = Counter(c.purpose for c in paid), Counter(c.purpose for c in baseline)
+    off = [p for p in sorted(set(got) | set(want)) if got[p] > want[p] or (got[p] < want[p] and not interrupted)]
+    if off:
+        by = ", ".join(f"{p} {got[p]} against {want[p]}" for p in off)
+        problems.append(f"the record holds {len(paid)} model calls, the uninterrupted run's {len(baseline)}: {by}")
+    elif not interrupted:
+        tokens, base = _tokens(paid), _tokens(baseline)
+        by = ", ".join(
+            f"{p} {tokens.get(p, (0, 0))} against {base.get(p, (0, 0))}"
+            for p in sorted(set(tokens) | set(base))
+            if any(abs(t - b) > 0.02 * b for t, b in zip(tokens.get(p, (0, 0)), base.get(p, (0, 0)), strict=True))
+        )
+        if by:
+            problems.append(
+                "the record's model calls used other tokens (input, output) than the uninterrupted run's: " + by
+            )
+    return problems, repeats
+
+
+def _repeated(calls: list[Call]) -> Counter[str]:
+    """Per purpose, the calls whose prompt their run had already sent."""
+    seen: set[tuple[str, str, str]] = set()
+    out = Counter[str]()
+    for c in calls:
+        key = (c.run, c.purpose, c.prompt_hash)
+        if key in seen:
+            out[c.purpose] += 1
+        seen.add(key)
+    return out
 
 
 @dataclass
@@ -390,13 +584,18 @@ class Kill:
     killed: bool = False
     violations: list[str] = field(default_factory=list)
     run_id: str | None = None
+    repeats: int = 0
+    """Model calls made again by design (a fold rewritten after a kill at ``in_fold``)."""
 
 
-def plan_kills(counts: dict[str, dict[str, int]], per_point: int, seed: int = 11) -> list[tuple[str, str, int]]:
-    """``per_point`` kills per named point, spread over the scenarios and the times each reaches it."""
+def plan_kills(
+    counts: dict[str, dict[str, int]], per_point: int, seed: int = 11, points: list[str] | None = None
+) -> list[tuple[str, str, int]]:
+    """``per_point`` kills per named point (``points``: only these), spread over the
+    scenarios and the times each reaches it."""
     rng = random.Random(seed)
     plan: list[tuple[str, str, int]] = []
-    for point in POINTS:
+    for point in points or POINTS:
         options = [(s, point, n) for s, c in counts.items() for n in range(1, c.get(point, 0) + 1)]
         if not options:
             continue
@@ -419,8 +618,11 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: st
     assert run_id is not None
     events = store.events(run_id)
     rebuilt = await _outcome(store, run_id, harvest=scenario.consolidate)
-    outcome = await _outcome(store, run_id, live, harvest=scenario.consolidate) if live is not None else rebuilt
+    outcome = await _outcome(store, run_id, live, harvest=scenario.consolidate) if live is not None else None
     kill.violations = check(outcome, baseline, events, scenario, rebuilt)
+    everyone = [e for r in store.list_runs(limit=1000) for e in store.events(r.run_id)]
+    paid, kill.repeats = call_problems(rebuilt.calls, baseline.calls, interrupted=_interrupted(everyone))
+    kill.violations += paid
     if scenario.fork:
         kill.violations += fork_problems(store, scenario)
     for other in store.list_runs(limit=100):  # every run the scenario left: `runs verify` holds on each
@@ -488,17 +690,22 @@ async def run_chaos_async(
     scenarios: list[Scenario] | None = None,
     backend: str = "sqlite",
     postgres: str | None = None,
+    points: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Plan and carry out the kills; per point: kills made, kills that landed, violations.
+    """Plan and carry out the kills; per point: kills made, kills that landed, violations,
+    model calls repeated by design. ``scenarios`` and ``points``: only these (default: all);
     ``backend``: where the records live, ``sqlite`` or ``postgres`` (see the module's text)."""
     started = time.perf_counter()
     scenarios = scenarios or SCENARIOS
+    unknown = [p for p in points or () if p not in POINTS]
+    if unknown:
+        raise ValueError(f"no point named {', '.join(unknown)}; the points: {', '.join(POINTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         work = folder or Path(tmp)
         write_scenarios(work)
         records = _Records(work, backend, postgres)
         try:
-            return await _run(work, records, per_point, scenarios, progress, started)
+            return await _run(work, records, per_point, scenarios, progress, started, list(points or POINTS))
         finally:
             records.close()
 
@@ -510,6 +717,7 @@ async def _run(
     scenarios: list[Scenario],
     progress: Callable[[int, int], None] | None,
     started: float,
+    chosen: list[str],
 ) -> dict[str, Any]:
     counts: dict[str, dict[str, int]] = {}
     baselines: dict[str, Outcome] = {}
@@ -522,7 +730,9 @@ async def _run(
         store = _store(db)
         baselines[s.agent] = await _outcome(store, _checked(db, s), harvest=s.consolidate)
         store.close()
-    plan = plan_kills(counts, per_point)
+    plan = plan_kills(counts, per_point, points=chosen)
+    if not plan:
+        raise ValueError(f"{', '.join(s.agent for s in scenarios)} never reach {', '.join(chosen)}")
     by_name = {s.agent: s for s in scenarios}
     kills: list[Kill] = []
     for i, (agent, point, n) in enumerate(plan):
@@ -537,19 +747,26 @@ async def _run(
             "places": len({(k.scenario, k.n) for k in kills if k.point == p}),
             "landed": sum(k.point == p and k.killed for k in kills),
             "violations": sum(len(k.violations) for k in kills if k.point == p),
+            "repeats": sum(k.repeats for k in kills if k.point == p),
         }
-        for p in POINTS
+        for p in chosen
     }
     return {
         "kills": len(kills),
         "landed": sum(k.killed for k in kills),
         "violations": sum(len(k.violations) for k in kills),
+        "repeats": sum(k.repeats for k in kills),
         "points": points,
         "reached": counts,
         "failures": [
             {"scenario": k.scenario, "point": k.point, "n": k.n, "run_id": k.run_id, "violations": k.violations}
             for k in kills
             if k.violations
+        ],
+        "repeated": [
+            {"scenario": k.scenario, "point": k.point, "n": k.n, "run_id": k.run_id, "calls": k.repeats}
+            for k in kills
+            if k.repeats
         ],
         "seconds": round(time.perf_counter() - started, 1),
         "backend": records.backend,

