@@ -59,7 +59,9 @@ def _ledger_reply(horizon: int) -> Any:
 
     def reply(request: ModelRequest) -> ModelResponse:
         said = [str(m.get("content") or "") for m in request.messages]
-        sigma = next((json.loads(t.split("\n", 1)[1]) for t in reversed(said) if t.startswith("Your state Σ:")), {})
+        sigma: dict[str, Any] = next(
+            (json.loads(t.split("\n", 1)[1]) for t in reversed(said) if t.startswith("Your state Σ:")), {}
+        )
         step = int(sigma.get("step", 0))
         if step >= horizon:
             args: dict[str, Any] = {"reasoning": "Done.", "patch": {}, "done": True, "final": "readings logged"}
@@ -225,7 +227,7 @@ async def _one(n: int, horizon: int) -> dict[str, Any]:
             if variant != "transcript":  # the largest Σ row a child handed up
                 children = [r.run_id for r in rt.store.list_runs() if r.parent_run_id == result.run_id]
                 assert len(children) == n, children
-                states = [(await rt.aopen(c)).state for c in children]
+                states = [(await rt.aopen(c)).state or {} for c in children]
                 out[f"{variant}_row_tokens"] = max(count_text(json.dumps(st, ensure_ascii=False)) for st in states)
                 if variant == "ledger":
                     out["ledger_findings_kept"] = min(len(st.get("findings", [])) for st in states)
