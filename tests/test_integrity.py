@@ -527,3 +527,18 @@ def test_the_integrity_measure_says_no_when_a_check_is_broken(tmp_path, monkeypa
         monkeypatch.setattr(loomrt.integrity, name, lambda *a, **k: [])
     out = caught(tmp_path)
     assert {r["tampering"] for r in out["rows"] if not r["detected"]} == missed
+
+
+def test_doctor_says_whether_new_runs_are_keyed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    for value, expected in [
+        ("", {"keyed": False, "ok": True, "source": None}),
+        (KEY, {"keyed": True, "ok": True, "source": KEY_ENV}),
+    ]:
+        monkeypatch.setenv(KEY_ENV, value)
+        report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+        assert report["ledger"] == expected
+    monkeypatch.setenv(KEY_ENV, "short")
+    report = json.loads(runner.invoke(app, ["doctor", "--json"]).stdout)
+    assert report["ok"] is False and "needs at least 16" in report["ledger"]["problem"]

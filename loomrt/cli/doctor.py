@@ -108,11 +108,25 @@ def diagnose(agents: Path | None = None, *, verify: bool = False) -> dict[str, A
             "python": platform.python_version(),
         },
         "environment": {var: os.environ.get(var) for var in _LITELLM_SWITCHES},
-        "ok": all(p["ok"] for p in providers),
+        "ledger": _ledger(),
     }
+    report["ok"] = all(p["ok"] for p in providers) and report["ledger"]["ok"]
     if problem:
         report["agents_problem"] = problem
     return report
+
+
+def _ledger() -> dict[str, Any]:
+    """Whether new runs are chained keyed (v2): the key's source, or why it cannot be used."""
+    from loomrt.errors import LoomError
+    from loomrt.record.ledger import KEY_ENV, KEY_FILE_ENV, ledger_key
+
+    try:
+        keyed = ledger_key() is not None
+    except LoomError as exc:
+        return {"keyed": False, "ok": False, "problem": str(exc)}
+    source = KEY_ENV if os.environ.get(KEY_ENV) else (KEY_FILE_ENV if keyed else None)
+    return {"keyed": keyed, "ok": True, "source": source}
 
 
 def _mark(ok: bool) -> str:
@@ -158,6 +172,19 @@ def _print(report: dict[str, Any]) -> None:
             )
         default = " (default)" if m["default"] else ""
         out.print(f"  {_mark(bool(m['verified']))} {m['model']}{default}: {state}", highlight=False)
+    ledger = report["ledger"]
+    if not ledger["ok"]:
+        out.print(f"[bold]ledger[/bold]: [red]✗[/red] {ledger['problem']}", highlight=False)
+    elif ledger["keyed"]:
+        out.print(
+            f"[bold]ledger[/bold]: keyed: new runs are chained v2 (key from ${ledger['source']})", highlight=False
+        )
+    else:
+        out.print(
+            "[bold]ledger[/bold]: unkeyed: new runs are chained v1, which a writer with database access can "
+            "re-chain (`loomrt db keygen FILE`, then LOOMRT_LEDGER_KEY_FILE=FILE: docs/audit.md)",
+            highlight=False,
+        )
     out.print(
         "[bold]versions[/bold]: " + ", ".join(f"{k} {v or 'not installed'}" for k, v in report["versions"].items())
     )
