@@ -13,6 +13,7 @@ the sabotage it is known to catch.
 | ``bench chaos`` violations: the context is the record's | a resumed run ends holding a message its record does not | ``test_chaos_sees_a_resumed_context_the_record_does_not_hold`` |
 | harvest load "0 lost, 0 doubled" | the per-scope lease and the claim check both broken | ``test_harvest_load_counts_a_batch_two_workers_extracted`` |
 | harvest paraphrase rows, facts kept apart | placement merges into the nearest fact, whatever it says | ``test_harvest_paraphrase_reports_facts_merged_together`` |
+| fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
 """
 
 from __future__ import annotations
@@ -168,3 +169,20 @@ def test_chaos_sees_a_resumed_context_the_record_does_not_hold(monkeypatch: pyte
     assert result["landed"] == result["kills"] == 2
     stray = [v for f in result["failures"] for v in f["violations"] if "differs from the live one" in v]
     assert len(stray) == 2 and all("A note the record does not hold" in v for v in stray), result["failures"]
+
+
+# ---------------------------------------------------------------- fanout: "Σ rows do not grow with H"
+
+
+def test_fanout_sees_ledger_rows_grow_without_the_sigma_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    from loomrt.bench.fanout import LEDGER_SIGMA_TOKENS, fanout_figures
+
+    honest = fanout_figures((1,), (20, 60))["ledger"]
+    assert honest["within_budget"] and honest["growth"] <= 1.1, honest
+
+    monkeypatch.setattr("loomrt.run.reducers.stateful.state_share", lambda run: 10**9)  # no Σ budget
+    broken = fanout_figures((1,), (20, 60))
+    rows = {r["horizon"]: r for r in broken["rows"]}
+    assert rows[60]["state_row_tokens"] == rows[20]["state_row_tokens"]  # the overwriting Σ cannot show it
+    assert not broken["ledger"]["within_budget"] and broken["ledger"]["growth"] >= 2, broken["ledger"]
+    assert rows[60]["ledger_row_tokens"] > 2 * LEDGER_SIGMA_TOKENS
