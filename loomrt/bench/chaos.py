@@ -5,29 +5,36 @@ compaction and in stateful mode) the harness first plays it uninterrupted throug
 with ``LOOMRT_CRASH_TRACE`` on, which counts how often each named point
 (:data:`loomrt.crashpoints.POINTS`) is reached. Then, for each planned kill, it plays the
 scenario again in a fresh record with ``LOOMRT_CRASH_AT=POINT:N``: the process SIGKILLs
-itself the N-th time it reaches POINT. It recovers as a user would: ``loomrt runs resume``
-(the CLI) when the run stopped mid-turn, then the inputs the record does not hold yet
-(through :meth:`~loomrt.Runtime.continue_run`, in this process, so the live run can be
-compared with its record). A fork scenario (``Scenario.fork = (AT, PARENT)``) plays the
-parent's first PARENT inputs as a chat, forks it with ``loomrt runs fork --at`` the seq of
-the answer to input AT, then sends the fork its own inputs with ``loomrt runs continue``,
-each a process of its own; N counts across all of them (the trace file carries the count).
-Recovery forks the parent if the kill left no fork. Then it checks (:func:`check`, and
-:func:`fork_problems` for forks):
+itself the N-th time it reaches POINT. It recovers as a user would: :meth:`~loomrt.Runtime.resume`
+(what ``loomrt runs resume`` calls) when the run stopped mid-turn, in this process, so that
+the run checked is the one the recovering code played (its own working context and recall
+index); then the inputs the record does not hold yet, sent to that run. A fork scenario
+(``Scenario.fork = (AT, PARENT)``) plays the parent's first PARENT inputs as a chat, forks
+it with ``loomrt runs fork --at`` the seq of the answer to input AT, then sends the fork its
+own inputs with ``loomrt runs continue``, each a process of its own; N counts across all of
+them (the trace file carries the count). Recovery forks the parent if the kill left no fork.
+Then it checks (:func:`check`, :func:`call_problems`, and :func:`fork_problems` for forks):
 
-- the record audits clean (seqs dense from 1, the ledger chain intact);
+- the record audits clean (seqs dense from 1, the ledger chain intact), and ``runs verify``
+  holds on every run the kill left;
 - every input of the script is in the record once, in order; no tool call has two results;
   no message was evicted by two distillations;
 - every answer and the final Σ equal the uninterrupted run's;
-- the working context rebuilt from the record equals the live one;
-- the recall index rebuilt from the record equals the live one, and holds the same texts
-  as the uninterrupted run's;
+- the working context and recall index of the run that recovered equal the ones rebuilt from
+  the record; where the kill left nothing to resume or send, the context rebuilt from the
+  record equals the uninterrupted run's (never compared with itself);
+- the recall index rebuilt from the record holds the same texts as the uninterrupted run's;
+- the model calls on the record (every run's) are the uninterrupted run's per purpose: none
+  more, none paid twice, the same tokens within 2%; a fold written again after a kill
+  before its distillation repeats its card calls by design, counted apart (``repeats``);
 - with harvest, once a consolidator has run again: the bank holds every line the
   uninterrupted run's does, none twice, and durable memory the same facts.
 - with a fork: one parent and one fork, the parent's chain audits and holds its inputs
   once (a kill mid-fork left no half-made fork behind).
 
-Each failed check is a violation, reported with its point, N, scenario and run id.
+Each failed check is a violation, reported with its point, N, scenario and run id, and what
+differs (the texts missing or extra, the purposes whose calls differ, where two contexts part).
+``scenarios`` and ``points`` run some alone (``loomrt bench chaos --scenario S --point P``).
 Recall uses the hash embedder here (a MiniLM load per process would dominate the time).
 
 ``backend="postgres"`` plays every scenario against PostgreSQL instead (``postgres``: a
