@@ -287,6 +287,11 @@ def test_what_the_runtime_writes_reads_as_grammatical():
         ("parked", {}),
         ("final", {}),  # the chat ends
         ("distillation", {}),  # a fold between turns, out of band
+        ("resumed", {"input": "continue"}),
+        ("user_input", {"content": "fails"}),
+        ("error", {}),
+        ("parked", {}),  # a chat's failed turn parks for the next input
+        ("final", {}),
         ("cancelled", {}),
         ("model_call", {"purpose": "turn"}),  # cancelled while the model thought: the cost is recorded
         ("resumed", {"input": "continue"}),

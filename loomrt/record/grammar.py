@@ -11,7 +11,8 @@ plays obeys, so a record that breaks one was written by something else:
   for (in the run, or in the shared history of a fork), and each call has one result;
 - after ``final``, ``error`` or ``cancelled``, nothing of a turn is written until a
   ``resumed`` opens one (``runs resume`` and ``runs continue`` write it); after ``parked``,
-  a ``user_input`` or a ``resumed`` opens the next turn, or a ``final`` ends the chat. Out-of-band events (pins, marks,
+  a ``user_input`` or a ``resumed`` opens the next turn, or a ``final`` ends the chat (and
+  a chat's failed turn parks after its ``error``). Out-of-band events (pins, marks,
   folds between turns, harvest, notices) may come at any time.
 """
 
@@ -68,7 +69,8 @@ def grammar_problems(events: Iterable[Event], shared: Iterable[Event] = ()) -> l
                 if e.kind == "run_started"
                 else f"{where}: the record does not open with run_started"
             )
-        ends_chat = e.kind == "final" and closed == "parked"  # `loomrt chat` ends a parked run
+        # `loomrt chat` ends a parked run; a chat's failed turn records error, then parks for the next input
+        ends_chat = (e.kind == "final" and closed == "parked") or (e.kind == "parked" and closed == "error")
         if e.kind == "resumed" or (e.kind == "user_input" and closed in (None, "parked")):
             closed = None
         elif e.kind == "user_input" or (e.kind in TURN_KINDS and closed is not None and not ends_chat):
