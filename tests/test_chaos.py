@@ -256,6 +256,7 @@ def test_one_scenario_at_one_point_runs_alone() -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["kills"] == result["landed"] == 2 and result["violations"] == 0
     assert list(result["points"]) == ["in_tool"] and list(result["reached"]) == ["tools-compaction"]
+    assert result["not_live"] == 0  # killed mid-turn, each run was resumed, and that run was checked
     for bad in (["--scenario", "nope"], ["--point", "nowhere"]):
         wrong = runner.invoke(bench_app, ["chaos", *bad])
         assert wrong.exit_code == 2 and "expected one of" in wrong.output

@@ -592,7 +592,9 @@ class Kill:
     violations: list[str] = field(default_factory=list)
     run_id: str | None = None
     repeats: int = 0
-    """Model calls made again by design (a fold rewritten after a kill at ``in_fold``)."""
+    """Model calls made again by design (a fold written again after a kill before its distillation)."""
+    live: bool = True
+    """Whether recovery played the run (a resume, an input); if not, it was compared with the uninterrupted run."""
 
 
 def plan_kills(
@@ -627,6 +629,7 @@ async def _one_kill(folder: Path, scenario: Scenario, point: str, n: int, db: st
     rebuilt = await _outcome(store, run_id, harvest=scenario.consolidate)
     outcome = await _outcome(store, run_id, live, harvest=scenario.consolidate) if live is not None else None
     kill.violations = check(outcome, baseline, events, scenario, rebuilt)
+    kill.live = outcome is not None
     everyone = [e for r in store.list_runs(limit=1000) for e in store.events(r.run_id)]
     paid, kill.repeats = call_problems(rebuilt.calls, baseline.calls, interrupted=_interrupted(everyone))
     kill.violations += paid
@@ -763,6 +766,7 @@ async def _run(
         "landed": sum(k.killed for k in kills),
         "violations": sum(len(k.violations) for k in kills),
         "repeats": sum(k.repeats for k in kills),
+        "not_live": sum(not k.live for k in kills),
         "points": points,
         "reached": counts,
         "failures": [

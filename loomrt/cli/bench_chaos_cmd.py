@@ -37,7 +37,9 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
     lines = [
         f"Produced by `{command}` in {r['seconds']} s: **{r['kills']} kills** ({r['landed']} landed), "
         f"**{r['violations']} violations**; {r.get('repeats', 0)} model calls repeated by design "
-        "(a fold killed before its distillation writes its cards again).",
+        "(a fold killed before its distillation writes its cards again). "
+        f"{r.get('not_live', 0)} kills left nothing to resume or send: each of those records is compared "
+        "with the uninterrupted run's.",
         "",
         "| point | where | kills | distinct places | landed | violations | repeated calls |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -51,6 +53,10 @@ def chaos_markdown(r: dict[str, Any], command: str) -> str:
         lines.append(
             f"\n- {fail['scenario']} at {fail['point']}:{fail['n']} (run {fail['run_id']}): "
             + "; ".join(fail["violations"])
+        )
+    for again in r.get("repeated", []):
+        lines.append(
+            f"\n- {again['scenario']} at {again['point']}:{again['n']}: {again['calls']} fold calls repeated by design"
         )
     return "\n".join(lines) + "\n"
 
