@@ -243,7 +243,7 @@ def _append_cost(folder: Path, key: str | None, turns: int) -> float:
     store.create_run(RunInfo(run_id="append", agent="a", def_hash="h", mode="append", model="m"))
     store.append("append", "run_started", {"mode": "append"})
     line = "An ordinary message of a chat, about as long as most, with a few numbers: 12, 40, 9,400."
-    turn = [
+    turn: list[tuple[str, dict[str, Any]]] = [
         ("user_input", {"content": line}),
         ("model_call", {"purpose": "turn", "model": "m", "usage": {"prompt_tokens": 900}, "seconds": 0.5}),
         ("assistant_message", {"message": {"role": "assistant", "content": line}}),

@@ -56,7 +56,7 @@ class Echo:
                     text="You said: " + " and ".join(s for s in self.secrets if any(s in t for t in text))
                 )
             if asked:
-                return ModelResponse(text="", tool_calls=[ToolCall(id=f"v{len(text)}", name="vault", arguments={})])
+                return ModelResponse(text="", tool_calls=(ToolCall(id=f"v{len(text)}", name="vault", arguments={}),))
             return ModelResponse(text="Noted.")
         seen = [s for s in self.secrets if any(s in t for t in text)]
         step: dict[str, Any] = {"reasoning": "step", "patch": {"seen": len(text)}}
@@ -64,7 +64,7 @@ class Echo:
             step["action"] = {"tool": "vault", "arguments": {}}
         else:
             step.update(done=True, final="ok", patch={"copied": seen} if seen else {"seen": len(text)})
-        return ModelResponse(text="", tool_calls=[ToolCall(id=f"s{len(text)}", name="emit_state", arguments=step)])
+        return ModelResponse(text="", tool_calls=(ToolCall(id=f"s{len(text)}", name="emit_state", arguments=step),))
 
 
 def leaks(store: SQLiteStore, run_id: str, service: RunService, secrets: list[str]) -> list[str]:
