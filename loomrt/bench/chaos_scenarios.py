@@ -1,7 +1,8 @@
 """The chaos harness's scenarios: scripted agents covering every mode, and what a user sends them.
 
 :func:`write_scenarios` writes their agents file, scripts and the file their tools read;
-:mod:`loomrt.bench.chaos` plays them, kills them and checks what is left.
+:mod:`loomrt.bench.chaos` plays them and kills them, and :mod:`loomrt.bench.chaos_checks`
+checks what is left.
 """
 
 from __future__ import annotations
