@@ -230,7 +230,8 @@ class PostgresStore(InlineAsyncFace, RunReads):
                             "ON CONFLICT (card_id) DO NOTHING",
                             cards,
                         )
-                    _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
+                    if rows:
+                        _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
         except (MovedOnError, FencedError):
             raise
         except self._errors as exc:

@@ -239,7 +239,8 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, ?, ?, ?)", rows
                 )
                 self._conn.executemany(_NEW_CARD, [(*c, c[0]) for c in cards])
-                self._move_head(run_id, rows[-1][1], rows[-1][5], epoch)
+                if rows:
+                    self._move_head(run_id, rows[-1][1], rows[-1][5], epoch)
                 if not self._atomic:
                     self._conn.execute("COMMIT")
             except (MovedOnError, FencedError):
