@@ -201,7 +201,7 @@ def test_a_registered_workload_and_measure_join_the_run() -> None:
 
         async def drive(runtime, run, model, out) -> None:
             for t in script:
-                model.current = t
+                model.current = t.cue
                 await runtime.send(run, t.text)
 
         for mode in ["append", *config.modes]:
@@ -331,15 +331,36 @@ def test_the_bench_can_say_no_without_recall_and_with_an_uninformed_state(quick:
     assert quick["workloads"]["agentic"]["modes"]["append/backstop"]["ratio_backstop"] == 1.0
 
 
-def test_the_scripted_model_holds_no_gold_values() -> None:
-    import dataclasses
+def test_the_scripted_model_is_told_no_gold_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chat and agentic models are walked (every attribute, field, slot, container and
+    closure, however deep) before every call they answer, in append, in a mode that distils
+    and recalls, and in stateful: no gold value is found. Only the stateful model's notes
+    hold values, and only values it read in its prompt (tests/test_sabotage_gold.py shows
+    the walk finds one planted)."""
+    from gold_kit import gold_during
 
-    from loomrt.bench.model import BenchModel
-    from loomrt.bench.workloads import AgenticModel
+    for name in ("chat200", "agentic"):
+        with monkeypatch.context() as patch:
+            walked, found = gold_during(name, ["recap", "stateful"], patch)
+        assert walked > 100 and not found, (name, found[:5])
 
-    for cls in (BenchModel, ChatModel, AgenticModel):
-        names = {f.name for f in dataclasses.fields(cls)}
-        assert not names & {"needles", "needle", "gold", "answers"}, cls
+
+def test_the_workload_grades_the_calls_the_agentic_model_makes() -> None:
+    """The model's plan holds what each step needs by name, never the value; the workload
+    grades the *i*-th call made against step *i*'s planned call, the gold value in place."""
+    import json
+
+    from loomrt.bench.workloads import NEEDED, grade_plan
+
+    _, _, script, needles = agentic_script(3, steps=40, needles=6, huge=1)
+    moves = [s.move for s in script]
+    assert not [n.value for n in needles for m in moves if n.value in json.dumps(m.arguments)]
+    assert sum(NEEDED in json.dumps(m.arguments) for m in moves) == 6
+    made = [dict(s.arguments) for s in script]
+    first = next(i for i, s in enumerate(script) if s.needs is not None)
+    made[first] = {k: v.replace(needles[0].value, "UNKNOWN") for k, v in made[first].items()}
+    assert grade_plan(script, made) == [False, True, True, True, True, True]
+    assert grade_plan(script, made[: first + 1]) == [False]  # steps never reached are not graded
 
 
 def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
@@ -363,15 +384,15 @@ def test_the_reader_answers_from_the_best_line_or_recalls() -> None:
 
 
 def test_a_lossy_summary_makes_the_model_recall_with_the_questions_words() -> None:
-    from loomrt.bench.workloads import ChatTurn
+    from loomrt.bench.workloads import ChatCue
     from loomrt.providers.base import ToolSchema
 
     q = "Remind me: what was the landlord's code to get in?"
     model = ChatModel()
-    model.current = ChatTurn(f"{q} The garden needs another look.", "Fine.", question=q)
+    model.current = ChatCue(q, "Fine.")
     recall = ToolSchema("Recall", "search", {"type": "object", "properties": {}})
     summary = {"role": "user", "content": "[Recap] We talked about the landlord and the garden."}
-    ask = {"role": "user", "content": model.current.text}
+    ask = {"role": "user", "content": f"{q} The garden needs another look."}
     r = model(ModelRequest(messages=[{"role": "system", "content": "Hi."}, summary, ask], tools=(recall,)))
     assert r.tool_calls and r.tool_calls[0].name == "Recall" and r.tool_calls[0].arguments["query"] == q
     result = {

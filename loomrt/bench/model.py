@@ -125,7 +125,9 @@ def recall_texts(content: str) -> list[str]:
 class BenchModel(abc.ABC):
     """The model side of a workload. Subclasses decide what a ``turn`` call answers.
 
-    It holds no gold values: the workload's needles grade its replies from outside.
+    It holds no gold values: a workload tells it what to answer or do, never the value it
+    should find, and grades its replies and calls from outside against the gold it keeps
+    (tests/test_bench.py walks it for every gold value at every call of a play).
     """
 
     summary_tokens: int = 400

@@ -27,8 +27,12 @@ __all__ = [
     "chat_script",
     "agentic_script",
     "ChatTurn",
+    "ChatCue",
     "play_chat",
     "Step",
+    "Move",
+    "NEEDED",
+    "grade_plan",
     "with_append",
     "ChatModel",
     "chat200",
@@ -47,6 +51,16 @@ def with_append(modes: list[str]) -> list[str]:
 
 
 @dataclass(frozen=True)
+class ChatCue:
+    """What the model is told of a turn: the question sentence it answers (empty if the turn
+    asks none) and its fixed reply. Never the turn's text (it reads that in its prompt) nor
+    the fact the turn asks about: the workload keeps the gold value and grades the reply."""
+
+    question: str = ""
+    reply: str = ""
+
+
+@dataclass(frozen=True)
 class ChatTurn:
     text: str
     reply: str
@@ -54,6 +68,11 @@ class ChatTurn:
     """The fact this turn asks about (its gold value grades the reply; the model never sees it)."""
     question: str = ""
     """The question sentence of the turn (in ``text``): what the model answers."""
+
+    @property
+    def cue(self) -> ChatCue:
+        """What the model is told of this turn."""
+        return ChatCue(self.question, self.reply)
 
 
 def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, list[ChatTurn], list[Needle]]:
@@ -89,13 +108,22 @@ def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, l
 _NOTE_CUES = ("note", "remember", "keep track")
 
 
+def turn_input(request: ModelRequest) -> str:
+    """The user's input the newest message of a prompt holds ("" if it holds none: a tool
+    result, or a stateful run's last observation)."""
+    _, last = newest(request.messages)
+    content = str(last.get("content") or "")
+    return content if last.get("role") == "user" and not content.startswith("Last observation (") else ""
+
+
 @dataclass
 class ChatModel(BenchModel):
-    """Answers the turn the workload set in ``current``: its fixed reply, headed by the line
+    """Answers the turn the workload cued in ``current``: its fixed reply, headed by the line
     it answers the turn's question from (:meth:`BenchModel.look_up`), if it asks one. In
-    stateful mode it notes in Σ each sentence the user asked it to note."""
+    stateful mode it notes in Σ each sentence of the user's input that asks it to note.
+    It is told no gold value: the workload grades its reply."""
 
-    current: ChatTurn | None = None
+    current: ChatCue | None = None
 
     def turn(self, request: ModelRequest) -> ModelResponse:
         t = self.current
@@ -112,7 +140,7 @@ class ChatModel(BenchModel):
         t = self.current
         if t is None:
             return {}
-        said = [s for s in lines_of([t.text]) if any(c in s.lower() for c in _NOTE_CUES)]
+        said = [s for s in lines_of([turn_input(request)]) if any(c in s.lower() for c in _NOTE_CUES)]
         return {f"said {len(self.patched) + i + 1}": s for i, s in enumerate(said)}
 
 
@@ -143,12 +171,12 @@ def play_chat(
     async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
         for t in script:
             if isinstance(model, ChatModel):
-                model.current = t
+                model.current = t.cue  # the turn's question and reply, never what it asks about
             res = await runtime.send(run, t.text)
             progress.advance()
             if res.status == "failed":
                 raise_failed(res.error)
-            if t.asks is not None:
+            if t.asks is not None:  # graded here, against the gold value the workload keeps
                 out.answered.append(t.asks.value in (res.output or ""))
             if t is not script[-1]:  # as `loomrt chat` does while the next input is typed
                 await runtime.between_turns(run)
@@ -217,12 +245,46 @@ def _distractor(svc: str, rng: random.Random) -> str:
     return f"2026-03-1{rng.randint(0, 9)}T0{rng.randint(0, 9)}:{rng.randint(10, 59)}:07Z ERROR {svc}: {what}: {value}"
 
 
+NEEDED = "{needed}"
+"""Where a :class:`Move`'s arguments take the value the model found (the plan never holds the value)."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """A step of the plan as the model holds it: the call to make and, for a step that needs
+    a value, what the value is (``needs``: the key a line that holds it names) and the words
+    it would search it by. Its arguments hold :data:`NEEDED` where the value goes; the value
+    itself stays with the workload, which grades the call the model makes."""
+
+    tool: str
+    arguments: dict[str, Any]
+    needs: str = ""
+    query: str = ""
+
+
 @dataclass(frozen=True)
 class Step:
     tool: str
     arguments: dict[str, Any]
     output: str
     needs: Needle | None = None
+
+    @property
+    def move(self) -> Move:
+        """What the model is told of this step: the call, with :data:`NEEDED` for the value it needs."""
+        if self.needs is None:
+            return Move(self.tool, dict(self.arguments))
+        value = self.needs.value
+        args = {k: v.replace(value, NEEDED) if isinstance(v, str) else v for k, v in self.arguments.items()}
+        return Move(self.tool, args, self.needs.key, self.needs.search)
+
+
+def grade_plan(script: list[Step], calls: list[dict[str, Any]]) -> list[bool]:
+    """Whether each step that needs a value was answered right: ``calls`` are the arguments of
+    the workload's tool calls in the order made, the *i*-th the call for step *i* (a model
+    following the plan makes one per step); a step's call is right if it holds the planned
+    arguments, the gold value in place. Steps the run never reached are not graded."""
+    return [call == s.arguments for s, call in zip(script, calls, strict=False) if s.needs is not None]
 
 
 def _log(tokens: int, rng: random.Random, svc: str) -> list[str]:
@@ -308,15 +370,15 @@ def agentic_tools(script: list[Step]) -> list[Tool]:
 
 @dataclass
 class AgenticModel(BenchModel):
-    """Follows the plan; at a step that needs a value it looks for the line that names what
-    it needs (:meth:`BenchModel.look_up`, Recall first if none does) and takes what that
-    line says after its last colon. It goes on with what it found, right or wrong (graded
-    by the workload), or with ``UNKNOWN``. In stateful mode it notes every ERROR line of the
-    newest tool result in Σ, as an engineer on call would."""
+    """Follows the plan (its :class:`Move` s); at a step that needs a value it looks for the
+    line that names what it needs (:meth:`BenchModel.look_up`, Recall first if none does)
+    and takes what that line says after its last colon. It goes on with what it found,
+    right or wrong, or with ``UNKNOWN``: the workload grades the calls it makes
+    (:func:`grade_plan`). In stateful mode it notes every ERROR line of the newest tool
+    result in Σ, as an engineer on call would."""
 
-    plan: list[Step] | None = None
+    plan: list[Move] | None = None
     step: int = 0
-    hits: list[bool] | None = None
 
     def turn(self, request: ModelRequest) -> ModelResponse:
         plan = self.plan or []
@@ -324,14 +386,12 @@ class AgenticModel(BenchModel):
             return self.act(request, text="Root cause found; the values I relied on are in the commands above.")
         s = plan[self.step]
         args = dict(s.arguments)
-        if s.needs is not None:
-            line, recall = self.look_up(request, s.needs.key, s.needs.search)
+        if s.needs:
+            line, recall = self.look_up(request, s.needs, s.query or s.needs)
             if recall is not None:
                 return recall
             found = value_after_key(line) if line else "UNKNOWN"
-            if self.hits is not None:
-                self.hits.append(found == s.needs.value)
-            args = {k: v.replace(s.needs.value, found) for k, v in args.items()}
+            args = {k: v.replace(NEEDED, found) if isinstance(v, str) else v for k, v in args.items()}
         self.step += 1
         return self.act(request, tool=s.tool, arguments=args)
 
@@ -364,12 +424,15 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
     probes = [Probe(n.search, (n.value,), n.key) for n in needles]
     tools = agentic_tools(script)
 
+    names = {t.name for t in tools}
+
     async def drive(runtime: Runtime, run: RunState, model: BenchModel | None, out: ModeRun) -> None:
-        if isinstance(model, AgenticModel):
-            model.hits = out.answered
         count = {"n": 0}
+        calls: list[dict[str, Any]] = []  # the arguments of the workload's tool calls, in order
 
         def tick(event: Any) -> None:
+            if event.kind == "tool_call" and event.data.get("name") in names:
+                calls.append(dict(event.data.get("arguments") or {}))
             if event.kind == "tool_result" and count["n"] < steps:
                 count["n"] += 1
                 progress.advance()
@@ -378,6 +441,8 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
         res = await runtime.send(run, task)
         if res.status == "failed":
             raise_failed(res.error)
+        if isinstance(model, AgenticModel):  # a real model does not follow the plan: its calls are not graded
+            out.answered.extend(grade_plan(script, calls))
 
     for mode in with_append(config.modes):
         progress.start(f"agentic · {mode}", steps)
@@ -391,7 +456,7 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
             interactive=False,
             local=False,
             tools=tools,
-            make_model=lambda: AgenticModel(seed=config.seed, plan=script),
+            make_model=lambda: AgenticModel(seed=config.seed, plan=[s.move for s in script]),
             name="agentic",
         )
     return result
