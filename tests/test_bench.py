@@ -43,6 +43,7 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
             "fold/no-recall",
             "fold/no-tools",
             "fold/no-defer",
+            "fold/sloppy",
             "recap/inject-only",
             "compaction/inject-only",
             "stateful/inject-only",

@@ -13,6 +13,7 @@ the sabotage it is known to catch.
 | ``bench chaos`` violations: the context is the record's | a resumed run ends holding a message its record does not | ``test_chaos_sees_a_resumed_context_the_record_does_not_hold`` |
 | harvest load "0 lost, 0 doubled" | the per-scope lease and the claim check both broken | ``test_harvest_load_counts_a_batch_two_workers_extracted`` |
 | harvest paraphrase rows, facts kept apart | placement merges into the nearest fact, whatever it says | ``test_harvest_paraphrase_reports_facts_merged_together`` |
+| fold "0 invented values" in cards (``fold/sloppy``, invented values in cards) | the verified-card check disabled | ``test_fold_sloppy_sees_invented_values_reach_cards_without_the_check`` |
 | fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
 """
 
@@ -186,3 +187,23 @@ def test_fanout_sees_ledger_rows_grow_without_the_sigma_budget(monkeypatch: pyte
     assert rows[60]["state_row_tokens"] == rows[20]["state_row_tokens"]  # the overwriting Σ cannot show it
     assert not broken["ledger"]["within_budget"] and broken["ledger"]["growth"] >= 2, broken["ledger"]
     assert rows[60]["ledger_row_tokens"] > 2 * LEDGER_SIGMA_TOKENS
+
+
+# ---------------------------------------------------------------- fold: "0 fallbacks, 0 invented values"
+
+
+def test_fold_sloppy_sees_invented_values_reach_cards_without_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fold/sloppy``'s summariser invents a port in some leaf cards and fails some calls:
+    the verified-card check rejects the inventions, two rejections in a row write a
+    fallback, and none of the invented values reaches a card. With the check disabled, they
+    reach cards, and the bench's own count of them (not the check's figure) says so."""
+    from loomrt.run.reducers.fold.verify import values
+
+    honest = _chat200(["fold/sloppy"])["fold/sloppy"]
+    assert honest["values_invented"] > 0 and honest["cards_rejected"] > 0, honest
+    assert honest["fallback_cards"] > 0 and honest["invented_in_cards"] == 0, honest
+
+    monkeypatch.setattr("loomrt.run.reducers.fold.writer.invented", lambda card, source: (len(values(card)), []))
+    broken = _chat200(["fold/sloppy"])["fold/sloppy"]
+    assert broken["values_invented"] == 0  # the check's own figure is blind to its absence
+    assert broken["invented_in_cards"] > 0, broken

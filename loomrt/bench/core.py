@@ -60,6 +60,9 @@ VARIANTS: dict[str, str] = {
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
     "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
     "whose prompt cache went cold between turns does (fold only)",
+    "sloppy": "fold with a summariser that invents a value in some leaf cards and fails some calls (an empty reply, "
+    "or a provider error), drawn from the seed: what the verified-card check catches and the fallback path "
+    "writes (fold only)",
     "soft-N": "fold/no-defer with fold.soft_pct N (10 to 99; its target the smaller of 25 and N): how fold's input "
     "moves with its watermark (fold only; not played by default)",
 }
@@ -73,6 +76,7 @@ DEFAULT_VARIANTS = [
     "fold/no-recall",
     "fold/no-tools",
     "fold/no-defer",
+    "fold/sloppy",
     "recap/inject-only",
     "compaction/inject-only",
     "stateful/inject-only",
@@ -94,7 +98,7 @@ def known_variant(name: str) -> bool:
         return False
     if soft_pct(option) is not None:
         return base == "fold"
-    only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold"}
+    only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold", "sloppy": "fold"}
     if option in ("inject", "inject-only") and base == "append":
         return False
     return option is None or option in VARIANTS and only.get(option, base) == base

@@ -15,6 +15,7 @@ from typing import Any
 
 from loomrt.bench.core import BenchConfig, ModeRun, Probe, soft_pct, split_variant
 from loomrt.bench.model import BenchModel, prompt_text
+from loomrt.bench.sloppy import SloppySummariser, invented_in_cards
 from loomrt.errors import LoomError
 from loomrt.events import message_of
 from loomrt.messages import Message
@@ -155,7 +156,8 @@ def bench_spec(
     ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
     ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep,
     ``fold/no-defer`` its cache-idle deferral (every fold at the soft watermark), ``fold/soft-N``
-    the same with ``fold.soft_pct`` N; ``append/backstop`` is append with the compaction backstop
+    the same with ``fold.soft_pct`` N, ``fold/sloppy`` its summariser spoilt on purpose
+    (:mod:`loomrt.bench.sloppy`, in :func:`play_mode`); ``append/backstop`` is append with the compaction backstop
     in the model's window (``config.window_tokens``): the baseline that could run.
     """
     base, option = split_variant(mode)
@@ -189,7 +191,13 @@ def bench_spec(
     )
 
 
-def _provider(config: BenchConfig, spec: AgentSpec, model: BenchModel | None, *, local: bool) -> ModelProvider:
+def _provider(
+    config: BenchConfig,
+    spec: AgentSpec,
+    model: Callable[[ModelRequest], ModelResponse] | None,
+    *,
+    local: bool,
+) -> ModelProvider:
     if model is not None:
         return FunctionProvider(model, local=local, context_window=10**7, name="bench/scripted")  # append unbounded
     from loomrt.providers import resolve_provider
@@ -220,7 +228,9 @@ async def probe_run(run: RunState, probes: list[Probe]) -> list[str]:
 
 def folding_figures(run: RunState, events: list[Any]) -> dict[str, Any]:
     """The folded size (the final working context's tokens ÷ the history's), and for fold
-    the cards written, how many are fallbacks, the deepest, and the verbatim check's figures."""
+    the cards written, how many are fallbacks, the deepest, the verbatim check's figures, and
+    the folds skipped on a summariser's error. ``fold/sloppy`` adds what its summariser
+    spoilt (``summariser_faults``) and how many invented values reached a card."""
     history = [m for e in events if (m := message_of(e)) is not None and m.role != "system"]
     out: dict[str, Any] = {"folded_size": round(count_messages(run.context) / max(1, count_messages(history)), 4)}
     cards = [c for e in events if e.kind == "distillation" for c in e.data.get("cards") or ()]
@@ -233,6 +243,7 @@ def folding_figures(run: RunState, events: list[Any]) -> dict[str, Any]:
             values_checked=sum(v.get("values", 0) for v in checks),
             values_invented=sum(v.get("invented", 0) for v in checks),
             cards_rejected=sum(v.get("rejected", 0) for v in checks),
+            folds_skipped=sum(e.kind == "fold_skipped" for e in events),
         )
     return out
 
@@ -265,7 +276,10 @@ def play_mode(
 ) -> ModeRun:
     """Play one workload in ``mode`` on a fresh runtime and read its figures back."""
     model = None if config.model else make_model()
-    recorder = Recorder(_provider(config, spec, model, local=local))
+    sloppy = (
+        SloppySummariser(model, seed=config.seed) if model is not None and split_variant(mode)[1] == "sloppy" else None
+    )
+    recorder = Recorder(_provider(config, spec, sloppy or model, local=local))
     runtime = Runtime(
         SQLiteStore(":memory:"),
         providers=lambda s, m: recorder,
@@ -289,6 +303,10 @@ def play_mode(
         out.distillations = sum(e.kind == "distillation" for e in events)
         out.declined = sum(e.kind == "distillation_declined" for e in events)
         out.figures.update(folding_figures(run, events))
+        if sloppy is not None:
+            out.figures.update(
+                summariser_faults=dict(sloppy.faults), invented_in_cards=invented_in_cards(sloppy.planted, events)
+            )
         errors = [e.data.get("message") for e in events if e.kind == "error"]
         out.error = out.error or (errors[-1] if errors else None)
         out.status = "failed" if out.error else "done"

@@ -113,6 +113,44 @@ def _prompt_parts(workload: dict[str, Any]) -> list[str]:
     ]
 
 
+FOLD_CHECKS: list[tuple[str, str]] = [
+    ("cards", "cards"),
+    ("fallback_cards", "fallbacks"),
+    ("cards_rejected", "cards rejected"),
+    ("values_checked", "values checked"),
+    ("values_invented", "values invented (caught)"),
+    ("folds_skipped", "folds skipped"),
+    ("invented_in_cards", "invented values in cards"),
+]
+"""The verified-card check and the fallback path, per fold mode (``fold/sloppy`` adds what its
+summariser spoilt and how many invented values reached a card)."""
+
+
+def _fold_checks(workload: dict[str, Any]) -> list[str]:
+    """fold's cards, what its verified-card check rejected and what reached a card, as a table."""
+    rows = []
+    for mode, f in workload["modes"].items():
+        if "cards" not in f:
+            continue
+        faults = f.get("summariser_faults")
+        spoilt = (
+            f"{faults.get('invented', 0)} invented, {faults.get('empty', 0)} empty, {faults.get('error', 0)} errors "
+            f"of {faults.get('calls', 0)} calls"
+            if faults is not None
+            else "–"
+        )
+        rows.append([mode, *(fmt(f.get(k)) for k, _ in FOLD_CHECKS), spoilt])
+    if not rows:
+        return []
+    return [
+        "",
+        "fold's cards: the verified-card check and the fallback path (`fold/sloppy`: a summariser that invents "
+        "values and fails, seeded):",
+        "",
+        *md_table(["mode", *(h for _, h in FOLD_CHECKS), "summariser faults"], rows),
+    ]
+
+
 def _evidence(ev: dict[str, Any]) -> list[str]:
     at, every = ev["recall_at"], ev.get("recall_all_at", {})
     grep, both = ev.get("grep_at"), ev.get("recall_and_grep_at")
@@ -162,6 +200,7 @@ def markdown(results: dict[str, Any], *, command: str | None = None, images: str
         failed = [f"- {m}: {f['error']}" for m, f in w["modes"].items() if f.get("error")]
         lines += ["", *failed] if failed else []
         lines += _prompt_parts(w)
+        lines += _fold_checks(w)
         for key in ("evidence_recall", "evidence_recall_chat", "evidence_recall_fold"):
             if w.get(key):
                 lines += _evidence(w[key])
