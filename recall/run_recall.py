@@ -188,6 +188,11 @@ class RunRecall:
                         self._draining = loop.create_task(self._drain(), name=f"recall-index-{self.run_id}")
         return self._index
 
+    @property
+    def backlog(self) -> int:
+        """Entries evicted and not indexed yet (the background drain, or the next query, indexes them)."""
+        return len(self._backlog)
+
     def size(self) -> int:
         """Entries in the index (after indexing any backlog)."""
         return len(self.index)

@@ -14,6 +14,7 @@ the sabotage it is known to catch.
 | harvest load "0 lost, 0 doubled" | the per-scope lease and the claim check both broken | ``test_harvest_load_counts_a_batch_two_workers_extracted`` |
 | harvest paraphrase rows, facts kept apart | placement merges into the nearest fact, whatever it says | ``test_harvest_paraphrase_reports_facts_merged_together`` |
 | fold "0 invented values" in cards (``fold/sloppy``, invented values in cards) | the verified-card check disabled | ``test_fold_sloppy_sees_invented_values_reach_cards_without_the_check`` |
+| Recall latency, the first query after an eviction (entries it indexed itself) | the background index never drains | ``test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_itself`` |
 | fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
 """
 
@@ -207,3 +208,26 @@ def test_fold_sloppy_sees_invented_values_reach_cards_without_the_check(monkeypa
     broken = _chat200(["fold/sloppy"])["fold/sloppy"]
     assert broken["values_invented"] == 0  # the check's own figure is blind to its absence
     assert broken["invented_in_cards"] > 0, broken
+
+
+# ---------------------------------------------------------------- Recall: "the first query after an eviction"
+
+
+def test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Measured as a run meets it (in the running event loop, a model call after the
+    boundary), the first query after an eviction finds the span indexed in the background.
+    With the background index broken, every such query indexes the whole span inside its
+    timed call; the figure counts the entries it indexed (work, not seconds)."""
+    from loomrt.bench.recall_targets import recall_latency
+
+    honest = recall_latency(256, 12, embedder="hash")
+    assert honest["after_eviction_inline_entries"] == 0 and honest["after_eviction_inline_share"] == 0, honest
+
+    async def never(self: Any) -> None:
+        return None
+
+    monkeypatch.setattr("loomrt.recall.run_recall.RunRecall._drain", never)
+    broken = recall_latency(256, 12, embedder="hash")
+    assert broken["after_eviction_inline_entries"] == 8 and broken["after_eviction_inline_share"] == 1, broken
