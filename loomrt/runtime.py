@@ -181,7 +181,11 @@ class Runtime:
     # ------------------------------------------------------------------ playing
 
     async def send(self, run: RunState, text: str) -> RunResult:
-        """Add one user input to ``run`` and play until it answers (or parks)."""
+        """Add one user input to ``run`` and play until it answers (or parks). A run that has
+        ended (done, failed or cancelled) is opened again first: ``resumed`` is recorded, as
+        :meth:`reopen` does (the event grammar, :mod:`loomrt.record.grammar`)."""
+        if run.view.status in ("done", "failed", "cancelled"):
+            await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         await add_user_input(run, text)
         return await self._play(run)
 

@@ -318,8 +318,9 @@ def call_problems(record: list[Call], baseline: list[Call], *, interrupted: bool
     the run had already sent is a repeat by design, counted apart. Any other call whose prompt
     the run had already paid for (beyond the uninterrupted run's own), or any call beyond the
     uninterrupted run's count, was paid twice: a violation. A run whose tool call was
-    interrupted may pay fewer calls (the interrupted result is shorter, so it distils less),
-    never more. Tokens per purpose must agree within 2% (prompts quote seqs, which a resume
+    interrupted may pay fewer or more calls (the interrupted result is not the tool's, so the
+    run distils by other sizes: a kill in tools-mcp's tool call made one more summary), and a
+    call it paid twice still shows as a prompt paid again. Tokens per purpose must agree within 2% (prompts quote seqs, which a resume
     shifts), unless a tool call was interrupted (every later prompt differs by design)."""
     seen: set[tuple[str, str, str]] = set()
     paid: list[Call] = []
@@ -342,7 +343,7 @@ def call_problems(record: list[Call], baseline: list[Call], *, interrupted: bool
                 f"the uninterrupted run's {expected[purpose]}"
             )
     got, want = Counter(c.purpose for c in paid), Counter(c.purpose for c in baseline)
-    off = [p for p in sorted(set(got) | set(want)) if got[p] > want[p] or (got[p] < want[p] and not interrupted)]
+    off = [] if interrupted else [p for p in sorted(set(got) | set(want)) if got[p] != want[p]]
     if off:
         by = ", ".join(f"{p} {got[p]} against {want[p]}" for p in off)
         problems.append(f"the record holds {len(paid)} model calls, the uninterrupted run's {len(baseline)}: {by}")
