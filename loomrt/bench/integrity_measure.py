@@ -33,7 +33,7 @@ from loomrt.integrity import anchors, verify_run
 from loomrt.record.ledger import KEY_ENV, event_hash, genesis
 from loomrt.record.sqlite import SQLiteStore
 
-__all__ = ["integrity", "integrity_figures", "TAMPERINGS"]
+__all__ = ["integrity", "integrity_figures", "caught", "TAMPERINGS"]
 
 KEY = "bench-ledger-key-not-a-secret-0001"
 

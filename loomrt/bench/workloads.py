@@ -24,6 +24,7 @@ from loomrt.tokens import count_text
 from loomrt.tools import Tool
 
 __all__ = [
+    "turn_input",
     "chat_script",
     "agentic_script",
     "ChatTurn",
