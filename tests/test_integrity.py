@@ -16,6 +16,7 @@ from spine_kit import runtime, send, write
 from typer.testing import CliRunner
 
 from loomrt import RunInfo, SQLiteStore, load_agents
+from loomrt.bench.integrity_measure import rechain
 from loomrt.cli import app
 from loomrt.errors import StoreError
 from loomrt.events import Event
@@ -64,17 +65,6 @@ def _verify(conn: sqlite3.Connection, run_id: str) -> list[str]:
         return verify_run(store, run_id).problems
     finally:
         store.close()
-
-
-def _rechain(conn: sqlite3.Connection, run_id: str, key: bytes | None = None, start: str = "") -> str:
-    """Recompute every hash of the run in order (what a writer with database access does after
-    an edit); returns the new last hash."""
-    prev = start
-    rows = conn.execute("SELECT seq, kind, ts, data FROM events WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
-    for seq, kind, ts, data in rows:
-        prev = event_hash(prev, run_id, seq, kind, ts, data, key)
-        conn.execute("UPDATE events SET hash = ? WHERE run_id = ? AND seq = ?", (prev, run_id, seq))
-    return prev
 
 
 def test_a_played_run_verifies_clean_on_every_check(tmp_path, monkeypatch):
@@ -163,7 +153,7 @@ def test_a_rewritten_and_rechained_answer_shows_against_the_head(tmp_path, monke
         "UPDATE events SET data = json_set(data, '$.usage.prompt_tokens', 1) WHERE run_id = ? AND kind = 'model_call'",
         (run_id,),
     )
-    _rechain(conn, run_id)
+    rechain(conn, run_id)
     with pytest.raises(sqlite3.DatabaseError, match="only moves forward"):  # the head cannot follow
         conn.execute("UPDATE run_heads SET hash = 'x' WHERE run_id = ?", (run_id,))
     last = conn.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()[0]
@@ -177,7 +167,7 @@ def test_without_the_key_a_keyed_run_cannot_be_rechained(tmp_path, monkeypatch):
         "UPDATE events SET data = json_set(data, '$.output', 'forty-two') WHERE run_id = ? AND kind = 'final'",
         (run_id,),
     )
-    new_head = _rechain(conn, run_id)  # plain SHA-256: all a writer without the key can do
+    new_head = rechain(conn, run_id)  # plain SHA-256: all a writer without the key can do
     conn.execute("UPDATE run_heads SET hash = ? WHERE run_id = ?", (new_head, run_id))
     problems = _verify(conn, run_id)
     assert problems and problems[0] == "seq 1 (run_started): hash does not match its content or the event before it"
@@ -387,7 +377,7 @@ def test_anchors_catch_a_rewrite_by_someone_who_holds_the_key(tmp_path, monkeypa
         "UPDATE events SET data = json_set(data, '$.output', 'forty-two') WHERE run_id = ? AND kind = 'final'",
         (run_id,),
     )
-    new_head = _rechain(conn, run_id, KEY.encode(), genesis(info, KEY.encode()))
+    new_head = rechain(conn, run_id, KEY.encode(), genesis(info, KEY.encode()))
     conn.execute("UPDATE run_heads SET hash = ? WHERE run_id = ?", (new_head, run_id))
     forged = conn.execute("PRAGMA database_list").fetchone()[2]
     conn.close()

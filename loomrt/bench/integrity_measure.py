@@ -33,7 +33,7 @@ from loomrt.integrity import anchors, verify_run
 from loomrt.record.ledger import KEY_ENV, event_hash, genesis
 from loomrt.record.sqlite import SQLiteStore
 
-__all__ = ["integrity", "integrity_figures", "caught", "TAMPERINGS"]
+__all__ = ["integrity", "integrity_figures", "caught", "rechain", "TAMPERINGS"]
 
 KEY = "bench-ledger-key-not-a-secret-0001"
 
@@ -81,7 +81,9 @@ def _copy(path: Path, name: str, *drop: str) -> sqlite3.Connection:
     return conn
 
 
-def _rechain(conn: sqlite3.Connection, run_id: str, key: bytes | None = None, start: str = "") -> str:
+def rechain(conn: sqlite3.Connection, run_id: str, key: bytes | None = None, start: str = "") -> str:
+    """Recompute every hash of the run in order, as a writer with database access does after an
+    edit (with the key, for a v2 run, and its :func:`~loomrt.record.ledger.genesis`); the new last hash."""
     prev = start
     for seq, kind, ts, data in conn.execute(
         "SELECT seq, kind, ts, data FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
@@ -141,7 +143,7 @@ def _rewritten_answer(conn: sqlite3.Connection, run_id: str, info: RunInfo) -> N
         "UPDATE events SET data = json_set(data, '$.usage.prompt_tokens', 1) WHERE run_id = ? AND kind = 'model_call'",
         (run_id,),
     )
-    _rechain(conn, run_id)
+    rechain(conn, run_id)
 
 
 def _changed_row(conn: sqlite3.Connection, run_id: str, info: RunInfo) -> None:
@@ -157,7 +159,7 @@ def _key_holders_rewrite(conn: sqlite3.Connection, run_id: str, info: RunInfo) -
         (run_id,),
     )
     key = KEY.encode()
-    head = _rechain(conn, run_id, key, genesis(info, key))
+    head = rechain(conn, run_id, key, genesis(info, key))
     conn.execute("UPDATE run_heads SET hash = ? WHERE run_id = ?", (head, run_id))
 
 
