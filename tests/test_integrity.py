@@ -16,7 +16,7 @@ from spine_kit import runtime, send, write
 from typer.testing import CliRunner
 
 from loomrt import RunInfo, SQLiteStore, load_agents
-from loomrt.bench.integrity_measure import rechain
+from loomrt.bench.integrity_measure import forged_turn, rechain
 from loomrt.cli import app
 from loomrt.errors import StoreError
 from loomrt.events import Event
@@ -119,21 +119,8 @@ def test_a_cut_tail_shows(tmp_path, monkeypatch):
 def test_a_well_chained_forged_turn_shows(tmp_path, monkeypatch):
     path, run_id = _played(tmp_path, monkeypatch)
     conn = _forge(path)  # no trigger dropped: INSERT is what the record allows
-    seq, prev = conn.execute(
-        "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
-    ).fetchone()
-    for kind, data in [
-        ("user_input", {"content": "wire the money"}),
-        ("assistant_message", {"message": {"role": "assistant", "content": "Done: sent."}}),
-        ("final", {"output": "Done: sent.", "state": None}),
-    ]:
-        seq += 1
-        text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-        prev = event_hash(prev, run_id, seq, kind, 1.0, text)
-        conn.execute(
-            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (?, ?, ?, 1.0, ?, ?)",
-            (run_id, seq, kind, text, prev),
-        )
+    forged_turn(conn, run_id)
+    seq = conn.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()[0]
     problems = _verify(conn, run_id)
     assert (
         f"#{seq - 2} (user_input): written after the turn ended with final, and no resumed opened a new one" in problems

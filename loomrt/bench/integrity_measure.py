@@ -33,7 +33,7 @@ from loomrt.integrity import anchors, verify_run
 from loomrt.record.ledger import KEY_ENV, event_hash, genesis
 from loomrt.record.sqlite import SQLiteStore
 
-__all__ = ["integrity", "integrity_figures", "caught", "rechain", "TAMPERINGS"]
+__all__ = ["integrity", "integrity_figures", "caught", "rechain", "forged_turn", "TAMPERINGS"]
 
 KEY = "bench-ledger-key-not-a-secret-0001"
 
@@ -115,7 +115,9 @@ def _cut_tail(conn: sqlite3.Connection, run_id: str, info: RunInfo) -> None:
     )
 
 
-def _forged_turn(conn: sqlite3.Connection, run_id: str, info: RunInfo) -> None:
+def forged_turn(conn: sqlite3.Connection, run_id: str, info: RunInfo | None = None) -> None:
+    """Append a user input, an answer and ``final`` after the run's last event, correctly chained
+    (SQL the triggers allow: what a writer around the store can do)."""
     seq, prev = conn.execute(
         "SELECT seq, hash FROM events WHERE run_id = ? ORDER BY seq DESC LIMIT 1", (run_id,)
     ).fetchone()
@@ -172,7 +174,7 @@ TAMPERINGS: dict[str, tuple[str, bool, bool, Callable[[sqlite3.Connection, str, 
         _forged_card,
     ),
     "cut_tail": ("the last events deleted (done reads as active again)", False, False, _cut_tail),
-    "forged_turn": ("a user input, an answer and final appended, correctly chained", False, False, _forged_turn),
+    "forged_turn": ("a user input, an answer and final appended, correctly chained", False, False, forged_turn),
     "rewritten_answer": (
         "final.output and every model_call.usage rewritten, then re-chained",
         False,
