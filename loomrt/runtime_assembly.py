@@ -78,7 +78,6 @@ async def assemble(
         run.view = project(history, mode=mode, store=rt.store)
     elif fork:
         run.view.family = Family.of(rt.store, fork["forked_from"])
-    shared = run.view.family.events() if run.view.family is not None and spec.context.recall else []
     spawn = None
     if any(t in SPAWN_TOOLS for t in spec.tools):
         from loomrt.children import Children
@@ -92,7 +91,7 @@ async def assemble(
         registry=rt.tools,
         memory=rt.memory,
         embedder=rt.embedder,
-        history=[*shared, *(history or [])] if shared else history,
+        history=history,
         emit=run.emit,
         spawn=spawn,
         lineage=below,

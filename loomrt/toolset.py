@@ -121,16 +121,25 @@ def resolve_toolset(
         from loomrt.recall import RECALL_PROMPT, RunRecall
 
         family = getattr(getattr(run, "view", None), "family", None)
+        store = getattr(run, "store", None)
+        sources = shared_recall(store, family, spec, embedder) if family is not None else None
         recall = RunRecall(
             run_id=run_id,
             context=spec.context,
             emit=emit,
             embedder=embedder,
             memory=memory,
-            history=history,
+            history=[*family.events(), *(history or [])] if family is not None and sources is None else history,
             shared_runs=[r for r, _ in family.links] if family is not None else (),
+            family=sources or (),
             scopes=scopes,
         )
+        if store is not None:
+            from loomrt.recall.shared import offer
+
+            offer(store, run_id, recall)
+            if family is not None and sources is None:  # the parent's history, rebuilt: the next fork reads it
+                offer(store, family.links[0][0], recall, known=family.fork_seq)
         if run is not None:
             from loomrt.visibility import visible_to
 
@@ -141,3 +150,34 @@ def resolve_toolset(
             toolset.tools[recall.tool.name] = recall.tool
             toolset.prompt_lines.append(RECALL_PROMPT)
     return toolset
+
+
+def shared_recall(store: Any, family: Any, spec: AgentSpec, embedder: EmbedderChoice) -> list[Any] | None:
+    """The recall indexes of this process a fork reads its shared history from instead of
+    rebuilding it (:func:`loomrt.recall.shared.family_sources`), or None."""
+    if store is None:
+        return None
+    from loomrt.recall.embedders import resolve_embedder
+    from loomrt.recall.index import Fusion
+    from loomrt.recall.shared import family_sources
+
+    try:
+        wanted = resolve_embedder(embedder)
+    except TypeError:
+        wanted = None
+    name = getattr(wanted, "name", type(wanted).__name__) if wanted is not None else None
+    cap = int(spec.context.recall_max_entries)
+
+    def compatible(holder: Any) -> bool:
+        index = holder._index
+        have = getattr(index.embedder, "name", type(index.embedder).__name__) if index.embedder is not None else None
+        return have == name and index.max_entries == cap and index.fusion == Fusion()
+
+    def distilled_between(run_id: str, after: int, until: int) -> bool:
+        """Whether a distillation of ``run_id`` in (after, until] evicted messages (a rollup
+        of cards alone evicts none: recall has nothing of it)."""
+        return any(
+            e.data.get("span_seqs") for e in store.events(run_id, after=after, until=until, kinds=["distillation"])
+        )
+
+    return family_sources(store, family.links, distilled_between, compatible)

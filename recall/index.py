@@ -383,13 +383,13 @@ class RecallIndex:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
-    def _lexical_scores(self, tokens: list[str]) -> tuple[np.ndarray, float, np.ndarray | None]:
-        """The weighted sum of the scaled BM25 signals of every entry (oldest first), the
-        sum of their weights, and the raw BM25 of each entry alone (None when that signal is
-        off). An entry any signal matched has a positive sum."""
+    def _lexical_scores(self, tokens: list[str], upto: int) -> tuple[np.ndarray, float, np.ndarray | None]:
+        """The weighted sum of the scaled BM25 signals of the first ``upto`` entries (oldest
+        first), the sum of their weights, and the raw BM25 of each entry alone (None when
+        that signal is off). An entry any signal matched has a positive sum."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
-        total = np.zeros(n, dtype=np.float32)
+        total = np.zeros(upto, dtype=np.float32)
         weight = 0.0
         raw: np.ndarray | None = None
         for w, lex in (
@@ -398,20 +398,21 @@ class RecallIndex:
             (f.lexical_context, self._lexical_context),
         ):
             if w > 0:
-                scores = lex.scores(tokens, None, n, first=first)
+                scores = lex.scores(tokens, None, n, first=first)[:upto]
                 if lex is self._lexical:
                     raw = scores.copy()
-                best = float(scores.max()) if n else 0.0
+                best = float(scores.max()) if upto else 0.0
                 if best > 0:  # scaled so the best is 1, and weighted, in place
                     scores *= np.float32(w / best)
                     total += scores
                 weight += w
         return total, weight, raw
 
-    def _dense_scores(self, q: np.ndarray) -> np.ndarray:
-        """Every entry's cosine with ``q`` (oldest first), scaled so the mean is 0 and the best 1."""
+    def _dense_scores(self, q: np.ndarray, upto: int) -> np.ndarray:
+        """The cosine with ``q`` of the first ``upto`` entries (oldest first), scaled so the
+        mean is 0 and the best 1."""
         assert self._dense is not None
-        cos = self._dense.scores(q)
+        cos = self._dense.scores(q)[:upto]
         mean, best = float(self._dense.centroid @ q), float(cos.max())
         scaled: np.ndarray = (cos - mean) / (best - mean) if best > mean else np.zeros_like(cos)
         return scaled
@@ -431,12 +432,16 @@ class RecallIndex:
         wd = self.fusion.dense
         c = max(k, self.candidates)
         dense, weakest_cos = self._dense.top(q, c)
+        scanned = len(dense) > 0
+        dense = dense[dense < len(lexical)]  # only the first entries (a fork's share of its parent's index)
         # the best lexical entries among those matched (NumPy's selection slows tenfold on
         # an array that is mostly zeros, as a rare term's scores are)
         best_lexical = np.flatnonzero(lexical > 0)
         if len(best_lexical) > c:
             best_lexical = best_lexical[np.argpartition(lexical[best_lexical], len(best_lexical) - c)[-c:]]
-        picked = np.union1d(dense, best_lexical)
+        picked = np.union1d(dense, best_lexical).astype(np.int64)
+        if not len(picked):  # every dense candidate lies past ``upto`` and nothing matched lexically
+            picked = np.arange(len(lexical))
         cos = self._dense.gather(q, picked)
         mean, best = float(self._dense.centroid @ q), float(cos.max())
         span = best - mean if best > mean else 0.0
@@ -448,7 +453,7 @@ class RecallIndex:
 
         scores = fused(picked, cos)
         kth = float(np.partition(scores, len(scores) - k)[len(scores) - k]) if len(scores) >= k else -np.inf
-        weakest = weakest_cos + _CODE_MARGIN if len(dense) else best
+        weakest = weakest_cos + _CODE_MARGIN if scanned else best
         bound = lexical + (wd * (weakest - mean) / span if span else 0.0)
         bound[picked] = -np.inf
         more = np.flatnonzero(bound >= kth)
@@ -467,31 +472,46 @@ class RecallIndex:
         first = next(iter(self.entries))
         return [(self.entries[first + int(j)], float(cosines[j])) for j in best]
 
-    def search(self, query: str, k: int = 5) -> list[Hit]:
-        """The best ``k`` entries for ``query``, best first.
+    def search(self, query: str, k: int = 5, *, upto: int | None = None) -> list[Hit]:
+        """The best ``k`` entries for ``query``, best first; with ``upto``, among the first
+        ``upto`` entries only (the oldest: a fork reads its parent's index up to the fork
+        point, :meth:`count_until`). Every signal is scaled over those entries alone; BM25's
+        term statistics are the whole index's.
 
         The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
         sum of the weights, clipped to [0, 1].
         """
-        if not self.entries or not query.strip() or k < 1:
+        upto = len(self.entries) if upto is None else min(upto, len(self.entries))
+        if not self.entries or upto < 1 or not query.strip() or k < 1:
             return []
         with _one_blas_thread():
-            return self._search(query, k)
+            return self._search(query, k, upto)
 
-    def _search(self, query: str, k: int) -> list[Hit]:
+    def count_until(self, distillation_seq: int) -> int:
+        """How many of the oldest entries a distillation at or before ``distillation_seq``
+        evicted: entries are added in the order of their distillations, so they are the
+        first ones (counted from the newest back: a fork at the end of its parent counts few)."""
+        later = 0
+        for e in reversed(self.entries.values()):
+            if e.distillation_seq <= distillation_seq:
+                break
+            later += 1
+        return len(self.entries) - later
+
+    def _search(self, query: str, k: int, upto: int) -> list[Hit]:
         f = self.fusion
         embedder = self.embedder if self._dense is not None and f.dense > 0 else None
         q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
-        total, weight, raw_bm25 = self._lexical_scores(tokenize(query))
+        total, weight, raw_bm25 = self._lexical_scores(tokenize(query), upto)
         first = next(iter(self.entries))
         if q is None:
             candidates = np.flatnonzero(total > 0)
             scores = total[candidates]
         else:
             weight += f.dense
-            if len(self.entries) <= self.exact_max:
-                candidates = np.arange(len(self.entries))
-                scores = total + f.dense * self._dense_scores(q)
+            if upto <= self.exact_max:
+                candidates = np.arange(upto)
+                scores = total + f.dense * self._dense_scores(q, upto)
             else:
                 candidates, scores = self._dense_candidates(q, total, k)
         if not len(candidates) or weight == 0:

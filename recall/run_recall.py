@@ -106,11 +106,17 @@ class RunRecall:
         fusion: Fusion | None = None,
         history: Sequence[Event] | None = None,
         shared_runs: Sequence[str] = (),
+        family: Sequence[tuple[RunRecall, int]] = (),
     ):
         self.run_id = run_id
         self.shared_runs = {run_id, *shared_runs}
         """This run, and for a fork the runs whose history it shares (their evicted spans up
-        to the fork point are in ``history``)."""
+        to the fork point are in ``history``, or read from ``family``)."""
+        self.family = list(family)
+        """For a fork: other runs' recall whose index it reads instead of rebuilding its
+        shared history, each up to a distillation seq (:mod:`loomrt.recall.shared`)."""
+        self.last_distillation = 0
+        """The seq of the newest distillation whose span this index holds (or queued)."""
         self.max_tokens = int(getattr(context, "recall_max_tokens", 1200))
         self.memory = memory
         self.scopes = scopes if scopes is not None else getattr(context, "memory_scopes", None)
@@ -194,8 +200,26 @@ class RunRecall:
         return len(self._backlog)
 
     def size(self) -> int:
-        """Entries in the index (after indexing any backlog)."""
-        return len(self.index)
+        """Entries this run can search (after indexing any backlog): its own index's, and
+        a fork's share of the indexes it reads (:attr:`family`)."""
+        return sum(upto for _, index, upto in self._sources(catch_up=True))
+
+    def _sources(self, *, catch_up: bool) -> list[tuple[RunRecall, RecallIndex, int]]:
+        """Each index this run searches, its owner and how many of its oldest entries count:
+        its own (all of them), then each shared one up to its distillation seq."""
+        out: list[tuple[RunRecall, RecallIndex, int]] = []
+        for holder, until in [(self, None), *self.family]:
+            index = holder.index if catch_up else holder.index_as_is()
+            out.append((holder, index, len(index) if until is None else index.count_until(until)))
+        return out
+
+    def rarest(self, text: str, n: int) -> list[str]:
+        """The ``n`` tokens of ``text`` rarest in what this run can search (its own index,
+        or, while that is empty, the first shared one): without indexing a large backlog."""
+        for _, index, upto in self._sources(catch_up=False):
+            if upto:
+                return index.rarest(text, n)
+        return []
 
     def _drafts(self, distillation_seq: int, messages: Sequence[Message], run_id: str | None = None) -> list[Entry]:
         drafts: list[Entry] = []
@@ -259,6 +283,7 @@ class RunRecall:
             if span.run_id != self.run_id:
                 return  # another run's span: never indexed here
             drafts = self._drafts(span.distillation_seq, span.messages)
+            self.last_distillation = max(self.last_distillation, span.distillation_seq)
             reached("in_recall_index")
             self._backlog.extend(drafts)
             try:
@@ -312,6 +337,7 @@ class RunRecall:
                 continue
             span = [messages[s] for s in e.data.get("span_seqs") or [] if s in messages]
             drafts.extend(self._drafts(e.seq, span, e.run_id))
+            self.last_distillation = max(self.last_distillation, e.seq)
         self._backlog.extend(drafts)
         return len(self._backlog)
 
@@ -338,18 +364,19 @@ class RunRecall:
         if source not in SOURCES:
             raise ValueError(f"unknown recall source {source!r}: expected one of {', '.join(SOURCES)}")
         hits: list[RecallHit] = []
-        index = self.index if catch_up else self.index_as_is()
         wanted = 0 if source == "memory" else top_k if source == "all" else top_k * 4
-        try:
-            found = index.search(query, wanted)
-        except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
-            if not index.dense:
-                raise
-            index.disable_dense()
-            self._notice(
-                f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
-            )
-            found = index.search(query, wanted)
+        found: list[Any] = []
+        for holder, index, upto in self._sources(catch_up=catch_up) if wanted else ():
+            try:
+                found += index.search(query, wanted, upto=upto)
+            except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
+                if not index.dense:
+                    raise
+                index.disable_dense()
+                holder._notice(
+                    f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
+                )
+                found += index.search(query, wanted, upto=upto)
         for h in found:
             e = h.entry
             kind = "run" if e.run_id == self.run_id else "family"
@@ -389,7 +416,12 @@ class RunRecall:
 
     def at_seq(self, seq: int) -> list[RecallHit]:
         """The evicted message at record seq ``seq``, whole (its chunks joined), or nothing."""
-        pieces = [e for e in self.index.entries.values() if e.seq == seq]
+        pieces = [
+            e
+            for _, index, upto in self._sources(catch_up=True)
+            for e in list(index.entries.values())[:upto]
+            if e.seq == seq
+        ]
         if not pieces:
             return []
         first = min(pieces, key=lambda e: e.chunk)

@@ -211,9 +211,25 @@ def _render_fork_cost(r: dict[str, Any]) -> list[str]:
         f"scripted chat of each length ({f['goal']}):",
         "",
     ]
+    last = f["sizes"][-1]
     lines += md_table(
-        ["mode", *(f"ms at {n:,} messages" for n in f["sizes"]), f"× ({f['sizes'][-1]:,} ÷ {f['sizes'][0]:,})"],
-        [[r["mode"], *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]), f"{r['ratio']:.2f}"] for r in f["rows"]],
+        [
+            "mode",
+            *(f"ms at {n:,} messages" for n in f["sizes"]),
+            f"× ({last:,} ÷ {f['sizes'][0]:,})",
+            f"first Recall, ms at {last:,}",
+            f"entries the fork indexed at {last:,}",
+        ],
+        [
+            [
+                r["mode"],
+                *(f"{r[f'ms_at_{n}']:.1f}" for n in f["sizes"]),
+                f"{r['ratio']:.2f}",
+                f"{r[f'first_recall_ms_at_{last}']:.1f}" if f"first_recall_ms_at_{last}" in r else "–",
+                f"{r['fork_indexed_at_largest']:,}" if "fork_indexed_at_largest" in r else "–",
+            ]
+            for r in f["rows"]
+        ],
     )
     lines.append("")
     return lines

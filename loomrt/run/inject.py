@@ -111,7 +111,7 @@ def _query(run: RunState) -> tuple[str, list[int]] | None:
     last = view.context[-1] if view.context else None
     recall = run.toolset.recall
     if last is not None and last.role == "tool" and recall is not None and last.seq not in view.private:
-        rare = recall.index_as_is().rarest(view.original(last).content, QUERY_RARE_TOKENS)
+        rare = recall.rarest(view.original(last).content, QUERY_RARE_TOKENS)
         if rare:
             query = f"{query} {' '.join(rare)}"
             seqs += [last.seq] if last.seq is not None else []
