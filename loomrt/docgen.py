@@ -116,6 +116,12 @@ def cli_markdown() -> str:
         "mistake in a definition or a call, 1 for a failed run. Every inspection command takes `--json`.",
         "",
     ]
+    out += ["Options of `loomrt` itself, before the command (`loomrt --db-url URL runs list`):", ""]
+    out += ["| name | meaning |", "|---|---|"]
+    out += [
+        f"| `{', '.join(p.opts)}` | {getattr(p, 'help', '') or ''} |" for p in root.params if "--help" not in p.opts
+    ]
+    out.append("")
     _walk(root, ["loomrt"], out)
     return "\n".join(out)
 

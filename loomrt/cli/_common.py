@@ -3,6 +3,7 @@ turning user mistakes into one clear line and a non-zero exit (never a traceback
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import os
@@ -16,7 +17,20 @@ from rich.console import Console
 
 from loomrt.errors import LoomError, NotFoundError, RunError, SpecError, StoreError
 
-__all__ = ["out", "err", "agents_path", "load", "runtime", "friendly", "print_json", "print_result"]
+__all__ = [
+    "out",
+    "err",
+    "agents_path",
+    "load",
+    "runtime",
+    "friendly",
+    "print_json",
+    "print_result",
+    "plural",
+    "playing",
+    "when",
+    "took",
+]
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -46,13 +60,68 @@ def load(explicit: Path | None, *, eager: bool = False) -> tuple[Path, Any]:
     return path, load_agents(path, eager=eager)
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``1 prompt``, ``2 prompts``; ``many`` is the plural where it is not ``word`` + s."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def when(ts: float | None) -> str:
+    """An epoch time as people read it: local ``YYYY-MM-DD HH:MM`` (``--json`` keeps the number)."""
+    return "" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M")
+
+
+def took(seconds: float) -> str:
+    """A duration as people read it: ``0.4 s``, ``12 s``, ``3 min 5 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    seconds = max(0.0, seconds)
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    whole = round(seconds)
+    for big, small, a, b in ((86_400, 3_600, "d", "h"), (3_600, 60, "h", "min"), (60, 1, "min", "s")):
+        if whole >= big:
+            rest = (whole % big) // small
+            return f"{whole // big} {a}" + (f" {rest} {b}" if rest else "")
+    return f"{whole} s"
+
+
+class _Playing:
+    """The run this command plays, for the line Ctrl-C prints (reset by :func:`friendly`)."""
+
+    run_id: str | None = None
+    chat: bool = False
+
+
+_playing = _Playing()
+
+
+def playing(run_id: str, *, chat: bool = False) -> None:
+    """Name the run this command plays (a chat: ``chat``), so that Ctrl-C says how to go on with it.
+    The runtime from :func:`runtime` names the first run it records an event of by itself."""
+    _playing.run_id = run_id
+    _playing.chat = _playing.chat or chat
+
+
+def _heard(e: Any) -> None:
+    if _playing.run_id is None:  # the first run the command touches; its sub-agents come after
+        _playing.run_id = e.run_id
+
+
 def runtime(*, show_events: bool = False, user: str | None = None) -> Any:
     """The runtime on the default record; ``show_events`` renders each event live on stderr;
     ``user`` names the runs' ``user`` memory scope (default ``$LOOMRT_USER``)."""
     from loomrt.cli._render import EventPrinter
     from loomrt.runtime import Runtime
 
-    return Runtime(listeners=[EventPrinter(err)] if show_events else [], user=user)
+    return Runtime(listeners=[_heard, *([EventPrinter(err)] if show_events else [])], user=user)
+
+
+def _interrupted() -> str:
+    """What Ctrl-C prints: the run it stopped, and how to go on with it."""
+    run_id = _playing.run_id
+    if run_id is None:
+        return "interrupted"
+    if _playing.chat:
+        return f"interrupted: the record keeps run {run_id} so far (`loomrt chat --continue {run_id}` reopens it)"
+    return f"interrupted: the record keeps run {run_id} so far (`loomrt runs resume {run_id}` goes on from there)"
 
 
 def print_json(obj: Any) -> None:
@@ -77,6 +146,7 @@ def friendly(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        _playing.run_id, _playing.chat = None, False
         try:
             return fn(*args, **kwargs)
         except (SpecError, NotFoundError) as exc:
@@ -93,7 +163,7 @@ def friendly(fn: F) -> F:
             )
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
-            err.print("interrupted: the record keeps everything so far (`loomrt runs resume RUN_ID`)")
+            err.print(_interrupted(), highlight=False)
             raise typer.Exit(130) from None
 
     return wrapper  # type: ignore[return-value]

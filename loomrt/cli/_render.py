@@ -3,18 +3,37 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from loomrt.cli._common import plural
 from loomrt.events import Event
 
-__all__ = ["describe", "EventPrinter", "events_table"]
+__all__ = ["describe", "EventPrinter", "events_table", "model_label", "short"]
 
 
-def _short(value: Any, width: int = 100) -> str:
+def model_label(model: Any) -> str:
+    """A model string for people. ``scripted/PATH`` is recorded with PATH absolute; it shows
+    relative to the working folder where it lies under it, else as ``scripted:/abs/path``
+    (never ``scripted//abs/path``)."""
+    text = str(model or "")
+    if not text.startswith("scripted/"):
+        return text
+    script = Path(text.removeprefix("scripted/"))
+    if not script.is_absolute():
+        return text
+    try:
+        return f"scripted/{script.relative_to(Path.cwd()).as_posix()}"
+    except ValueError:
+        return f"scripted:{script.as_posix()}"
+
+
+def short(value: Any, width: int = 100) -> str:
+    """``value`` on one line, cut to ``width`` characters with an ellipsis."""
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
     text = " ".join(text.split())
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -25,44 +44,46 @@ def describe(e: Event) -> str:
     d = e.data
     match e.kind:
         case "run_started":
-            return f"run {e.run_id} · agent {d.get('agent')} · mode {d.get('mode')} (asked {d.get('requested_mode')}) · {d.get('model')}"
+            return f"run {e.run_id} · agent {d.get('agent')} · mode {d.get('mode')} (asked {d.get('requested_mode')}) · {model_label(d.get('model'))}"
         case "user_input":
-            return f"user: {_short(d.get('content'))}"
+            return f"user: {short(d.get('content'))}"
         case "model_call":
             u = d.get("usage") or {}
             return f"model call ({d.get('purpose')}): {u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out · {d.get('seconds')}s"
         case "assistant_message":
             m = d.get("message") or {}
             calls = ", ".join(c["name"] for c in m.get("tool_calls") or [])
-            return f"assistant: {_short(m.get('content') or '')}" + (f" → {calls}" if calls else "")
+            if not (m.get("content") or "").strip():  # a tool-only step, or (rarely) an empty reply
+                return f"assistant → calls {calls}" if calls else "assistant: (an empty reply: no text, no tool calls)"
+            return f"assistant: {short(m['content'])}" + (f" → {calls}" if calls else "")
         case "tool_call":
-            return f"tool call {d.get('name')}({_short(d.get('arguments'), 80)})"
+            return f"tool call {d.get('name')}({short(d.get('arguments'), 80)})"
         case "tool_result":
             flag = "error" if d.get("is_error") else "result"
-            return f"tool {flag} {d.get('name')}: {_short(d.get('content'))}"
+            return f"tool {flag} {d.get('name')}: {short(d.get('content'))}"
         case "state_update":
-            return f"Σ ← {_short(d.get('patch'), 80)}" + (" · done" if d.get("done") else "")
+            return f"Σ ← {short(d.get('patch'), 80)}" + (" · done" if d.get("done") else "")
         case "patch_rejected":
-            return f"patch rejected (attempt {d.get('attempt')}): {_short(d.get('error'))}"
+            return f"patch rejected (attempt {d.get('attempt')}): {short(d.get('error'))}"
         case "distillation":
             return (
                 f"distillation ({d.get('mode')}): {d.get('tokens_before')} → {d.get('tokens_after')} tokens, "
-                f"{len(d.get('span_seqs') or [])} messages evicted"
+                f"{plural(len(d.get('span_seqs') or []), 'message')} evicted"
             )
         case "distillation_declined":
             return f"distillation declined ({d.get('mode')}): {d.get('reason')} ({d.get('tokens_before')} → {d.get('tokens_after')})"
         case "summary_rejected":
             return f"{d.get('purpose')} rejected (attempt {d.get('attempt')}): {d.get('reason')}"
         case "retry":
-            return f"retry {d.get('attempt')} in {d.get('delay_s')}s: {_short(d.get('error'))}"
+            return f"retry {d.get('attempt')} in {d.get('delay_s')}s: {short(d.get('error'))}"
         case "callback_error":
-            return f"callback failed ({d.get('callback')}): {_short(d.get('error'))}"
+            return f"callback failed ({d.get('callback')}): {short(d.get('error'))}"
         case "error":
             return f"error: {d.get('message')}"
         case "final" | "parked":
-            return f"{e.kind}: {_short(d.get('output') or '')}"
+            return f"{e.kind}: {short(d.get('output') or '')}"
         case _:
-            return f"{e.kind}: {_short(d)}"
+            return f"{e.kind}: {short(d)}"
 
 
 _STYLE = {

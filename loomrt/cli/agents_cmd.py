@@ -8,9 +8,11 @@ from typing import Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
-from loomrt.cli._common import err, friendly, load, out, print_json
+from loomrt.cli._common import err, friendly, load, out, plural, print_json
+from loomrt.cli._render import model_label
 from loomrt.errors import SpecError
 
 __all__ = ["agents_app"]
@@ -46,7 +48,7 @@ def list_cmd(agents: Path | None = AgentsOpt, json_output: bool = typer.Option(F
     for r in rows:
         table.add_row(
             r["name"],
-            r["model"],
+            escape(model_label(r["model"])),
             r["mode"] + (" +recall" if r["recall"] else ""),
             ", ".join(r["tools"]) or "-",
             r["hash"],
@@ -107,7 +109,7 @@ def validate_cmd(
         return
     for w in warnings:
         err.print(f"[yellow]warning:[/yellow] {path}: {w}", highlight=False)
-    out.print(f"{path}: ok, {len(defs.agents)} agents ({', '.join(defs.agents)})", highlight=False)
+    out.print(f"{path}: ok, {plural(len(defs.agents), 'agent')} ({', '.join(defs.agents)})", highlight=False)
 
 
 @agents_app.command("schema")

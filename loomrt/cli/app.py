@@ -19,7 +19,8 @@ from loomrt.cli import (
     audit_cmd,  # noqa: F401 - registers `loomrt runs pin`, `unpin`, `export`
     ledger_cmd,  # noqa: F401 - registers `loomrt runs verify`, `anchor`
 )
-from loomrt.cli._common import err, friendly, load, out, print_json, print_result, runtime
+from loomrt.cli._common import err, friendly, load, out, playing, plural, print_json, print_result, runtime
+from loomrt.cli._help import plain_metavars
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
 from loomrt.cli.bench_cmd import bench_app
@@ -31,8 +32,11 @@ from loomrt.cli.mcp_cmd import mcp_cmd
 from loomrt.cli.memory_cmd import consolidate_cmd, memory_app
 from loomrt.cli.recall_cmd import recall
 from loomrt.cli.runs_cmd import runs_app
+from loomrt.errors import SpecError
 
 __all__ = ["app", "main"]
+
+plain_metavars()  # --help writes TEXT, INTEGER, PATH (and nothing for a flag), not <str>, <bool>
 
 app = typer.Typer(
     name="loomrt",
@@ -48,6 +52,20 @@ app.add_typer(db_app, name="db")
 app.add_typer(workers_app, name="workers")
 
 
+def _version(value: bool) -> None:
+    """``loomrt --version``: the installed version, and exit."""
+    if not value:
+        return
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("loomrt")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on the path, not installed
+        from loomrt import __version__ as version
+    out.print(f"loomrt {version}", highlight=False)
+    raise typer.Exit()
+
+
 @app.callback()
 def _root(
     db_url: str | None = typer.Option(
@@ -55,6 +73,9 @@ def _root(
         "--db-url",
         help="The record's database for this command: sqlite:PATH or postgresql://... "
         "(default $LOOMRT_DB_URL, else $LOOMRT_HOME/record.sqlite).",
+    ),
+    version: bool = typer.Option(
+        False, "--version", help="Print the installed version and exit.", is_eager=True, callback=_version
     ),
 ) -> None:
     """An agent runtime whose agents outlast their context window without forgetting."""
@@ -121,19 +142,44 @@ def run_cmd(
 @app.command("chat")
 @friendly
 def chat_cmd(
-    agent: str = typer.Argument(..., help="The agent's name in the agents file."),
+    agent: str | None = typer.Argument(
+        None, help="The agent's name in the agents file (with --continue, optional: the run knows its agent)."
+    ),
     agents: Path | None = AgentsOpt,
     mode: str | None = ModeOpt,
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object per turn."),
     user: str | None = UserOpt,
+    reopen: str | None = typer.Option(
+        None,
+        "--continue",
+        metavar="RUN_ID",
+        help="Reopen this earlier chat, its history intact: the next input goes on with the same run.",
+    ),
+    last: bool = typer.Option(
+        False, "--last", "-c", help="Reopen the newest chat with AGENT in the record (without AGENT: with any agent)."
+    ),
 ) -> None:
     """Talk with an agent. Without a TTY, each line of stdin is one user turn."""
-    path, defs = load(agents)
     rt = runtime(user=user)
-    run = rt.start(agent, agents=defs, mode=mode, interactive=True, agents_file=str(path.resolve()))
-    tty = sys.stdin.isatty()
+    if reopen is not None or last:
+        run = _reopen_chat(rt, agent, reopen, last=last, mode=mode, user=user)
+    elif agent is None:
+        raise SpecError("name the AGENT to chat with, or reopen a chat: --continue RUN_ID, or -c (the newest)")
+    else:
+        path, defs = load(agents)
+        run = rt.start(agent, agents=defs, mode=mode, interactive=True, agents_file=str(path.resolve()))
+        playing(run.run_id, chat=True)
+    tty = _tty()
     if tty and not json_output:
-        err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]")
+        if reopen is not None or last:
+            turns = plural(len(rt.store.events(run.run_id, kinds=["user_input"])), "turn")
+            err.print(
+                f"[dim]reopened run {run.run_id} · agent {run.agent} · {turns} so far · mode {run.mode.name} · "
+                "Ctrl-D to end[/dim]",
+                highlight=False,
+            )
+        else:
+            err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]", highlight=False)
     failed = 0
     while True:
         background = threading.Thread(target=lambda: asyncio.run(rt.between_turns(run)), daemon=True)
@@ -150,11 +196,70 @@ def chat_cmd(
             failed += 1
             if not json_output:
                 err.print("[dim]the turn failed; the chat goes on (type your next message, or Ctrl-D to end)[/dim]")
-    rt.finish(run)
+    if run.view.status not in ("done", "failed", "cancelled"):  # a chat reopened and left at once stays as it was
+        rt.finish(run)
     if tty and not json_output:
-        err.print(f"[dim]run {run.run_id} saved · `loomrt runs show {run.run_id}`[/dim]")
+        err.print(
+            f"[dim]run {run.run_id} saved · `loomrt runs show {run.run_id}` · "
+            f"`loomrt chat --continue {run.run_id}` reopens it[/dim]",
+            highlight=False,
+        )
     if failed:
         raise typer.Exit(1)
+
+
+def _tty() -> bool:
+    """Whether a person types the chat (stdin is a terminal): then it prompts and tells."""
+    return sys.stdin.isatty()
+
+
+def _reopen_chat(
+    rt: Any, agent: str | None, run_id: str | None, *, last: bool, mode: str | None, user: str | None
+) -> Any:
+    """The chat ``chat --continue RUN_ID`` (or ``-c``: the newest of ``agent``'s) names, opened
+    from its record to take the next input, as :meth:`Runtime.send` goes on with a reopened run."""
+    if run_id is None:
+        run_id = _newest_chat(rt.store, agent)
+    elif last:
+        raise SpecError("give --continue RUN_ID or -c (the newest chat), not both")
+    info = rt.store.get_run(run_id)  # no such run: one line, exit 2
+    if not info.interactive:
+        raise SpecError(
+            f"run {run_id} is not a chat (a one-shot run of {info.agent}): "
+            f'`loomrt runs continue {run_id} "..."` adds a turn to it'
+        )
+    if agent is not None and info.agent != agent:
+        raise SpecError(f"run {run_id} is a chat with {info.agent}, not {agent}")
+    if mode is not None:
+        raise SpecError(f"--mode is for a new chat: run {run_id} keeps the mode it was started in ({info.mode})")
+    started = rt.store.latest(run_id, "run_started")
+    recorded = started.data.get("user") if started is not None else None
+    if user is not None and (user.strip() or None) != recorded:
+        raise SpecError(f"run {run_id} works for {recorded or 'no user'}, not {user}: a reopened chat keeps its user")
+    playing(run_id, chat=True)
+    run = asyncio.run(rt.aopen(run_id))
+    if run.view.status in ("parked", "done", "failed", "cancelled"):
+        rt.claim(run)  # the next input opens the next turn (after a resumed where the run had ended)
+        return run
+    # stopped mid-turn (Ctrl-C, a crash): resumed, its interrupted tool calls closed
+    return asyncio.run(rt.reopen(run_id, interactive=True))
+
+
+def _newest_chat(store: Any, agent: str | None) -> str:
+    """The newest top-level interactive run (of ``agent``) in the record, for ``chat -c``."""
+    limit = 50
+    while True:
+        runs = store.list_runs(limit=limit, agent=agent)
+        found = next((r for r in runs if r.interactive and r.parent_run_id is None), None)
+        if found is not None:
+            return str(found.run_id)
+        if len(runs) < limit:
+            raise SpecError(
+                f"no earlier chat with {agent} in the record: `loomrt chat {agent}` starts one"
+                if agent
+                else "no earlier chat in the record: `loomrt chat AGENT` starts one"
+            )
+        limit *= 10
 
 
 def _read_turn(prompt: bool) -> str | None:
@@ -206,8 +311,8 @@ def worker_cmd(
             print_json(row)
         elif row["work"] == "consolidate":
             out.print(
-                f"consolidated {row['spans']} span(s) in {row['batches']} batch(es): "
-                f"{sum(row['facts'].values())} fact(s)"
+                f"consolidated {plural(row['spans'], 'span')} in {plural(row['batches'], 'batch', 'batches')}: "
+                f"{plural(sum(row['facts'].values()), 'fact')}"
                 if row["done"]
                 else f"consolidation: {row['reason']}",
                 highlight=False,
@@ -219,7 +324,8 @@ def worker_cmd(
             )
         elif row["done"]:
             out.print(
-                f"run {row['run_id']}: folded, {row['tokens_before']} → {row['tokens_after']} tokens", highlight=False
+                f"run {row['run_id']}: folded, {row['tokens_before']} → {plural(row['tokens_after'], 'token')}",
+                highlight=False,
             )
         else:
             out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from loomrt.cli._common import friendly, out, print_json, runtime
+from loomrt.cli._common import friendly, out, plural, print_json, runtime
 from loomrt.cli.runs_cmd import JsonOpt, runs_app
 
 __all__ = ["pin_cmd", "unpin_cmd", "export_cmd", "private_cmd", "declassify_cmd"]
@@ -34,7 +34,7 @@ def pin_cmd(
     if json_output:
         print_json({"run_id": run_id, **made.to_json()})
     else:
-        out.print(f"run {run_id}: pinned {made.id} ({made.to_json()['tokens']} tokens)", highlight=False)
+        out.print(f"run {run_id}: pinned {made.id} ({plural(made.to_json()['tokens'], 'token')})", highlight=False)
 
 
 @runs_app.command("unpin")
@@ -82,7 +82,7 @@ def export_cmd(
         typer.echo(text, nl=False)
     else:
         output.write_text(text, encoding="utf-8")
-        out.print(f"wrote {output} ({len(items)} items)", highlight=False)
+        out.print(f"wrote {output} ({plural(len(items), 'item')})", highlight=False)
 
 
 @runs_app.command("private")

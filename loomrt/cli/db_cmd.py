@@ -14,7 +14,7 @@ from typing import Any
 
 import typer
 
-from loomrt.cli._common import err, friendly, out, print_json
+from loomrt.cli._common import err, friendly, out, plural, print_json
 from loomrt.errors import StoreError
 
 __all__ = ["db_app", "workers_app"]
@@ -156,7 +156,7 @@ def migrate_cmd(
         print_json({"dry_run": dry_run, "applied" if not dry_run else "would_apply": names})
         return
     verb = "would apply" if dry_run else "applied"
-    out.print(f"{verb} {len(names)} migration(s)" + "".join(f"\n  {n}" for n in names), highlight=False)
+    out.print(f"{verb} {plural(len(names), 'migration')}" + "".join(f"\n  {n}" for n in names), highlight=False)
 
 
 @db_app.command("copy")
@@ -196,14 +196,14 @@ def copy_cmd(
         print_json(result)
         return
     out.print(
-        f"copied {result['copied']} run(s), {result['events']} events verified"
+        f"copied {plural(result['copied'], 'run')}, {plural(result['events'], 'event')} verified"
         + (f"; {result['skipped']} already there, identical" if result["skipped"] else ""),
         highlight=False,
     )
     if "memory" in result:
         out.print(
-            f"durable memory: {result['memory']['memory_facts']} fact(s), {result['memory']['harvest_spans']} "
-            "banked span(s) on the target",
+            f"durable memory: {plural(result['memory']['memory_facts'], 'fact')}, "
+            f"{plural(result['memory']['harvest_spans'], 'banked span')} on the target",
             highlight=False,
         )
 

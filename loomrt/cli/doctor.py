@@ -134,9 +134,11 @@ def _mark(ok: bool) -> str:
 
 
 def _print(report: dict[str, Any]) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     from loomrt.cli._common import out
+    from loomrt.cli._render import model_label
 
     out.print(f"[bold]agents file[/bold]: {report['agents_file'] or 'none'}")
     if report.get("agents_problem"):
@@ -147,7 +149,7 @@ def _print(report: dict[str, Any]) -> None:
             caps = p.get("capabilities") or {}
             table.add_row(
                 p["agent"],
-                p["model"],
+                escape(model_label(p["model"])),
                 str(caps.get("local", "—")),
                 str(caps.get("context_window", "—")),
                 p.get("tools_via", "scripted"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import typer
 
-from loomrt.cli._common import friendly, out, print_json, runtime
+from loomrt.cli._common import friendly, out, plural, print_json, runtime
 from loomrt.cli.db_cmd import db_app
 from loomrt.cli.runs_cmd import JsonOpt, runs_app
 from loomrt.errors import SpecError
@@ -88,7 +88,8 @@ def verify_cmd(
             out.print(f"run {v.run_id}: {line}", markup=False, highlight=False)
         if v.clean:
             out.print(
-                f"run {v.run_id}: {v.events} events, chain {v.chain}, {v.prompts_checked} prompts re-derived, "
+                f"run {v.run_id}: {plural(v.events, 'event')}, chain {v.chain}, "
+                f"{plural(v.prompts_checked, 'prompt')} re-derived, "
                 "the record audits clean",
                 highlight=False,
             )
@@ -122,7 +123,7 @@ def anchor_cmd(
         out_file.write_text(text, encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"cannot write the anchors to {out_file}: {exc.strerror or exc}") from None
-    out.print(f"anchored {len(json.loads(text)['runs'])} runs in {out_file}", highlight=False)
+    out.print(f"anchored {plural(len(json.loads(text)['runs']), 'run')} in {out_file}", highlight=False)
 
 
 @db_app.command("keygen")

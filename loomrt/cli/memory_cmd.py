@@ -10,14 +10,13 @@ and search with the same one.
 from __future__ import annotations
 
 import asyncio
-import datetime as _dt
 from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from loomrt.cli._common import err, friendly, out, print_json
+from loomrt.cli._common import err, friendly, out, plural, print_json, when
 
 __all__ = ["consolidate_cmd", "memory_app"]
 
@@ -57,8 +56,8 @@ def _scopes(scope: list[str] | None) -> list[str] | None:
     return [parse_scope(s) for s in scope] if scope else None
 
 
-def _when(ts: float | None) -> str:
-    return "" if ts is None else _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%Y-%m-%d %H:%M")
+def _waiting(unsettled: int) -> str:
+    return f"{plural(unsettled, 'span')} {'waits' if unsettled == 1 else 'wait'} for {'its run' if unsettled == 1 else 'their runs'} to settle"
 
 
 @friendly
@@ -82,7 +81,7 @@ def consolidate_cmd(
 
     def progress(batches: int, spans: int) -> None:
         if spinner is not None:
-            spinner.update(f"consolidating… {batches} batch(es), {spans} span(s)")
+            spinner.update(f"consolidating… {plural(batches, 'batch', 'batches')}, {plural(spans, 'span')}")
 
     worker = Consolidator(store, model=model, settle_s=settle_s, progress=progress)
     if status:
@@ -96,7 +95,7 @@ def consolidate_cmd(
         out.print(table)
         for d in dead:
             out.print(
-                f"dead letter {d['batch_id']} ({d['scope']}, {len(d['span_ids'])} spans): {escape(d['error'])}",
+                f"dead letter {d['batch_id']} ({d['scope']}, {plural(len(d['span_ids']), 'span')}): {escape(d['error'])}",
                 highlight=False,
             )
         return
@@ -110,10 +109,10 @@ def consolidate_cmd(
         elif report.batches or revived:
             facts = report.facts
             out.print(
-                f"{report.batches} batch(es), {report.spans} span(s): {facts.get('new', 0)} new, "
+                f"{plural(report.batches, 'batch', 'batches')}, {plural(report.spans, 'span')}: {facts.get('new', 0)} new, "
                 f"{facts.get('merged', 0)} merged, {facts.get('superseded', 0)} superseded; "
                 f"dropped {sum(report.dropped.values())}; dead letters {report.dead}"
-                + (f"; {report.unsettled} span(s) wait for their runs to settle" if report.unsettled else ""),
+                + (f"; {_waiting(report.unsettled)}" if report.unsettled else ""),
                 highlight=False,
             )
         for held in report.held:
@@ -136,11 +135,7 @@ def consolidate_cmd(
     if not json_output and not report.batches and not revived:
         out.print(
             "nothing to consolidate"
-            + (
-                f" ({report.unsettled} span(s) wait for their runs to settle; --settle-s 0 takes them now)"
-                if report.unsettled
-                else ""
-            )
+            + (f" ({_waiting(report.unsettled)}; --settle-s 0 takes them now)" if report.unsettled else "")
         )
     if report.held:
         raise typer.Exit(1)
@@ -229,7 +224,7 @@ def show_cmd(fact_id: str = typer.Argument(...), json_output: bool = _JSON) -> N
     out.print(f"[dim]subject {escape(fact.subject)} · observed {fact.observed_at or '?'}[/dim]")
     for h in history:
         out.print(
-            f"  {_when(h['at'])} {h['action']}: {escape(str(h.get('statement') or h.get('by') or ''))}", highlight=False
+            f"  {when(h['at'])} {h['action']}: {escape(str(h.get('statement') or h.get('by') or ''))}", highlight=False
         )
     for t in origins:
         out.print(f"  [dim]{t['run_id']} #{t['seq']} {t['role']}:[/dim] {escape(t['text'][:300])}", highlight=False)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+from typing import Any
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from loomrt.cli._common import friendly, out, print_json, print_result, runtime
-from loomrt.cli._render import events_table
+from loomrt.cli._common import friendly, out, plural, print_json, print_result, runtime, took, when
+from loomrt.cli._render import events_table, model_label
+from loomrt.events import RunInfo
 
 __all__ = ["runs_app"]
 
@@ -26,6 +28,30 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def _at_a_glance(store: Any, r: RunInfo) -> tuple[str, str, str]:
+    """A listed run's task (its first user input, shortened), how long it took (first event to
+    last) and its tokens (its model calls', input and output): three reads by kind or seq on
+    the record's index, never the whole record."""
+    from loomrt.cli._render import short
+    from loomrt.visibility import placeholder, private_seqs
+
+    first = r.fork_seq or 0  # a fork's own events follow the seq it was forked at
+    inputs = store.events(r.run_id, after=first, until=first + 8, kinds=["user_input"])
+    if inputs:
+        hidden = private_seqs(store.events(r.run_id, kinds=["mark_private", "declassify"]))
+        task = placeholder(inputs[0].seq, "user") if inputs[0].seq in hidden else str(inputs[0].data.get("content"))
+        task = short(task, 40)
+    else:
+        task = f"(fork of {r.forked_from})" if r.forked_from else ""
+    last = store.events(r.run_id, after=r.last_seq - 1) if r.last_seq else []
+    duration = took(last[-1].ts - r.created_at) if last else ""
+    tokens = 0
+    for e in store.events(r.run_id, kinds=["model_call"]):
+        usage = e.data.get("usage") or {}
+        tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+    return task, duration, f"{tokens:,}"
+
+
 @runs_app.command("list")
 @friendly
 def list_cmd(
@@ -33,18 +59,65 @@ def list_cmd(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's runs."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Recent runs, newest first."""
+    """Recent runs, newest first: when each started (local time), how long it took, its tokens
+    and its task (the first input), in the columns the terminal has room for (--json: each run's fields, its times as numbers)."""
     from loomrt.record import default_store
 
-    runs = default_store().list_runs(limit=limit, agent=agent)
+    store = default_store()
+    runs = store.list_runs(limit=limit, agent=agent)
     if json_output:
         print_json([r.model_dump(mode="json") for r in runs])
         return
-    table = Table("run", "agent", "mode", "status", "events", "model", "started")
-    table.columns[0].no_wrap = True  # run ids are typed back in: never cut them
-    table.columns[0].min_width = 12
+    rows = []
     for r in runs:
-        table.add_row(r.run_id, r.agent, r.mode, r.status, str(r.last_seq), r.model, _when(r.created_at))
+        task, duration, tokens = _at_a_glance(store, r)
+        rows.append(
+            {
+                "run": r.run_id,
+                "agent": r.agent,
+                "status": r.status,
+                "started": when(r.created_at),
+                "took": duration,
+                "tokens": tokens,
+                "events": str(r.last_seq),
+                "mode": r.mode,
+                "model": model_label(r.model),
+                "task": task,
+            }
+        )
+    out.print(_runs_table(rows, out.width))
+
+
+_COLUMNS = ("run", "agent", "status", "started", "took", "tokens", "events", "mode", "model", "task")
+_PRIORITY = ("run", "status", "started", "agent", "task", "took", "tokens", "model", "mode", "events")
+"""Which columns a narrow terminal keeps first (the run id always, whole: it is typed back in)."""
+
+
+def _runs_table(rows: list[dict[str, str]], width: int) -> Table:
+    """The columns that fit ``width`` whole, in :data:`_PRIORITY` order; the agent cut at 24
+    characters and the task to what is left, each with an ellipsis, one line per run."""
+    natural = {c: max([len(c), *(len(row[c]) for row in rows)]) for c in _COLUMNS}
+    natural["agent"] = min(natural["agent"], 24)
+    natural["task"] = min(natural["task"], 12)  # at least this; it takes the room left over
+    shown: list[str] = []
+    used = -2  # two spaces between columns
+    for c in _PRIORITY:
+        if c == "run" or used + 2 + natural[c] <= width:
+            shown.append(c)
+            used += 2 + natural[c]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for c in _COLUMNS:
+        if c in shown:
+            table.add_column(
+                c,
+                no_wrap=True,
+                overflow="ellipsis",
+                justify="right" if c in ("took", "tokens", "events") else "left",
+                max_width=24 if c == "agent" else width - used + natural["task"] if c == "task" else None,
+            )
+    for row in rows:
+        table.add_row(*(escape(row[c]) for c in _COLUMNS if c in shown))
+    return table
     out.print(table)
 
 
@@ -111,7 +184,8 @@ def show_cmd(
         "declined",
         "working_context_messages",
     ):
-        table.add_row(f"[bold]{key}[/bold]", str(summary.get(key)))
+        value = summary.get(key)
+        table.add_row(f"[bold]{key}[/bold]", escape(model_label(value) if key == "model" else str(value)))
     table.add_row("[bold]tools[/bold]", ", ".join(summary["tools"]) or "none")
     if summary.get("forked_from"):
         table.add_row("[bold]forked from[/bold]", f"{summary['forked_from']} at #{summary.get('fork_seq')}")
@@ -125,7 +199,7 @@ def show_cmd(
         table.add_row(
             f"[bold]{summary['mode']}[/bold]",
             (
-                f"{state.get('cards', 0)} cards · "
+                f"{plural(state.get('cards', 0), 'card')} · "
                 f"{'folding now' if state.get('running') else 'a fold is pending' if state.get('pending') else 'nothing pending'} · "
                 f"last success {when(state.get('last_success'))}"
                 + (
@@ -164,7 +238,7 @@ def show_cmd(
             out.print(f"  definition: {escape(text)}", highlight=False)
         for p in pins:
             note = f" · {escape(p['note'])}" if p["note"] else ""
-            out.print(f"  {p['id']} by {p['by']} ({p['tokens']} tokens){note}", highlight=False)
+            out.print(f"  {p['id']} by {p['by']} ({plural(p['tokens'], 'token')}){note}", highlight=False)
     _print_transcript(events, full=full)
 
 
@@ -177,11 +251,11 @@ def _print_transcript(events: list, *, full: bool) -> None:  # type: ignore[type
     for item in transcript(events):
         if isinstance(item, Marker):
             if hidden:
-                out.print(f"[dim]… {hidden} evicted messages (--full shows them)[/dim]")
+                out.print(f"[dim]… {plural(hidden, 'evicted message')} (--full shows them)[/dim]")
                 hidden = 0
             span = f"#{item.covered[0]}–#{item.covered[-1]}" if item.covered else "nothing"
             out.rule(
-                f"distillation #{item.seq} · {item.mode} · covered {span} ({len(item.covered)} messages) · "
+                f"distillation #{item.seq} · {item.mode} · covered {span} ({plural(len(item.covered), 'message')}) · "
                 f"{item.tokens_before} → {item.tokens_after} tokens",
                 style="cyan",
             )
@@ -200,7 +274,7 @@ def _print_transcript(events: list, *, full: bool) -> None:  # type: ignore[type
         if item.text:
             out.print(item.text, markup=False, highlight=False, style=style)
     if hidden:
-        out.print(f"[dim]… {hidden} evicted messages (--full shows them)[/dim]")
+        out.print(f"[dim]… {plural(hidden, 'evicted message')} (--full shows them)[/dim]")
 
 
 def _show_as_of(run_id: str, events: list, seq: int, json_output: bool) -> None:  # type: ignore[type-arg]
@@ -214,7 +288,7 @@ def _show_as_of(run_id: str, events: list, seq: int, json_output: bool) -> None:
     if json_output:
         print_json({"run_id": run_id, "as_of": seq, "context": [m.to_dict() for m in context]})
         return
-    out.rule(f"run {run_id}: the working context after #{seq} ({len(context)} messages)")
+    out.rule(f"run {run_id}: the working context after #{seq} ({plural(len(context), 'message')})")
     for m in context:
         where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
         out.print(f"[bold]{where} {escape(m.role)}[/bold]", highlight=False)
@@ -234,7 +308,7 @@ def _show_prompt(run_id: str, events: list, seq: int, json_output: bool) -> None
     if json_output:
         print_json({"run_id": run_id, "prompt_of": seq, "prompt": [m.to_dict() for m in prompt]})
         return
-    out.rule(f"run {run_id}: the prompt of the model call #{seq} ({len(prompt)} messages)")
+    out.rule(f"run {run_id}: the prompt of the model call #{seq} ({plural(len(prompt), 'message')})")
     for m in prompt:
         if m.synthetic == INJECTED:
             out.print("[bold magenta]▶ injected for this call only (recall_injected)[/bold magenta]", highlight=False)
@@ -352,8 +426,8 @@ def refold_cmd(
         print_json(result)
         return
     out.print(
-        f"run {run_id}: {result['refolded']} cards rewritten, {result['tokens_before']} → "
-        f"{result['tokens_after']} tokens, {result['fallbacks_left']} fallback cards left"
+        f"run {run_id}: {plural(result['refolded'], 'card')} rewritten, {result['tokens_before']} → "
+        f"{plural(result['tokens_after'], 'token')}, {plural(result['fallbacks_left'], 'fallback card')} left"
         + (f" ({result['reason']})" if result["reason"] else ""),
         highlight=False,
     )
