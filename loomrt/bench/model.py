@@ -63,6 +63,9 @@ class Needle:
     """The sentence that states it, where the planter writes one (the Recall measures)."""
     kind: str = ""
     """What sort of value it is (path, id, number, ...), where the planter says."""
+    question: str = ""
+    """How a person asks for it later, in other words than the statement's (sharing one or
+    two of its content words), where the planter writes one: the reader searches by it."""
 
     @property
     def search(self) -> str:

@@ -50,80 +50,119 @@ def make_needles(seed: int = 7) -> list[Needle]:
             "path",
             "The deploy lock file lives at {v}.",
             "where is the deploy lock file",
+            "Where on disk is the lock we take for a release?",
             f"/srv/deploy/locks/release-{r.randint(10, 99)}.lock",
         ),
         (
             "error",
             "The nightly import failed with error code {v}.",
             "nightly import error code",
+            "What code did last night's import job fail with?",
             f"E{r.randint(1000, 9999)}-IMPORT",
         ),
-        ("port", "The staging database listens on port {v}.", "staging database port", str(r.randint(20000, 29999))),
-        ("number", "The cache must hold at most {v} entries.", "maximum cache entries", str(r.randint(10000, 99999))),
-        ("name", "The on-call engineer this week is {v}.", "who is the on-call engineer this week", f"{first} {last}"),
+        (
+            "port",
+            "The staging database listens on port {v}.",
+            "staging database port",
+            "Which port does the DB for staging answer on?",
+            str(r.randint(20000, 29999)),
+        ),
+        (
+            "number",
+            "The cache must hold at most {v} entries.",
+            "maximum cache entries",
+            "How many items may the cache keep at most?",
+            str(r.randint(10000, 99999)),
+        ),
+        (
+            "name",
+            "The on-call engineer this week is {v}.",
+            "who is the on-call engineer this week",
+            "Which engineer carries the pager this week?",
+            f"{first} {last}",
+        ),
         (
             "command",
             "To rotate the signing keys run `{v}`.",
             "command to rotate the signing keys",
+            "How do I roll over the signing keys?",
             f"loomctl keys rotate --kid {hexid} --grace 48h",
         ),
         (
             "timestamp",
             "The outage started at {v}.",
             "when did the outage start",
+            "At what time did the outage begin?",
             f"2026-03-{r.randint(10, 28)}T0{r.randint(1, 9)}:{r.randint(10, 59)}:00Z",
         ),
         (
             "config",
             "In postgresql.conf we set {v}.",
             "postgresql max_connections setting",
+            "How many connections does our Postgres allow?",
             f"max_connections = {r.randint(150, 950)}",
         ),
-        ("url", "The webhook endpoint is {v}.", "webhook endpoint url", f"https://hooks.example.net/v2/{hexid}/ingest"),
+        (
+            "url",
+            "The webhook endpoint is {v}.",
+            "webhook endpoint url",
+            "Where do our webhooks get delivered?",
+            f"https://hooks.example.net/v2/{hexid}/ingest",
+        ),
         (
             "ip",
             "The bastion host is at {v}.",
             "bastion host ip address",
+            "What is the bastion's address?",
             f"10.{r.randint(1, 254)}.{r.randint(1, 254)}.{r.randint(1, 254)}",
         ),
         (
             "version",
             "Pin the client library to version {v}.",
             "which client library version to pin",
+            "Which release of the client lib should we lock to?",
             f"4.{r.randint(10, 40)}.{r.randint(0, 9)}",
         ),
         (
             "ticket",
             "The customer escalation is tracked as {v}.",
             "customer escalation ticket",
+            "Which ticket tracks the customer's escalation?",
             f"SUP-{r.randint(10000, 99999)}",
         ),
         (
             "env",
             "The feature flag is controlled by the variable {v}.",
             "feature flag environment variable",
+            "Which environment variable turns the feature on?",
             f"LOOM_FLAG_{r.choice(['ALPHA', 'BRAVO', 'DELTA'])}_{r.randint(10, 99)}",
         ),
         (
             "budget",
             "The monthly cloud budget is capped at {v}.",
             "monthly cloud budget cap",
+            "How much may we spend on cloud each month?",
             f"${r.randint(10, 99)},{r.randint(100, 999)}",
         ),
         (
             "branch",
             "The hotfix lives on branch {v}.",
             "which branch has the hotfix",
+            "Where is the hotfix being developed?",
             f"hotfix/{hexid[:4]}-ledger-rounding",
         ),
         (
             "checksum",
             "The release tarball's sha256 starts with {v}.",
             "release tarball sha256",
+            "What is the tarball's checksum prefix?",
             "".join(r.choice("0123456789abcdef") for _ in range(16)),
         ),
     ]
-    return [Needle(key=q, value=v, query=q, statement=s.format(v=v), kind=kind) for kind, s, q, v in table]
+    return [
+        Needle(key=q, value=v, query=q, statement=s.format(v=v), kind=kind, question=asked)
+        for kind, s, q, asked, v in table
+    ]
 
 
 AFTER_EVICTION_GAP_MS = 50.0
@@ -256,19 +295,24 @@ def needles_run(
     seed: int = 7,
     top_k: int = 5,
     tool_lines: tuple[int, int] = (20, 60),
+    paraphrased: bool = True,
 ) -> dict[str, Any]:
     """Play a ``turns``-turn scripted agentic run (compaction, recall on) in which the
     needles are stated in the first turns (some in user inputs, some inside long tool
-    results of ``tool_lines`` lines) and evicted; in its last turns the model calls Recall
-    once per needle.
+    results of ``tool_lines`` lines) and evicted; in its last turns each needle is asked
+    for, in other words than its statement's (``paraphrased``; else by the harness's key
+    words, the easy way it was measured before), and the model calls Recall with the
+    question as it was asked.
 
     Returns ``{"needles", "found_top5", "missed": [...], "distillations", "entries", "seconds"}``.
     """
-    return asyncio.run(_needles_run(turns, embedder=embedder, seed=seed, top_k=top_k, tool_lines=tool_lines))
+    return asyncio.run(
+        _needles_run(turns, embedder=embedder, seed=seed, top_k=top_k, tool_lines=tool_lines, paraphrased=paraphrased)
+    )
 
 
 async def _needles_run(
-    turns: int, *, embedder: EmbedderChoice, seed: int, top_k: int, tool_lines: tuple[int, int]
+    turns: int, *, embedder: EmbedderChoice, seed: int, top_k: int, tool_lines: tuple[int, int], paraphrased: bool
 ) -> dict[str, Any]:
     from loomrt.spec import AgentSpec
     from loomrt.testing import ScriptedProvider, scripted_runtime
@@ -310,9 +354,12 @@ async def _needles_run(
             ]
         else:
             needle = needles[t - ask_from]
-            inputs.append(f"Question: {needle.query}?")
+            # asked in other words than the statement's; the reader searches by the question
+            # as it was put, as the workloads' reader does (never by the harness's key words)
+            asked = needle.question if paraphrased else f"{needle.query}?"
+            inputs.append(f"Question: {asked}")
             script += [
-                {"tool_call": {"name": "Recall", "arguments": {"query": needle.query, "top_k": top_k}}},
+                {"tool_call": {"name": "Recall", "arguments": {"query": asked, "top_k": top_k}}},
                 {"text": "Answered from Recall."},
             ]
     provider = ScriptedProvider(turns=list[Any](script), summaries=[{"extractive": 600, "words": 4}])

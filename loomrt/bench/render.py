@@ -159,7 +159,9 @@ def _render_recall_inject(r: dict[str, Any]) -> list[str]:
         f"The injection step before a model call (query embedding, search, choice, the `recall_injected` "
         f"event), inside the running event loop, at {r['entries']:,} entries (dense: {r['dense']}): "
         f"p50 {r['step_p50_ms']:.2f} ms, p95 {r['step_p95_ms']:.2f} ms over {r['queries']} calls "
-        f"({r['injected_share']:.0%} of them injected a block). The runtime's own time per turn at that "
+        f"({r['injected_share']:.0%} of them injected a block), after the process's first step "
+        f"({r.get('first_step_ms', float('nan')):.0f} ms: loading the token counter's tables and the BLAS "
+        f"thread pool, once per process). The runtime's own time per turn at that "
         f"history, injection included: p50 {r['turn_overhead_p50_ms']:.2f} ms; the step is "
         f"{r['step_share_of_turn']:.0%} of it.",
         "",
