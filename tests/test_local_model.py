@@ -274,3 +274,35 @@ def test_a_local_timeout_is_retried_once_with_the_timeout_raised_then_fails_clea
         asyncio.run(call_with_retries(provider, request, retries=3, on_retry=lambda a, e, d: seen.append(str(e))))
     assert len(seen) == 1 and "retrying once with the timeout raised" in seen[0]
     assert info.value.status == 408 and not info.value.retryable
+
+
+def test_the_model_cache_is_one_per_user_whatever_the_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("LOOMRT_MODEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for home in ("a", "b"):
+        monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / home))
+        assert models.model_cache_dir() == tmp_path / "cache" / "loomrt" / "models"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert models.model_cache_dir() == Path.home() / ".cache" / "loomrt" / "models"
+    monkeypatch.setenv("LOOMRT_MODEL_CACHE", str(tmp_path / "mine"))
+    assert models.model_cache_dir() == tmp_path / "mine"
+
+
+def test_an_older_homes_copy_moves_to_the_per_user_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    name = fake(
+        monkeypatch,
+        "local/moved-test",
+        filename="moved.gguf",
+        parts=(("x", "y"), ("x", "z")),
+        sha256=hashlib.sha256(b"weights").hexdigest(),
+        size=7,
+    )
+    monkeypatch.delenv("LOOMRT_MODEL_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("LOOMRT_HOME", str(tmp_path / "home"))
+    earlier = tmp_path / "home" / "models" / "moved.gguf"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"weights")
+    path = models.model_path(name, progress=False)
+    assert path == tmp_path / "cache" / "loomrt" / "models" / "moved.gguf" and path.read_bytes() == b"weights"
+    assert not earlier.exists()
