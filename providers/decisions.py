@@ -29,9 +29,22 @@ from loomrt.errors import ProviderError
 from loomrt.messages import ToolCall
 from loomrt.providers.base import ModelRequest, ToolSchema
 
-__all__ = ["ANSWER", "decision_schema", "decision_instructions", "plain_history", "parse_decision", "parse_json_reply"]
+__all__ = [
+    "ANSWER",
+    "ANSWER_NOW",
+    "decision_schema",
+    "decision_instructions",
+    "plain_history",
+    "parse_decision",
+    "parse_json_reply",
+    "unwrap_answer",
+]
 
 ANSWER = "answer"
+
+ANSWER_NOW = {"role": "user", "content": "Now write that answer to me as plain text, not JSON."}
+"""After a decision to answer, what asks for the answer itself: appended to the decision's
+own prompt, so that the second call of the turn re-reads nothing the first one read."""
 
 
 def decision_schema(tools: tuple[ToolSchema, ...], *, required: bool, answer_text: bool = True) -> dict[str, Any]:
@@ -165,3 +178,19 @@ def parse_decision(
     raise ProviderError(
         f"{model}: the decision names action {action!r}, expected one of {allowed}: {text[:200]!r}", retryable=True
     )
+
+
+def unwrap_answer(text: str) -> str | None:
+    """An answer written as plain text, even by a model that wrote its decision again with
+    the answer in it (``{"action": "answer", "text": "..."}``): the text inside; None when
+    the reply is only a decision again (no answer in it)."""
+    stripped = text.strip()
+    if stripped.startswith("{") and stripped.endswith("}"):
+        try:
+            value = json.loads(stripped)
+        except ValueError:
+            return text
+        if isinstance(value, dict) and "action" in value:
+            answer = value.get("text")
+            return str(answer) if isinstance(answer, str) and answer.strip() else None
+    return text

@@ -39,11 +39,13 @@ from loomrt.messages import ToolCall
 from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
 from loomrt.providers.decisions import (
     ANSWER,
+    ANSWER_NOW,
     decision_instructions,
     decision_schema,
     parse_decision,
     parse_json_reply,
     plain_history,
+    unwrap_answer,
 )
 from loomrt.providers.offline import import_litellm
 from loomrt.providers.registry import capabilities_for, is_embedded, runs_locally
@@ -182,9 +184,15 @@ class LiteLLMProvider:
             return ModelResponse(text="", tool_calls=calls, usage=usage, model=self.model, finish_reason="tool_calls")
         if isinstance(value.get("text"), str) and value["text"].strip():  # a model that wrote its answer anyway
             return ModelResponse(text=value["text"], usage=usage, model=self.model, finish_reason="stop")
-        answer = await self._acompletion(self._kwargs(dataclasses.replace(request, tools=()), "text"))
+        answer = await self._acompletion(self._kwargs(request, "answer", decided=text))
         response = self._response(answer, dataclasses.replace(request, tools=()), "text")
-        return dataclasses.replace(response, usage=usage + response.usage)
+        usage += response.usage
+        written = unwrap_answer(response.text)
+        if written is None:  # the model wrote its decision again (a very small one may): ask without the tools
+            bare = dataclasses.replace(request, tools=())
+            response = self._response(await self._acompletion(self._kwargs(bare, "text")), bare, "text")
+            usage, written = usage + response.usage, response.text
+        return dataclasses.replace(response, text=written, usage=usage)
 
     def _shape(self, request: ModelRequest) -> str:
         """How this call asks: ``decision`` (constrained JSON for tools), ``tools`` (native),
@@ -197,9 +205,14 @@ class LiteLLMProvider:
             return "json"
         return "text"
 
-    def _kwargs(self, request: ModelRequest, shape: str, *, answer_text: bool = True) -> dict[str, Any]:
+    def _kwargs(
+        self, request: ModelRequest, shape: str, *, answer_text: bool = True, decided: str = ""
+    ) -> dict[str, Any]:
         """litellm's arguments; ``answer_text=False`` asks a decision for no answer text
-        (the answer is written afterwards, see :meth:`_decide_then_answer`)."""
+        (the answer is written afterwards, see :meth:`_decide_then_answer`). Shape
+        ``answer`` is that answer: the decision's prompt as it was, then the decision the
+        model wrote (``decided``) and a request for the answer as text, so the model's
+        prefix cache holds all of it but the last line (prefix reuse by construction)."""
         kwargs: dict[str, Any] = {
             "model": self.model,
             "messages": request.messages,
@@ -214,7 +227,11 @@ class LiteLLMProvider:
             kwargs["messages"] = plain_history(request.messages)
         else:
             kwargs["messages"] = alternating(request.messages)
-        if shape == "decision":
+        if shape == "answer":
+            instructions = decision_instructions(request.tools, required=False, answer_text=False)
+            asked = [*request.messages, {"role": "assistant", "content": decided}, ANSWER_NOW]
+            kwargs["messages"] = plain_history(asked, instructions)
+        elif shape == "decision":
             required = request.tool_choice == "required"
             instructions = decision_instructions(request.tools, required=required, answer_text=answer_text)
             kwargs["messages"] = plain_history(request.messages, instructions)

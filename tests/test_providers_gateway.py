@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 
@@ -216,3 +217,53 @@ def test_plain_history_rewrites_tool_turns_for_models_without_the_tool_role() ->
     assert out[0]["content"] == "sys\n\nTOOLS"
     assert json.loads(out[2]["content"]) == {"action": "calculate", "arguments": {"expression": "6*7"}}
     assert out[3]["content"] == "Result of calculate:\n42\n\nthanks"
+
+
+def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefix reuse by construction: after a decision to answer, the answer call sends the
+    decision's prompt unchanged, then the decision and one line asking for the answer, so a
+    prefix cache re-reads nothing the decision call read (before, the answer call dropped
+    the tool instructions from the system message and shared nothing past it)."""
+    from types import SimpleNamespace
+
+    from loomrt.providers.decisions import ANSWER_NOW
+
+    sent: list[list[dict[str, Any]]] = []
+    replies = iter(['{"action": "answer"}', '{"action": "answer", "text": "It is 42."}'])
+
+    async def fake(kwargs: dict[str, Any]) -> Any:
+        sent.append(kwargs["messages"])
+        message = SimpleNamespace(content=next(replies), tool_calls=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=None)
+
+    provider = LiteLLMProvider(
+        "openai/small", capabilities=Capabilities(tool_calling=False), litellm_params={"mock_response": "unused"}
+    )
+    monkeypatch.setattr(provider, "_acompletion", fake)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"}]
+    response = asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,))))
+    decision, answer = sent
+    assert answer[: len(decision)] == decision
+    assert answer[len(decision) :] == [{"role": "assistant", "content": '{"action": "answer"}'}, ANSWER_NOW]
+    assert response.text == "It is 42.", "an answer written as a decision again is unwrapped"
+
+
+def test_a_model_that_only_decides_again_is_asked_once_more_without_the_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    sent: list[list[dict[str, Any]]] = []
+    replies = iter(['{"action": "answer"}', '{ "action": "answer"}', "It is 42."])
+
+    async def fake(kwargs: dict[str, Any]) -> Any:
+        sent.append(kwargs["messages"])
+        message = SimpleNamespace(content=next(replies), tool_calls=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=None)
+
+    provider = LiteLLMProvider(
+        "openai/small", capabilities=Capabilities(tool_calling=False), litellm_params={"mock_response": "unused"}
+    )
+    monkeypatch.setattr(provider, "_acompletion", fake)
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"}]
+    response = asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,))))
+    assert response.text == "It is 42." and len(sent) == 3
+    assert "You can use these tools" not in sent[2][0]["content"]
