@@ -63,6 +63,8 @@ async def _timed_forks(
     if recall:
         run.toolset.recall.size()  # the parent's own index is whole before any fork is timed
     times, first_recall, indexed = [], [], 0
+    if not shared:  # each such fork re-embeds the whole shared history: a few show the cost
+        forks = min(forks, 3)
     for i in range(forks):
         if not shared:
             forget()
@@ -109,7 +111,7 @@ def fork_cost_figures(
             if progress:
                 progress.advance()
         row: dict[str, Any] = {
-            "mode": name,
+            "mode": name if VARIANTS[name].get("shared", True) else f"{name} (median of {min(forks, 3)})",
             **{f"ms_at_{n}": round(v, 3) for n, v in ms.items()},
             "ratio": round(ms[sizes[-1]] / ms[sizes[0]], 2),
         }
