@@ -366,14 +366,14 @@ class RunRecall:
         hits: list[RecallHit] = []
         wanted = 0 if source == "memory" else top_k if source == "all" else top_k * 4
         found: list[Any] = []
-        for holder, index, upto in self._sources(catch_up=catch_up) if wanted else ():
+        for _, index, upto in self._sources(catch_up=catch_up) if wanted else ():
             try:
                 found += index.search(query, wanted, upto=upto)
             except Exception as exc:  # noqa: BLE001 - the query embedding failed: lexical-only
                 if not index.dense:
                     raise
                 index.disable_dense()
-                holder._notice(
+                self._notice(
                     f"recall degraded to lexical-only: the embedder failed on a query ({type(exc).__name__}: {exc})"
                 )
                 found += index.search(query, wanted, upto=upto)
