@@ -194,6 +194,24 @@ class RunRecall:
                         self._draining = loop.create_task(self._drain(), name=f"recall-index-{self.run_id}")
         return self._index
 
+    async def caught_up(self) -> None:
+        """Wait until everything evicted so far is indexed: this run's and the shared indexes
+        it reads. A small backlog is indexed now; a large one (a resumed run's rebuilt
+        history) by the background drain, which embeds off the event loop where the embedder
+        allows, so only this run waits. A per-call reader (recall injection) awaits this
+        before it searches: the first call after a restart, or in a copy of a run, finds
+        what was evicted before it (reading the index as it was, it found nothing)."""
+        for holder in [self, *(h for h, _ in self.family)]:
+            await holder._settle()
+
+    async def _settle(self) -> None:
+        if len(self._backlog) > INLINE_MAX:
+            loop = asyncio.get_running_loop()
+            if self._draining is None or self._draining.done() or self._draining.get_loop() is not loop:
+                self._draining = loop.create_task(self._drain(), name=f"recall-index-{self.run_id}")
+            await asyncio.shield(self._draining)
+        self._catch_up()  # what is left, or arrived meanwhile
+
     @property
     def backlog(self) -> int:
         """Entries evicted and not indexed yet (the background drain, or the next query, indexes them)."""

@@ -327,3 +327,29 @@ def test_after_a_tool_result_the_block_goes_last_never_between_a_call_and_its_re
     assert view.injected_at() == 1, "before the user's input"
     view.push(Message(role="tool", content="r", seq=4, tool_call_id="c"))
     assert view.injected_at() == 3, "after the tool result"
+
+
+@pytest.mark.parametrize("fresh_process", [False, True])
+def test_a_reopened_run_with_a_long_evicted_history_injects_on_its_first_call(tmp_path, fresh_process: bool) -> None:
+    """A run reopened from its record (another process, or a copy of the run as `bench qa`
+    makes) rebuilds its index: far more entries than a call indexes inline. The first call
+    waits for them, and finds the needle (it used to search the empty index and inject nothing)."""
+    from loomrt.recall.run_recall import INLINE_MAX
+
+    db = tmp_path / "record.sqlite"
+    provider = ScriptedProvider(turns=["ok"] * 120, summaries=[SUMMARY] * 40)
+    rt = scripted_runtime(provider, store_path=db, embedder=HashEmbedder())
+    run = rt.start(spec(), interactive=True)
+    asyncio.run(evict_the_needle(rt, run, n=50))
+    assert run.toolset.recall.size() > INLINE_MAX
+    if fresh_process:
+        rt.store.close()
+        rt = scripted_runtime(provider, store_path=db, embedder=HashEmbedder())
+
+    async def go() -> None:
+        await rt.continue_run(run.run_id, QUESTION)
+
+    asyncio.run(go())
+    assert NEEDLE in prompt_text(provider.calls[-1].messages)
+    (injected,) = [e for e in events(rt, run.run_id, "recall_injected") if NEEDLE in str(e["passages"])]
+    assert injected

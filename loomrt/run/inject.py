@@ -221,6 +221,7 @@ async def inject_recall(run: RunState) -> Injected | None:
     if room < 64:
         return None
     try:  # optional, as recall is: a search that fails sends the call without a block
+        await recall.caught_up()
         hits = recall.search(query, top_k=TOP_K, catch_up=False)
         passages = _choose(run, hits, room)
     except Exception as exc:  # noqa: BLE001 - recall never fails a run
