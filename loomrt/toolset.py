@@ -122,7 +122,7 @@ def resolve_toolset(
 
         family = getattr(getattr(run, "view", None), "family", None)
         store = getattr(run, "store", None)
-        sources = shared_recall(store, family, spec, embedder) if family is not None else None
+        sources = _shared_recall(store, family, spec, embedder) if family is not None else None
         recall = RunRecall(
             run_id=run_id,
             context=spec.context,
@@ -152,7 +152,7 @@ def resolve_toolset(
     return toolset
 
 
-def shared_recall(store: Any, family: Any, spec: AgentSpec, embedder: EmbedderChoice) -> list[Any] | None:
+def _shared_recall(store: Any, family: Any, spec: AgentSpec, embedder: EmbedderChoice) -> list[Any] | None:
     """The recall indexes of this process a fork reads its shared history from instead of
     rebuilding it (:func:`loomrt.recall.shared.family_sources`), or None."""
     if store is None:

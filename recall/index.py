@@ -408,11 +408,11 @@ class RecallIndex:
                 weight += w
         return total, weight, raw
 
-    def _dense_scores(self, q: np.ndarray, upto: int) -> np.ndarray:
-        """The cosine with ``q`` of the first ``upto`` entries (oldest first), scaled so the
-        mean is 0 and the best 1."""
+    def _dense_scores(self, q: np.ndarray, upto: int | None = None) -> np.ndarray:
+        """The cosine with ``q`` of the first ``upto`` entries (default: all), oldest first,
+        scaled so the mean is 0 and the best 1."""
         assert self._dense is not None
-        cos = self._dense.scores(q)[:upto]
+        cos = self._dense.scores(q)[: len(self.entries) if upto is None else upto]
         mean, best = float(self._dense.centroid @ q), float(cos.max())
         scaled: np.ndarray = (cos - mean) / (best - mean) if best > mean else np.zeros_like(cos)
         return scaled
