@@ -219,21 +219,17 @@ def test_plain_history_rewrites_tool_turns_for_models_without_the_tool_role() ->
     assert out[3]["content"] == "Result of calculate:\n42\n\nthanks"
 
 
-def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prefix reuse by construction: after a decision to answer, the answer call sends the
-    decision's prompt unchanged, then the decision and one line asking for the answer, so a
-    prefix cache re-reads nothing the decision call read (before, the answer call dropped
-    the tool instructions from the system message and shared nothing past it)."""
+def _decide_then_answer(monkeypatch: pytest.MonkeyPatch, *replies: str) -> tuple[Any, list[list[dict[str, Any]]]]:
+    """A turn with one tool offered, its calls answered by ``replies`` in order: the
+    response and the messages each call sent."""
     from types import SimpleNamespace
 
-    from loomrt.providers.decisions import ANSWER_NOW
-
     sent: list[list[dict[str, Any]]] = []
-    replies = iter(['{"action": "answer"}', '{"action": "answer", "text": "It is 42."}'])
+    queue = iter(replies)
 
     async def fake(kwargs: dict[str, Any]) -> Any:
         sent.append(kwargs["messages"])
-        message = SimpleNamespace(content=next(replies), tool_calls=None)
+        message = SimpleNamespace(content=next(queue), tool_calls=None)
         return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=None)
 
     provider = LiteLLMProvider(
@@ -241,7 +237,19 @@ def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest
     )
     monkeypatch.setattr(provider, "_acompletion", fake)
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"}]
-    response = asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,))))
+    return asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,)))), sent
+
+
+def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prefix reuse by construction: after a decision to answer, the answer call sends the
+    decision's prompt unchanged, then the decision and one line asking for the answer, so a
+    prefix cache re-reads nothing the decision call read (before, the answer call dropped
+    the tool instructions from the system message and shared nothing past it)."""
+    from loomrt.providers.decisions import ANSWER_NOW
+
+    response, sent = _decide_then_answer(
+        monkeypatch, '{"action": "answer"}', '{"action": "answer", "text": "It is 42."}'
+    )
     decision, answer = sent
     assert answer[: len(decision)] == decision
     assert answer[len(decision) :] == [{"role": "assistant", "content": '{"action": "answer"}'}, ANSWER_NOW]
@@ -249,21 +257,6 @@ def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest
 
 
 def test_a_model_that_only_decides_again_is_asked_once_more_without_the_tools(monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
-    sent: list[list[dict[str, Any]]] = []
-    replies = iter(['{"action": "answer"}', '{ "action": "answer"}', "It is 42."])
-
-    async def fake(kwargs: dict[str, Any]) -> Any:
-        sent.append(kwargs["messages"])
-        message = SimpleNamespace(content=next(replies), tool_calls=None)
-        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=None)
-
-    provider = LiteLLMProvider(
-        "openai/small", capabilities=Capabilities(tool_calling=False), litellm_params={"mock_response": "unused"}
-    )
-    monkeypatch.setattr(provider, "_acompletion", fake)
-    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"}]
-    response = asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,))))
+    response, sent = _decide_then_answer(monkeypatch, '{"action": "answer"}', '{ "action": "answer"}', "It is 42.")
     assert response.text == "It is 42." and len(sent) == 3
     assert "You can use these tools" not in sent[2][0]["content"]
