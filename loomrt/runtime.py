@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
+from loomrt.activity import Watcher
 from loomrt.errors import LoomError, MovedOnError, NotFoundError, RunOwnedError, SpecError, StoreError
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback
@@ -74,7 +75,9 @@ class Runtime:
     ``providers`` maps an agent definition and model string to a provider (default:
     :func:`loomrt.providers.resolve_provider`); ``tools`` adds tools to the built-ins;
     ``callbacks`` receive every evicted span of every run; ``listeners`` receive every
-    event every run records (the CLI renders them live); ``embedder`` and ``memory`` are
+    event every run records (the CLI renders them live); ``watchers`` hear what every run
+    does now and its answer as it is written (:mod:`loomrt.activity`; the CLI's status line
+    and streamed answer); ``embedder`` and ``memory`` are
     handed to Recall; ``user`` names the ``user`` memory scope of its runs (default
     ``$LOOMRT_USER``; ``astart(user=...)`` for one run).
     """
@@ -89,6 +92,7 @@ class Runtime:
         embedder: EmbedderChoice = None,
         memory: Any = None,
         listeners: list[Callable[[Event], None]] | None = None,
+        watchers: list[Watcher] | None = None,
         user: str | None = None,
         owner: str | None = None,
     ):
@@ -107,6 +111,7 @@ class Runtime:
         self.embedder = embedder
         self.memory = memory
         self.listeners = list(listeners or [])
+        self.watchers = list(watchers or [])
         self.user = (user or os.environ.get("LOOMRT_USER") or "").strip() or None
         """Whom runs work for (the ``user`` memory scope): ``user``, else ``$LOOMRT_USER``."""
 

@@ -70,6 +70,7 @@ async def assemble(
         provider=provider,
         summarizer=summarizer,
         listeners=list(rt.listeners),
+        watchers=list(rt.watchers),
         **lineage,
     )
     if history is None:

@@ -8,6 +8,7 @@ tools offered, and optionally a JSON Schema the reply must follow) and gets back
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -75,7 +76,9 @@ class ModelRequest:
     ``recap`` or ``summary`` (a distillation). ``response_schema`` asks for a JSON reply
     that follows the schema (constrained decoding where the provider supports it).
     ``messages`` may share its dicts with the run's working context: a provider copies a
-    message before it changes it (the litellm gateway does).
+    message before it changes it (the litellm gateway does). ``on_text``, where set, hears
+    the reply's text piece by piece as the model writes it (a provider that streams calls
+    it; one that does not never does); the response still carries the whole text.
     """
 
     messages: list[dict[str, Any]]
@@ -85,6 +88,7 @@ class ModelRequest:
     purpose: Purpose = "turn"
     response_schema: dict[str, Any] | None = None
     tool_choice: Literal["auto", "required"] = "auto"
+    on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,14 @@ From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the ag
       - emit_state: {patch: {step: 2}, done: false}
         usage: {input_tokens: 7000}      # optional: simulate reported prompt tokens
         delay_s: 0.5                     # optional: simulate a slow model (seconds before the reply)
+        stream_s: 0.05                   # optional: seconds between the streamed words of the text
     summaries:             # recap / compaction calls take these in order; the last one repeats
       - "Recap: ..."
       - extractive: 600    # or: the leading sentence of each message of the span, up to 600 characters
         words: 12          #   (optional) at most 12 words of each
+
+A turn's text streams word by word to a request's ``on_text`` (where the run has a watcher,
+as a chat does), as a provider that streams would send it.
 
 From Python, ``ScriptedProvider(turns=[...], summaries=[...])`` takes the same items.
 A run that asks for more turns than the script has fails with
@@ -38,7 +42,7 @@ from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usa
 
 __all__ = ["ScriptedProvider", "FunctionProvider", "load_script", "extractive_summary"]
 
-_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive", "words", "delay_s"}
+_TURN_KEYS = {"text", "tool_call", "tool_calls", "emit_state", "usage", "extractive", "words", "delay_s", "stream_s"}
 
 
 class ScriptedProvider:
@@ -87,7 +91,10 @@ class ScriptedProvider:
             self._turn += 1
             if item.get("delay_s"):
                 await asyncio.sleep(float(item["delay_s"]))
-            return self._reply(item, request, call_no=self._turn)
+            reply = self._reply(item, request, call_no=self._turn)
+            if request.on_text is not None:
+                await _stream(reply.text, request.on_text, float(item.get("stream_s") or 0))
+            return reply
         if not self.summaries:
             raise ScriptExhaustedError(
                 f"the script {self.model.removeprefix('scripted/')} has no summaries, and a {request.purpose} was asked for. "
@@ -148,10 +155,19 @@ def _turn_problem(turn: dict[str, Any]) -> str | None:
         return "emit_state must be a mapping, like {reasoning: ..., patch: {step: 2}}"
     if "usage" in turn and not isinstance(turn["usage"], dict):
         return "usage must be a mapping like {input_tokens: 7000}"
-    delay = turn.get("delay_s", 0)
-    if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 600:
-        return "delay_s must be a number of seconds between 0 and 600"
+    for key in ("delay_s", "stream_s"):
+        delay = turn.get(key, 0)
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay <= 600:
+            return f"{key} must be a number of seconds between 0 and 600"
     return None
+
+
+async def _stream(text: str, on_text: Callable[[str], None], pause_s: float) -> None:
+    """Send ``text`` to ``on_text`` a word (with the space after it) at a time."""
+    for piece in re.findall(r"\s*\S+\s*|\s+", text):
+        on_text(piece)
+        if pause_s:
+            await asyncio.sleep(pause_s)
 
 
 def _is_call(call: Any) -> bool:

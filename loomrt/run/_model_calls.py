@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from loomrt.activity import Activity, AnswerText
 from loomrt.crashpoints import reached
 from loomrt.messages import Message
 from loomrt.prompt_hash import prompt_hash
@@ -34,7 +36,8 @@ async def call_model(
 
     ``injected`` is a recalled block (:mod:`loomrt.run.inject`) sent with the working context
     (where :meth:`~loomrt.run.projection.RunView.injected_at` puts it), in this call's prompt
-    only; the call records its ``recall_injected`` seq."""
+    only; the call records its ``recall_injected`` seq. A turn's call tells the run's watchers
+    it thinks, and streams its answer to them where the provider streams."""
     provider = provider or run.provider
     from_context = messages is run.context
     if not from_context:
@@ -51,9 +54,11 @@ async def call_model(
         purpose=purpose,
         response_schema=response_schema,
         tool_choice=tool_choice,  # type: ignore[arg-type]
+        on_text=_streamer(run) if purpose == "turn" and run.watchers else None,
     )
 
     def on_retry(attempt: int, error: Exception, delay: float) -> None:
+        run.show(Activity(run.run_id, "retrying", attempt=attempt))
         run.emit(
             "retry",
             {
@@ -71,6 +76,8 @@ async def call_model(
     estimated = run.judged_estimate() if from_context else None
     if estimated is not None and injected is not None:
         estimated += injected.tokens
+    if purpose == "turn":
+        run.show(Activity(run.run_id, "thinking"))
     started = time.perf_counter()
     response = await call_with_retries(provider, request, retries=run.spec.retries, on_retry=on_retry)
     reached("model_answered")
@@ -89,3 +96,8 @@ async def call_model(
         },
     )
     return response
+
+
+def _streamer(run: RunState) -> Callable[[str], None]:
+    """What a turn's model call streams its answer to: the run's watchers."""
+    return lambda text: run.show(AnswerText(run.run_id, text))

@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
+from loomrt.activity import Activity
 from loomrt.crashpoints import reached
 from loomrt.messages import EvictedSpan
 from loomrt.run.pins import keep_pins
@@ -32,6 +33,7 @@ async def maybe_distil(
     if not (force or run.mode.should_distil(run)):
         return False
     before, pressure = run.estimate(), run.pressure()  # the size counts the tool schemas sent with every call
+    run.show(Activity(run.run_id, "distilling", mode=run.mode.name, messages=len(run.context)))
     reduction = await (reduce or run.mode.reduce)(run)
     changed = isinstance(reduction, Reduction) and (bool(reduction.evicted) or reduction.context != run.context)
     if isinstance(reduction, Reduction) and changed:  # whatever the mode kept, the pins stay verbatim

@@ -28,6 +28,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from loomrt.activity import Activity
 from loomrt.crashpoints import reached
 from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, block_message, passage_line
 from loomrt.messages import Message
@@ -220,6 +221,7 @@ async def inject_recall(run: RunState) -> Injected | None:
     room = _room(run)
     if room < 64:
         return None
+    run.show(Activity(run.run_id, "recalling"))
     try:  # optional, as recall is: a search that fails sends the call without a block
         await recall.caught_up()
         hits = recall.search(query, top_k=TOP_K, catch_up=False)

@@ -8,6 +8,7 @@ in the mode object (:mod:`.reducers`).
 
 from __future__ import annotations
 
+from loomrt.activity import Activity
 from loomrt.crashpoints import reached
 from loomrt.errors import LoomError, RunError, SpecError
 from loomrt.messages import ToolCall
@@ -141,6 +142,7 @@ async def execute_tool(run: RunState, call: ToolCall, *, again: bool = False) ->
     ``again``: the call was started before a crash (its ``tool_call`` is recorded already)."""
     if not again:
         await run.add("tool_call", call.to_dict())
+    run.show(Activity(run.run_id, "calling", tool=call.name))
     tool = run.toolset.tools.get(call.name)
     if tool is None and run.toolset.sources:  # a resumed run settles its calls before its first model call
         await run.toolset.open_sources()

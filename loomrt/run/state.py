@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from loomrt.activity import Activity, AnswerText, Watcher
 from loomrt.crashpoints import reached
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback, Message
@@ -47,6 +48,8 @@ class RunState:
     toolset: Toolset = field(default_factory=Toolset)
     callbacks: list[EvictedSpanCallback] = field(default_factory=list)
     listeners: list[Callable[[Event], None]] = field(default_factory=list)
+    watchers: list[Watcher] = field(default_factory=list)
+    """Told what the run does now (:mod:`loomrt.activity`): never recorded."""
     parent_run_id: str | None = None
     """The run that spawned this one (a sub-agent), if any."""
     root_run_id: str | None = None
@@ -155,6 +158,11 @@ class RunState:
         for event in events:
             for listener in list(self.listeners):
                 listener(event)
+
+    def show(self, signal: Activity | AnswerText) -> None:
+        """Tell the watchers what the run does now (nothing is recorded)."""
+        for watcher in list(self.watchers):
+            watcher(signal)
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         """Queue an event (a notice, a callback error, a model call) from code that is not
