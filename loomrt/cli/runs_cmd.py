@@ -30,26 +30,14 @@ def _when(ts: float) -> str:
 
 def _at_a_glance(store: Any, r: RunInfo) -> tuple[str, str, str]:
     """A listed run's task (its first user input, shortened), how long it took (first event to
-    last) and its tokens (its model calls', input and output): three reads by kind or seq on
-    the record's index, never the whole record."""
+    last) and its tokens (its model calls', input and output), from :func:`loomrt.glance.glance`."""
     from loomrt.cli._render import short
-    from loomrt.visibility import placeholder, private_seqs
+    from loomrt.glance import glance
 
-    first = r.fork_seq or 0  # a fork's own events follow the seq it was forked at
-    inputs = store.events(r.run_id, after=first, until=first + 8, kinds=["user_input"])
-    if inputs:
-        hidden = private_seqs(store.events(r.run_id, kinds=["mark_private", "declassify"]))
-        task = placeholder(inputs[0].seq, "user") if inputs[0].seq in hidden else str(inputs[0].data.get("content"))
-        task = short(task, 40)
-    else:
-        task = f"(fork of {r.forked_from})" if r.forked_from else ""
-    last = store.events(r.run_id, after=r.last_seq - 1) if r.last_seq else []
-    duration = took(last[-1].ts - r.created_at) if last else ""
-    tokens = 0
-    for e in store.events(r.run_id, kinds=["model_call"]):
-        usage = e.data.get("usage") or {}
-        tokens += int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
-    return task, duration, f"{tokens:,}"
+    g = glance(store, r)
+    task = short(g.task, 40) if g.task is not None else f"(fork of {r.forked_from})" if r.forked_from else ""
+    duration = took(g.seconds) if g.seconds is not None else ""
+    return task, duration, f"{g.input_tokens + g.output_tokens:,}"
 
 
 @runs_app.command("list")
