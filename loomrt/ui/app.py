@@ -1,0 +1,145 @@
+"""The web app: Starlette routes over :class:`loomrt.ui.read.Reader`, rendered by Jinja2
+templates, updated in place by htmx, behind :func:`loomrt.ui.access.guarded`. Read-only:
+every route is a GET."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from loomrt.errors import NotFoundError
+from loomrt.record.store import Store
+from loomrt.ui.read import PrivateCache, Reader, RunsFilter
+
+__all__ = ["create_app", "HERE"]
+
+HERE = Path(__file__).resolve().parent
+POLL_S = 2
+"""How often the runs page asks the store again (htmx polling: another process's runs show up too)."""
+
+
+def _when(ts: float | None) -> str:
+    return "" if ts is None else dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _took(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, s = divmod(round(seconds), 60)
+    return f"{minutes} min {s} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _templates() -> Environment:
+    env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
+    env.filters["when"] = _when
+    env.filters["took"] = _took
+    env.filters["num"] = lambda n: f"{int(n or 0):,}"
+    env.filters["tojson_pretty"] = lambda v: json.dumps(v, ensure_ascii=False, indent=2, default=str)
+    return env
+
+
+def create_app(store: Store, *, include_private: bool = False) -> Starlette:
+    """The UI over ``store`` (unguarded: :func:`loomrt.ui.access.guarded` wraps it to serve)."""
+    env = _templates()
+
+    def page(request: Request, name: str, status: int = 200, **context: Any) -> HTMLResponse:
+        body = env.get_template(name).render(include_private=include_private, poll_s=POLL_S, **context)
+        return HTMLResponse(body, status_code=status)
+
+    cache = PrivateCache()
+
+    def reader() -> Reader:
+        return Reader(store, include_private, cache)
+
+    def seq_of(request: Request, name: str) -> int:
+        raw = request.path_params.get(name) or request.query_params.get(name) or "0"
+        try:
+            return int(raw)
+        except ValueError:
+            raise HTTPException(400, f"{name} must be a whole number, not {raw!r}") from None
+
+    def runs_filter(request: Request) -> RunsFilter:
+        q = request.query_params
+        return RunsFilter(
+            agent=q.get("agent") or None, status=q.get("status") or None, mode=q.get("mode") or None, q=q.get("q")
+        )
+
+    async def runs(request: Request) -> Response:
+        f = runs_filter(request)
+        return page(request, "runs.html", f=f, found=reader().runs(f))
+
+    async def runs_rows(request: Request) -> Response:
+        f = runs_filter(request)
+        return page(request, "_rows.html", f=f, found=reader().runs(f))
+
+    async def run(request: Request) -> Response:
+        r = reader()
+        run_id = request.path_params["run_id"]
+        head = r.header(run_id)
+        items, next_after = r.timeline(run_id)
+        return page(
+            request,
+            "run.html",
+            head=head,
+            items=items,
+            next_after=next_after,
+            markers=r.distillations(run_id),
+            run_id=run_id,
+        )
+
+    async def timeline(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        items, next_after = reader().timeline(run_id, after=seq_of(request, "after"))
+        return page(request, "_timeline.html", items=items, next_after=next_after, run_id=run_id)
+
+    async def prompt(request: Request) -> Response:
+        run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
+        parts = reader().prompt(run_id, seq)
+        name = "_prompt.html" if request.headers.get("hx-request") else "prompt.html"
+        return page(request, name, parts=parts, run_id=run_id, seq=seq, total=sum(p.tokens for p in parts))
+
+    async def tokens(request: Request) -> Response:
+        r = reader()
+        run_id = request.path_params["run_id"]
+        return JSONResponse(r.tokens(run_id, r.header(run_id).budget))
+
+    async def audit(request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        return page(request, "_audit.html", verdict=reader().verify(run_id), run_id=run_id)
+
+    async def event(request: Request) -> Response:
+        run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
+        return JSONResponse(reader().event(run_id, seq).to_json_dict())
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return page(request, "error.html", status=404, message=str(exc))
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        message = exc.detail if exc.status_code != 404 else f"no page at {request.url.path}"
+        return page(request, "error.html", status=exc.status_code, message=message)
+
+    routes = [
+        Route("/", runs),
+        Route("/runs/rows", runs_rows),
+        Route("/runs/{run_id}", run),
+        Route("/runs/{run_id}/timeline", timeline),
+        Route("/runs/{run_id}/prompt/{seq}", prompt),
+        Route("/runs/{run_id}/tokens.json", tokens),
+        Route("/runs/{run_id}/audit", audit),
+        Route("/runs/{run_id}/events/{seq}", event),
+        Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    return Starlette(routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error})

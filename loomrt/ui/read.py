@@ -1,0 +1,231 @@
+"""What the web pages read: the runs list, a run's header and timeline pages, a model call's
+prompt, the tokens chart, the audit. The same read model as the CLI and MCP: rows through
+:func:`loomrt.glance.glance`, events through :func:`loomrt.visibility.redact_events` (the one
+redaction every reader goes through, judged on the whole record) unless the server was
+started with ``--include-private``, prompts through :func:`loomrt.audit.prompt_as_of` (as
+``runs show --prompt``), the audit through :func:`loomrt.integrity.verify_run` (as ``runs verify``).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from loomrt.audit import prompt_as_of
+from loomrt.errors import NotFoundError
+from loomrt.events import Event, RunInfo
+from loomrt.glance import Glance, glance
+from loomrt.injection import INJECTED
+from loomrt.integrity import Verdict, verify_run
+from loomrt.messages import Message
+from loomrt.record.store import Store
+from loomrt.tokens import count_messages
+from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
+from loomrt.visibility import PrivateRecord, private_record, reader_events, redact_events
+
+__all__ = ["Reader", "RunsFilter", "Row", "RunHeader", "Part", "PrivateCache", "SCAN_RUNS"]
+
+SCAN_RUNS = 5_000
+"""The newest runs the runs page filters (one query): older ones are past what a page lists."""
+
+
+@dataclass(frozen=True)
+class RunsFilter:
+    agent: str | None = None
+    status: str | None = None
+    mode: str | None = None
+    q: str | None = None
+    """A part of the run id."""
+    limit: int = 50
+
+
+@dataclass(frozen=True)
+class Row:
+    info: RunInfo
+    glance: Glance
+
+
+@dataclass(frozen=True)
+class RunsPage:
+    rows: list[Row]
+    matched: int
+    agents: list[str]
+    statuses: list[str]
+    modes: list[str]
+
+
+@dataclass(frozen=True)
+class RunHeader:
+    """A run page's top: the run's row, its sums, Σ now, its children, its budget."""
+
+    info: RunInfo
+    glance: Glance
+    budget: int | None
+    state: dict[str, Any] | None
+    children: list[RunInfo]
+    private_seqs: list[int]
+
+
+@dataclass(frozen=True)
+class Part:
+    """One message of a prompt, as "what the model saw" shows it."""
+
+    seq: int | None
+    role: str
+    kind: str
+    """head (system), pin, distilled (recap, summary, card, Σ, observation), recalled, raw."""
+    label: str
+    tokens: int
+    html: str
+    """The text, escaped, with each ``[#seq]`` pointer a link to that event."""
+
+
+_POINTER = re.compile(r"\[#(\d+)\]")
+_DISTILLED = {"recap", "summary", "card", "state", "observation", "feedback", "external"}
+
+
+def _kind(m: Message) -> str:
+    if m.synthetic == INJECTED:
+        return "recalled"
+    if m.pinned or m.synthetic == "pin":
+        return "pin"
+    if m.synthetic in _DISTILLED:
+        return "distilled"
+    if m.role == "system":
+        return "head"
+    return "raw"
+
+
+def _linked(text: str, run_id: str) -> str:
+    escaped = html.escape(text)
+    return _POINTER.sub(lambda m: f'<a href="/runs/{html.escape(run_id)}#e{m[1]}">[#{m[1]}]</a>', escaped)
+
+
+PRIVATE_CACHE = 256
+"""Runs whose private material the server keeps judged between requests."""
+
+
+class PrivateCache:
+    """Each run's :class:`PrivateRecord`, judged once per state of its record. Exact, not a
+    guess: a record only grows, a run's private material is a function of its own events and
+    of its family's up to the fork points (which never change), so it is keyed by the run's
+    last seq. A timeline page of a long run then reads its page, not the whole record."""
+
+    def __init__(self, size: int = PRIVATE_CACHE):
+        self.size = size
+        self.judged: dict[tuple[str, int], PrivateRecord] = {}
+
+    def get(self, store: Store, info: RunInfo) -> PrivateRecord:
+        key = (info.run_id, info.last_seq)
+        if key not in self.judged:
+            if len(self.judged) >= self.size:
+                self.judged.pop(next(iter(self.judged)))
+            self.judged[key] = private_record(store, info.run_id)
+        return self.judged[key]
+
+
+@dataclass
+class Reader:
+    """The pages' reads over ``store``; private material as placeholders unless ``include_private``."""
+
+    store: Store
+    include_private: bool = False
+    cache: PrivateCache = field(default_factory=PrivateCache)
+
+    def info(self, run_id: str) -> RunInfo:
+        """The run's row; :class:`NotFoundError` naming the id for an unknown one."""
+        try:
+            return self.store.get_run(run_id)
+        except NotFoundError:
+            raise NotFoundError(f"no run {run_id!r} in this record") from None
+
+    def runs(self, f: RunsFilter) -> RunsPage:
+        """The newest runs that pass ``f`` (one query for the runs, then :func:`glance` per row shown)."""
+        runs = self.store.list_runs(limit=SCAN_RUNS, agent=f.agent or None)
+        matched = [
+            r
+            for r in runs
+            if (not f.status or r.status == f.status)
+            and (not f.mode or r.mode == f.mode)
+            and (not f.q or f.q.strip().lower() in r.run_id.lower())
+        ]
+        rows = [Row(r, glance(self.store, r)) for r in matched[: f.limit]]
+        return RunsPage(
+            rows,
+            len(matched),
+            sorted({r.agent for r in runs} | ({f.agent} if f.agent else set())),
+            sorted({r.status for r in runs}),
+            sorted({r.mode for r in runs}),
+        )
+
+    def private(self, run_id: str) -> PrivateRecord:
+        """The run's private material, judged on its whole record (once per state of it: :class:`PrivateCache`)."""
+        return self.cache.get(self.store, self.info(run_id))
+
+    def _redacted(self, run_id: str, events: list[Event]) -> list[Event]:
+        return events if self.include_private else redact_events(events, self.private(run_id))
+
+    def header(self, run_id: str) -> RunHeader:
+        info = self.info(run_id)
+        started = self.store.events(run_id, until=(info.fork_seq or 0) + 1, kinds=["run_started"])
+        budget = started[-1].data.get("budget") if started else None
+        last_state = self.store.latest(run_id, "state_update")
+        state = None
+        if last_state is not None:
+            state = self._redacted(run_id, [last_state])[0].data.get("state")
+        return RunHeader(
+            info,
+            glance(self.store, info),
+            int(budget) if budget else None,
+            state,
+            self.store.children(run_id),
+            [] if self.include_private else sorted(self.private(run_id).seqs),
+        )
+
+    def timeline(self, run_id: str, after: int = 0, kinds: list[str] | None = None) -> tuple[list[Item], int | None]:
+        """One page of the timeline after seq ``after``: its items, and where the next page starts (None: the end)."""
+        info = self.info(run_id)
+        until = after + TIMELINE_PAGE
+        page = self.store.events(run_id, after=after, until=until, kinds=kinds or None)
+        items = timeline(self._redacted(run_id, page))
+        return items, until if until < info.last_seq else None
+
+    def distillations(self, run_id: str) -> list[Item]:
+        """Every distillation and declined one (the timeline's markers, for the page's index)."""
+        found = self.store.events(run_id, kinds=["distillation", "distillation_declined"])
+        return timeline(self._redacted(run_id, found))
+
+    def tokens(self, run_id: str, budget: int | None) -> dict[str, Any]:
+        return tokens_series(self.store.events(run_id, kinds=["model_call"]), budget)
+
+    def prompt(self, run_id: str, seq: int) -> list[Part]:
+        """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it."""
+        self.info(run_id)
+        events = reader_events(self.store, run_id, include_private=self.include_private)
+        try:
+            messages = prompt_as_of(events, seq, self.store)
+        except ValueError as exc:
+            raise NotFoundError(f"run {run_id}: {exc}") from None
+        parts = []
+        for m in messages:
+            kind = _kind(m)
+            where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
+            label = f"{where} {m.role}" + (f" · {m.name}" if m.name else "")
+            if m.tool_calls:
+                label += " → " + ", ".join(c.name for c in m.tool_calls)
+            parts.append(Part(m.seq, m.role, kind, label, count_messages([m]), _linked(m.content, run_id)))
+        return parts
+
+    def event(self, run_id: str, seq: int) -> Event:
+        self.info(run_id)
+        found = self.store.events(run_id, after=seq - 1, until=seq)
+        if not found:
+            raise NotFoundError(f"run {run_id} has no event #{seq}")
+        return self._redacted(run_id, found)[0]
+
+    def verify(self, run_id: str) -> Verdict:
+        """``runs verify``'s every check (the prompts re-derived too)."""
+        self.info(run_id)
+        return verify_run(self.store, run_id)

@@ -1,0 +1,217 @@
+"""``loomrt ui`` over HTTP (Starlette's test client, no browser): the runs page and its
+filters, a run's timeline with its distillation markers, what the model saw (the same as
+``runs show --prompt``), the tokens chart's data, the audit, private material redacted, the
+token, and bad input answered with a page that says what is wrong."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+from ui_kit import UiRecord, ui_record
+
+pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
+
+from starlette.testclient import TestClient  # noqa: E402
+
+from loomrt.bench.integrity_measure import forged_turn  # noqa: E402
+from loomrt.cli.app import app as cli  # noqa: E402
+from loomrt.errors import SpecError  # noqa: E402
+from loomrt.ui import read as ui_read  # noqa: E402
+from loomrt.ui import timeline as ui_timeline  # noqa: E402
+from loomrt.ui.access import check_ui_listen, guarded  # noqa: E402
+from loomrt.ui.app import create_app  # noqa: E402
+
+TOKEN = "t" * 43
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory: pytest.TempPathFactory) -> UiRecord:
+    return ui_record(tmp_path_factory.mktemp("ui"))
+
+
+@pytest.fixture()
+def client(record: UiRecord) -> TestClient:
+    return TestClient(create_app(record.store))
+
+
+def _turn_calls(record: UiRecord, run_id: str) -> list[int]:
+    calls = record.store.events(run_id, kinds=["model_call"])
+    return [e.seq for e in calls if e.data.get("prompt_from") == "context"]
+
+
+def _shown_texts(page: str) -> list[str]:
+    """The texts of a prompt's parts as a reader sees them (the pointer links' tags removed)."""
+    blocks = re.findall(r'<pre class="content">(.*?)</pre>', page, re.S)
+    return [html.unescape(re.sub(r"<[^>]+>", "", b)) for b in blocks]
+
+
+def test_the_runs_page_lists_every_run_and_filters(client: TestClient, record: UiRecord) -> None:
+    page = client.get("/").text
+    for run_id in (record.recap, record.fork, record.fold, record.fanout):
+        assert f'href="/runs/{run_id}"' in page
+    fold_only = client.get("/runs/rows", params={"mode": "fold"}).text
+    assert record.fold in fold_only and record.recap not in fold_only
+    by_id = client.get("/runs/rows", params={"q": record.recap[:6]}).text
+    assert record.recap in by_id and record.fold not in by_id
+    nothing = client.get("/runs/rows", params={"agent": "no-such-agent"}).text
+    assert "No run matches" in nothing
+    assert 'hx-trigger="every 2s"' in page  # the list is read again while runs play
+
+
+def test_a_new_run_shows_up_on_the_next_poll(tmp_path: Path) -> None:
+    from loomrt.events import RunInfo
+    from loomrt.record.sqlite import SQLiteStore
+
+    path = tmp_path / "record.sqlite"
+    client = TestClient(create_app(SQLiteStore(path)))
+    assert "No run matches" in client.get("/runs/rows").text
+    SQLiteStore(path).create_run(RunInfo(run_id="other-process-1", agent="a", def_hash="h", mode="recap", model="m"))
+    assert "other-process-1" in client.get("/runs/rows").text  # another process's store, the same file
+
+
+def test_the_timeline_marks_every_distillation(client: TestClient, record: UiRecord) -> None:
+    page = client.get(f"/runs/{record.recap}").text
+    distillations = record.store.events(record.recap, kinds=["distillation"])
+    assert len(distillations) >= 2
+    for d in distillations:
+        assert f'id="e{d.seq}" class="ev distil' in page
+        span = d.data["span_seqs"]
+        assert f"evicted #{span[0]}–#{span[-1]} ({len(span)} messages)" in page
+        assert f"{d.data['tokens_before']:,} → {d.data['tokens_after']:,} tokens" in page
+
+
+def test_what_the_model_saw_is_runs_show_prompt(client: TestClient, record: UiRecord, monkeypatch) -> None:
+    first_distillation = record.store.events(record.recap, kinds=["distillation"])[0].seq
+    seq = next(s for s in _turn_calls(record, record.recap) if s > first_distillation)
+    monkeypatch.setenv("LOOMRT_DB_URL", f"sqlite:{record.path}")
+    shown = CliRunner().invoke(cli, ["runs", "show", record.recap, "--prompt", str(seq), "--json"])
+    assert shown.exit_code == 0, shown.output
+    expected = json.loads(shown.output)["prompt"]
+    parts = ui_read.Reader(record.store).prompt(record.recap, seq)
+    assert [p.label.split(" ")[0] for p in parts] == [
+        f"#{m['seq']}" if m.get("seq") is not None and not m.get("synthetic") else m.get("synthetic") or "synthetic"
+        for m in expected
+    ]
+    page = client.get(f"/runs/{record.recap}/prompt/{seq}", headers={"HX-Request": "true"}).text
+    assert _shown_texts(page) == [m["content"] for m in expected]
+    assert 'data-kind="distilled"' in page  # the recap the distillation wrote, coloured apart
+
+
+def test_private_material_is_redacted_unless_asked(record: UiRecord) -> None:
+    redacted = TestClient(create_app(record.store))
+    whole = TestClient(create_app(record.store, include_private=True))
+    for run_id in (record.recap, record.fork):
+        page = redacted.get(f"/runs/{run_id}").text
+        assert record.secret not in page
+        for seq in _turn_calls(record, run_id):
+            assert record.secret not in redacted.get(f"/runs/{run_id}/prompt/{seq}").text
+    assert "[private tool result #" in redacted.get(f"/runs/{record.recap}").text
+    assert record.secret in whole.get(f"/runs/{record.recap}").text  # the record keeps it; the flag shows it
+    result = next(e for e in record.store.events(record.recap, kinds=["tool_result"]))
+    assert record.secret not in redacted.get(f"/runs/{record.recap}/events/{result.seq}").text
+
+
+def test_the_timeline_pages_a_long_record(client: TestClient, record: UiRecord, monkeypatch) -> None:
+    monkeypatch.setattr(ui_read, "TIMELINE_PAGE", 10)
+    first = client.get(f"/runs/{record.recap}").text
+    assert 'id="e10"' in first and 'id="e11"' not in first
+    assert f'hx-get="/runs/{record.recap}/timeline?after=10"' in first
+    second = client.get(f"/runs/{record.recap}/timeline", params={"after": 10}).text
+    assert 'id="e11"' in second and 'id="e20"' in second and 'id="e21"' not in second
+
+
+def test_the_tokens_chart_has_every_model_call(client: TestClient, record: UiRecord) -> None:
+    series = client.get(f"/runs/{record.recap}/tokens.json").json()
+    calls = record.store.events(record.recap, kinds=["model_call"])
+    x, turn, distil, _cached, budget = series["data"]
+    assert x == [e.seq for e in calls]
+    for e, t, d in zip(calls, turn, distil, strict=True):
+        tokens = e.data["usage"]["input_tokens"]
+        assert (t, d) == ((tokens, None) if e.data["purpose"] == "turn" else (None, tokens))
+    assert any(d is not None for d in distil) and set(budget) == {500}
+
+
+def test_the_audit_is_runs_verify(client: TestClient, record: UiRecord, tmp_path: Path) -> None:
+    assert 'data-clean="true"' in client.get(f"/runs/{record.recap}/audit").text
+    copy = tmp_path / "copy.sqlite"
+    with sqlite3.connect(record.path) as src, sqlite3.connect(copy) as dst:
+        src.backup(dst)
+    with sqlite3.connect(copy) as db:  # a well-chained turn appended around the store (threat model, reliability.md)
+        forged_turn(db, record.recap)
+    from loomrt.record.sqlite import SQLiteStore
+
+    tampered = TestClient(create_app(SQLiteStore(copy))).get(f"/runs/{record.recap}/audit").text
+    assert 'data-clean="false"' in tampered and "problem" in tampered
+
+
+def test_children_and_forks_link_to_their_runs(client: TestClient, record: UiRecord) -> None:
+    parent = client.get(f"/runs/{record.fanout}").text
+    children = record.store.children(record.fanout)
+    assert len(children) == 2
+    for c in children:
+        assert f'href="/runs/{c.run_id}"' in parent
+    assert "Σ now" in parent
+    fork = client.get(f"/runs/{record.fork}").text
+    assert f'href="/runs/{record.recap}"' in fork
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "says"),
+    [
+        ("/runs/no-such-run", 404, "no run &#39;no-such-run&#39;"),
+        ("/runs/no-such-run/prompt/3", 404, "no run &#39;no-such-run&#39;"),
+        ("/runs/{recap}/prompt/1", 404, "#1 is not a turn&#39;s model call"),
+        ("/runs/{recap}/prompt/x", 400, "seq must be a whole number, not &#39;x&#39;"),
+        ("/runs/{recap}/events/99999", 404, "has no event #99999"),
+        ("/runs/{recap}/timeline?after=zz", 400, "after must be a whole number"),
+        ("/nowhere", 404, "no page at /nowhere"),
+    ],
+)
+def test_bad_input_gets_a_page_that_says_what_is_wrong(client, record, path, status, says) -> None:
+    response = client.get(path.format(recap=record.recap))
+    assert response.status_code == status
+    assert says in response.text and "The runs page" in response.text
+
+
+def test_the_token_guards_every_page(record: UiRecord) -> None:
+    app = guarded(create_app(record.store), host="127.0.0.1", port=8766, token=TOKEN)
+    browser = TestClient(app, base_url="http://127.0.0.1:8766")
+    assert browser.get("/").status_code == 401
+    assert browser.get(f"/runs/{record.recap}").status_code == 401
+    assert browser.get("/static/ui.js").status_code == 401
+    assert browser.get("/?token=wrong").status_code == 401
+    first = browser.get(f"/?token={TOKEN}&mode=fold", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == "/?mode=fold"  # the token leaves the URL
+    assert "HttpOnly" in first.headers["set-cookie"] and "SameSite=Strict" in first.headers["set-cookie"]
+    assert browser.get(f"/runs/{record.recap}").status_code == 200  # the cookie carries it now
+    other = TestClient(app, base_url="http://127.0.0.1:8766")
+    assert other.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+    rebinding = TestClient(app, base_url="http://evil.example:8766")
+    assert rebinding.get("/", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 421
+    cross = other.get("/", headers={"Authorization": f"Bearer {TOKEN}", "Origin": "http://evil.example"})
+    assert cross.status_code == 403
+
+
+def test_off_the_loopback_a_token_file_is_required(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="without --token-file"):
+        check_ui_listen("0.0.0.0", False, TOKEN)
+    with pytest.raises(SpecError, match="at least 32"):
+        check_ui_listen("0.0.0.0", True, "short")
+    check_ui_listen("0.0.0.0", True, TOKEN)
+    check_ui_listen("127.0.0.1", False, TOKEN)
+    result = CliRunner().invoke(cli, ["ui", "--host", "0.0.0.0"])
+    assert result.exit_code != 0 and "without --token-file" in result.output
+
+
+def test_every_kind_has_a_title() -> None:
+    from loomrt.events import EVENT_KINDS, Event
+
+    for kind in EVENT_KINDS:
+        item = ui_timeline.item_of(Event(run_id="r", seq=1, kind=kind, data={}))
+        assert item.title and item.seq == 1
