@@ -32,6 +32,7 @@ from loomrt.cli.mcp_cmd import mcp_cmd
 from loomrt.cli.memory_cmd import consolidate_cmd, memory_app
 from loomrt.cli.recall_cmd import recall
 from loomrt.cli.runs_cmd import runs_app
+from loomrt.cli.ui_cmd import ui_cmd
 from loomrt.errors import SpecError
 
 __all__ = ["app", "main"]
@@ -275,6 +276,7 @@ def _read_turn(prompt: bool) -> str | None:
 # recall, doctor, mcp and bench import their heavy libraries (torch, litellm) only when they run.
 app.command("recall")(friendly(recall))
 app.command("doctor")(friendly(doctor))
+app.command("ui")(ui_cmd)
 
 
 @app.command("worker")
