@@ -20,6 +20,10 @@ What it does on each call:
   fresh sample almost always fixes them, and each retry is an event on the record.
 - **usage**: prompt, completion and cached prompt tokens (``prompt_tokens_details.cached_tokens``
   where the provider reports them).
+- **streaming**: a request with ``on_text`` (a turn watched by a chat) streams the answer:
+  a hosted model through litellm's stream, reassembled into the same reply; the embedded
+  model through :data:`~loomrt.providers.local.STREAM_TO`, its call otherwise unchanged. A
+  decision (JSON) is never streamed, and neither is an answer that starts as one.
 - **the request guard**: with ``LOOMRT_ALLOW_MODEL_REQUESTS=0`` (the test suite sets it), a
   model that does not run locally is refused before any request is made.
 """
@@ -31,7 +35,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import ProviderError, SpecError
@@ -156,17 +160,46 @@ class LiteLLMProvider:
             return await self._decide_then_answer(request)
         if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
-        raw = await self._acompletion(self._kwargs(request, shape))
+        streams = shape in ("text", "tools") and request.purpose == "turn"
+        raw = await self._acompletion(self._kwargs(request, shape), request.on_text if streams else None)
         return self._response(raw, request, shape)
 
-    async def _acompletion(self, kwargs: dict[str, Any]) -> Any:
+    async def _acompletion(self, kwargs: dict[str, Any], on_text: Callable[[str], None] | None = None) -> Any:
+        """One litellm call; with ``on_text``, its text streams there as it is written."""
         litellm = import_litellm()
         try:
-            return await litellm.acompletion(**kwargs)
+            if on_text is None:
+                return await litellm.acompletion(**kwargs)
+            if self.embedded:
+                from loomrt.providers import local
+
+                token = local.STREAM_TO.set(on_text)
+                try:
+                    return await litellm.acompletion(**kwargs)
+                finally:
+                    local.STREAM_TO.reset(token)
+            return await self._streamed(litellm, kwargs, on_text)
         except ProviderError:
             raise
         except Exception as exc:  # noqa: BLE001 - every litellm failure becomes a ProviderError
             raise map_litellm_error(exc, self.model) from exc
+
+    async def _streamed(self, litellm: Any, kwargs: dict[str, Any], on_text: Callable[[str], None]) -> Any:
+        """A hosted model's streamed call, reassembled into the reply a plain call gives
+        (usage included where the provider reports it in the stream)."""
+        extra: dict[str, Any] = {"stream": True}
+        try:
+            if "stream_options" in (litellm.get_supported_openai_params(model=self.model) or []):
+                extra["stream_options"] = {"include_usage": True}
+        except Exception:  # noqa: BLE001 - a model litellm cannot place streams without usage
+            pass
+        chunks = []
+        async for chunk in await litellm.acompletion(**kwargs, **extra):
+            chunks.append(chunk)
+            delta = chunk.choices[0].delta if chunk.choices else None
+            if delta is not None and delta.content:
+                on_text(delta.content)
+        return litellm.stream_chunk_builder(chunks, messages=kwargs["messages"])
 
     async def _decide_then_answer(self, request: ModelRequest) -> ModelResponse:
         """Tools without native tool calling, and the model may answer: first a short
@@ -184,13 +217,15 @@ class LiteLLMProvider:
             return ModelResponse(text="", tool_calls=calls, usage=usage, model=self.model, finish_reason="tool_calls")
         if isinstance(value.get("text"), str) and value["text"].strip():  # a model that wrote its answer anyway
             return ModelResponse(text=value["text"], usage=usage, model=self.model, finish_reason="stop")
-        answer = await self._acompletion(self._kwargs(request, "answer", decided=text))
+        stream = _UnlessDecision(request.on_text) if request.on_text else None
+        answer = await self._acompletion(self._kwargs(request, "answer", decided=text), stream)
         response = self._response(answer, dataclasses.replace(request, tools=()), "text")
         usage += response.usage
         written = unwrap_answer(response.text)
         if written is None:  # the model wrote its decision again (a very small one may): ask without the tools
             bare = dataclasses.replace(request, tools=())
-            response = self._response(await self._acompletion(self._kwargs(bare, "text")), bare, "text")
+            raw = await self._acompletion(self._kwargs(bare, "text"), request.on_text)
+            response = self._response(raw, bare, "text")
             usage, written = usage + response.usage, response.text
         return dataclasses.replace(response, text=written, usage=usage)
 
@@ -309,6 +344,24 @@ class LiteLLMProvider:
             model=getattr(raw, "model", None) or self.model,
             finish_reason="tool_calls" if calls else finish,
         )
+
+
+class _UnlessDecision:
+    """``on_text`` for an answer call, less a reply that starts as JSON: a model that writes
+    its decision again (:func:`~loomrt.providers.decisions.unwrap_answer`) is not shown."""
+
+    def __init__(self, on_text: Callable[[str], None]):
+        self.on_text, self.held, self.passing = on_text, "", False
+
+    def __call__(self, piece: str) -> None:
+        if self.passing:
+            self.on_text(piece)
+            return
+        self.held += piece
+        start = self.held.lstrip()
+        if start and not start.startswith("{"):  # text: what was held, then every later piece
+            self.passing = True
+            self.on_text(self.held)
 
 
 def alternating(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

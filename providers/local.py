@@ -12,6 +12,9 @@ like any other provider.
 - ``response_format`` ``{"type": "json_object", "schema": ...}`` (or OpenAI's
   ``json_schema`` form) becomes a llama.cpp grammar: the reply cannot be anything else.
 - The call's timeout is enforced between tokens, and a cancelled call stops generating.
+- A call made while :data:`STREAM_TO` holds a callable streams its text there as it is
+  generated (the gateway sets it for a turn's answer); the reply and its usage are the
+  same as without.
 - Usage reports prompt, completion and cached prompt tokens (the prefix llama.cpp
   reused from the previous call's KV cache).
 """
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextvars
 import importlib.util
 import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -44,12 +49,20 @@ __all__ = [
     "LOCAL_PROVIDER",
     "LocalError",
     "grammar_for",
+    "STREAM_TO",
 ]
 
 LOCAL_PROVIDER = "local"
 # Llama.create_chat_completion's defaults, so a reply matches what bare llama-cpp-python gives
 _SAMPLING = {"top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.0}
 _DEFAULT_TEMPERATURE = 0.2
+
+STREAM_TO: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.ContextVar(
+    "loomrt_local_stream_to", default=None
+)
+"""Where the embedded model streams the text of the call made in this context (None: nowhere).
+litellm's call stays a plain one, so the reply and its usage (cached tokens included) are
+what they would be without streaming."""
 
 
 @dataclass
@@ -206,11 +219,13 @@ def generate(
     grammar: Any = None,
     deadline: float | None = None,
     cancel: threading.Event | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> Generation:
     """One chat completion on ``loaded`` (blocking; call it from a worker thread).
 
     Stops early, raising :class:`LocalError` 408, when ``deadline`` (``time.monotonic``)
-    passes or ``cancel`` is set.
+    passes or ``cancel`` is set. ``on_text`` hears the text as it is generated; its pieces
+    join into the completion's text.
     """
     llama_cpp = _llama_cpp()
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -235,8 +250,10 @@ def generate(
             )
         cached = llama_cpp.Llama.longest_token_prefix(llama._input_ids.tolist(), tokens[:-1])
         aborted: list[str] = []
+        streamed = _Streamed(llama, tokens, on_text)
 
         def should_stop(input_ids: Any, logits: Any) -> bool:
+            streamed.hear(input_ids)
             if cancel is not None and cancel.is_set():
                 aborted.append("cancelled")
             elif deadline is not None and time.monotonic() > deadline:
@@ -258,6 +275,7 @@ def generate(
     if aborted:
         raise LocalError(408, f"the embedded model {aborted[0]} while generating")
     choice, usage = out["choices"][0], out["usage"]
+    streamed.end(choice["text"])
     return Generation(
         text=choice["text"],
         finish_reason=choice.get("finish_reason") or "stop",
@@ -265,6 +283,33 @@ def generate(
         completion_tokens=usage["completion_tokens"],
         cached_tokens=cached,
     )
+
+
+class _Streamed:
+    """The text of one generation, sent to ``on_text`` as it grows. llama.cpp tells a
+    stopping criterion the tokens evaluated so far (each sampled token one step later), so
+    the last piece is sent by :meth:`end`, from the completion's text; a piece that ends
+    inside a multi-byte character waits for the rest of it."""
+
+    def __init__(self, llama: Any, prompt: list[int], on_text: Callable[[str], None] | None):
+        self.llama, self.prompt, self.on_text = llama, prompt, on_text
+        self.sent = ""
+
+    def hear(self, input_ids: Any) -> None:
+        if self.on_text is None or len(input_ids) <= len(self.prompt):
+            return
+        raw = self.llama.detokenize(list(input_ids[len(self.prompt) :]), prev_tokens=self.prompt)
+        self._send(raw.decode("utf-8", errors="ignore").rstrip("\ufffd"))
+
+    def end(self, text: str) -> None:
+        if self.on_text is not None:
+            self._send(text)
+
+    def _send(self, text: str) -> None:
+        if text.startswith(self.sent) and len(text) > len(self.sent):
+            piece, self.sent = text[len(self.sent) :], text
+            assert self.on_text is not None
+            self.on_text(piece)
 
 
 def _handler_class() -> type:
@@ -281,6 +326,10 @@ def _handler_class() -> type:
         async def acompletion(self, model: str, messages: list[dict[str, Any]], *args: Any, **kw: Any) -> Any:
             call = self._prepare(model, messages, kw)
             cancel = threading.Event()
+            sink = STREAM_TO.get()
+            if sink is not None:  # the pieces are heard on the event loop, in order
+                loop = asyncio.get_running_loop()
+                call["on_text"] = lambda piece: loop.call_soon_threadsafe(sink, piece)
             try:
                 generation = await asyncio.to_thread(self._run, call, cancel)
             except asyncio.CancelledError:
@@ -313,6 +362,7 @@ def _handler_class() -> type:
                 "temperature": params.get("temperature"),
                 "grammar": grammar,
                 "deadline": time.monotonic() + float(seconds) if seconds else None,
+                "on_text": STREAM_TO.get(),
             }
 
         def _run(self, call: dict[str, Any], cancel: threading.Event | None) -> Generation:
@@ -326,6 +376,7 @@ def _handler_class() -> type:
                     grammar=call["grammar"],
                     deadline=call["deadline"],
                     cancel=cancel,
+                    on_text=call["on_text"],
                 )
             except LocalError as exc:
                 raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]

@@ -18,7 +18,7 @@ import pytest
 from loomrt.errors import ProviderError
 from loomrt.providers import models
 from loomrt.providers.base import ModelRequest, ToolSchema
-from loomrt.providers.gateway import LiteLLMProvider
+from loomrt.providers.gateway import CUT_OFF_NOTE, LiteLLMProvider
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
@@ -306,3 +306,20 @@ def test_an_older_homes_copy_moves_to_the_per_user_cache(monkeypatch: pytest.Mon
     path = models.model_path(name, progress=False)
     assert path == tmp_path / "cache" / "loomrt" / "models" / "moved.gguf" and path.read_bytes() == b"weights"
     assert not earlier.exists()
+
+
+@pytest.mark.slow
+def test_the_embedded_model_streams_the_same_reply_and_usage() -> None:
+    """A streamed call and a plain one give the same reply and usage (the record would not
+    tell them apart); the pieces join into the text, several of them, as it was generated."""
+    provider = LiteLLMProvider(SMOL)
+    plain = ask(provider, "Count from one to ten in words.", max_tokens=40)
+    heard: list[str] = []
+    streamed = ask(provider, "Count from one to ten in words.", max_tokens=40, on_text=heard.append)
+    assert streamed.text == plain.text and len(heard) > 5
+    note = CUT_OFF_NOTE.format(max_tokens=40)  # the gateway's note on an answer cut off, never streamed
+    assert "".join(heard).rstrip() == streamed.text.removesuffix(note).rstrip()
+    assert (streamed.usage.input_tokens, streamed.usage.output_tokens) == (
+        plain.usage.input_tokens,
+        plain.usage.output_tokens,
+    )

@@ -219,17 +219,22 @@ def test_plain_history_rewrites_tool_turns_for_models_without_the_tool_role() ->
     assert out[3]["content"] == "Result of calculate:\n42\n\nthanks"
 
 
-def _decide_then_answer(monkeypatch: pytest.MonkeyPatch, *replies: str) -> tuple[Any, list[list[dict[str, Any]]]]:
+def _decide_then_answer(
+    monkeypatch: pytest.MonkeyPatch, *replies: str, on_text: Any = None
+) -> tuple[Any, list[list[dict[str, Any]]]]:
     """A turn with one tool offered, its calls answered by ``replies`` in order: the
-    response and the messages each call sent."""
+    response and the messages each call sent (``on_text``: the turn streams there)."""
     from types import SimpleNamespace
 
     sent: list[list[dict[str, Any]]] = []
     queue = iter(replies)
 
-    async def fake(kwargs: dict[str, Any]) -> Any:
+    async def fake(kwargs: dict[str, Any], on_text: Any = None) -> Any:
         sent.append(kwargs["messages"])
         message = SimpleNamespace(content=next(queue), tool_calls=None)
+        if on_text is not None:  # a streamed call: its text in two pieces
+            on_text(message.content[:3])
+            on_text(message.content[3:])
         return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason="stop")], usage=None)
 
     provider = LiteLLMProvider(
@@ -237,7 +242,8 @@ def _decide_then_answer(monkeypatch: pytest.MonkeyPatch, *replies: str) -> tuple
     )
     monkeypatch.setattr(provider, "_acompletion", fake)
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 6*7?"}]
-    return asyncio.run(provider.complete(ModelRequest(messages=history, tools=(CALC,)))), sent
+    request = ModelRequest(messages=history, tools=(CALC,), on_text=on_text)
+    return asyncio.run(provider.complete(request)), sent
 
 
 def test_the_answer_call_continues_the_decision_calls_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,3 +266,59 @@ def test_a_model_that_only_decides_again_is_asked_once_more_without_the_tools(mo
     response, sent = _decide_then_answer(monkeypatch, '{"action": "answer"}', '{ "action": "answer"}', "It is 42.")
     assert response.text == "It is 42." and len(sent) == 3
     assert "You can use these tools" not in sent[2][0]["content"]
+
+
+def test_the_answer_streams_and_a_decision_written_again_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Of a decide-then-answer turn only the answer streams: not the decision, and not an
+    answer call that writes its decision again (the bare call after it streams instead)."""
+    heard: list[str] = []
+    response, _ = _decide_then_answer(monkeypatch, '{"action": "answer"}', "It is 42.", on_text=heard.append)
+    assert "".join(heard) == response.text == "It is 42."
+    heard.clear()
+    response, _ = _decide_then_answer(
+        monkeypatch, '{"action": "answer"}', '{ "action": "answer"}', "It is 42.", on_text=heard.append
+    )
+    assert "".join(heard) == response.text == "It is 42."
+
+
+def test_a_hosted_model_streams_and_the_reply_is_the_whole_text() -> None:
+    heard: list[str] = []
+    request = ModelRequest(messages=HELLO.messages, max_tokens=32, on_text=heard.append)
+    response = asyncio.run(mocked("The answer is forty-two, as computed.").complete(request))
+    assert response.text == "The answer is forty-two, as computed."
+    assert len(heard) > 1 and "".join(heard) == response.text
+    assert response.usage.output_tokens > 0
+
+
+def test_a_hosted_model_streams_beside_its_tool_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A streamed reply with text and a tool call (in pieces, as providers send them) comes
+    back whole: the text streamed, the call parsed."""
+    from litellm.types.utils import Delta, ModelResponseStream, StreamingChoices
+
+    def chunk(finish: str | None = None, **delta: Any) -> Any:
+        return ModelResponseStream(choices=[StreamingChoices(index=0, delta=Delta(**delta), finish_reason=finish)])
+
+    call = {"index": 0, "id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expr'}}
+    chunks = [
+        chunk(content="Let me "),
+        chunk(content="compute."),
+        chunk(tool_calls=[call]),
+        chunk(tool_calls=[{"index": 0, "function": {"arguments": 'ession": "2+2"}'}}]),
+        chunk(finish="tool_calls"),
+    ]
+
+    async def stream(**kwargs: Any) -> Any:
+        assert kwargs["stream"] is True
+
+        async def pieces() -> Any:
+            for c in chunks:
+                yield c
+
+        return pieces()
+
+    monkeypatch.setattr(import_litellm(), "acompletion", stream)
+    heard: list[str] = []
+    request = ModelRequest(messages=HELLO.messages, tools=(CALC,), on_text=heard.append)
+    response = asyncio.run(mocked("unused").complete(request))
+    assert heard == ["Let me ", "compute."] and response.text == "Let me compute."
+    assert [(c.id, c.name, c.arguments) for c in response.tool_calls] == [("c1", "calculate", {"expression": "2+2"})]
