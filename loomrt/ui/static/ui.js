@@ -10,7 +10,7 @@
       axes: [{ label: "seq" }, { label: "input tokens", size: 70 }],
       series: [
         { label: "seq" },
-        { label: "turn call", stroke: "#2563eb", points: { show: true } },
+        { label: "turn call", stroke: "#2563eb", points: { show: true }, spanGaps: true },
         { label: "distillation call", stroke: "#a855f7", points: { show: true, size: 8 }, paths: () => null },
         { label: "cached", stroke: "#9ca3af", dash: [4, 4] },
         { label: "budget", stroke: "#dc2626", dash: [8, 4], points: { show: false } },
