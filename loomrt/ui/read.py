@@ -23,10 +23,22 @@ from loomrt.messages import Message
 from loomrt.record.store import Store
 from loomrt.tokens import count_messages
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
-from loomrt.visibility import PrivateRecord, private_record, reader_events, redact_events
+from loomrt.visibility import PrivateRecord, private_record, redact_events
 
-__all__ = ["Reader", "RunsFilter", "Row", "RunHeader", "Part", "PrivateCache", "SCAN_RUNS"]
+__all__ = [
+    "Reader",
+    "RunsFilter",
+    "Row",
+    "RunHeader",
+    "Part",
+    "PrivateCache",
+    "PAGE_ROWS",
+    "SCAN_RUNS",
+    "TIMELINE_PAGE",
+]
 
+PAGE_ROWS = 50
+"""The runs a runs page lists (the newest that pass its filters)."""
 SCAN_RUNS = 5_000
 """The newest runs the runs page filters (one query): older ones are past what a page lists."""
 
@@ -38,7 +50,8 @@ class RunsFilter:
     mode: str | None = None
     q: str | None = None
     """A part of the run id."""
-    limit: int = 50
+    limit: int | None = None
+    """How many rows (None: :data:`PAGE_ROWS`)."""
 
 
 @dataclass(frozen=True)
@@ -151,7 +164,7 @@ class Reader:
             and (not f.mode or r.mode == f.mode)
             and (not f.q or f.q.strip().lower() in r.run_id.lower())
         ]
-        rows = [Row(r, glance(self.store, r)) for r in matched[: f.limit]]
+        rows = [Row(r, glance(self.store, r)) for r in matched[: f.limit or PAGE_ROWS]]
         return RunsPage(
             rows,
             len(matched),
@@ -202,8 +215,7 @@ class Reader:
 
     def prompt(self, run_id: str, seq: int) -> list[Part]:
         """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it."""
-        self.info(run_id)
-        events = reader_events(self.store, run_id, include_private=self.include_private)
+        events = self._redacted(run_id, self.store.events(run_id))  # as reader_events, the judgement cached
         try:
             messages = prompt_as_of(events, seq, self.store)
         except ValueError as exc:

@@ -1,0 +1,182 @@
+"""The ``ui`` measure: what ``loomrt ui``'s pages cost, by counted work (store queries and
+events read), not seconds, through the app itself (its HTTP routes, over SQLite).
+
+- **runs page**: ``GET /`` over 100 runs and over 1,000 runs. The page lists the newest 50,
+  so its work must not grow with the runs the record holds: one query for the runs, and
+  three reads by kind or seq for each row shown (:func:`loomrt.glance.glance`);
+- **a run of 10,000 events**: opening its page (the redaction judges the whole record once,
+  the header sums its model calls and inputs, the page reads its first 200 events: at most
+  twice the record), the next page of its timeline (its 200 events, not the record again:
+  the judgement is kept per state of the record), and "what the model saw" at its last call
+  (the record once).
+
+Server milliseconds are reported beside the counts, for the reader; the goals are on counts.
+Each figure's sabotage test is in tests/test_sabotage_ui.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from loomrt.bench.core import BenchConfig, Progress, standalone_measure
+from loomrt.events import Event, RunInfo
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.record.store import Store
+
+__all__ = ["ui", "ui_figures", "CountingStore", "long_run"]
+
+RUNS = (100, 1_000)
+LONG_EVENTS = 10_000
+
+
+class CountingStore:
+    """A store that counts its reads: queries, and the events they returned."""
+
+    READS = ("get_run", "list_runs", "children", "latest", "head", "cards", "lease_holder")
+
+    def __init__(self, inner: Store):
+        self.inner = inner
+        self.queries = 0
+        self.events_read = 0
+
+    def events(
+        self, run_id: str, *, after: int = 0, kinds: Iterable[str] | None = None, until: int | None = None
+    ) -> list[Event]:
+        found = self.inner.events(run_id, after=after, kinds=kinds, until=until)
+        self.queries += 1
+        self.events_read += len(found)
+        return found
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if name in self.READS:
+
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                self.queries += 1
+                return value(*args, **kwargs)
+
+            return counted
+        return value
+
+    def count(self) -> tuple[int, int]:
+        out = (self.queries, self.events_read)
+        self.queries = self.events_read = 0
+        return out
+
+
+def _runs(store: SQLiteStore, n: int) -> None:
+    """``n`` small runs (a turn each), as the record holds them."""
+
+    async def write() -> None:
+        for i in range(n):
+            run_id = f"bench-ui-{i:05d}"
+            store.create_run(RunInfo(run_id=run_id, agent=f"agent-{i % 3}", def_hash="h", mode="recap", model="m"))
+            await store.write_many(run_id, _turn(i))
+
+    asyncio.run(write())
+
+
+def _turn(i: int) -> list[tuple[str, dict[str, Any]]]:
+    usage = {"input_tokens": 100 + i, "output_tokens": 10, "cached_tokens": 0}
+    return [
+        ("user_input", {"content": f"question {i}"}),
+        ("model_call", {"purpose": "turn", "model": "m", "usage": usage, "seconds": 0.1, "prompt_from": "context"}),
+        ("assistant_message", {"message": {"role": "assistant", "content": f"answer {i}"}}),
+        ("parked", {"output": f"answer {i}"}),
+    ]
+
+
+def long_run(store: SQLiteStore, events: int) -> str:
+    """A run of about ``events`` events: one the runtime played, then turns appended four events at a time."""
+    from loomrt.runtime import Runtime
+    from loomrt.spec import AgentSpec
+    from loomrt.testing import FunctionProvider
+
+    rt = Runtime(store, providers=lambda spec, model: FunctionProvider(lambda r: "ok"))
+    spec = AgentSpec(model="function/inline", context={"mode": "append"})
+
+    async def play() -> str:
+        run = await rt.astart(spec, interactive=True)
+        await rt.send(run, "hello")
+        turns = (events - store.get_run(run.run_id).last_seq) // 4
+        for i in range(turns):
+            await store.write_many(run.run_id, _turn(i))
+        return run.run_id
+
+    return asyncio.run(play())
+
+
+def _get(client: Any, counting: CountingStore, path: str) -> dict[str, Any]:
+    counting.count()
+    started = time.perf_counter()
+    response = client.get(path)
+    ms = (time.perf_counter() - started) * 1000
+    if response.status_code != 200:
+        raise RuntimeError(f"GET {path}: {response.status_code} {response.text[:200]}")
+    queries, read = counting.count()
+    return {"queries": queries, "events_read": read, "ms": round(ms, 1)}
+
+
+def ui_figures(folder: Path, runs: tuple[int, ...] = RUNS, events: int = LONG_EVENTS) -> dict[str, Any]:
+    """The runs page at each size of ``runs``, and a run of ``events`` events opened, paged and prompted."""
+    from starlette.testclient import TestClient
+
+    from loomrt.ui import read as ui_read
+    from loomrt.ui.app import create_app
+
+    out: dict[str, Any] = {"runs_page": {}, "rows_shown": ui_read.PAGE_ROWS}
+    for n in runs:
+        store = SQLiteStore(folder / f"runs-{n}.sqlite")
+        _runs(store, n)
+        counting = CountingStore(store)
+        client = TestClient(create_app(counting))
+        out["runs_page"][str(n)] = _get(client, counting, "/")
+    sizes = [out["runs_page"][str(n)] for n in runs]
+    out["runs_page_flat"] = len({s["queries"] for s in sizes}) == 1 and len({s["events_read"] for s in sizes}) == 1
+    store = SQLiteStore(folder / "long.sqlite")
+    run_id = long_run(store, events)
+    counting = CountingStore(store)
+    client = TestClient(create_app(counting))
+    last = store.get_run(run_id).last_seq
+    call = store.latest(run_id, "model_call")
+    assert call is not None
+    out["long_run"] = {
+        "events": last,
+        "open": _get(client, counting, f"/runs/{run_id}"),
+        "next_page": _get(client, counting, f"/runs/{run_id}/timeline?after={ui_read.TIMELINE_PAGE}"),
+        "prompt": _get(client, counting, f"/runs/{run_id}/prompt/{call.seq}"),
+    }
+    lr = out["long_run"]
+    out["goals"] = {
+        "runs page flat in the runs held": out["runs_page_flat"],
+        "runs page ≤ 1 + 3 reads per row shown": sizes[-1]["queries"] <= 1 + 3 * ui_read.PAGE_ROWS,
+        "opening reads at most twice the record (its private material judged, its sums, a page)": lr["open"][
+            "events_read"
+        ]
+        <= 2 * last,
+        "the next page reads its page, not the record": lr["next_page"]["events_read"] <= ui_read.TIMELINE_PAGE,
+        "what the model saw reads the record at most once": lr["prompt"]["events_read"] <= last + 2,
+    }
+    return out
+
+
+@standalone_measure(
+    "ui",
+    "loomrt ui by counted work: the runs page over 100 and 1,000 runs, and a run of 10,000 events opened, "
+    "paged and its last prompt shown (store queries and events read)",
+)
+def ui(config: BenchConfig, progress: Progress) -> dict[str, Any]:
+    try:
+        import starlette  # noqa: F401
+    except ImportError:
+        return {"skipped": "the ui extra is not installed (pip install 'loomrt[ui]')"}
+    progress.start("ui", 1)
+    with tempfile.TemporaryDirectory(prefix="loomrt-bench-ui-") as folder:
+        out = ui_figures(Path(folder), events=2_000 if config.quick else LONG_EVENTS)
+    progress.advance()
+    return out

@@ -1,0 +1,51 @@
+"""The sabotage tests of ``loomrt bench run ui`` (issue 42's rule): each breaks ``loomrt ui``
+the way a figure exists to catch, runs the measure at test size, and asserts the figure comes
+out bad; the honest run at the same size meets every goal. Counted work, never seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
+
+from loomrt.bench.ui_measure import ui_figures  # noqa: E402
+from loomrt.ui import read as ui_read  # noqa: E402
+from loomrt.visibility import private_record  # noqa: E402
+
+RUNS, EVENTS = (12, 40), 1_200
+
+
+@pytest.fixture(autouse=True)
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ui_read, "PAGE_ROWS", 5)  # both sizes above a page, at test size
+    monkeypatch.setattr(ui_read, "TIMELINE_PAGE", 100)
+
+
+def test_the_honest_ui_meets_every_goal(tmp_path: Path) -> None:
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert figures["goals"] and all(figures["goals"].values()), figures
+    assert figures["runs_page"]["12"]["queries"] == 1 + 3 * 5
+
+
+def test_a_runs_page_that_reads_every_run_grows_with_the_record(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ui_read, "PAGE_ROWS", 10**6)  # sabotage: every run the record holds is a row
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert not figures["runs_page_flat"]
+    assert figures["runs_page"]["40"]["queries"] > figures["runs_page"]["12"]["queries"]
+
+
+def test_a_timeline_that_judges_the_record_again_for_each_page_is_seen(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ui_read.PrivateCache, "get", lambda self, store, info: private_record(store, info.run_id))
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert not figures["goals"]["the next page reads its page, not the record"]
+    assert not figures["goals"]["what the model saw reads the record at most once"]
+
+
+def test_a_run_page_that_reads_its_whole_timeline_is_seen(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ui_read, "TIMELINE_PAGE", 10**9)  # sabotage: no paging
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert not figures["goals"][
+        "opening reads at most twice the record (its private material judged, its sums, a page)"
+    ]
