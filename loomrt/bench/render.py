@@ -443,6 +443,28 @@ def _integrity(a: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _ui(a: dict[str, Any]) -> list[str]:
+    lr = a["long_run"]
+    lines = [
+        "### loomrt ui",
+        "",
+        f"Counted work of each page, through the app's routes over SQLite (server ms beside it, for the reader; "
+        f"the goals are on counts). The runs page lists the newest {a['rows_shown']}.",
+        "",
+        "| page | store queries | events read | ms |",
+        "|---|---|---|---|",
+    ]
+    for n, f in a["runs_page"].items():
+        lines.append(f"| runs page, {int(n):,} runs held | {f['queries']} | {f['events_read']:,} | {f['ms']} |")
+    for key, what in (("open", "open"), ("next_page", "its timeline's next page"), ("prompt", "what the model saw")):
+        f = lr[key]
+        lines.append(
+            f"| a run of {lr['events']:,} events: {what} | {f['queries']} | {f['events_read']:,} | {f['ms']} |"
+        )
+    lines += ["", "Goals: " + "; ".join(f"{g}: {'yes' if ok else '**no**'}" for g, ok in a["goals"].items()) + ".", ""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "overhead": _render_overhead,
     "recall_latency": _render_recall_latency,
@@ -458,6 +480,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "integrity": _integrity,
     "fork_cost": _render_fork_cost,
     "store": _store,
+    "ui": _ui,
 }
 """How each standalone measure renders its figures (one function a measure; a new measure adds one here)."""
 

@@ -38,6 +38,7 @@ DEFAULT_TARGETS = [
     "integrity",
     "fork_cost",
     "store",
+    "ui",
 ]
 """What ``loomrt bench run`` runs when no workload is named (locomo only with ``--data``)."""
 
@@ -57,6 +58,7 @@ def _load() -> None:
     import loomrt.bench.measures  # noqa: F401
     import loomrt.bench.recall_clusters  # noqa: F401
     import loomrt.bench.store_measure  # noqa: F401
+    import loomrt.bench.ui_measure  # noqa: F401
     import loomrt.bench.workloads  # noqa: F401
 
 
