@@ -23,6 +23,7 @@ __all__ = [
     "agents_path",
     "load",
     "runtime",
+    "terminal",
     "friendly",
     "print_json",
     "print_result",
@@ -105,13 +106,23 @@ def _heard(e: Any) -> None:
         _playing.run_id = e.run_id
 
 
-def runtime(*, show_events: bool = False, user: str | None = None) -> Any:
+def runtime(*, show_events: bool = False, user: str | None = None, screen: Any = None) -> Any:
     """The runtime on the default record; ``show_events`` renders each event live on stderr;
+    ``screen`` (a :class:`~loomrt.cli._screen.Screen`) draws the runs' turns live instead;
     ``user`` names the runs' ``user`` memory scope (default ``$LOOMRT_USER``)."""
     from loomrt.cli._render import EventPrinter
     from loomrt.runtime import Runtime
 
-    return Runtime(listeners=[_heard, *([EventPrinter(err)] if show_events else [])], user=user)
+    listeners: list[Any] = [_heard, *([EventPrinter(err)] if show_events else [])]
+    if screen is not None:
+        return Runtime(listeners=[*listeners, screen.hear], watchers=[screen.watch], user=user)
+    return Runtime(listeners=listeners, user=user)
+
+
+def terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a person's terminal (a status line is drawn only there)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(callable(isatty) and isatty())
 
 
 def _interrupted() -> str:

@@ -19,8 +19,21 @@ from loomrt.cli import (
     audit_cmd,  # noqa: F401 - registers `loomrt runs pin`, `unpin`, `export`
     ledger_cmd,  # noqa: F401 - registers `loomrt runs verify`, `anchor`
 )
-from loomrt.cli._common import err, friendly, load, out, playing, plural, print_json, print_result, runtime
+from loomrt.cli._common import (
+    err,
+    friendly,
+    load,
+    out,
+    playing,
+    plural,
+    print_json,
+    print_result,
+    runtime,
+    terminal,
+)
 from loomrt.cli._help import plain_metavars
+from loomrt.cli._prompt import LineReader
+from loomrt.cli._screen import Screen
 from loomrt.cli.agents_cmd import agents_app
 from loomrt.cli.bench_chaos_cmd import chaos_cmd  # noqa: F401 - registers `loomrt bench chaos`
 from loomrt.cli.bench_cmd import bench_app
@@ -111,9 +124,12 @@ def run_cmd(
         help="Record the run and its input, queued for any `loomrt worker` to play; print its id and return at once.",
     ),
 ) -> None:
-    """Run an agent once on PROMPT and print its answer."""
+    """Run an agent once on PROMPT and print its answer: on a terminal, the answer streams
+    under a status line; elsewhere each event is a line on stderr, and the answer follows."""
     path, defs = load(agents)
-    rt = runtime(show_events=not (json_output or quiet), user=user)
+    live = not (json_output or quiet or detach) and terminal(sys.stderr)
+    screen = Screen(stream=terminal(sys.stdout), status=True) if live else None
+    rt = runtime(show_events=not (json_output or quiet or live), user=user, screen=screen)
     if detach:
         queued = asyncio.run(rt.detach(agent, prompt, agents=defs, mode=mode, agents_file=str(path.resolve())))
         if json_output:
@@ -128,11 +144,21 @@ def run_cmd(
             )
         return
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
-    result = asyncio.run(rt.send(run, prompt))
+    if screen is not None:
+        screen.attach(run)
+        screen.begin()
+    try:
+        result = asyncio.run(rt.send(run, prompt))
+    finally:
+        if screen is not None:
+            screen.end()
     if json_output:
         print_json(result.to_json())
     elif result.output is not None and result.status != "failed":
-        out.print(result.output, markup=False, highlight=False)
+        if screen is not None:
+            screen.answer(result.output)
+        else:
+            out.print(result.output, markup=False, highlight=False)
     if result.status == "failed":
         if not json_output:
             err.print(f"[red]error:[/red] {result.error}", highlight=False)
@@ -160,8 +186,10 @@ def chat_cmd(
         False, "--last", "-c", help="Reopen the newest chat with AGENT in the record (without AGENT: with any agent)."
     ),
 ) -> None:
-    """Talk with an agent. Without a TTY, each line of stdin is one user turn."""
-    rt = runtime(user=user)
+    """Talk with an agent: its answers stream under a status line, and the input line edits
+    and keeps history. Without a TTY, each line of stdin is one user turn."""
+    screen = None if json_output else Screen(stream=terminal(sys.stdout), status=terminal(sys.stderr))
+    rt = runtime(user=user, screen=screen)
     if reopen is not None or last:
         run = _reopen_chat(rt, agent, reopen, last=last, mode=mode, user=user)
     elif agent is None:
@@ -171,6 +199,9 @@ def chat_cmd(
         run = rt.start(agent, agents=defs, mode=mode, interactive=True, agents_file=str(path.resolve()))
         playing(run.run_id, chat=True)
     tty = _tty()
+    if screen is not None:
+        screen.attach(run)
+    reader = LineReader(toolbar=screen.toolbar if screen is not None else None) if tty and not json_output else None
     if tty and not json_output:
         if reopen is not None or last:
             turns = plural(len(rt.store.events(run.run_id, kinds=["user_input"])), "turn")
@@ -185,14 +216,17 @@ def chat_cmd(
     while True:
         background = threading.Thread(target=lambda: asyncio.run(rt.between_turns(run)), daemon=True)
         background.start()  # a queued fold runs while the next input is typed
-        line = _read_turn(tty and not json_output)
+        line = reader.read() if reader is not None else _read_turn()
         background.join()
         if line is None:
             break
         if not line.strip():
             continue
-        result = asyncio.run(rt.send(run, line))
-        print_result(result, json_output)
+        result = _turn(rt, run, line, screen)
+        if screen is None or result.status == "failed":
+            print_result(result, json_output)
+        else:
+            screen.answer(result.output)
         if result.status == "failed":  # shown and recorded; the run parked, and the next input continues it
             failed += 1
             if not json_output:
@@ -263,14 +297,21 @@ def _newest_chat(store: Any, agent: str | None) -> str:
         limit *= 10
 
 
-def _read_turn(prompt: bool) -> str | None:
+def _read_turn() -> str | None:
+    """One line of stdin (a chat that no person types), or None at its end."""
+    line = sys.stdin.readline()
+    return line.rstrip("\n") if line else None
+
+
+def _turn(rt: Any, run: Any, line: str, screen: Screen | None) -> Any:
+    """Play one turn of the chat, drawn live on ``screen`` where there is one."""
+    if screen is None:
+        return asyncio.run(rt.send(run, line))
+    screen.begin()
     try:
-        if prompt:
-            return input("you> ")
-        line = sys.stdin.readline()
-        return line.rstrip("\n") if line else None
-    except EOFError:
-        return None
+        return asyncio.run(rt.send(run, line))
+    finally:
+        screen.end()
 
 
 # recall, doctor, mcp and bench import their heavy libraries (torch, litellm) only when they run.
