@@ -17,6 +17,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from loomrt.cli._render import model_label
 from loomrt.errors import NotFoundError
 from loomrt.record.store import Store
 from loomrt.ui.read import PrivateCache, Reader, RunsFilter
@@ -45,6 +46,7 @@ def _templates() -> Environment:
     env = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape(["html"]))
     env.filters["when"] = _when
     env.filters["took"] = _took
+    env.filters["model"] = model_label  # scripted/PATH relative to the working folder, as the CLI shows it
     env.filters["num"] = lambda n: f"{int(n or 0):,}"
     env.filters["tojson_pretty"] = lambda v: json.dumps(v, ensure_ascii=False, indent=2, default=str)
     return env

@@ -7,7 +7,7 @@
     const opts = {
       width: Math.max(320, box.clientWidth - 8), height: 220,
       scales: { x: { time: false } },
-      axes: [{ label: "seq" }, { label: "input tokens", size: 70 }],
+      axes: [{ label: "seq", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000] }, { label: "input tokens", size: 70 }],
       series: [
         { label: "seq" },
         { label: "turn call", stroke: "#2563eb", points: { show: true }, spanGaps: true },
