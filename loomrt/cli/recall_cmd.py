@@ -51,44 +51,15 @@ def recall(
     """Search what RUN_ID evicted (rebuilt from its record; a fork's shared history too) and
     print the originals; private messages are placeholders unless --include-private."""
     from loomrt.errors import NotFoundError
-    from loomrt.recall import RunRecall
+    from loomrt.recall_reader import recall_in_record
     from loomrt.record.sqlite import default_store
-    from loomrt.spec import AgentSpec
 
     store = default_store()
     try:
-        store.get_run(run_id)
+        answer = recall_in_record(store, run_id, query, k=k, include_private=include_private)
     except NotFoundError:
         raise _fail(f"no run {run_id!r} in {store.path} (see `loomrt runs list`)") from None
-    events = store.events(run_id)
-    context: Any = None
-    if events and events[0].kind == "run_started":
-        try:
-            context = AgentSpec.model_validate(events[0].data["definition"]).context
-        except Exception:  # noqa: BLE001 - an old definition still has a searchable record
-            context = None
-    from loomrt.run.family import Family
-    from loomrt.visibility import placeholder, private_seqs
-
-    notes: list[str] = []
-    family = Family.of(store, events[0].data.get("forked_from")) if events else None
-    shared = list(family.events()) if family is not None else []
-    rr = RunRecall(
-        run_id=run_id,
-        context=context,
-        emit=lambda kind, data: notes.append(str(data.get("message") or data.get("error"))),
-        shared_runs=[r for r, _ in family.links] if family is not None else (),
-    )
-    rr.rebuild([*shared, *events])
-    private = private_seqs([*shared, *events]) | (family.private() if family is not None else set())
-    hits = rr.search(query, top_k=k)
-    if not include_private:  # the reader without the right sees the placeholder
-        from dataclasses import replace
-
-        hits = [
-            replace(h, text=placeholder(h.seq, h.role or "tool")) if h.seq is not None and h.seq in private else h
-            for h in hits
-        ]
+    hits, notes = answer.hits, answer.notes
     for note in notes:
         err.print(f"[yellow]note:[/yellow] {escape(note)}", markup=True, highlight=False)
     if json_output:
@@ -102,7 +73,7 @@ def recall(
         )
         return
     if not hits:
-        what = "nothing matched" if rr.size() else "the run has evicted nothing yet"
+        what = "nothing matched" if answer.indexed else "the run has evicted nothing yet"
         out.print(f"no hits: {what}", highlight=False)
         return
     from loomrt.recall.tool import iso
