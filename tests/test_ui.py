@@ -215,3 +215,20 @@ def test_every_kind_has_a_title() -> None:
     for kind in EVENT_KINDS:
         item = ui_timeline.item_of(Event(run_id="r", seq=1, kind=kind, data={}))
         assert item.title and item.seq == 1
+
+
+def test_recall_returns_what_loomrt_recall_does_and_redacts(record: UiRecord, monkeypatch) -> None:
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "none")  # lexical: no model to load in a quick test
+    monkeypatch.setenv("LOOMRT_DB_URL", f"sqlite:{record.path}")
+    printed = CliRunner().invoke(cli, ["recall", record.recap, "venue chairs parking", "--json"])
+    assert printed.exit_code == 0, printed.output
+    expected = [h["seq"] for h in json.loads(printed.stdout)]
+    assert expected
+    redacted = TestClient(create_app(record.store))
+    page = redacted.get(f"/runs/{record.recap}/recall", params={"q": "venue chairs parking"}).text
+    assert re.findall(r'<li class="hit" data-seq="(\d+)"', page) == [str(s) for s in expected]
+    secret = redacted.get(f"/runs/{record.recap}/recall", params={"q": record.secret}).text
+    assert record.secret not in secret and "[private tool result #" in secret
+    whole = TestClient(create_app(record.store, include_private=True))
+    assert record.secret in whole.get(f"/runs/{record.recap}/recall", params={"q": record.secret}).text
+    assert redacted.get(f"/runs/{record.recap}/recall", params={"q": "x", "k": "0"}).status_code == 400

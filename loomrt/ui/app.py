@@ -11,6 +11,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -121,6 +122,16 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         run_id = request.path_params["run_id"]
         return page(request, "_audit.html", verdict=reader().verify(run_id), run_id=run_id)
 
+    async def recall(request: Request) -> Response:
+        run_id, query = request.path_params["run_id"], (request.query_params.get("q") or "").strip()
+        if not query:
+            return page(request, "_recall.html", answer=None, query="", run_id=run_id)
+        k = seq_of(request, "k") if request.query_params.get("k") else 5
+        if not 1 <= k <= 50:
+            raise HTTPException(400, f"k must be between 1 and 50, not {k}")
+        answer = await run_in_threadpool(reader().recall, run_id, query, k)  # the embedder may load: off the loop
+        return page(request, "_recall.html", answer=answer, query=query, run_id=run_id)
+
     async def event(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
         return JSONResponse(reader().event(run_id, seq).to_json_dict())
@@ -142,6 +153,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         Route("/runs/{run_id}/tokens.json", tokens),
         Route("/runs/{run_id}/audit", audit),
         Route("/runs/{run_id}/events/{seq}", event),
+        Route("/runs/{run_id}/recall", recall),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error})

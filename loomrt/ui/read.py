@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.audit import prompt_as_of
 from loomrt.errors import NotFoundError
@@ -21,6 +21,9 @@ from loomrt.injection import INJECTED
 from loomrt.integrity import Verdict, verify_run
 from loomrt.messages import Message
 from loomrt.record.store import Store
+
+if TYPE_CHECKING:
+    from loomrt.recall_reader import RecallAnswer
 from loomrt.tokens import count_messages
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
 from loomrt.visibility import PrivateRecord, private_record, redact_events
@@ -236,6 +239,13 @@ class Reader:
         if not found:
             raise NotFoundError(f"run {run_id} has no event #{seq}")
         return self._redacted(run_id, found)[0]
+
+    def recall(self, run_id: str, query: str, k: int = 5) -> RecallAnswer:
+        """What Recall returns for ``query`` over the run's evicted history (as ``loomrt recall``)."""
+        from loomrt.recall_reader import recall_in_record
+
+        self.info(run_id)
+        return recall_in_record(self.store, run_id, query, k=k, include_private=self.include_private)
 
     def verify(self, run_id: str) -> Verdict:
         """``runs verify``'s every check (the prompts re-derived too)."""
