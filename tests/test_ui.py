@@ -232,3 +232,58 @@ def test_recall_returns_what_loomrt_recall_does_and_redacts(record: UiRecord, mo
     whole = TestClient(create_app(record.store, include_private=True))
     assert record.secret in whole.get(f"/runs/{record.recap}/recall", params={"q": record.secret}).text
     assert redacted.get(f"/runs/{record.recap}/recall", params={"q": "x", "k": "0"}).status_code == 400
+
+
+@pytest.mark.slow
+def test_loomrt_ui_serves_the_url_it_prints(record: UiRecord, tmp_path: Path) -> None:
+    """The command as a user runs it: it prints a URL with this start's token; the URL opens
+    the page, and the same page without the token is refused."""
+    import http.client
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "LOOMRT_DB_URL": f"sqlite:{record.path}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "loomrt", "ui", "--port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        url = ""
+        deadline = time.monotonic() + 60
+        while not url and time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            url = line.strip() if "?token=" in line else ""
+        assert url.startswith(f"http://127.0.0.1:{port}/?token="), url
+        token = url.split("?token=")[1]
+
+        def get(path: str, **headers: str) -> tuple[int, dict[str, str], str]:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("GET", path, headers=headers)
+            response = conn.getresponse()
+            return response.status, dict(response.getheaders()), response.read().decode()
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                first = get(url.split(f":{port}")[1])
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "loomrt ui did not answer"
+                time.sleep(0.1)
+        assert first[0] == 303 and "loomrt_ui_token=" in first[1]["set-cookie"]
+        assert get("/", Cookie=first[1]["set-cookie"].split(";")[0])[2].count(record.recap) >= 1
+        assert record.recap in get("/", Authorization=f"Bearer {token}")[2]
+        assert get("/")[0] == 401
+    finally:
+        proc.terminate()
+        proc.wait(10)
