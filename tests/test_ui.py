@@ -287,3 +287,20 @@ def test_loomrt_ui_serves_the_url_it_prints(record: UiRecord, tmp_path: Path) ->
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_a_fold_run_shows_its_card_tree(client: TestClient, record: UiRecord) -> None:
+    distillations = record.store.events(record.fold, kinds=["distillation"])
+    written = {c["id"]: c for d in distillations for c in d.data.get("cards") or []}
+    catalog = [x["card"] for x in distillations[-1].data["context"] if "card" in x]
+    page = client.get(f"/runs/{record.fold}").text
+    shown = re.findall(r'<details class="card[^"]*" id="card-(\w+)" data-depth="(\d+)"', page)
+    assert catalog and [i for i, _ in shown][:1] == catalog[:1]
+    below = {i for root in catalog for i in _subtree(root, written)}
+    assert {i for i, _ in shown} == below  # every card the catalog reaches, and no other
+    for card_id, depth in shown:
+        assert int(depth) == written[card_id]["depth"]
+
+
+def _subtree(card_id: str, cards: dict[str, dict]) -> list[str]:
+    return [card_id, *(i for child in cards[card_id]["children"] for i in _subtree(child, cards))]

@@ -169,6 +169,9 @@ def test_a_fork_a_fold_run_and_a_stateful_parent_with_children(browser: Any, ser
     assert record.secret not in browser.page_source  # the parent's private result, in the fork's shared history
     browser.get(f"{server}/runs/{record.fold}")
     assert browser.find_elements(By.CSS_SELECTOR, "#timeline li.ev.distil")
+    root = browser.find_element(By.CSS_SELECTOR, "section.cards > details.card")
+    root.find_element(By.TAG_NAME, "summary").click()  # open the root card: the cards it rolls up show
+    assert root.find_element(By.CSS_SELECTOR, "details.card").is_displayed()
     _shot(browser, "fold", 1300)
     browser.get(f"{server}/runs/{record.fanout}")
     children = record.store.children(record.fanout)

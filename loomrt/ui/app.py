@@ -99,6 +99,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
             items=items,
             next_after=next_after,
             markers=r.distillations(run_id),
+            cards=r.cards(run_id) if head.info.mode == "fold" else [],
             run_id=run_id,
         )
 

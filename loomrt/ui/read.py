@@ -25,6 +25,7 @@ from loomrt.record.store import Store
 if TYPE_CHECKING:
     from loomrt.recall_reader import RecallAnswer
 from loomrt.tokens import count_messages
+from loomrt.ui.cards import CardNode, card_tree
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
 from loomrt.visibility import PrivateRecord, private_record, redact_events
 
@@ -212,6 +213,11 @@ class Reader:
         """Every distillation and declined one (the timeline's markers, for the page's index)."""
         found = self.store.events(run_id, kinds=["distillation", "distillation_declined"])
         return timeline(self._redacted(run_id, found))
+
+    def cards(self, run_id: str) -> list[CardNode]:
+        """A fold run's card tree now (empty for a run that wrote no card)."""
+        found = self.store.events(run_id, kinds=["distillation"])
+        return card_tree(self.store, self._redacted(run_id, found))
 
     def tokens(self, run_id: str, budget: int | None) -> dict[str, Any]:
         return tokens_series(self.store.events(run_id, kinds=["model_call"]), budget)
