@@ -20,6 +20,8 @@ Every message says what was wrong and what to do about it.
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "LoomError",
     "RunOwnedError",
@@ -32,7 +34,16 @@ __all__ = [
     "StoreError",
     "MovedOnError",
     "NotFoundError",
+    "without_reprs",
 ]
+
+_OBJECT_REPR = re.compile(r"<([\w.]+) object at 0x[0-9a-fA-F]+>")
+
+
+def without_reprs(text: str) -> str:
+    """``text`` with Python object reprs (``<ssl.SSLContext object at 0x7f…>``) named plainly
+    (``ssl.SSLContext``): a library's message can carry them, and a person cannot use them."""
+    return _OBJECT_REPR.sub(lambda m: m.group(1), text)
 
 
 class LoomError(Exception):
@@ -88,7 +99,7 @@ class ProviderError(RunError):
     ) -> None:
         self.status = status
         self.retryable = retryable
-        super().__init__(message, run_id=run_id, last_seq=last_seq)
+        super().__init__(without_reprs(message), run_id=run_id, last_seq=last_seq)
 
 
 class ScriptExhaustedError(RunError):

