@@ -126,9 +126,11 @@ def ui_figures(folder: Path, runs: tuple[int, ...] = RUNS, events: int = LONG_EV
     """The runs page at each size of ``runs``, and a run of ``events`` events opened, paged and prompted."""
     from starlette.testclient import TestClient
 
+    from loomrt.tokens import count_text
     from loomrt.ui import read as ui_read
     from loomrt.ui.app import create_app
 
+    count_text("warm")  # the tokenizer loads once per process (about 1 s): a server has paid it before any page
     out: dict[str, Any] = {"runs_page": {}, "rows_shown": ui_read.PAGE_ROWS}
     for n in runs:
         store = SQLiteStore(folder / f"runs-{n}.sqlite")
