@@ -316,3 +316,16 @@ def test_sigma_at_each_update_with_its_patch(client: TestClient, record: UiRecor
         blocks = [json.loads(html.unescape(b)) for b in re.findall(r'<pre class="state[^"]*">(.*?)</pre>', shown, re.S)]
         assert blocks == [u.data["state"], u.data["patch"]]
     assert "No Σ yet at #1" in client.get(f"/runs/{record.fanout}/state/1").text
+
+
+def test_the_runs_page_filters_by_day(client: TestClient, record: UiRecord) -> None:
+    import datetime as dt
+
+    today = dt.date.today()
+    assert record.recap in client.get("/runs/rows", params={"from": today.isoformat(), "to": today.isoformat()}).text
+    later = (today + dt.timedelta(days=1)).isoformat()
+    assert "No run matches" in client.get("/runs/rows", params={"from": later}).text
+    earlier = (today - dt.timedelta(days=1)).isoformat()
+    assert "No run matches" in client.get("/runs/rows", params={"to": earlier}).text
+    bad = client.get("/runs/rows", params={"from": "yesterday"})
+    assert bad.status_code == 400 and "from must be a day written YYYY-MM-DD, not &#39;yesterday&#39;" in bad.text

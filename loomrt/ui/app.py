@@ -72,15 +72,31 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         except ValueError:
             raise HTTPException(400, f"{name} must be a whole number, not {raw!r}") from None
 
+    def day(request: Request, name: str, after: int = 0) -> float | None:
+        """A ``YYYY-MM-DD`` parameter as the Unix time its local day starts (``after`` days later)."""
+        raw = request.query_params.get(name)
+        if not raw:
+            return None
+        try:
+            start = dt.datetime.strptime(raw, "%Y-%m-%d")
+        except ValueError:
+            raise HTTPException(400, f"{name} must be a day written YYYY-MM-DD, not {raw!r}") from None
+        return (start + dt.timedelta(days=after)).timestamp()
+
     def runs_filter(request: Request) -> RunsFilter:
         q = request.query_params
         return RunsFilter(
-            agent=q.get("agent") or None, status=q.get("status") or None, mode=q.get("mode") or None, q=q.get("q")
+            agent=q.get("agent") or None,
+            status=q.get("status") or None,
+            mode=q.get("mode") or None,
+            q=q.get("q"),
+            since=day(request, "from"),
+            until=day(request, "to", after=1),  # the whole of the last day
         )
 
     def runs(request: Request) -> Response:
         f = runs_filter(request)
-        return page(request, "runs.html", f=f, found=reader().runs(f))
+        return page(request, "runs.html", f=f, found=reader().runs(f), days=request.query_params)
 
     def runs_rows(request: Request) -> Response:
         f = runs_filter(request)

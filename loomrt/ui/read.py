@@ -55,6 +55,10 @@ class RunsFilter:
     mode: str | None = None
     q: str | None = None
     """A part of the run id."""
+    since: float | None = None
+    """Only runs created at or after this Unix time."""
+    until: float | None = None
+    """Only runs created before this Unix time."""
     limit: int | None = None
     """How many rows (None: :data:`PAGE_ROWS`)."""
 
@@ -173,6 +177,8 @@ class Reader:
             if (not f.status or r.status == f.status)
             and (not f.mode or r.mode == f.mode)
             and (not f.q or f.q.strip().lower() in r.run_id.lower())
+            and (f.since is None or r.created_at >= f.since)
+            and (f.until is None or r.created_at < f.until)
         ]
         rows = [Row(r, glance(self.store, r)) for r in matched[: f.limit or PAGE_ROWS]]
         return RunsPage(
