@@ -116,8 +116,8 @@ def _more(e: Event) -> str:
         case "card_rejected":
             return f"card rejected (depth {d.get('depth')}, attempt {d.get('attempt')}): {d.get('reason')}"
         case "fold_queued" | "distillation_queued":
-            what = "fold" if e.kind == "fold_queued" else d.get("mode")
-            return f"{what} queued for between turns (pressure {d.get('pressure')} of {d.get('budget')})"
+            queued = "fold" if e.kind == "fold_queued" else d.get("mode")
+            return f"{queued} queued for between turns (pressure {d.get('pressure')} of {d.get('budget')})"
         case "fold_skipped":
             return f"fold skipped: {short(d.get('reason') or d.get('error') or '')}"
         case "harvest_banked":
