@@ -329,3 +329,16 @@ def test_the_runs_page_filters_by_day(client: TestClient, record: UiRecord) -> N
     assert "No run matches" in client.get("/runs/rows", params={"to": earlier}).text
     bad = client.get("/runs/rows", params={"from": "yesterday"})
     assert bad.status_code == 400 and "from must be a day written YYYY-MM-DD, not &#39;yesterday&#39;" in bad.text
+
+
+def test_a_record_that_cannot_be_replayed_gets_a_page_not_a_trace(record: UiRecord, monkeypatch) -> None:
+    def cannot(*args: object, **kwargs: object) -> None:
+        raise KeyError("context")  # as a projection meeting an event it cannot replay
+
+    monkeypatch.setattr(ui_read, "prompt_as_of", cannot)
+    client = TestClient(create_app(record.store), raise_server_exceptions=False)
+    seq = _turn_calls(record, record.recap)[-1]
+    response = client.get(f"/runs/{record.recap}/prompt/{seq}")
+    assert response.status_code == 500
+    assert f"could not read /runs/{record.recap}/prompt/{seq}: KeyError" in response.text
+    assert "Traceback" not in response.text

@@ -159,6 +159,12 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> Response:
         return page(request, "error.html", status=404, message=str(exc))
 
+    async def failed(request: Request, exc: Exception) -> Response:
+        """A record the read model cannot read (one the projection cannot replay, a store gone):
+        a page that says what failed, not a stack trace."""
+        message = f"could not read {request.url.path}: {type(exc).__name__}: {exc}"
+        return page(request, "error.html", status=500, message=message)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         message = exc.detail if exc.status_code != 404 else f"no page at {request.url.path}"
@@ -179,4 +185,6 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         Route("/runs/{run_id}/state/{seq}", state),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error})
+    return Starlette(
+        routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error, Exception: failed}
+    )
