@@ -48,6 +48,7 @@ __all__ = [
     "Declassify",
     "CardRejected",
     "FoldQueued",
+    "DistillationQueued",
     "FoldSkippedPayload",
     "HarvestBanked",
     "HarvestError",
@@ -382,6 +383,16 @@ class FoldQueued(_Payload):
     reason: str
 
 
+class DistillationQueued(_Payload):
+    """A recap or compaction due at its watermark in an interactive run: written between
+    turns, while the user types (or by ``loomrt worker`` once the chat has closed)."""
+
+    kind: Literal["distillation_queued"]
+    mode: str
+    pressure: int
+    budget: int
+
+
 class FoldSkippedPayload(_Payload):
     kind: Literal["fold_skipped"]
     reason: str
@@ -450,6 +461,7 @@ PAYLOADS: tuple[type[_Payload], ...] = (
     Declassify,
     CardRejected,
     FoldQueued,
+    DistillationQueued,
     FoldSkippedPayload,
     HarvestBanked,
     HarvestError,
@@ -487,6 +499,7 @@ EventPayload = Annotated[
     | Declassify
     | CardRejected
     | FoldQueued
+    | DistillationQueued
     | FoldSkippedPayload
     | HarvestBanked
     | HarvestError

@@ -191,6 +191,8 @@ class Runtime:
         :meth:`reopen` does (the event grammar, :mod:`loomrt.record.grammar`)."""
         if run.view.status in ("done", "failed", "cancelled"):
             await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
+        if run.mode.between_turns and run.mode.queued(run.view):  # no chat wrote it while the user typed
+            await self.between_turns(run)
         await add_user_input(run, text)
         return await self._play(run)
 

@@ -8,8 +8,9 @@ Two kinds of work, queued on the record:
   ``concurrency`` at once. A worker that dies mid-run leaves its claim to expire (at once
   on its own machine, after the lease's ttl elsewhere); the run is then queued work again
   for any worker: the next ``loomrt worker`` to look resumes it (``work: resume``).
-- **queued folds** (``fold_queued``, fold mode's soft watermark) of runs that are parked or
-  ended, whose chat closed before it could fold between turns. Each is done under the run's
+- **queued distillations** (``fold_queued``, fold mode's soft watermark; ``distillation_queued``,
+  a recap or compaction due in a chat) of runs that are parked or ended, whose chat closed
+  before it could distil between turns. Each is done under the run's
   lease in the store (``distil:RUN_ID``, the same one the chat takes), so two workers, or a
   worker and the run's own chat, never fold one run at once. A run that is playing (active)
   is left to its own process, and the worker's appends are guarded
@@ -38,11 +39,24 @@ from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.run.state import RunResult
 from loomrt.runtime import Runtime
 
-__all__ = ["work_once", "work", "abandoned", "QUEUED", "SETTLED", "RUN_QUEUED", "PLAYED"]
+__all__ = [
+    "work_once",
+    "work",
+    "abandoned",
+    "QUEUED",
+    "SETTLED",
+    "RUN_QUEUED",
+    "PLAYED",
+    "DISTILLATION_QUEUED",
+    "DISTILLATION_SETTLED",
+]
 
 QUEUED = "fold_queued"
 SETTLED = ("distillation", "fold_skipped")
 """A queued fold is settled by the fold (a distillation) or by a skip (it is queued again later)."""
+DISTILLATION_QUEUED = "distillation_queued"
+DISTILLATION_SETTLED = ("distillation", "distillation_declined")
+"""A recap or compaction queued in a chat is settled by the distillation, or by a decline."""
 RUN_QUEUED = "run_queued"
 PLAYED = ("resumed", "final", "error", "cancelled")
 """A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
@@ -100,10 +114,13 @@ async def work_once(
     if runtime.owner is None:
         runtime.owner = worker_name()
     rows = await _play_queued(runtime, concurrency, tell)
-    for run_id in runtime.store.pending(QUEUED, SETTLED):
+    folds = runtime.store.pending(QUEUED, SETTLED)
+    queued = folds + [r for r in runtime.store.pending(DISTILLATION_QUEUED, DISTILLATION_SETTLED) if r not in folds]
+    for run_id in queued:
+        work = "fold" if run_id in folds else "distil"
         info = runtime.store.get_run(run_id)
         if info.status == "active":
-            row = {"run_id": run_id, "work": "fold", "done": False, "reason": "playing now: its own process folds it"}
+            row = {"run_id": run_id, "work": work, "done": False, "reason": "playing now: its own process distils it"}
         else:
             run = await runtime.aopen(run_id)
             run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
@@ -116,7 +133,7 @@ async def work_once(
                 done, reason = False, f"another worker has it ({exc})"
             row = {
                 "run_id": run_id,
-                "work": "fold",
+                "work": work,
                 "done": done,
                 "tokens_before": before,
                 "tokens_after": run.estimate(),

@@ -208,6 +208,7 @@ def test_the_cli_pins_shows_exports_and_verifies(tmp_path, monkeypatch):
         run = await rt.astart(chat_spec("recap"), interactive=True, name="planner")
         for text in ["Plan the launch with me.", DECISION, *FILLER[:6]]:
             await rt.send(run, text)
+        await rt.between_turns(run)  # the recap due at the watermark, written while the user types
         return run
 
     run = asyncio.run(play())

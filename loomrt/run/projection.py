@@ -123,6 +123,9 @@ class RunView:
     """Estimated size when a paid distillation last bought nothing: the next one waits until
     the context, or the pressure, has grown by 5% of the budget. Reset by every distillation."""
     declined_pressure: int = -1
+    distillation_queued: bool = False
+    """A recap or compaction is due between turns (``distillation_queued``, not yet settled
+    by a distillation or a decline)."""
     seen_user: bool = False
     task_seq: int | None = None
     """The first user input (the task: pinned by ``keep_first``, not as the current request)."""
@@ -192,8 +195,12 @@ class RunView:
                 if self.tokenizer_scale > MAX_TOKENIZER_SCALE:
                     self.tokenizer_scale = 1.0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
+                self.distillation_queued = False
+            case "distillation_queued":
+                self.distillation_queued = True
             case "distillation_declined":
                 self.declines += 1
+                self.distillation_queued = False
                 self.declined_at = len(self.context)
                 if d.get("paid", d.get("reason") == "result not smaller"):
                     self.declined_size = int(d.get("tokens_before", -1))

@@ -86,8 +86,9 @@ class RetentionMode:
         return None
 
     def queued(self, view: RunView) -> bool:
-        """Whether a distillation is queued for between turns (fold's soft watermark)."""
-        return False
+        """Whether a distillation is queued for between turns: fold's soft watermark, or a
+        recap or compaction due in a chat (:attr:`between_turns`)."""
+        return view.distillation_queued
 
     def status(self, view: RunView) -> dict[str, Any] | None:
         """The mode's own state as ``runs show`` reports it (fold: pending, last success, ...)."""
@@ -99,11 +100,24 @@ class RetentionMode:
         """Distil when pressure reaches this % of the budget; None never distils."""
         return None
 
+    between_turns = False
+    """In an interactive run, a distillation due at the watermark waits for the end of the
+    turn and is written while the user types (``distillation_queued``); only a context at
+    the whole budget (the hard watermark) is distilled inside the turn. Recap and compaction
+    do this; fold queues by its own rules, and stateful distils at every step."""
+
     def should_distil(self, run: RunState) -> bool:
         pct = self.threshold_pct(run)
         if pct is None or not self.may_try(run):
             return False
-        return run.pressure() * 100 >= pct * run.budget
+        pressure = run.pressure()
+        if pressure * 100 < pct * run.budget:
+            return False
+        if not (self.between_turns and run.interactive) or pressure >= run.budget:
+            return True
+        if not run.view.distillation_queued:
+            run.emit("distillation_queued", {"mode": self.name, "pressure": pressure, "budget": run.budget})
+        return False
 
     def may_try(self, run: RunState) -> bool:
         """False while the last decline still holds: nothing was added since, or (a paid

@@ -40,6 +40,7 @@ async def compact(run: RunState) -> Reduction | Declined | None:
 
 class CompactionMode(RetentionMode):
     name = "compaction"
+    between_turns = True
 
     def threshold_pct(self, run: RunState) -> int | None:
         return run.spec.context.autocompact_at_pct

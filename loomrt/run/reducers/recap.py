@@ -29,6 +29,7 @@ RECAP_LABEL = "[Recap written by the assistant of its own work, not the user's w
 
 class RecapMode(RetentionMode):
     name = "recap"
+    between_turns = True
 
     def threshold_pct(self, run: RunState) -> int | None:
         return run.spec.context.autorecap_at_pct
