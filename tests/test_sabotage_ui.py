@@ -12,7 +12,6 @@ pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip insta
 
 from loomrt.bench.ui_measure import ui_figures  # noqa: E402
 from loomrt.ui import read as ui_read  # noqa: E402
-from loomrt.visibility import private_record  # noqa: E402
 
 RUNS, EVENTS = (12, 40), 1_200
 
@@ -36,11 +35,13 @@ def test_a_runs_page_that_reads_every_run_grows_with_the_record(tmp_path: Path, 
     assert figures["runs_page"]["40"]["queries"] > figures["runs_page"]["12"]["queries"]
 
 
-def test_a_timeline_that_judges_the_record_again_for_each_page_is_seen(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(ui_read.PrivateCache, "get", lambda self, store, info: private_record(store, info.run_id))
+def test_pages_that_read_the_record_again_for_each_request_are_seen(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ui_read.RecordCache, "get", lambda self, what, info, read: read())  # sabotage: nothing kept
     figures = ui_figures(tmp_path, RUNS, EVENTS)
     assert not figures["goals"]["the next page reads its page, not the record"]
     assert not figures["goals"]["what the model saw reads the record at most once"]
+    assert not figures["goals"]["polled again with nothing moved, one query"]
+    assert figures["runs_poll"]["40"]["queries"] == 1 + 3 * 5
 
 
 def test_a_run_page_that_reads_its_whole_timeline_is_seen(tmp_path: Path, monkeypatch) -> None:

@@ -71,8 +71,13 @@ def test_a_new_run_shows_up_on_the_next_poll(tmp_path: Path) -> None:
     path = tmp_path / "record.sqlite"
     client = TestClient(create_app(SQLiteStore(path)))
     assert "No run matches" in client.get("/runs/rows").text
-    SQLiteStore(path).create_run(RunInfo(run_id="other-process-1", agent="a", def_hash="h", mode="recap", model="m"))
-    assert "other-process-1" in client.get("/runs/rows").text  # another process's store, the same file
+    other = SQLiteStore(path)  # another process's store, the same file
+    other.create_run(RunInfo(run_id="other-process-1", agent="a", def_hash="h", mode="recap", model="m"))
+    assert "other-process-1" in client.get("/runs/rows").text
+    for n in (1, 2):  # a run that moves is read again (its row is kept per state of its record, never stale)
+        other.append("other-process-1", "user_input", {"content": f"input {n}"})
+        row = client.get("/runs/rows").text.split("other-process-1", 1)[1]
+        assert re.findall(r'<td class="n">(\d+)</td>', row)[0] == str(n)
 
 
 def test_the_timeline_marks_every_distillation(client: TestClient, record: UiRecord) -> None:

@@ -456,6 +456,10 @@ def _ui(a: dict[str, Any]) -> list[str]:
     ]
     for n, f in a["runs_page"].items():
         lines.append(f"| runs page, {int(n):,} runs held | {f['queries']} | {f['events_read']:,} | {f['ms']} |")
+    for n, f in a.get("runs_poll", {}).items():
+        lines.append(
+            f"| the same polled again, nothing moved ({int(n):,} runs) | {f['queries']} | {f['events_read']:,} | {f['ms']} |"
+        )
     for key, what in (("open", "open"), ("next_page", "its timeline's next page"), ("prompt", "what the model saw")):
         f = lr[key]
         lines.append(

@@ -20,7 +20,7 @@ from starlette.staticfiles import StaticFiles
 from loomrt.cli._render import model_label
 from loomrt.errors import NotFoundError
 from loomrt.record.store import Store
-from loomrt.ui.read import PrivateCache, Reader, RunsFilter
+from loomrt.ui.read import Reader, RecordCache, RunsFilter
 
 __all__ = ["create_app", "HERE"]
 
@@ -60,7 +60,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         body = env.get_template(name).render(include_private=include_private, poll_s=POLL_S, **context)
         return HTMLResponse(body, status_code=status)
 
-    cache = PrivateCache()
+    cache = RecordCache()
 
     def reader() -> Reader:
         return Reader(store, include_private, cache)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import html
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from loomrt.audit import prompt_as_of
 from loomrt.errors import NotFoundError
@@ -36,7 +37,7 @@ __all__ = [
     "Row",
     "RunHeader",
     "Part",
-    "PrivateCache",
+    "RecordCache",
     "PAGE_ROWS",
     "SCAN_RUNS",
     "TIMELINE_PAGE",
@@ -125,32 +126,36 @@ def _linked(text: str, run_id: str) -> str:
     return _POINTER.sub(lambda m: f'<a href="/runs/{html.escape(run_id)}#e{m[1]}">[#{m[1]}]</a>', escaped)
 
 
-PRIVATE_CACHE = 256
-"""Runs whose private material the server keeps judged between requests."""
+CACHE_SIZE = 1_024
+"""Values the server keeps between requests (two a run shown: its row and its private material)."""
+
+T = TypeVar("T")
 
 
-class PrivateCache:
-    """Each run's :class:`PrivateRecord`, judged once per state of its record. Exact, not a
-    guess: a record only grows, a run's private material is a function of its own events and
-    of its family's up to the fork points (which never change), so it is keyed by the run's
-    last seq. A timeline page of a long run then reads its page, not the whole record."""
+class RecordCache:
+    """What is read from a run's record, kept per state of that record: its private material
+    (:func:`private_record`) and its row (:func:`glance`). Exact, not a guess: a record only
+    grows, and both are functions of the run's own events and of its family's up to the fork
+    points (which never change), so the run's last seq names them. A timeline page of a long
+    run then reads its page, not the whole record, and the runs page polled again reads the
+    runs, and only the rows of those that moved."""
 
-    def __init__(self, size: int = PRIVATE_CACHE):
+    def __init__(self, size: int = CACHE_SIZE):
         self.size = size
-        self.judged: dict[tuple[str, int], PrivateRecord] = {}
+        self.kept: dict[tuple[str, str, int], Any] = {}
         self.lock = threading.Lock()  # the pages run in Starlette's thread pool
 
-    def get(self, store: Store, info: RunInfo) -> PrivateRecord:
-        key = (info.run_id, info.last_seq)
+    def get(self, what: str, info: RunInfo, read: Callable[[], T]) -> T:
+        key = (what, info.run_id, info.last_seq)
         with self.lock:
-            found = self.judged.get(key)
+            found = self.kept.get(key)
         if found is None:
-            found = private_record(store, info.run_id)
+            found = read()
             with self.lock:
-                if len(self.judged) >= self.size:
-                    self.judged.pop(next(iter(self.judged)))
-                self.judged[key] = found
-        return found
+                if len(self.kept) >= self.size:
+                    self.kept.pop(next(iter(self.kept)))
+                self.kept[key] = found
+        return cast(T, found)
 
 
 @dataclass
@@ -159,7 +164,7 @@ class Reader:
 
     store: Store
     include_private: bool = False
-    cache: PrivateCache = field(default_factory=PrivateCache)
+    cache: RecordCache = field(default_factory=RecordCache)
 
     def info(self, run_id: str) -> RunInfo:
         """The run's row; :class:`NotFoundError` naming the id for an unknown one."""
@@ -180,7 +185,7 @@ class Reader:
             and (f.since is None or r.created_at >= f.since)
             and (f.until is None or r.created_at < f.until)
         ]
-        rows = [Row(r, glance(self.store, r)) for r in matched[: f.limit or PAGE_ROWS]]
+        rows = [Row(r, self._glance(r)) for r in matched[: f.limit or PAGE_ROWS]]
         return RunsPage(
             rows,
             len(matched),
@@ -189,9 +194,12 @@ class Reader:
             sorted({r.mode for r in runs}),
         )
 
+    def _glance(self, info: RunInfo) -> Glance:
+        return self.cache.get("glance", info, lambda: glance(self.store, info))
+
     def private(self, run_id: str) -> PrivateRecord:
-        """The run's private material, judged on its whole record (once per state of it: :class:`PrivateCache`)."""
-        return self.cache.get(self.store, self.info(run_id))
+        """The run's private material, judged on its whole record (once per state of it: :class:`RecordCache`)."""
+        return self.cache.get("private", self.info(run_id), lambda: private_record(self.store, run_id))
 
     def _redacted(self, run_id: str, events: list[Event]) -> list[Event]:
         return events if self.include_private else redact_events(events, self.private(run_id))
@@ -206,7 +214,7 @@ class Reader:
             state = self._redacted(run_id, [last_state])[0].data.get("state")
         return RunHeader(
             info,
-            glance(self.store, info),
+            self._glance(info),
             int(budget) if budget else None,
             state,
             self.store.children(run_id),
