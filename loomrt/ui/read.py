@@ -25,7 +25,7 @@ from loomrt.messages import Message
 from loomrt.record.store import Store
 
 if TYPE_CHECKING:
-    from loomrt.recall_reader import RecallAnswer
+    from loomrt.search_evicted import RecallAnswer
 from loomrt.tokens import count_messages
 from loomrt.ui.cards import CardNode, card_tree
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
@@ -274,7 +274,7 @@ class Reader:
 
     def recall(self, run_id: str, query: str, k: int = 5) -> RecallAnswer:
         """What Recall returns for ``query`` over the run's evicted history (as ``loomrt recall``)."""
-        from loomrt.recall_reader import recall_in_record
+        from loomrt.search_evicted import recall_in_record
 
         self.info(run_id)
         return recall_in_record(self.store, run_id, query, k=k, include_private=self.include_private)
