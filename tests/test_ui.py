@@ -347,3 +347,20 @@ def test_a_record_that_cannot_be_replayed_gets_a_page_not_a_trace(record: UiReco
     assert response.status_code == 500
     assert f"could not read /runs/{record.recap}/prompt/{seq}: KeyError" in response.text
     assert "Traceback" not in response.text
+
+
+def test_children_show_the_sigma_rows_they_handed_up(client: TestClient, record: UiRecord) -> None:
+    page = client.get(f"/runs/{record.fanout}").text
+    handed = record.store.events(record.fanout, kinds=["spawn_child_result"])
+    rows = re.findall(r'<pre class="state child-row">(.*?)</pre>', page, re.S)
+    assert handed and sorted(json.dumps(json.loads(html.unescape(r)), sort_keys=True) for r in rows) == sorted(
+        json.dumps(e.data["state"], sort_keys=True) for e in handed
+    )
+
+
+def test_a_fork_of_a_fork_names_its_lineage(client: TestClient, record: UiRecord) -> None:
+    page = client.get(f"/runs/{record.grandfork}").text
+    lineage = page.split('class="lineage">', 1)[1].split("</td>", 1)[0]
+    fork_seq = record.store.get_run(record.fork).fork_seq
+    assert lineage.index(f'href="/runs/{record.fork}"') < lineage.index(f'href="/runs/{record.recap}"')
+    assert f'href="/runs/{record.recap}#e{fork_seq}"' in lineage and "itself a fork of" in lineage

@@ -25,6 +25,8 @@ class UiRecord:
     path: Path
     recap: str
     fork: str
+    grandfork: str
+    """A fork of the fork."""
     fold: str
     fanout: str
     secret: str
@@ -58,19 +60,20 @@ def ui_record(folder: Path) -> UiRecord:
     def filler(i: int) -> str:
         return f"Note {i}: " + "the venue team sent another long update about chairs, lights and parking. " * 3
 
-    async def chat() -> tuple[str, str]:
+    async def chat() -> tuple[str, str, str]:
         run = await rt.astart(spec, interactive=True, name="notes")
         await rt.send(run, "Fetch the vault token.")
         for i in range(12):
             await rt.send(run, filler(i))
         forked = await rt.fork(run.run_id)
         await rt.send(forked, filler(50))
-        return run.run_id, forked.run_id
+        grand = await rt.fork(forked.run_id)
+        return run.run_id, forked.run_id, grand.run_id
 
-    recap, fork = asyncio.run(chat())
+    recap, fork, grandfork = asyncio.run(chat())
     agents_path = REPO / "agents.yaml"
     agents = load_agents(agents_path)
     demos = Runtime(store)
     fold = demos.run_sync("demo-fold", "Migrate the staging database.", agents=agents, agents_file=str(agents_path))
     fanout = demos.run_sync("demo-fanout", "Check the stations.", agents=agents, agents_file=str(agents_path))
-    return UiRecord(store, path, recap, fork, fold.run_id, fanout.run_id, secret)
+    return UiRecord(store, path, recap, fork, grandfork, fold.run_id, fanout.run_id, secret)

@@ -23,6 +23,7 @@ from loomrt.injection import INJECTED
 from loomrt.integrity import Verdict, verify_run
 from loomrt.messages import Message
 from loomrt.record.store import Store
+from loomrt.run.family import Family
 
 if TYPE_CHECKING:
     from loomrt.search_evicted import RecallAnswer
@@ -89,6 +90,10 @@ class RunHeader:
     state: dict[str, Any] | None
     children: list[RunInfo]
     private_seqs: list[int]
+    child_rows: dict[str, Any] = field(default_factory=dict)
+    """Each child's Σ row (or answer) as it was handed up, by run id."""
+    lineage: list[tuple[str, int]] = field(default_factory=list)
+    """A fork's ancestors, nearest first: (run id, the seq it was forked at)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +217,9 @@ class Reader:
         state = None
         if last_state is not None:
             state = self._redacted(run_id, [last_state])[0].data.get("state")
+        handed = self._redacted(run_id, self.store.events(run_id, kinds=["spawn_child_result"]))
+        rows = {str(e.data.get("run_id")): e.data.get("state") or e.data.get("output") for e in handed}
+        family = Family.of(self.store, {"run_id": info.forked_from, "seq": info.fork_seq}) if info.forked_from else None
         return RunHeader(
             info,
             self._glance(info),
@@ -219,6 +227,8 @@ class Reader:
             state,
             self.store.children(run_id),
             [] if self.include_private else sorted(self.private(run_id).seqs),
+            rows,
+            list(family.links) if family is not None else [],
         )
 
     def timeline(self, run_id: str, after: int = 0, kinds: list[str] | None = None) -> tuple[list[Item], int | None]:
