@@ -24,13 +24,13 @@ from loomrt.integrity import Verdict, verify_run
 from loomrt.messages import Message
 from loomrt.record.store import Store
 from loomrt.run.family import Family
-
-if TYPE_CHECKING:
-    from loomrt.search_evicted import RecallAnswer
 from loomrt.tokens import count_messages
 from loomrt.ui.cards import CardNode, card_tree
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
 from loomrt.visibility import PrivateRecord, private_record, redact_events
+
+if TYPE_CHECKING:
+    from loomrt.search_evicted import RecallAnswer
 
 __all__ = [
     "Reader",
@@ -260,6 +260,7 @@ class Reader:
 
     def prompt(self, run_id: str, seq: int) -> list[Part]:
         """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it."""
+        self.info(run_id)
         events = self._redacted(run_id, self.store.events(run_id))  # as reader_events, the judgement cached
         try:
             messages = prompt_as_of(events, seq, self.store)
