@@ -171,6 +171,9 @@ def test_children_and_forks_link_to_their_runs(client: TestClient, record: UiRec
     [
         ("/runs/no-such-run", 404, "no run &#39;no-such-run&#39;"),
         ("/runs/no-such-run/prompt/3", 404, "no run &#39;no-such-run&#39;"),
+        ("/runs/no-such-run/tokens.json", 404, "no run &#39;no-such-run&#39;"),
+        ("/runs/no-such-run/audit", 404, "no run &#39;no-such-run&#39;"),
+        ("/runs/no-such-run/recall?q=x", 404, "no run &#39;no-such-run&#39;"),
         ("/runs/{recap}/prompt/1", 404, "#1 is not a turn&#39;s model call"),
         ("/runs/{recap}/prompt/x", 400, "seq must be a whole number, not &#39;x&#39;"),
         ("/runs/{recap}/events/99999", 404, "has no event #99999"),

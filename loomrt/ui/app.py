@@ -130,9 +130,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         return page(request, name, parts=parts, run_id=run_id, seq=seq, total=sum(p.tokens for p in parts))
 
     def tokens(request: Request) -> Response:
-        r = reader()
-        run_id = request.path_params["run_id"]
-        return JSONResponse(r.tokens(run_id, r.header(run_id).budget))
+        return JSONResponse(reader().tokens(request.path_params["run_id"]))
 
     def audit(request: Request) -> Response:
         run_id = request.path_params["run_id"]

@@ -209,10 +209,14 @@ class Reader:
     def _redacted(self, run_id: str, events: list[Event]) -> list[Event]:
         return events if self.include_private else redact_events(events, self.private(run_id))
 
+    def budget(self, info: RunInfo) -> int | None:
+        """The run's token budget, as its ``run_started`` recorded it (a fork's own follows its fork seq)."""
+        started = self.store.events(info.run_id, until=(info.fork_seq or 0) + 1, kinds=["run_started"])
+        budget = started[-1].data.get("budget") if started else None
+        return int(budget) if budget else None
+
     def header(self, run_id: str) -> RunHeader:
         info = self.info(run_id)
-        started = self.store.events(run_id, until=(info.fork_seq or 0) + 1, kinds=["run_started"])
-        budget = started[-1].data.get("budget") if started else None
         last_state = self.store.latest(run_id, "state_update")
         state = None
         if last_state is not None:
@@ -223,7 +227,7 @@ class Reader:
         return RunHeader(
             info,
             self._glance(info),
-            int(budget) if budget else None,
+            self.budget(info),
             state,
             self.store.children(run_id),
             [] if self.include_private else sorted(self.private(run_id).seqs),
@@ -255,7 +259,9 @@ class Reader:
         found = self.store.latest(run_id, "state_update", until=seq)
         return None if found is None else self._redacted(run_id, [found])[0]
 
-    def tokens(self, run_id: str, budget: int | None) -> dict[str, Any]:
+    def tokens(self, run_id: str) -> dict[str, Any]:
+        """The chart's series: every model call's input tokens, and the budget line."""
+        budget = self.budget(self.info(run_id))
         return tokens_series(self.store.events(run_id, kinds=["model_call"]), budget)
 
     def prompt(self, run_id: str, seq: int) -> list[Part]:
