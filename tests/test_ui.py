@@ -367,3 +367,20 @@ def test_a_fork_of_a_fork_names_its_lineage(client: TestClient, record: UiRecord
     fork_seq = record.store.get_run(record.fork).fork_seq
     assert lineage.index(f'href="/runs/{record.fork}"') < lineage.index(f'href="/runs/{record.recap}"')
     assert f'href="/runs/{record.recap}#e{fork_seq}"' in lineage and "itself a fork of" in lineage
+
+
+def test_the_pages_read_postgresql_as_they_read_sqlite(record: UiRecord, postgres_url: str) -> None:
+    """The same record copied into PostgreSQL (`loomrt db copy`): the same runs, markers,
+    prompt and audit (the postgres side is slow by the conftest's rule)."""
+    from loomrt.record import default_store
+    from loomrt.record.copy import copy_record
+
+    target = default_store(postgres_url)
+    copy_record(record.store, target)
+    on_sqlite, on_pg = TestClient(create_app(record.store)), TestClient(create_app(target))
+    assert record.recap in on_pg.get("/").text
+    seq = _turn_calls(record, record.recap)[-1]
+    for path in (f"/runs/{record.recap}/prompt/{seq}", f"/runs/{record.fold}", f"/runs/{record.recap}/tokens.json"):
+        assert on_pg.get(path).text == on_sqlite.get(path).text, path
+    assert 'data-clean="true"' in on_pg.get(f"/runs/{record.recap}/audit").text
+    target.close()
