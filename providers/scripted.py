@@ -15,6 +15,8 @@ From YAML, ``model: scripted/PATH`` reads a script file (PATH relative to the ag
       - "Recap: ..."
       - extractive: 600    # or: the leading sentence of each message of the span, up to 600 characters
         words: 12          #   (optional) at most 12 words of each
+      - text: "Recap: ..."
+        delay_s: 2         # a slow summariser (seconds before the reply)
 
 A turn's text streams word by word to a request's ``on_text`` (where the run has a watcher,
 as a chat does), as a provider that streams would send it.
@@ -102,6 +104,8 @@ class ScriptedProvider:
             )
         item = self.summaries[min(self._summary, len(self.summaries) - 1)]
         self._summary += 1
+        if item.get("delay_s"):
+            await asyncio.sleep(float(item["delay_s"]))
         return self._reply(item, request, call_no=self._summary)
 
     def _reply(self, item: dict[str, Any], request: ModelRequest, call_no: int) -> ModelResponse:

@@ -121,8 +121,9 @@ class Screen:
                 self.measure()
             if line is None:
                 self._draw()
-            elif self.background:
+            elif self.background:  # the work between turns is done: its notice waits for the prompt to return
                 self.held.append(line)
+                self.doing = ""
             else:
                 self._print(line)
 
@@ -138,11 +139,9 @@ class Screen:
 
     def begin(self) -> None:
         """A turn starts: the background's notices print, and the status line is drawn."""
+        self.flush()
         with self._lock:
             self.background = False
-            for line in self.held:
-                self._print(line)
-            self.held.clear()
             self.doing, self.streamed, self._since = "thinking", "", time.monotonic()
             self._draw()
         if self.status and self._ticker is None:
@@ -179,10 +178,18 @@ class Screen:
             self.background = True
             self.doing = ""
 
-    def toolbar(self) -> str:
-        """What the chat's input line shows under it: the meter, and the background's work."""
+    def flush(self) -> None:
+        """Print the notices of the work done between turns (before a turn, and as the chat ends)."""
         with self._lock:
-            return "  ".join(x for x in (self.meter, self.doing) if x)
+            held, self.held = self.held, []
+            for line in held:
+                self._print(line)
+
+    def toolbar(self) -> str:
+        """What the chat's input line shows under it: the meter, and the background's work
+        (or the notice of what it did)."""
+        with self._lock:
+            return "  ".join(x for x in (self.meter, self.doing or (self.held[-1] if self.held else "")) if x)
 
     # ------------------------------------------------------------------ drawing
 

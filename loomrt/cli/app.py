@@ -231,6 +231,8 @@ def chat_cmd(
             failed += 1
             if not json_output:
                 err.print("[dim]the turn failed; the chat goes on (type your next message, or Ctrl-D to end)[/dim]")
+    if screen is not None:
+        screen.flush()  # what the last work between turns did
     if run.view.status not in ("done", "failed", "cancelled"):  # a chat reopened and left at once stays as it was
         rt.finish(run)
     if tty and not json_output:
