@@ -27,9 +27,10 @@ class RecallAnswer:
 
 
 def recall_in_record(
-    store: Store, run_id: str, query: str, *, k: int = 5, include_private: bool = False
+    store: Store, run_id: str, query: str, *, k: int = 5, include_private: bool = False, source: str | None = None
 ) -> RecallAnswer:
-    """The ``k`` best hits for ``query`` in what run ``run_id`` evicted (``NotFoundError`` for an unknown run)."""
+    """The ``k`` best hits for ``query`` in what run ``run_id`` evicted (``NotFoundError`` for an
+    unknown run); ``source``: the ``k`` best of one source only (``run`` or ``family``)."""
     store.get_run(run_id)
     events = store.events(run_id)
     context: Any = None
@@ -49,7 +50,9 @@ def recall_in_record(
     )
     rr.rebuild([*shared, *events])
     private = private_seqs([*shared, *events]) | (family.private() if family is not None else set())
-    hits = rr.search(query, top_k=k)
+    hits = rr.search(query, top_k=k if source is None else max(k, rr.size()))
+    if source is not None:
+        hits = [h for h in hits if h.source == source][:k]
     if not include_private:  # the reader without the right sees the placeholder
         hits = [
             replace(h, text=placeholder(h.seq, h.role or "tool")) if h.seq is not None and h.seq in private else h

@@ -384,3 +384,15 @@ def test_the_pages_read_postgresql_as_they_read_sqlite(record: UiRecord, postgre
         assert on_pg.get(path).text == on_sqlite.get(path).text, path
     assert 'data-clean="true"' in on_pg.get(f"/runs/{record.recap}/audit").text
     target.close()
+
+
+def test_recall_searches_one_source_when_asked(client: TestClient, record: UiRecord, monkeypatch) -> None:
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "none")
+    url = f"/runs/{record.fork}/recall"
+    every = client.get(url, params={"q": "venue chairs parking", "k": 20}).text
+    sources = re.findall(r"</a> · (run|family) · score", every)
+    assert {"run", "family"} <= set(sources), sources  # the fork evicted its own turns and shares its parent's
+    for source in ("run", "family"):
+        only = client.get(url, params={"q": "venue chairs parking", "k": 20, "source": source}).text
+        assert set(re.findall(r"</a> · (\w+) · score", only)) == {source}
+    assert client.get(url, params={"q": "x", "source": "memory"}).status_code == 400

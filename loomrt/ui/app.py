@@ -143,7 +143,10 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         k = seq_of(request, "k") if request.query_params.get("k") else 5
         if not 1 <= k <= 50:
             raise HTTPException(400, f"k must be between 1 and 50, not {k}")
-        answer = reader().recall(run_id, query, k)
+        source = request.query_params.get("source") or None
+        if source not in (None, "run", "family"):
+            raise HTTPException(400, f"source is run or family (a fork's shared history), not {source!r}")
+        answer = reader().recall(run_id, query, k, source)
         return page(request, "_recall.html", answer=answer, query=query, run_id=run_id)
 
     def state(request: Request) -> Response:

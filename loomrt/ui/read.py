@@ -289,12 +289,13 @@ class Reader:
             raise NotFoundError(f"run {run_id} has no event #{seq}")
         return self._redacted(run_id, found)[0]
 
-    def recall(self, run_id: str, query: str, k: int = 5) -> RecallAnswer:
-        """What Recall returns for ``query`` over the run's evicted history (as ``loomrt recall``)."""
+    def recall(self, run_id: str, query: str, k: int = 5, source: str | None = None) -> RecallAnswer:
+        """What Recall returns for ``query`` over the run's evicted history (as ``loomrt recall``);
+        ``source``: only the run's own hits (``run``) or its family's (``family``, a fork's shared history)."""
         from loomrt.search_evicted import recall_in_record
 
         self.info(run_id)
-        return recall_in_record(self.store, run_id, query, k=k, include_private=self.include_private)
+        return recall_in_record(self.store, run_id, query, k=k, include_private=self.include_private, source=source)
 
     def verify(self, run_id: str) -> Verdict:
         """``runs verify``'s every check (the prompts re-derived too)."""
