@@ -106,6 +106,7 @@ def test_what_the_model_saw_is_runs_show_prompt(client: TestClient, record: UiRe
     page = client.get(f"/runs/{record.recap}/prompt/{seq}", headers={"HX-Request": "true"}).text
     assert _shown_texts(page) == [m["content"] for m in expected]
     assert 'data-kind="distilled"' in page  # the recap the distillation wrote, coloured apart
+    assert "the tools the run offers on each call: vault" in page
 
 
 def test_private_material_is_redacted_unless_asked(record: UiRecord) -> None:

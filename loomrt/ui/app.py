@@ -125,9 +125,11 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
 
     def prompt(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
-        parts = reader().prompt(run_id, seq)
+        r = reader()
+        parts = r.prompt(run_id, seq)
         name = "_prompt.html" if request.headers.get("hx-request") else "prompt.html"
-        return page(request, name, parts=parts, run_id=run_id, seq=seq, total=sum(p.tokens for p in parts))
+        total = sum(p.tokens for p in parts)
+        return page(request, name, parts=parts, run_id=run_id, seq=seq, total=total, tools=r.tools(run_id))
 
     def tokens(request: Request) -> Response:
         return JSONResponse(reader().tokens(request.path_params["run_id"]))

@@ -209,11 +209,19 @@ class Reader:
     def _redacted(self, run_id: str, events: list[Event]) -> list[Event]:
         return events if self.include_private else redact_events(events, self.private(run_id))
 
-    def budget(self, info: RunInfo) -> int | None:
-        """The run's token budget, as its ``run_started`` recorded it (a fork's own follows its fork seq)."""
+    def _started(self, info: RunInfo) -> dict[str, Any]:
+        """The run's ``run_started`` (a fork's own follows its fork seq)."""
         started = self.store.events(info.run_id, until=(info.fork_seq or 0) + 1, kinds=["run_started"])
-        budget = started[-1].data.get("budget") if started else None
+        return started[-1].data if started else {}
+
+    def budget(self, info: RunInfo) -> int | None:
+        """The run's token budget, as its ``run_started`` recorded it."""
+        budget = self._started(info).get("budget")
         return int(budget) if budget else None
+
+    def tools(self, run_id: str) -> list[str]:
+        """The tools the run offers with each call, by name (the record does not keep their schemas)."""
+        return [str(t) for t in self._started(self.info(run_id)).get("tools") or ()]
 
     def header(self, run_id: str) -> RunHeader:
         info = self.info(run_id)
