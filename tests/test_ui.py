@@ -397,3 +397,20 @@ def test_recall_searches_one_source_when_asked(client: TestClient, record: UiRec
         only = client.get(url, params={"q": "venue chairs parking", "k": 20, "source": source}).text
         assert set(re.findall(r"</a> · (\w+) · score", only)) == {source}
     assert client.get(url, params={"q": "x", "source": "memory"}).status_code == 400
+
+
+def test_the_timeline_tails_a_run_that_moves(tmp_path: Path) -> None:
+    from loomrt.events import RunInfo
+    from loomrt.record.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "record.sqlite")
+    store.create_run(RunInfo(run_id="moving", agent="a", def_hash="h", mode="recap", model="m"))
+    store.append("moving", "user_input", {"content": "first"})
+    client = TestClient(create_app(store))
+    page = client.get("/runs/moving").text
+    assert 'class="live" data-after="1" hx-get="/runs/moving/timeline?after=1" hx-trigger="every 2s"' in page
+    quiet = client.get("/runs/moving/timeline", params={"after": 1}).text
+    assert 'id="e' not in quiet and 'data-after="1"' in quiet  # nothing new: the tail asks again from #1
+    store.append("moving", "user_input", {"content": "second, from another process"})
+    moved = client.get("/runs/moving/timeline", params={"after": 1}).text
+    assert 'id="e2"' in moved and "second, from another process" in moved and 'data-after="2"' in moved

@@ -113,6 +113,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
             head=head,
             items=items,
             next_after=next_after,
+            tail=items[-1].seq if items else 0,
             markers=r.distillations(run_id),
             cards=r.cards(run_id) if head.info.mode == "fold" else [],
             run_id=run_id,
@@ -120,8 +121,10 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
 
     def timeline(request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        items, next_after = reader().timeline(run_id, after=seq_of(request, "after"))
-        return page(request, "_timeline.html", items=items, next_after=next_after, run_id=run_id)
+        after = seq_of(request, "after")
+        items, next_after = reader().timeline(run_id, after=after)
+        tail = items[-1].seq if items else after  # the live tail asks again from here
+        return page(request, "_timeline.html", items=items, next_after=next_after, tail=tail, run_id=run_id)
 
     def prompt(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
