@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 from loomrt.errors import SpecError
-from loomrt.mcp.http import Guard, allowed_origins, check_listen, is_loopback
+from loomrt.mcp.http import TOKEN_MIN_CHARS, Guard, allowed_origins, check_listen, is_loopback
 
 __all__ = ["COOKIE", "TokenCarrier", "guarded", "new_token", "check_ui_listen"]
 
@@ -42,6 +42,11 @@ def check_ui_listen(host: str, token_file_given: bool, token: str) -> None:
         raise SpecError(
             f"refusing to serve the UI on {host} without --token-file: anyone who can reach it could read "
             "every run. Pass --token-file FILE (its first line, 32 characters or more), or serve on 127.0.0.1."
+        )
+    if len(token) < TOKEN_MIN_CHARS:
+        raise SpecError(
+            f"the UI token is {len(token)} characters; it must have at least {TOKEN_MIN_CHARS}. "
+            "Make one with: python -c 'import secrets; print(secrets.token_urlsafe(32))' > FILE"
         )
     check_listen(host, token)
 
