@@ -154,8 +154,8 @@ def write_docs(seen: dict[str, str], page: Path) -> None:
         ("While the model thinks, a status line says so, with the pressure meter:", "thinking"),
         ("The answer streams as the model writes it:", "streaming"),
         (
-            "A turn whose tool result fills the working context is recapped first "
-            "(the status line says what it distils):",
+            "When the working context fills, the mode distils it: here a recap, made between turns "
+            "while you type (the toolbar says so; a distillation inside a turn shows on the status line):",
             "recapping",
         ),
         ("and a notice says what was evicted, and the tokens before and after:", "distilled"),
@@ -171,10 +171,16 @@ def write_docs(seen: dict[str, str], page: Path) -> None:
     page.write_text(text[:start] + "\n".join(parts) + text[end:], encoding="utf-8")
 
 
-def _last_lines(screen: str, n: int = 14) -> str:
-    lines = [line.rstrip() for line in screen.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
+def _last_lines(screen: str, n: int = 12, width: int = 100) -> str:
+    """The bottom of ``screen`` as the terminal showed it: lines wrapped at its width, and
+    the empty rows above the input line's toolbar as one."""
+    lines: list[str] = []
+    for line in screen.rstrip().splitlines():
+        line = line.rstrip()
+        rows = [line[i : i + width] for i in range(0, len(line), width)] or [""]
+        for row in rows:
+            if not (row.strip() == "" and lines and lines[-1] == ""):
+                lines.append(row.rstrip())
     return "\n".join(lines[-n:]) + "\n"
 
 
