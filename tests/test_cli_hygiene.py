@@ -60,3 +60,22 @@ def test_loading_the_embedder_prints_no_progress_bar() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "Loading weights" not in done.stderr and "it/s" not in done.stderr, done.stderr
+
+
+INSPECTION = [
+    "runs list", "runs show", "runs events", "runs export", "runs verify", "runs private", "agents list",
+    "memory search", "memory list", "memory show", "db status", "workers list", "bench list", "recall", "doctor",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", INSPECTION)
+def test_every_inspection_command_takes_json(name: str) -> None:
+    """docs/cli.md says so: `runs export` and `bench list` were the two that did not."""
+    import typer.main
+
+    from loomrt.cli.app import app
+
+    command: Any = typer.main.get_command(app)
+    for word in name.split():
+        command = command.commands[word]
+    assert any("--json" in getattr(p, "opts", []) for p in command.params)

@@ -367,3 +367,13 @@ def test_the_guard_checks_host_on_the_loopback_and_the_token_everywhere() -> Non
     exposed = Guard(None, host="0.0.0.0", port=8765, token=TOKEN, origins=allowed_origins("0.0.0.0", 8765))
     assert exposed.refusal({"host": "10.1.2.3:8765", "authorization": f"Bearer {TOKEN}"}) is None
     assert exposed.refusal({"host": "10.1.2.3:8765"})[0] == 401  # type: ignore[index]
+
+
+def test_the_help_lists_every_tool() -> None:
+    """`loomrt mcp --help` names each tool the server offers (it named 8 of 11)."""
+    from typer.testing import CliRunner
+
+    from loomrt.cli.app import app
+
+    shown = CliRunner().invoke(app, ["mcp", "--help"], terminal_width=200).stdout
+    assert [name for name in sorted(TOOLS) if name not in shown] == []

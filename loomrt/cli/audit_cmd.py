@@ -65,6 +65,7 @@ def export_cmd(
     include_private: bool = typer.Option(
         False, "--include-private", help="Private material whole, not its placeholders (loomrt.visibility)."
     ),
+    json_output: bool = typer.Option(False, "--json", help="JSON lines, one item per line (--format jsonl)."),
 ) -> None:
     """The run for a reviewer: every message and every distillation marker, in record order
     (private messages as placeholders unless --include-private)."""
@@ -72,6 +73,7 @@ def export_cmd(
     from loomrt.errors import SpecError
     from loomrt.visibility import reader_events
 
+    format = "jsonl" if json_output else format
     if format not in ("md", "jsonl"):
         raise SpecError(f"unknown export format {format!r}: use md or jsonl", path="--format")
     store = runtime().store

@@ -296,10 +296,16 @@ def _print_tables(results: dict[str, Any], mode_rows: Any) -> None:
 
 
 @bench_app.command("list")
-def list_cmd() -> None:
+def list_cmd(
+    json_output: bool = typer.Option(False, "--json", help="One JSON object: each name and what it measures."),
+) -> None:
     """List the workloads and measures `bench run` knows."""
     from loomrt.bench.runner import available_targets
+    from loomrt.cli._common import print_json
 
+    if json_output:
+        print_json(available_targets())
+        return
     for name, description in available_targets().items():
         _out.print(f"[bold]{name}[/bold]  {description}")
 

@@ -27,8 +27,9 @@ def mcp_cmd(
         None, "--allow-origin", help="With --http: a browser Origin to accept besides the server's own (repeatable)."
     ),
 ) -> None:
-    """Serve runs of the agents file over MCP: spawn_run, spawn_runs, get_run, get_events, continue_run,
-    cancel_run, compact_run, recall, and each run as a loomrt://runs/{run_id} resource."""
+    """Serve runs of the agents file over MCP. Tools: list_agents, spawn_run, spawn_runs, get_run,
+    list_runs, get_events, continue_run, cancel_run, compact_run, fork_run, recall; and each run
+    as a loomrt://runs/{run_id} resource."""
     from loomrt.mcp.http import allowed_origins, check_listen, read_token, serve_http
     from loomrt.mcp.server import build_server
     from loomrt.mcp.service import RunService
