@@ -414,3 +414,25 @@ def test_the_timeline_tails_a_run_that_moves(tmp_path: Path) -> None:
     store.append("moving", "user_input", {"content": "second, from another process"})
     moved = client.get("/runs/moving/timeline", params={"after": 1}).text
     assert 'id="e2"' in moved and "second, from another process" in moved and 'data-after="2"' in moved
+
+
+def test_a_fold_fork_shows_the_cards_it_shares_with_its_family(client: TestClient, record: UiRecord) -> None:
+    parent = client.get(f"/runs/{record.fold}").text
+    fork = client.get(f"/runs/{record.fold_fork}").text
+    tree = r'<details class="card[^"]*" id="card-(\w+)" data-depth="(\d+)"'
+    assert re.findall(tree, fork) == re.findall(tree, parent) != []  # forked at the end: the whole catalog
+    assert "the family's" in fork and "the family's" not in parent  # read from the card index
+    covered = re.findall(r'covers <a href="([^"]+)">', fork)
+    assert covered and all(h.startswith(f"/runs/{record.fold}#e") for h in covered)  # the parent's page holds them
+
+
+def test_a_forks_shared_history_links_to_the_page_that_holds_it(client: TestClient, record: UiRecord) -> None:
+    fork_seq = record.store.get_run(record.fork).fork_seq
+    assert fork_seq is not None
+    seq = _turn_calls(record, record.fork)[0]
+    page = client.get(f"/runs/{record.fork}/prompt/{seq}").text
+    links = re.findall(r'<a href="/runs/(\w+)#e(\d+)">', page)
+    assert links
+    for owner, at in links:
+        assert owner == (record.recap if int(at) <= fork_seq else record.fork), (owner, at)
+    assert {o for o, _ in links} == {record.recap, record.fork}

@@ -28,6 +28,8 @@ class UiRecord:
     grandfork: str
     """A fork of the fork."""
     fold: str
+    fold_fork: str
+    """A fork of the fold run at its last seq: its catalog is its parent's, its cards the family's."""
     fanout: str
     secret: str
 
@@ -80,5 +82,6 @@ def ui_record(folder: Path) -> UiRecord:
     agents = load_agents(agents_path)
     demos = Runtime(store)
     fold = demos.run_sync("demo-fold", "Migrate the staging database.", agents=agents, agents_file=str(agents_path))
+    fold_fork = asyncio.run(demos.fork(fold.run_id)).run_id
     fanout = demos.run_sync("demo-fanout", "Check the stations.", agents=agents, agents_file=str(agents_path))
-    return UiRecord(store, path, recap, fork, grandfork, fold.run_id, fanout.run_id, secret)
+    return UiRecord(store, path, recap, fork, grandfork, fold.run_id, fold_fork, fanout.run_id, secret)

@@ -114,6 +114,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
             items=items,
             next_after=next_after,
             tail=items[-1].seq if items else 0,
+            at=r.where(run_id),
             markers=r.distillations(run_id),
             cards=r.cards(run_id) if head.info.mode == "fold" else [],
             run_id=run_id,
@@ -122,9 +123,12 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
     def timeline(request: Request) -> Response:
         run_id = request.path_params["run_id"]
         after = seq_of(request, "after")
-        items, next_after = reader().timeline(run_id, after=after)
+        r = reader()
+        items, next_after = r.timeline(run_id, after=after)
         tail = items[-1].seq if items else after  # the live tail asks again from here
-        return page(request, "_timeline.html", items=items, next_after=next_after, tail=tail, run_id=run_id)
+        return page(
+            request, "_timeline.html", items=items, next_after=next_after, tail=tail, run_id=run_id, at=r.where(run_id)
+        )
 
     def prompt(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")
@@ -151,8 +155,9 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         source = request.query_params.get("source") or None
         if source not in (None, "run", "family"):
             raise HTTPException(400, f"source is run or family (a fork's shared history), not {source!r}")
-        answer = reader().recall(run_id, query, k, source)
-        return page(request, "_recall.html", answer=answer, query=query, run_id=run_id)
+        r = reader()
+        answer = r.recall(run_id, query, k, source)
+        return page(request, "_recall.html", answer=answer, query=query, run_id=run_id, at=r.where(run_id))
 
     def state(request: Request) -> Response:
         run_id, seq = request.path_params["run_id"], seq_of(request, "seq")

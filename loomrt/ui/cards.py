@@ -1,6 +1,7 @@
 """A fold run's card tree as the run page shows it: the cards its catalog sees now (the last
 distillation's context), each with the cards it rolls up, down to the leaves and the record
-messages they cover. Cards a fork shares with its family are read from the store's card index."""
+messages they cover. Cards a fork shares with its family (its starting catalog names them) are
+read from the store's card index."""
 
 from __future__ import annotations
 
@@ -28,18 +29,20 @@ class CardNode:
     """That distillation's verbatim check: values checked, invented, cards rejected, fallbacks."""
 
 
-def card_tree(store: Store, distillations: Iterable[Event]) -> list[CardNode]:
-    """The catalog's cards now, in catalog order, each with its subtree (empty: no card yet)."""
-    found = [e for e in distillations if e.kind == "distillation"]
+def card_tree(store: Store, events: Iterable[Event]) -> list[CardNode]:
+    """The catalog's cards now (the last distillation's context, else a fold fork's starting
+    catalog on its ``run_started``), in catalog order, each with its subtree (empty: no card)."""
+    events = list(events)
+    found = [e for e in events if e.kind == "distillation"]
+    started = [e.data["catalog"] for e in events if e.kind == "run_started" and e.data.get("catalog")]
     written: dict[str, tuple[int, dict[str, Any] | None]] = {}
     cards: dict[str, Card] = {}
     for e in found:
         for c in e.data.get("cards") or ():
             cards[c["id"]] = Card.from_dict(c)
             written[c["id"]] = (e.seq, e.data.get("verify"))
-    if not found:
-        return []
-    roots = [str(x["card"]) for x in found[-1].data.get("context") or () if isinstance(x, dict) and "card" in x]
+    catalog = found[-1].data.get("context") or () if found else started[-1] if started else ()
+    roots = [str(x["card"]) for x in catalog if isinstance(x, dict) and "card" in x]
 
     def fetch(ids: Iterable[str]) -> None:
         missing = [i for i in ids if i not in cards]

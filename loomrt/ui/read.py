@@ -108,6 +108,8 @@ class Part:
     tokens: int
     html: str
     """The text, escaped, with each ``[#seq]`` pointer a link to that event."""
+    href: str | None = None
+    """Where its event is shown (a fork's shared history: on the ancestor's page)."""
 
 
 _POINTER = re.compile(r"\[#(\d+)\]")
@@ -126,9 +128,9 @@ def _kind(m: Message) -> str:
     return "raw"
 
 
-def _linked(text: str, run_id: str) -> str:
+def _linked(text: str, at: Callable[[int], str]) -> str:
     escaped = html.escape(text)
-    return _POINTER.sub(lambda m: f'<a href="/runs/{html.escape(run_id)}#e{m[1]}">[#{m[1]}]</a>', escaped)
+    return _POINTER.sub(lambda m: f'<a href="{at(int(m[1]))}">[#{m[1]}]</a>', escaped)
 
 
 CACHE_SIZE = 1_024
@@ -231,7 +233,6 @@ class Reader:
             state = self._redacted(run_id, [last_state])[0].data.get("state")
         handed = self._redacted(run_id, self.store.events(run_id, kinds=["spawn_child_result"]))
         rows = {str(e.data.get("run_id")): e.data.get("state") or e.data.get("output") for e in handed}
-        family = Family.of(self.store, {"run_id": info.forked_from, "seq": info.fork_seq}) if info.forked_from else None
         return RunHeader(
             info,
             self._glance(info),
@@ -240,8 +241,28 @@ class Reader:
             self.store.children(run_id),
             [] if self.include_private else sorted(self.private(run_id).seqs),
             rows,
-            list(family.links) if family is not None else [],
+            self.lineage(info),
         )
+
+    def lineage(self, info: RunInfo) -> list[tuple[str, int]]:
+        """A fork's ancestors, nearest first: (run id, the seq it was forked at); empty for a run that is no fork."""
+        if not info.forked_from:
+            return []
+        family = Family.of(self.store, {"run_id": info.forked_from, "seq": info.fork_seq})
+        return list(family.links) if family is not None else []
+
+    def where(self, run_id: str) -> Callable[[int], str]:
+        """Where seq ``s`` of the run's view is shown: its own page, or, for a fork's shared
+        history, the page of the ancestor whose record holds it."""
+        info = self.info(run_id)
+        links = self.lineage(info)
+        ranges = [(rid, links[i + 1][1] if i + 1 < len(links) else 0, at) for i, (rid, at) in enumerate(links)]
+
+        def at(seq: int) -> str:
+            owner = next((rid for rid, lo, hi in ranges if lo < seq <= hi), run_id)
+            return f"/runs/{html.escape(owner)}#e{seq}"
+
+        return at
 
     def timeline(self, run_id: str, after: int = 0, kinds: list[str] | None = None) -> tuple[list[Item], int | None]:
         """One page of the timeline after seq ``after``: its items, and where the next page starts (None: the end)."""
@@ -258,7 +279,7 @@ class Reader:
 
     def cards(self, run_id: str) -> list[CardNode]:
         """A fold run's card tree now (empty for a run that wrote no card)."""
-        found = self.store.events(run_id, kinds=["distillation"])
+        found = self.store.events(run_id, kinds=["run_started", "distillation"])
         return card_tree(self.store, self._redacted(run_id, found))
 
     def state_at(self, run_id: str, seq: int) -> Event | None:
@@ -280,14 +301,15 @@ class Reader:
             messages = prompt_as_of(events, seq, self.store)
         except ValueError as exc:
             raise NotFoundError(f"run {run_id}: {exc}") from None
-        parts = []
+        parts, at = [], self.where(run_id)
         for m in messages:
             kind = _kind(m)
             where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
             label = f"{where} {m.role}" + (f" · {m.name}" if m.name else "")
             if m.tool_calls:
                 label += " → " + ", ".join(c.name for c in m.tool_calls)
-            parts.append(Part(m.seq, m.role, kind, label, count_messages([m]), _linked(m.content, run_id)))
+            link = at(m.seq) if m.seq is not None else None
+            parts.append(Part(m.seq, m.role, kind, label, count_messages([m]), _linked(m.content, at), link))
         return parts
 
     def event(self, run_id: str, seq: int) -> Event:
