@@ -173,6 +173,9 @@ def test_a_fork_a_fold_run_and_a_stateful_parent_with_children(browser: Any, ser
     root.find_element(By.TAG_NAME, "summary").click()  # open the root card: the cards it rolls up show
     assert root.find_element(By.CSS_SELECTOR, "details.card").is_displayed()
     _shot(browser, "fold", 1300)
+    browser.get(f"{server}/runs/{record.fold_fork}")  # a fork of the fold run: the family's cards
+    shared = browser.find_elements(By.CSS_SELECTOR, "section.cards > details.card")
+    assert shared and "the family's" in shared[0].find_element(By.TAG_NAME, "summary").text
     browser.get(f"{server}/runs/{record.fanout}")
     children = record.store.children(record.fanout)
     for c in children:
