@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loomrt.audit import Marker, transcript
 from loomrt.events import Event
 
 __all__ = ["Item", "item_of", "timeline", "tokens_series", "TIMELINE_PAGE"]
@@ -88,10 +89,8 @@ def item_of(e: Event) -> Item:
             text=_short(d.get("content", "")),
         )
     if k == "distillation":
-        from loomrt.audit import transcript
-
         marker = transcript([e])[0]
-        worked = getattr(marker, "worked_from", ())
+        worked = marker.worked_from if isinstance(marker, Marker) else ()
         span = tuple(int(s) for s in d.get("span_seqs") or ())
         where = f"#{span[0]}–#{span[-1]}" if span else "nothing"
         return Item(
@@ -120,7 +119,7 @@ def item_of(e: Event) -> Item:
             text=f"query: {d.get('query', '')}" + (f"\npassages from {seqs}" if seqs else ""),
         )
     if k in ("pin", "unpin", "mark_private", "declassify"):
-        return Item(**base, css="pin", title=k.replace("_", " "), text=_short({x: y for x, y in d.items()}))
+        return Item(**base, css="pin", title=k.replace("_", " "), text=_short(d))
     if k in ("spawn_child_started", "spawn_child_result"):
         status = f" · {d.get('status')}" if k == "spawn_child_result" else ""
         text = _short(d.get("state") or d.get("output") or d.get("error") or "")
