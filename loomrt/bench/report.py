@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.render import fmt, md_table, render_measure
+from loomrt.bench.styles import mode_styles
 
 __all__ = [
     "markers",
@@ -239,15 +240,17 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
 
     written: list[Path] = []
     workloads = results["workloads"]
+    style = mode_styles([m for w in workloads.values() for m in w["modes"]])
     if workloads:
         fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.2), squeeze=False)
         for ax, (name, w) in zip(axes[0], workloads.items(), strict=True):
-            for i, (mode, series) in enumerate(w["series"].items()):
+            for mode, series in w["series"].items():
                 ax.plot(
                     range(1, len(series) + 1),
                     series,
-                    color=f"C{i}",
-                    linestyle="--" if mode == "auto" else "-",
+                    **style[mode],
+                    markevery=max(1, len(series) // 10),
+                    markersize=5,
                     label=f"{mode} ({w['modes'][mode]['resolved']})",
                 )
             ax.set_title(name)
@@ -256,28 +259,27 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
             ax.legend(fontsize=8)
         fig.tight_layout()
         written.append(_save(fig, folder / "tokens.png"))
-        fig, ax = plt.subplots(figsize=(7, 4.8))
-        markers = "osD^vP*X"
-        modes = list(dict.fromkeys(m for w in workloads.values() for m in w["modes"]))
-        for i, (name, w) in enumerate(workloads.items()):
+        fig, axes = plt.subplots(1, len(workloads), figsize=(5.5 * len(workloads), 4.6), squeeze=False)
+        for ax, (name, w) in zip(axes[0], workloads.items(), strict=True):  # a panel per workload
             for mode, f in w["modes"].items():
                 if f.get("ratio") is not None and f.get("answered") is not None:
                     ax.scatter(
                         f["ratio"],
                         f["answered"],
-                        marker=markers[i % len(markers)],
+                        color=style[mode]["color"],
+                        marker=style[mode]["marker"],
                         s=60,
                         alpha=0.8,
-                        color=f"C{modes.index(mode)}",
-                        label=f"{name} · {mode} ({f['resolved']})",
+                        label=f"{mode} ({f['resolved']})",
                     )
-        for mode, ref in results["reference_ratios"].items():
-            ax.axvline(ref, linestyle=":", color="grey")
-            ax.annotate(f"{mode} ref", (ref, 0.02), fontsize=7, rotation=90)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        ax.set_xlabel("input tokens × append")
-        ax.set_ylabel("questions answered right by the model")
-        ax.set_ylim(-0.05, 1.05)
+            for mode, ref in results["reference_ratios"].items():
+                ax.axvline(ref, linestyle=":", color="grey")
+                ax.annotate(f"{mode} ref", (ref, 0.02), fontsize=7, rotation=90)
+            ax.set_title(name)
+            ax.legend(fontsize=7)
+            ax.set_xlabel("input tokens × append")
+            ax.set_ylabel("questions answered right by the model")
+            ax.set_ylim(-0.05, 1.05)
         fig.tight_layout()
         written.append(_save(fig, folder / "fidelity.png"))
     if "overhead" in results["measures"]:
@@ -297,8 +299,9 @@ def plot(results: dict[str, Any], folder: Path) -> list[Path]:
         for ax, (key, label) in zip(axes, (("by_length", "turns"), ("by_budget", "budget (tokens)")), strict=True):
             points = c[key]
             xs = [int(k) for k in points]
-            for i, mode in enumerate(next(iter(points.values()))):
-                ax.plot(xs, [p[mode]["ratio_backstop"] for p in points.values()], marker="o", color=f"C{i}", label=mode)
+            modes = list(next(iter(points.values())))
+            for mode, kw in mode_styles(modes).items():
+                ax.plot(xs, [p[mode]["ratio_backstop"] for p in points.values()], **kw, label=mode)
             ax.set_xscale("log")
             ax.set_xlabel(label)
             ax.set_ylabel("input tokens × append/backstop")

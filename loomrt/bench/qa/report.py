@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.bench.render import fmt
+from loomrt.bench.styles import mode_styles
 
 __all__ = ["QA_BEGIN", "QA_END", "markdown", "write_report", "update_docs"]
 
@@ -102,8 +103,11 @@ def _plot(results: dict[str, Any], folder: Path) -> Path | None:
     if not points:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for i, (name, s) in enumerate(points):
-        ax.scatter(s["folded_size"], s["f1"], s=70, color=f"C{i}", label=name)
+    style = mode_styles([name for name, _ in points])
+    for name, s in points:
+        ax.scatter(
+            s["folded_size"], s["f1"], s=70, color=style[name]["color"], marker=style[name]["marker"], label=name
+        )
     ax.set_xscale("log")
     ax.set_xlabel("folded size (tokens reaching the model ÷ tokens of the conversation)")
     ax.set_ylabel("F1 (LoCoMo grading)")
