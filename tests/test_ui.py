@@ -436,3 +436,16 @@ def test_a_forks_shared_history_links_to_the_page_that_holds_it(client: TestClie
     for owner, at in links:
         assert owner == (record.recap if int(at) <= fork_seq else record.fork), (owner, at)
     assert {o for o, _ in links} == {record.recap, record.fork}
+
+
+def test_what_the_model_saw_reads_the_record_up_to_the_call(record: UiRecord) -> None:
+    from loomrt.bench.ui_measure import CountingStore
+
+    counting = CountingStore(record.store)
+    client = TestClient(create_app(counting))
+    client.get(f"/runs/{record.recap}")  # the private judgement, kept for this state of the record
+    first = _turn_calls(record, record.recap)[0]
+    counting.count()
+    assert client.get(f"/runs/{record.recap}/prompt/{first}").status_code == 200
+    _queries, read = counting.count()
+    assert read <= first + 1, read  # the events up to the call (and the run_started that names the tools)

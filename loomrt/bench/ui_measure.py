@@ -9,7 +9,7 @@ events read), not seconds, through the app itself (its HTTP routes, over SQLite)
   the header sums its model calls and inputs, the page reads its first 200 events: at most
   twice the record), the next page of its timeline (its 200 events, not the record again:
   the judgement is kept per state of the record), and "what the model saw" at its last call
-  (the record once).
+  (the record once: up to the call).
 
 Server milliseconds are reported beside the counts, for the reader; the goals are on counts.
 Each figure's sabotage test is in tests/test_sabotage_ui.py.

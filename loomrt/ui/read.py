@@ -296,7 +296,8 @@ class Reader:
     def prompt(self, run_id: str, seq: int) -> list[Part]:
         """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it."""
         self.info(run_id)
-        events = self._redacted(run_id, self.store.events(run_id))  # as reader_events, the judgement cached
+        # as reader_events, the judgement (of the whole record) cached; the replay needs the record up to the call only
+        events = self._redacted(run_id, self.store.events(run_id, until=seq))
         try:
             messages = prompt_as_of(events, seq, self.store)
         except ValueError as exc:
