@@ -84,6 +84,19 @@ def test_off_a_terminal_no_status_line_is_drawn() -> None:
     assert err.getvalue() == f"{notice(distilled)}\n" and "\x1b" not in err.getvalue()
 
 
+def test_a_tool_step_is_one_line_on_a_terminal_and_private_content_stays_out() -> None:
+    screen, _, err = _screen()
+    screen.begin()
+    result = {"tool_call_id": "c1", "name": "read_file", "content": "port = 5433", "is_error": False}
+    screen.hear(Event(run_id="r1", seq=5, kind="tool_result", data=result))
+    screen.hear(Event(run_id="r1", seq=6, kind="tool_result", data={**result, "content": "SECRET", "private": True}))
+    assert "· read_file → port = 5433" in err.getvalue() and "SECRET" not in err.getvalue()
+    quiet, _, quiet_err = _screen(stream=False, status=False)
+    quiet.begin()
+    quiet.hear(Event(run_id="r1", seq=5, kind="tool_result", data=result))
+    assert quiet_err.getvalue() == ""  # off a terminal, stderr keeps only the notices
+
+
 def test_the_notice_and_the_meter_read_as_sentences() -> None:
     e = Event(
         run_id="r1",

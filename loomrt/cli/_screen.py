@@ -17,9 +17,10 @@ from typing import Any, TextIO
 
 from loomrt.activity import Activity, AnswerText
 from loomrt.cli._common import plural
+from loomrt.cli._render import short
 from loomrt.events import Event
 
-__all__ = ["Screen", "doing", "meter", "notice"]
+__all__ = ["Screen", "doing", "meter", "notice", "tool_line"]
 
 SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 VERBS = {"recap": "recapping", "compaction": "compacting", "fold": "folding", "stateful": "distilling"}
@@ -62,6 +63,16 @@ def notice(e: Event) -> str | None:
     if e.kind == "distillation_declined":
         return f"↳ {mode} declined: {d.get('reason')} · {sizes}"
     return None
+
+
+def tool_line(e: Event) -> str:
+    """A tool's result in one line: ``· read_file → 120 lines …`` (``✗`` for an error)."""
+    d = e.data
+    mark = "✗" if d.get("is_error") else "·"
+    said = (
+        "(private: `runs events --include-private` shows it)" if d.get("private") else short(d.get("content") or "", 80)
+    )
+    return f"  {mark} {d.get('name')} → {said}"
 
 
 class Screen:
@@ -117,6 +128,8 @@ class Screen:
             return
         line = notice(e)
         with self._lock:
+            if e.kind == "tool_result" and self.status and not self.background:  # a tool's step, in a line
+                self._print(tool_line(e), style="2")
             if e.kind in ("model_call", "distillation", "distillation_declined", "user_input", "parked", "final"):
                 self.measure()
             if line is None:
@@ -209,11 +222,12 @@ class Screen:
             self.out.flush()
             self._open_line = False
 
-    def _print(self, line: str) -> None:
+    def _print(self, line: str, style: str = "36") -> None:
+        """A line on stderr (on a terminal in ``style``, an SGR code: cyan by default)."""
         self._clear()
         self._end_line()
         if self.status:
-            self.err.write(f"\x1b[36m{line}\x1b[0m\n")
+            self.err.write(f"\x1b[{style}m{line}\x1b[0m\n")
         else:
             self.err.write(line + "\n")
         self.err.flush()
