@@ -8,6 +8,7 @@ window, and without forgetting.
     print(result.output)
 """
 
+from loomrt.activity import Activity, AnswerText
 from loomrt.errors import (
     LoomError,
     NotFoundError,
@@ -31,8 +32,10 @@ from loomrt.toolset import Toolset, resolve_toolset
 __version__ = "0.1.0"
 
 __all__ = [
+    "Activity",
     "AgentSpec",
     "AgentsFile",
+    "AnswerText",
     "ContextSpec",
     "Event",
     "EvictedSpan",
