@@ -49,7 +49,12 @@ def describe(e: Event) -> str:
             return f"user: {short(d.get('content'))}"
         case "model_call":
             u = d.get("usage") or {}
-            return f"model call ({d.get('purpose')}): {u.get('input_tokens', 0)} in / {u.get('output_tokens', 0)} out · {d.get('seconds')}s"
+            cached = int(u.get("cached_tokens", 0) or 0)
+            share = f" ({cached * 100 // max(1, int(u.get('input_tokens', 0) or 0))}% cached)" if cached else ""
+            return (
+                f"model call ({d.get('purpose')}): {u.get('input_tokens', 0)} in{share} / "
+                f"{u.get('output_tokens', 0)} out · {d.get('seconds')}s"
+            )
         case "assistant_message":
             m = d.get("message") or {}
             calls = ", ".join(c["name"] for c in m.get("tool_calls") or [])

@@ -170,6 +170,7 @@ def show_cmd(
         "def_hash",
         "distillations",
         "declined",
+        "summaries_rejected",
         "working_context_messages",
     ):
         value = summary.get(key)

@@ -33,6 +33,7 @@ def run_summary(info: RunInfo, events: list[Event], store: Store | None = None) 
         "usage": usage,
         "distillations": view.distillations,
         "declined": view.declines,
+        "summaries_rejected": view.rejections,
         "errors": [e.data.get("message") for e in events if e.kind == "error"],
         "output": view.output,
         "state": view.state,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loomrt.run.reducers.base import Declined, Reduction, RetentionMode
-from loomrt.run.reducers.summarize import distil_with_prose
+from loomrt.run.reducers.summarize import distil_with_prose, worked_example
 
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
@@ -19,9 +19,18 @@ __all__ = ["CompactionMode", "compact", "SUMMARY_INSTRUCTIONS"]
 
 SUMMARY_INSTRUCTIONS = (
     "Summarise the conversation below so that the assistant can continue the task from the "
-    "summary alone. Keep every decision, open question, name, number, path and value exactly "
-    "as written, each with its [#seq] pointer. Be concise; no preamble."
+    "summary alone: what the user asked for, every decision, open question, name, number, date, "
+    "path and value exactly as written, each with its [#seq] pointer. Be concise; no preamble."
 )
+
+SUMMARY_EXAMPLE = worked_example(
+    "Summary",
+    "The user wants the staging database on db-stage-2 migrated before Friday 14 June [#12]. "
+    "The orders table has 41 columns and the index orders_by_day [#14]. "
+    "Decided: the old index stays until the new one is verified [#15]. "
+    "Open: building and verifying the new index.",
+)
+"""A worked summary, so a small model sees the shape it is asked for."""
 
 
 SUMMARY_LABEL = "[Summary of earlier messages, not the user's words; a map, not the details]"
@@ -33,6 +42,7 @@ async def compact(run: RunState) -> Reduction | Declined | None:
         purpose="summary",
         synthetic="summary",
         instructions=SUMMARY_INSTRUCTIONS,
+        example=SUMMARY_EXAMPLE,
         label=SUMMARY_LABEL,
         max_chars=None,
     )

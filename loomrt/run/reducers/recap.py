@@ -9,19 +9,29 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loomrt.run.reducers.base import Declined, Reduction, RetentionMode
-from loomrt.run.reducers.summarize import distil_with_prose
+from loomrt.run.reducers.summarize import distil_with_prose, worked_example
 
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
-__all__ = ["RecapMode", "RECAP_INSTRUCTIONS"]
+__all__ = ["RecapMode", "RECAP_INSTRUCTIONS", "RECAP_EXAMPLE"]
 
 RECAP_INSTRUCTIONS = (
     "You are writing a recap of your own work so far, for yourself to continue from. "
-    "Write plain prose in the first person: what the task is, what you found, what you "
-    "decided and why, what is still open, and the next step. Keep names, numbers, paths "
-    "and values exactly as written, with their [#seq] pointers. At most {max_chars} characters."
+    "Write plain prose in the first person: what the task is, what the user asked for, what you "
+    "found, what was decided and why, what is still open, and the next step. Keep every name, "
+    "number, date, path and value exactly as written, each with its [#seq] pointer. "
+    "At most {max_chars} characters."
 )
+
+RECAP_EXAMPLE = worked_example(
+    "Recap",
+    "The user asked me to migrate the staging database on db-stage-2 before Friday 14 June [#12]. "
+    "The orders table has 41 columns and the index orders_by_day [#14]. "
+    "The user decided that the old index stays until the new one is verified [#15]. "
+    "Next: build and verify the new index.",
+)
+"""A worked recap, so a small model sees the shape it is asked for."""
 
 
 RECAP_LABEL = "[Recap written by the assistant of its own work, not the user's words; a map, not the details]"
@@ -41,6 +51,7 @@ class RecapMode(RetentionMode):
             purpose="recap",
             synthetic="recap",
             instructions=RECAP_INSTRUCTIONS.format(max_chars=limit),
+            example=RECAP_EXAMPLE,
             label=RECAP_LABEL,
             max_chars=limit,
         )

@@ -38,6 +38,22 @@ FALLBACK_RETRY = 4
 
 _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)")
 
+EXAMPLE_SPAN = """[#12] user: The staging server is db-stage-2, and the migration must finish before Friday 14 June.
+[#13] assistant: Understood. I will check the schema first.
+[#14] tool read_file: orders: 41 columns, index orders_by_day
+[#15] user: Keep the old index until the new one is verified."""
+"""The span of the worked example a recap or summary prompt shows (:func:`worked_example`)."""
+
+
+def worked_example(name: str, account: str) -> str:
+    """A worked example of ``EXAMPLE_SPAN`` and its account, so a small model sees the shape
+    it is asked for: put after the instructions, the same for every call."""
+    return (
+        "An example (its words are not yours to copy):\n"
+        f"TRANSCRIPT START\n{EXAMPLE_SPAN}\nTRANSCRIPT END\n{name}: {account}"
+    )
+
+
 _PROMPT_OVERHEAD = 400
 """Tokens a summariser call spends besides the transcript (instructions, task, earlier account)."""
 
@@ -85,7 +101,14 @@ def keep_pointers(text: str, allowed: set[int]) -> tuple[str, int]:
 
 
 async def distil_with_prose(
-    run: RunState, *, purpose: str, synthetic: str, instructions: str, label: str, max_chars: int | None
+    run: RunState,
+    *,
+    purpose: str,
+    synthetic: str,
+    instructions: str,
+    label: str,
+    max_chars: int | None,
+    example: str = "",
 ) -> Reduction | Declined | None:
     """Replace the middle of the context with a model-written block (a recap or a summary).
 
@@ -102,7 +125,7 @@ async def distil_with_prose(
     window = run.summarizer.capabilities.context_window
     room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
     parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
-    writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens)
+    writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens, example=example)
     streak = run.view.fallback_streak
     guarded = streak >= FALLBACK_STREAK and (streak - FALLBACK_STREAK + 1) % FALLBACK_RETRY != 0
     accounts: list[str] = []
@@ -164,9 +187,14 @@ def extract(lines: list[str], max_chars: int) -> str:
 class _Writer:
     """One summariser conversation: write (and check, and retry once) an account of a part."""
 
-    def __init__(self, run: RunState, *, purpose: str, instructions: str, task: str, max_tokens: int):
+    def __init__(
+        self, run: RunState, *, purpose: str, instructions: str, task: str, max_tokens: int, example: str = ""
+    ):
         self.run, self.purpose, self.instructions, self.task = run, purpose, instructions, task
         self.max_tokens = max_tokens
+        self.system = f"{instructions}\n\n{example}" if example else instructions
+        """The instructions and the worked example: the same for every call, so the model's
+        prefix cache keeps them from one distillation to the next."""
         self.reason = ""
 
     async def write(self, text: str, previous: str, *, part: tuple[int, int]) -> str | None:
@@ -193,7 +221,7 @@ class _Writer:
                 )
             )
             prompt = [
-                Message(role="system", content=self.instructions),
+                Message(role="system", content=self.system),
                 Message(role="user", content="\n\n".join([*body, ask])),
             ]
             response = await call_model(

@@ -1,0 +1,53 @@
+"""Issue 43, item 4: the recap and summary prompts a small model can follow (a worked
+example; what to keep, named), the same system message for every call so the model's
+prefix cache keeps it; and the rejected tries counted where ``runs show`` reports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from spine_kit import runtime
+from typer.testing import CliRunner
+
+from loomrt.cli.app import app
+from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.record import default_store
+from loomrt.run.reducers.summarize import EXAMPLE_SPAN
+from loomrt.spec import AgentSpec
+from loomrt.testing import FunctionProvider, extractive_summary
+
+NOTES = [f"Note {i}: the venue team sent another long update about chairs, lights and parking." for i in range(10)]
+
+
+@pytest.mark.parametrize("mode", ["recap", "compaction"])
+def test_every_distillation_call_sends_the_same_instructions_and_worked_example(tmp_path, mode):
+    systems: list[str] = []
+    replies = iter(["Sure! Happy to help with that.", *["" for _ in range(100)]])  # the first try is rejected
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.purpose == "turn":
+            return ModelResponse(text="Noted.")
+        systems.append(str(request.messages[0]["content"]))
+        return ModelResponse(text=next(replies) or extractive_summary(request, max_chars=300, words_per_line=10))
+
+    rt = runtime(tmp_path, FunctionProvider(answer))
+    rt.store = default_store()  # the record `loomrt runs show` reads
+    ctx = {"mode": mode, "budget_tokens": 400, "keep_last_n": 2, "autorecap_at_pct": 60, "autocompact_at_pct": 60}
+    spec = AgentSpec(model="function/inline", system_prompt="You keep the user's plans.", context=ctx)
+
+    async def play():
+        run = await rt.astart(spec, interactive=True)
+        for text in NOTES:
+            await rt.send(run, text)
+            await rt.between_turns(run)
+        return run
+
+    run = asyncio.run(play())
+    assert len(systems) >= 3 and len(set(systems)) == 1  # one prefix for every call, retries included
+    assert EXAMPLE_SPAN in systems[0] and "TRANSCRIPT END" in systems[0]
+    for kept in ("name", "number", "date", "[#seq]"):
+        assert kept in systems[0]
+    shown = json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--json"]).output)
+    assert shown["summaries_rejected"] == 1
