@@ -97,6 +97,20 @@ def test_a_tool_step_is_one_line_on_a_terminal_and_private_content_stays_out() -
     assert quiet_err.getvalue() == ""  # off a terminal, stderr keeps only the notices
 
 
+def test_between_turns_the_work_shows_in_the_toolbar_and_its_notice_waits() -> None:
+    """While a chat waits for input (before its first turn too) nothing is drawn over the
+    input line: the toolbar says what runs in the background, and the notice prints later."""
+    screen, _, err = _screen()
+    screen.watch(Activity("r1", "distilling", mode="fold", messages=12))
+    assert err.getvalue() == "" and screen.toolbar().endswith("folding in the background")
+    done = {"mode": "fold", "span_seqs": [3, 4], "tokens_before": 6100, "tokens_after": 900}
+    screen.hear(Event(run_id="r1", seq=9, kind="distillation", data=done))
+    assert err.getvalue() == "" and "↳ fold: 2 messages evicted" in screen.toolbar()
+    screen.begin()
+    assert "↳ fold: 2 messages evicted" in err.getvalue()
+    screen.end()
+
+
 def test_the_notice_and_the_meter_read_as_sentences() -> None:
     e = Event(
         run_id="r1",

@@ -84,8 +84,9 @@ class Screen:
         self.stream, self.status = stream, status
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.run: Any = None
-        self.background = False
-        """Between turns (a chat waits for input): activities are kept, not drawn."""
+        self.background = True
+        """No turn plays (a chat waits for input, perhaps while its run folds): activities
+        are kept for the input line's toolbar, not drawn; :meth:`begin` ends it."""
         self.doing = ""
         self.meter = ""
         self.streamed = ""
