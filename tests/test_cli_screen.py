@@ -59,6 +59,17 @@ def test_an_answer_that_is_not_what_streamed_is_printed_whole_on_its_own_line() 
     assert out.getvalue() == '{"action": \n' + ANSWER + "\n"
 
 
+def test_a_retried_call_streams_again_and_the_answer_is_not_printed_twice() -> None:
+    screen, out, _ = _screen()
+    screen.begin()
+    screen.watch(Activity("r1", "thinking"))
+    screen.watch(AnswerText("r1", "The stag"))  # the connection dropped here
+    screen.watch(Activity("r1", "retrying", attempt=1))
+    screen.watch(AnswerText("r1", ANSWER))
+    screen.answer(ANSWER)
+    assert out.getvalue() == "The stag\n" + ANSWER + "\n"
+
+
 def test_a_sub_agents_text_is_not_streamed_as_the_answer() -> None:
     screen, out, _ = _screen()
     screen.begin()

@@ -116,7 +116,7 @@ class Screen:
             return
         with self._lock:
             self._end_line()
-            if signal.doing == "thinking":
+            if signal.doing in ("thinking", "retrying"):  # a new model call: its own text follows
                 self.streamed = ""
             self.doing = doing(signal, background=self.background)
             self._since = time.monotonic()
