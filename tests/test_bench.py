@@ -26,6 +26,7 @@ def quick() -> dict:
     return run_bench(["chat200", "agentic"], BenchConfig(quick=True, embedder="hash"))
 
 
+@pytest.mark.slow
 def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
     for name in ("chat200", "agentic"):
         modes = quick["workloads"][name]["modes"]
@@ -54,6 +55,7 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
         assert modes["append"]["distillations"] == 0
 
 
+@pytest.mark.slow
 def test_distilling_modes_spend_less_than_append(quick: dict) -> None:
     for name in ("chat200", "agentic"):
         modes = quick["workloads"][name]["modes"]
@@ -69,11 +71,13 @@ def test_distilling_modes_spend_less_than_append(quick: dict) -> None:
     assert stateful["distillations"] >= 1 and 0 < stateful["ratio"] < 1
 
 
+@pytest.mark.slow
 def test_auto_resolves_by_provider_tier(quick: dict) -> None:
     assert quick["workloads"]["chat200"]["modes"]["auto"]["resolved"] == "recap"  # local, interactive
     assert quick["workloads"]["agentic"]["modes"]["auto"]["resolved"] == "stateful"  # frontier, with a schema
 
 
+@pytest.mark.slow
 def test_fidelity_and_cache_figures_are_in_bounds(quick: dict) -> None:
     for w in quick["workloads"].values():
         for f in w["modes"].values():
@@ -88,6 +92,7 @@ def test_fidelity_and_cache_figures_are_in_bounds(quick: dict) -> None:
         assert w["modes"]["append"]["in_context"] == w["modes"]["append"]["probes"]
 
 
+@pytest.mark.slow
 def test_a_turn_prompt_is_split_into_its_parts_and_tool_schemas_are_paid_for(quick: dict) -> None:
     for name, w in quick["workloads"].items():
         modes = w["modes"]
@@ -111,6 +116,7 @@ def test_a_turn_prompt_is_split_into_its_parts_and_tool_schemas_are_paid_for(qui
     assert offered.usage.input_tokens - bare.usage.input_tokens == schema_tokens((tool,)) > 5
 
 
+@pytest.mark.slow
 def test_fold_without_deferral_folds_at_the_soft_watermark(quick: dict) -> None:
     """fold/no-defer (cache_idle_s 0) folds as soon as a chat's pressure passes soft_pct; plain
     fold, never idle in a bench, waits for the 85% escape: more folds, a smaller raw tail."""
@@ -133,6 +139,7 @@ def test_fold_soft_n_is_no_defer_at_another_watermark() -> None:
     assert bench_spec(BenchConfig(), "fold/soft-60", system="s").context.fold.fold_target_pct == 25
 
 
+@pytest.mark.slow
 def test_series_are_cumulative_per_unit(quick: dict) -> None:
     chat = quick["workloads"]["chat200"]
     for mode, series in chat["series"].items():
@@ -143,6 +150,7 @@ def test_series_are_cumulative_per_unit(quick: dict) -> None:
     assert len(agentic["series"]["append"]) == agentic["params"]["steps"] + 1  # every step, then the answer
 
 
+@pytest.mark.slow
 def test_token_counts_are_exact_and_repeatable(quick: dict) -> None:
     again = run_bench(["chat200"], BenchConfig(quick=True, embedder="hash", modes=["append", "compaction"]))
     for mode in ("append", "compaction"):
@@ -241,6 +249,7 @@ def test_overhead_is_measured_per_history_length() -> None:
     assert all(0 < p["p50_ms"] <= p["p95_ms"] for p in points)
 
 
+@pytest.mark.slow
 def test_recall_measures() -> None:
     out = run_bench(["recall_latency", "recall_scale"], BenchConfig(quick=True, embedder="hash"))
     r = out["measures"]["recall_latency"]
@@ -279,6 +288,7 @@ def test_locomo_without_data_is_skipped_or_refused(monkeypatch: pytest.MonkeyPat
         run_bench(["nope"], BenchConfig(quick=True))
 
 
+@pytest.mark.slow
 def test_a_summary_that_does_not_know_the_probes_loses_values_from_the_context(quick: dict) -> None:
     """The bench can say no: the scripted summariser is blind to the planted values, so a
     distilling mode keeps fewer of them in its working context than the no-distillation
@@ -318,6 +328,7 @@ def test_the_scripted_summary_is_extractive_and_never_lists_the_planted_values_f
     assert "7319-44" not in text  # the value was not in a leading sentence, so it is lost
 
 
+@pytest.mark.slow
 def test_the_bench_can_say_no_without_recall_and_with_an_uninformed_state(quick: dict) -> None:
     """With Recall off, what a distilling mode answers is what its summaries kept: fewer
     answers than the control. The stateful model notes only what the user asked it to note
@@ -332,6 +343,7 @@ def test_the_bench_can_say_no_without_recall_and_with_an_uninformed_state(quick:
     assert quick["workloads"]["agentic"]["modes"]["append/backstop"]["ratio_backstop"] == 1.0
 
 
+@pytest.mark.slow
 def test_the_scripted_model_is_told_no_gold_value(monkeypatch: pytest.MonkeyPatch) -> None:
     """The chat and agentic models are walked (every attribute, field, slot, container and
     closure, however deep) before every call they answer, in append, in a mode that distils

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from loomrt.bench.report import BEGIN, END
@@ -14,6 +15,7 @@ runner = CliRunner()
 QUICK = ["run", "chat200", "--quick", "--embedder", "hash", "--modes", "recap,compaction"]
 
 
+@pytest.mark.slow
 def test_json_out_and_docs(tmp_path: Path) -> None:
     doc = tmp_path / "benchmarks.md"
     doc.write_text(f"# Benchmarks\n\nIntro stays.\n\n{BEGIN}\nold figures\n{END}\n\nOutro stays.\n", encoding="utf-8")
@@ -35,12 +37,14 @@ def test_json_out_and_docs(tmp_path: Path) -> None:
     assert text.count(BEGIN) == 1 and text.count(END) == 1
 
 
+@pytest.mark.slow
 def test_table_in_the_terminal() -> None:
     result = runner.invoke(bench_app, QUICK)
     assert result.exit_code == 0, result.output
     assert "chat200" in result.stdout and "compaction" in result.stdout and "×app" in result.stdout
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_clear_line(tmp_path: Path) -> None:
     result = runner.invoke(bench_app, ["run", "nope", "--quick"])
     assert result.exit_code == 2 and "unknown workload or measure nope" in result.output

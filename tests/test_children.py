@@ -321,6 +321,7 @@ def test_spawn_keys_are_validated_at_load_time(text: str, message: str) -> None:
         load_agents_text(text, filename="agents.yaml")
 
 
+@pytest.mark.slow
 def test_a_fan_out_killed_mid_way_resumes_without_rerunning_finished_children(tmp_path: Path) -> None:
     spawns = [{"agent": "worker", "prompt": f"task {i}"} for i in range(6)]
     path = write_agents(

@@ -240,6 +240,7 @@ def test_the_old_fork_spelling_is_refused_with_a_hint(tmp_path: Path) -> None:
     assert "loomrt agents version" in result.output
 
 
+@pytest.mark.slow
 def test_real_subprocess_run_and_error(calc_agents: Path, tmp_path: Path) -> None:
     env = {**os.environ, "LOOMRT_HOME": str(tmp_path / "home")}
     ok = subprocess.run(

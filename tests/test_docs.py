@@ -34,17 +34,37 @@ CONSOLE = [
 ]
 
 
+SLOW_WORDS = (
+    "loomrt bench run",
+    "loomrt run demo-recap",
+    "loomrt memory calibrate",
+    "providers.gateway",
+    "providers.registry",
+    "stdio_client",
+)
+"""An example that says one of these loads the embedder or litellm, or starts a process
+(seconds each): it is in the slow set, as the tests that do so by hand are."""
+
+
+def examples(found: list[tuple[str, str]]) -> list[object]:
+    """``found`` as parameters, the slow ones (:data:`SLOW_WORDS`) marked."""
+    return [
+        pytest.param(where, text, id=where, marks=[pytest.mark.slow] if any(w in text for w in SLOW_WORDS) else [])
+        for where, text in found
+    ]
+
+
 def test_docs_have_examples() -> None:
     assert len(PYTHON) >= 2 and len(CONSOLE) >= 4
 
 
-@pytest.mark.parametrize("where,code", PYTHON, ids=[w for w, _ in PYTHON])
+@pytest.mark.parametrize("where,code", examples(PYTHON))
 def test_python_examples_run(where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 
 
-@pytest.mark.parametrize("where,command", CONSOLE, ids=[w for w, _ in CONSOLE])
+@pytest.mark.parametrize("where,command", examples(CONSOLE))
 def test_console_examples_run(where: str, command: str, tmp_path: Path) -> None:
     argv = shlex.split(command)
     assert argv[0] == "loomrt"
@@ -129,6 +149,7 @@ def _demo(agent: str, prompt: str, tmp_path: Path) -> tuple[dict, list[dict]]:
     return result, [json.loads(line) for line in events.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_demo_recap_shows_a_recap_boundary_and_recalls_an_evicted_value(tmp_path: Path) -> None:
     """agents.yaml: "shows a recap boundary and a Recall of an evicted value"."""
     result, events = _demo("demo-recap", "Plan the staging migration", tmp_path)
@@ -143,6 +164,7 @@ def test_demo_recap_shows_a_recap_boundary_and_recalls_an_evicted_value(tmp_path
     assert "5433" in result["output"]
 
 
+@pytest.mark.slow
 def test_demo_triage_shows_stateful_steps_a_retried_patch_and_a_final_sigma(tmp_path: Path) -> None:
     """agents.yaml: "shows stateful steps, an invalid patch retried, and a final Σ"."""
     result, events = _demo("demo-triage", "Users report data loss on save", tmp_path)

@@ -42,6 +42,7 @@ def tool(run: Any, name: str) -> Any:
     return run.toolset.tools[name]
 
 
+@pytest.mark.slow
 def test_a_2000_message_run_folds_within_budget_losslessly(record_store: Any) -> None:
     rng = random.Random(3)
     n = 1000
@@ -314,6 +315,7 @@ def test_grep_does_not_find_the_models_own_searches_and_takes_sloppy_arguments()
     assert not page["is_error"] and "page 0 does not exist" in page["content"]
 
 
+@pytest.mark.slow
 def test_a_small_budget_never_sticks_the_fold() -> None:
     """Short messages, a budget where the tool schemas take a third: every call still fits
     (leaves reach a size worth a card, and cards of two depths roll up when they must)."""
@@ -408,6 +410,7 @@ def test_a_fold_shares_the_stretch_out_evenly_and_leaves_no_remnant_raw() -> Non
     assert all(m.synthetic == CARD_BLOCK or m.pinned or m.role == "system" for m in context[:tail])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [1.0, 1.3])
 def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
     """A provider that counts 30% more than the runtime's estimate, and turns whose tool

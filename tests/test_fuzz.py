@@ -87,6 +87,7 @@ def test_any_text_as_an_agents_file_loads_or_says_why(text: str) -> None:
         }
     )
 )
+@pytest.mark.slow
 def test_any_structure_as_an_agents_file_loads_or_says_why(doc: dict[str, Any]) -> None:
     from loomrt.spec_load import load_agents_text
 
@@ -125,6 +126,7 @@ def test_a_deeply_nested_or_huge_agents_file_says_why(tmp_path: Path) -> None:
         load_agents(huge)
 
 
+@pytest.mark.slow
 @FAST
 @given(json_values, json_values)
 def test_merge_patch_and_validation_never_raise(target: Any, patch: Any) -> None:
@@ -141,6 +143,7 @@ def test_merge_patch_and_validation_never_raise(target: Any, patch: Any) -> None
     st.dictionaries(st.sampled_from(["turns", "summaries", "local", "context_window", "other"]), yaml_like, max_size=4)
     | yaml_like
 )
+@pytest.mark.slow
 def test_any_scripted_model_file_loads_or_says_why(tmp_path_factory: Any, doc: Any) -> None:
     from loomrt.providers.scripted import load_script
 
@@ -184,6 +187,7 @@ def test_any_json_as_a_locomo_file_loads_or_says_why(tmp_path_factory: Any, doc:
     st.sampled_from(["read_file", "list_dir", "search_text", "calculate", "now", "nope"]),
     st.dictionaries(st.text(max_size=10), json_values, max_size=4),
 )
+@pytest.mark.slow
 def test_any_tool_call_arguments_become_a_result_not_a_crash(name: str, arguments: dict[str, Any]) -> None:
     from loomrt.messages import ToolCall
     from loomrt.run.loop import execute_tool
@@ -247,6 +251,7 @@ mcp_args = st.recursive(
 )
 
 
+@pytest.mark.slow
 @FAST
 @given(st.sampled_from(MCP_TOOLS), st.dictionaries(mcp_keys, mcp_args, max_size=5))
 def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(
@@ -304,6 +309,7 @@ def test_alias_heavy_yaml_loads_or_is_refused_within_a_bounded_count_of_nodes(
             _assert_own_error(exc, "bomb.yaml")
 
 
+@pytest.mark.slow
 @FAST
 @given(st.integers(1, 6000), st.sampled_from(["dict", "list", "str", "int", "none-name"]))
 def test_a_custom_providers_malformed_or_deep_arguments_are_a_retried_error_never_recorded(

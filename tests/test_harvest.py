@@ -356,6 +356,7 @@ def test_the_extraction_contract() -> None:
 # ---------------------------------------------------------------- many workers, crashes
 
 
+@pytest.mark.slow
 def test_four_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(store: SQLiteStore) -> None:
     from loomrt.bench.harvest_load import bank_load, drain, verify
 
@@ -368,6 +369,7 @@ def test_four_worker_processes_drain_the_queue_with_nothing_lost_or_doubled(stor
     assert figures["span_states"] == {"done": 400}
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(store: SQLiteStore) -> None:
     from loomrt.bench.harvest_load import bank_load, drain, verify
 

@@ -208,6 +208,7 @@ def test_missing_packages_give_the_install_hint(monkeypatch: pytest.MonkeyPatch)
         asyncio.run(LiteLLMProvider(name).complete(ModelRequest(messages=[{"role": "user", "content": "x"}])))
 
 
+@pytest.mark.slow
 def test_chunks_are_assembled_once_verified_and_repaired(monkeypatch: pytest.MonkeyPatch) -> None:
     part = smol_file()
     digest = hashlib.sha256(part.read_bytes() * 2).hexdigest()

@@ -90,6 +90,7 @@ def test_the_url_is_named_without_its_password() -> None:
     assert redact_url("postgresql://db.internal/loomrt") == "postgresql://db.internal/loomrt"
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_is_one_clear_error(tmp_path: Any) -> None:
     with pytest.raises(StoreError, match="cannot connect to the record at postgresql://u:\\*\\*\\*@.*LOOMRT_DB_URL"):
         PostgresStore(f"postgresql://u:pw@/x?host={tmp_path}&connect_timeout=1", pool_size=1)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from loomrt.recall import HashEmbedder
 from loomrt.recall.shared import forget
 from loomrt.runtime import Runtime
@@ -127,6 +129,7 @@ def test_a_holder_that_missed_a_distillation_is_not_read() -> None:
     asyncio.run(go())
 
 
+@pytest.mark.slow
 def test_the_fork_cost_measure_says_no_when_forks_rebuild_their_shared_history(monkeypatch) -> None:
     """Its sabotage test: with the shared index never found, the row that should read its
     parent's index shows the fork indexing the whole shared history itself (a count, not a time)."""

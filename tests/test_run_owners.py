@@ -70,6 +70,7 @@ def _race(url: str, run_id: str, name: str, start: Any, results: Any) -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_two_processes_racing_to_own_one_run_one_wins_the_other_is_told(shared_url: str) -> None:
     _new_run(shared_url, "r")
     ctx = multiprocessing.get_context("spawn")

@@ -37,6 +37,7 @@ def _chat200(modes: list[str]) -> dict[str, Any]:
     return dict(result["workloads"]["chat200"]["modes"])
 
 
+@pytest.mark.slow
 def test_inject_only_falls_to_no_recall_without_injection(monkeypatch: pytest.MonkeyPatch) -> None:
     honest = _chat200(INJECTED_MODES)
     assert honest["recap/inject-only"]["answered"] > honest["recap/no-recall"]["answered"] + 0.5
@@ -96,6 +97,7 @@ def _drained(tmp_path: Path, spans: int) -> dict[str, Any]:
     return verify(db, texts, ran)
 
 
+@pytest.mark.slow
 def test_harvest_load_counts_a_batch_two_workers_extracted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     honest = _drained(tmp_path / "honest", 24)
     assert honest["lost"] == 0 and honest["doubled"] == 0 and honest["lines_extracted"] == 24
@@ -142,6 +144,7 @@ def _chaos(scenario: str, point: str, per_point: int = 2) -> dict[str, Any]:
     return run_chaos(per_point, scenarios=[s for s in SCENARIOS if s.agent == scenario], points=[point])
 
 
+@pytest.mark.slow
 def test_chaos_sees_a_distillation_paid_twice(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Killed between a summary's call and its distillation, the resumed run pays for the
     summary again; the harness compares the record's model calls with the uninterrupted run's."""
@@ -153,6 +156,7 @@ def test_chaos_sees_a_distillation_paid_twice(monkeypatch: pytest.MonkeyPatch, t
     assert all("summary" in v for v in paid), paid
 
 
+@pytest.mark.slow
 def test_chaos_sees_a_resumed_run_lose_its_recall_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A resume that drops the recall index it rebuilt: the harness inspects the index of the
     run that recovered, not one it rebuilds afterwards."""
@@ -163,6 +167,7 @@ def test_chaos_sees_a_resumed_run_lose_its_recall_index(monkeypatch: pytest.Monk
     assert len(lost) == 2, [f["violations"] for f in result["failures"]]
 
 
+@pytest.mark.slow
 def test_chaos_sees_a_resumed_context_the_record_does_not_hold(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A one-shot run killed mid-turn has nothing left to send once resumed: the harness
     compares the run that recovered with its record, not the record with itself."""
@@ -176,6 +181,7 @@ def test_chaos_sees_a_resumed_context_the_record_does_not_hold(monkeypatch: pyte
 # ---------------------------------------------------------------- fanout: "Σ rows do not grow with H"
 
 
+@pytest.mark.slow
 def test_fanout_sees_ledger_rows_grow_without_the_sigma_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     from loomrt.bench.fanout import LEDGER_SIGMA_TOKENS, fanout_figures
 
@@ -193,6 +199,7 @@ def test_fanout_sees_ledger_rows_grow_without_the_sigma_budget(monkeypatch: pyte
 # ---------------------------------------------------------------- fold: "0 fallbacks, 0 invented values"
 
 
+@pytest.mark.slow
 def test_fold_sloppy_sees_invented_values_reach_cards_without_the_check(monkeypatch: pytest.MonkeyPatch) -> None:
     """``fold/sloppy``'s summariser invents a port in some leaf cards and fails some calls:
     the verified-card check rejects the inventions, two rejections in a row write a

@@ -331,6 +331,7 @@ def stateful_vault_run(tmp_path, monkeypatch):
     return store, result.run_id
 
 
+@pytest.mark.slow
 def test_every_cli_reader_withholds_a_stateful_runs_private_observation_and_sigma_keys(tmp_path, monkeypatch):
     """Issue 39, items 1 and 4: the observation inline in distillations, Σ's private keys in
     state_update, final, the emit_state arguments and Σ's block: `runs show` (with --seq,
