@@ -165,3 +165,10 @@ def test_quiet_and_json_keep_the_clean_output(agents: Path, monkeypatch: pytest.
     assert result.exit_code == 0 and result.stderr == ""
     expected: Any = json.loads(result.stdout)["output"] if flag == "--json" else result.stdout
     assert expected in (ANSWER, ANSWER + "\n")
+
+
+def test_run_with_events_renders_each_event_on_a_terminal_too(agents: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _on_a_terminal(monkeypatch)
+    result = runner.invoke(app, ["run", "a", "which port?", "--agents", str(agents), "--events"])
+    assert result.exit_code == 0 and result.stdout == ANSWER + "\n"
+    assert "#1" in result.stderr and "thinking" not in result.stderr

@@ -123,11 +123,14 @@ def run_cmd(
         "--detach",
         help="Record the run and its input, queued for any `loomrt worker` to play; print its id and return at once.",
     ),
+    events: bool = typer.Option(
+        False, "--events", help="Each event as a line on stderr as it is recorded (off a terminal, always so)."
+    ),
 ) -> None:
     """Run an agent once on PROMPT and print its answer: on a terminal, the answer streams
     under a status line; elsewhere each event is a line on stderr, and the answer follows."""
     path, defs = load(agents)
-    live = not (json_output or quiet or detach) and terminal(sys.stderr)
+    live = not (json_output or quiet or detach or events) and terminal(sys.stderr)
     screen = Screen(stream=terminal(sys.stdout), status=True) if live else None
     rt = runtime(show_events=not (json_output or quiet or live), user=user, screen=screen)
     if detach:
