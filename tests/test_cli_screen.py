@@ -71,8 +71,10 @@ def test_a_retried_call_streams_again_and_the_answer_is_not_printed_twice() -> N
 
 
 def test_a_sub_agents_text_is_not_streamed_as_the_answer() -> None:
-    screen, out, _ = _screen()
+    screen, out, err = _screen()
     screen.begin()
+    screen.watch(Activity("child", "calling", tool="read_file"))
+    assert "a sub-agent: calling read_file" in err.getvalue()
     screen.watch(AnswerText("child", "not mine"))
     screen.answer(ANSWER)
     assert out.getvalue() == ANSWER + "\n"

@@ -109,7 +109,13 @@ class Screen:
 
     def watch(self, signal: Activity | AnswerText) -> None:
         """A run's watcher (:mod:`loomrt.activity`)."""
-        if self.run is None or signal.run_id != self.run.run_id:
+        if self.run is None:
+            return
+        if signal.run_id != self.run.run_id:  # a sub-agent's: what it does, never its text
+            if isinstance(signal, Activity) and not self.background:
+                with self._lock:
+                    self.doing = f"a sub-agent: {doing(signal)}"
+                    self._draw()
             return
         if isinstance(signal, AnswerText):
             self._text(signal.text)
