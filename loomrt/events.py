@@ -110,7 +110,10 @@ def message_of(event: Event) -> Message | None:
         system = d.get("system")
         return Message(role="system", content=system, seq=event.seq, ts=event.ts) if system else None
     if event.kind == "user_input":
-        return Message(role="user", content=d.get("content") or "", seq=event.seq, ts=event.ts)
+        said = d.get("said_at")  # an imported history: when its words were said, not recorded
+        return Message(
+            role="user", content=d.get("content") or "", seq=event.seq, ts=event.ts if said is None else said
+        )
     if event.kind == "assistant_message":
         return Message.from_dict({**d["message"], "seq": event.seq, "ts": event.ts})
     if event.kind == "tool_result":

@@ -90,6 +90,10 @@ class RunStarted(_Payload):
 class UserInput(_Payload):
     kind: Literal["user_input"]
     content: str
+    said_at: float | None = None
+    """When the words were said (epoch seconds), where that is not when they were recorded:
+    a history imported from elsewhere. Every reader of when (the dates of recalled passages,
+    fold's times, durable memory's absolute dates) reads this instead of the event's ``ts``."""
 
 
 class ModelCall(_Payload):

@@ -185,15 +185,16 @@ class Runtime:
 
     # ------------------------------------------------------------------ playing
 
-    async def send(self, run: RunState, text: str) -> RunResult:
+    async def send(self, run: RunState, text: str, *, said_at: float | None = None) -> RunResult:
         """Add one user input to ``run`` and play until it answers (or parks). A run that has
         ended (done, failed or cancelled) is opened again first: ``resumed`` is recorded, as
-        :meth:`reopen` does (the event grammar, :mod:`loomrt.record.grammar`)."""
+        :meth:`reopen` does (the event grammar, :mod:`loomrt.record.grammar`). ``said_at``:
+        when the words were said (epoch seconds), replaying a history from elsewhere."""
         if run.view.status in ("done", "failed", "cancelled"):
             await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         if run.mode.between_turns and run.mode.queued(run.view):  # no chat wrote it while the user typed
             await self.between_turns(run)
-        await add_user_input(run, text)
+        await add_user_input(run, text, said_at=said_at)
         return await self._play(run)
 
     async def _play(self, run: RunState) -> RunResult:

@@ -20,6 +20,7 @@ The file is read from the path given; nothing of it is copied anywhere.
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
 import functools
 import json
 import re
@@ -38,6 +39,7 @@ __all__ = [
     "load_locomo",
     "turns_of",
     "render_turn",
+    "said_at",
     "evidence_ids",
     "replay",
     "evaluate_locomo",
@@ -119,6 +121,16 @@ def turns_of(sample: dict[str, Any]) -> list[Turn]:
                 )
             )
     return out
+
+
+def said_at(turn: Turn) -> float | None:
+    """When the turn was said, from its session's date (``1:56 pm on 8 May, 2023``, read as
+    UTC), in epoch seconds; None for a date in another form."""
+    try:
+        when = _dt.datetime.strptime(turn.date.strip(), "%I:%M %p on %d %B, %Y")
+    except ValueError:
+        return None
+    return when.replace(tzinfo=_dt.UTC).timestamp()
 
 
 def render_turn(turn: Turn) -> str:

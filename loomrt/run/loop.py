@@ -8,6 +8,8 @@ in the mode object (:mod:`.reducers`).
 
 from __future__ import annotations
 
+import math
+
 from loomrt.activity import Activity
 from loomrt.crashpoints import reached
 from loomrt.errors import LoomError, RunError, SpecError
@@ -43,10 +45,13 @@ def check_input(content: object) -> None:
         )
 
 
-async def add_user_input(run: RunState, content: str) -> None:
-    """Record a user input; the first one (the task) is pinned when ``keep_first`` is on."""
+async def add_user_input(run: RunState, content: str, *, said_at: float | None = None) -> None:
+    """Record a user input; the first one (the task) is pinned when ``keep_first`` is on.
+    ``said_at``: when the words were said (epoch seconds), for a history imported from elsewhere."""
     check_input(content)
-    await run.add("user_input", {"content": content})
+    if said_at is not None and not (isinstance(said_at, int | float) and math.isfinite(said_at) and said_at >= 0):
+        raise SpecError(f"said_at must be a time in epoch seconds, not {said_at!r}")
+    await run.add("user_input", {"content": content, **({"said_at": float(said_at)} if said_at is not None else {})})
 
 
 async def play_turn(run: RunState) -> str:

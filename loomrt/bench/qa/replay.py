@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from loomrt.bench.locomo_recall import render_turn, turns_of
+from loomrt.bench.locomo_recall import render_turn, said_at, turns_of
 from loomrt.bench.qa.parts import QUESTION_PREFIX
 from loomrt.events import RunInfo
 from loomrt.providers.base import ModelProvider
@@ -88,7 +88,7 @@ async def replay_mode(
     else:
         run = await runtime.astart(spec, name=name, interactive=True)
     for turn in turns:
-        result = await runtime.send(run, render_turn(turn))
+        result = await runtime.send(run, render_turn(turn), said_at=said_at(turn))
         if result.status == "failed":
             raise RuntimeError(f"the replay of {name} failed at {turn.dia_id}: {result.error}")
         if on_turn is not None:
