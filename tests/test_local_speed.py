@@ -11,6 +11,7 @@ import pytest
 from loomrt import Runtime, SQLiteStore
 from loomrt.bench.local_chat import QUESTIONS
 from loomrt.bench.local_speed import TURNS, play_timed, speed_spec, turn_figures
+from loomrt.bench.render import render_measure
 from loomrt.providers import gateway
 
 pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
@@ -33,6 +34,8 @@ def test_the_turns_of_a_local_chat_reuse_their_prefix_and_the_figure_says_no_whe
     assert all(t["model_calls"] >= 1 for t in figures["turns"])
     shared = figures["cached_share"]
     assert shared >= 0.5, figures
+    shown = "\n".join(render_measure("local_speed", {"model": SMOL, **RATES, **figures}))
+    assert "cached share" in shown and "Goals:" in shown
 
     # sabotage: the decision instructions change with every call, as when they sat in a
     # system message the answer call rewrote: every call re-reads the whole prompt

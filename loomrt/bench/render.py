@@ -469,6 +469,43 @@ def _ui(a: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _local_speed(r: dict[str, Any]) -> list[str]:
+    """A chat on the embedded model, turn by turn, against the machine's floor (issue 43's goals)."""
+    lines = [
+        f"### A local chat's speed ({r['model']})",
+        "",
+        f"This machine: prefill {r['prefill_tps']:.0f} tokens/s, decode {r['decode_tps']:.1f} tokens/s. A turn's "
+        "floor is prefilling its new messages and decoding what its calls wrote; a recap due at the watermark "
+        "is written between turns (`between`), not in the turn.",
+        "",
+        "| turn | seconds | floor | × floor | first token (s) | input | cached | calls | between (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for i, t in enumerate(r["turns"], 1):
+        share = f"{t['cached_tokens'] / t['input_tokens']:.0%}" if t["input_tokens"] else "-"
+        lines.append(
+            f"| {i} | {t['seconds']} | {t['floor_s']} | {fmt(t['over_floor'])} | {fmt(t['first_token_s'])} | "
+            f"{t['input_tokens']:,} | {share} | {t['model_calls']} | {t['between_s']} |"
+        )
+    goals = {
+        "median turn ≤ 1.25× its floor": r["median_over_floor"] <= 1.25,
+        "cached share ≥ 75%": (r["cached_share"] or 0) >= 0.75,
+        "first answer token ≤ 3 s": r["median_first_token_s"] is not None and r["median_first_token_s"] <= 3,
+    }
+    lines += [
+        "",
+        f"Median turn {r['median_s']} s against a median floor of {r['median_floor_s']} s "
+        f"(×{r['median_over_floor']}); cached share {fmt(r['cached_share'])}; first answer token "
+        f"{fmt(r['median_first_token_s'])} s (median, turns after the first); {r['model_calls_per_turn']} model "
+        f"calls a turn; {r['recaps']} recaps, {r['recaps_rejected']} rejected tries; "
+        f"{r['turns_failed']} turns failed.",
+        "",
+        "Goals: " + "; ".join(f"{g}: {'yes' if ok else '**no**'}" for g, ok in goals.items()) + ".",
+        "",
+    ]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "overhead": _render_overhead,
     "recall_latency": _render_recall_latency,
@@ -485,6 +522,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "fork_cost": _render_fork_cost,
     "store": _store,
     "ui": _ui,
+    "local_speed": _local_speed,
 }
 """How each standalone measure renders its figures (one function a measure; a new measure adds one here)."""
 
