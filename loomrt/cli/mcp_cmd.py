@@ -23,6 +23,11 @@ def mcp_cmd(
     token_file: Path | None = typer.Option(
         None, "--token-file", help="With --http: a file whose first line is the bearer token (else $LOOMRT_MCP_TOKEN)."
     ),
+    users_file: Path | None = typer.Option(
+        None,
+        "--users",
+        help="With --http: a file of `USER TOKEN` lines; each token's client works only with its user's runs and memory.",
+    ),
     allow_origin: list[str] = typer.Option(
         None, "--allow-origin", help="With --http: a browser Origin to accept besides the server's own (repeatable)."
     ),
@@ -30,7 +35,7 @@ def mcp_cmd(
     """Serve runs of the agents file over MCP. Tools: list_agents, spawn_run, spawn_runs, get_run,
     list_runs, get_events, continue_run, cancel_run, compact_run, fork_run, recall; and each run
     as a loomrt://runs/{run_id} resource."""
-    from loomrt.mcp.http import allowed_origins, check_listen, read_token, serve_http
+    from loomrt.mcp.http import allowed_origins, check_listen, read_token, read_user_tokens, serve_http
     from loomrt.mcp.server import build_server
     from loomrt.mcp.service import RunService
 
@@ -39,13 +44,16 @@ def mcp_cmd(
     server = build_server(service)
     if http:
         token = read_token(token_file)
-        check_listen(host, token)
-        if token is None:
+        users = read_user_tokens(users_file) if users_file is not None else None
+        check_listen(host, token, users=bool(users))
+        if token is None and not users:
             err.print(f"serving on http://{host}:{port}/mcp with no token: only this machine can reach it")
         else:
-            err.print(f"serving on http://{host}:{port}/mcp (bearer token required)")
+            bound = f"; {len(users)} user-bound token(s)" if users else ""
+            err.print(f"serving on http://{host}:{port}/mcp (bearer token required{bound})")
         origins = allowed_origins(host, port, allow_origin or [])
-        asyncio.run(_serve(service, serve_http(server, host=host, port=port, token=token, origins=origins)))
+        serving = serve_http(server, host=host, port=port, token=token, origins=origins, users=users)
+        asyncio.run(_serve(service, serving))
     else:
         asyncio.run(_serve(service, server.run_stdio_async()))
 

@@ -20,7 +20,8 @@ from typing_extensions import TypedDict
 
 from loomrt import __version__
 from loomrt.children import SPAWN_MAX, spawn_row
-from loomrt.mcp.service import EVENTS_MAX, RunService, ServiceError
+from loomrt.mcp.http import USER_KEY
+from loomrt.mcp.service import CLIENT_USER, EVENTS_MAX, RunService, ServiceError
 
 __all__ = ["build_server", "LoomMCPServer", "RESOURCES_LISTED"]
 
@@ -145,6 +146,7 @@ class LoomMCPServer(MCPServer[Any]):
     async def call_tool(
         self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
     ) -> CallToolResult | InputRequiredResult:
+        bound = CLIENT_USER.set(_client_user(context))
         try:
             return await super().call_tool(name, arguments, context)
         except ToolError as exc:
@@ -157,6 +159,23 @@ class LoomMCPServer(MCPServer[Any]):
                 )
                 raise ToolError(f"invalid arguments for {name}: {problems}") from None
             raise
+        finally:
+            CLIENT_USER.reset(bound)
+
+    async def read_resource(self, uri: Any, context: Context[Any, Any] | None = None) -> Any:
+        bound = CLIENT_USER.set(_client_user(context))
+        try:
+            return await super().read_resource(uri, context)
+        finally:
+            CLIENT_USER.reset(bound)
+
+    async def _handle_list_resources(self, ctx: Any, params: Any) -> Any:
+        # the SDK's list_resources() hears no request; the client's user is read here
+        bound = CLIENT_USER.set(_client_user(Context(request_context=ctx, mcp_server=self)))
+        try:
+            return await super()._handle_list_resources(ctx, params)
+        finally:
+            CLIENT_USER.reset(bound)
 
     async def list_resources(self) -> list[MCPResource]:
         listed = await super().list_resources()
@@ -301,6 +320,18 @@ def build_server(service: RunService) -> LoomMCPServer:
         return _read(lambda: service.get_events(run_id, 0, EVENTS_MAX))
 
     return server
+
+
+def _client_user(context: Context[Any, Any] | None) -> str | None:
+    """The user the request's bearer token is bound to (:class:`loomrt.mcp.http.Guard` says
+    so in the ASGI scope); None for stdio and for an unbound token."""
+    try:
+        request = context.request_context.request if context is not None else None
+    except ValueError:  # outside a request
+        return None
+    scope = getattr(request, "scope", None)
+    user = scope.get(USER_KEY) if isinstance(scope, dict) else None
+    return user if isinstance(user, str) else None
 
 
 def _check_timeout(timeout_s: float | None) -> None:

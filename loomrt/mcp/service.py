@@ -6,6 +6,12 @@ record like any other, and `loomrt runs ...` sees it. Runs play as tasks of the 
 event loop, so a call may return before its run ends (``wait=false``, or ``timeout_s``)
 and the run goes on. Every failure a client can cause is a :class:`ServiceError` with one
 message; a run that fails is a result, never an exception.
+
+A client whose token is bound to a user (``loomrt mcp --http --users FILE``; the server sets
+:data:`CLIENT_USER` for each of its requests) works only with that user's runs: what it
+spawns works for that user (its ``user`` memory scope), and a run that works for anyone else
+is, to it, not there (its record, its recall and the durable memory that recall reads). An
+unbound client (stdio, or the one operator token) sees every run.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +33,7 @@ from loomrt.run.summary import run_summary
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentsFile, AgentSpec
 
-__all__ = ["RunService", "ServiceError", "Progress", "EVENTS_MAX"]
+__all__ = ["RunService", "ServiceError", "Progress", "EVENTS_MAX", "CLIENT_USER"]
 
 EVENTS_MAX = 1000
 """The most events one ``get_events`` page holds."""
@@ -34,6 +41,9 @@ PROGRESS_EVERY_S = 1.0
 """A waiting ``spawn_run`` reports progress at most this often."""
 
 Report = Callable[[float, str], Awaitable[None]]
+
+CLIENT_USER: ContextVar[str | None] = ContextVar("loomrt_mcp_client_user", default=None)
+"""The user the current request's token is bound to; None for an unbound client (every run)."""
 
 
 class ServiceError(Exception):
@@ -115,7 +125,12 @@ class RunService:
             )
         try:
             run = await self.runtime.astart(
-                agent, agents=self.agents, overrides=overrides, agents_file=self.agents_file, lineage=self.lineage
+                agent,
+                agents=self.agents,
+                overrides=overrides,
+                agents_file=self.agents_file,
+                lineage=self.lineage,
+                user=CLIENT_USER.get(),
             )
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
@@ -124,6 +139,7 @@ class RunService:
 
     async def continue_(self, run_id: str, prompt: str) -> RunState:
         """Add ``prompt`` to a run that is not playing and play it in the background."""
+        self.check_mine(run_id)
         self._not_playing(run_id, "continue")
         try:
             check_input(prompt)
@@ -179,6 +195,7 @@ class RunService:
     async def cancel(self, run_id: str) -> dict[str, Any]:
         """Stop a run: a turn in flight is cancelled, and the record gets ``cancelled``.
         Idempotent: a run that is done or already cancelled is returned as it is."""
+        self.check_mine(run_id)
         playing = self.playing.get(run_id)
         if playing is not None:
             self._cancel(playing, "cancel_run")
@@ -194,6 +211,7 @@ class RunService:
         playing.task.cancel()
 
     async def compact(self, run_id: str) -> dict[str, Any]:
+        self.check_mine(run_id)
         self._not_playing(run_id, "compact")
         try:
             return await self.runtime.compact(run_id)
@@ -202,11 +220,26 @@ class RunService:
 
     async def fork(self, run_id: str, at: int | None = None) -> dict[str, Any]:
         """A fork of ``run_id`` at seq ``at`` (default: its last), parked for its next input."""
+        self.check_mine(run_id)
         try:
             run = await self.runtime.fork(run_id, at=at)
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
         return {**await self.result(run.run_id), "forked_from": {"run_id": run_id, "seq": run.view.fork_seq}}
+
+    def check_mine(self, run_id: str) -> None:
+        """Refuse ``run_id`` to a client bound to a user the run does not work for, as a run
+        that is not there (its existence is another user's too)."""
+        user = CLIENT_USER.get()
+        if user is not None and self._user_of(run_id) != user:
+            raise ServiceError(f"no run {run_id} for this client (its token is bound to user {user!r})")
+
+    def _user_of(self, run_id: str) -> str | None:
+        try:
+            started = self.runtime.store.latest(run_id, "run_started")
+        except LoomError:
+            return None
+        return None if started is None else started.data.get("user")
 
     def _not_playing(self, run_id: str, what: str) -> None:
         if run_id in self.playing:
@@ -224,6 +257,7 @@ class RunService:
 
     async def result(self, run_id: str) -> dict[str, Any]:
         """The run's result as `loomrt run --json` prints it, from the record."""
+        self.check_mine(run_id)
         try:
             run = await self.runtime.aopen(run_id)
         except LoomError as exc:
@@ -236,6 +270,7 @@ class RunService:
         from loomrt.visibility import private_record, redact_events
 
         store = self.runtime.store
+        self.check_mine(run_id)
         try:
             info = store.get_run(run_id)
         except NotFoundError as exc:
@@ -252,7 +287,11 @@ class RunService:
         if not 1 <= limit <= EVENTS_MAX:
             raise ServiceError(f"limit must be between 1 and {EVENTS_MAX}, not {limit}")
         rows = []
-        for info in self.runtime.store.list_runs(limit=EVENTS_MAX if status else limit, agent=agent):
+        user = CLIENT_USER.get()
+        narrowed = status is not None or user is not None
+        for info in self.runtime.store.list_runs(limit=EVENTS_MAX if narrowed else limit, agent=agent):
+            if user is not None and self._user_of(info.run_id) != user:
+                continue
             row = info.model_dump(mode="json")
             if info.run_id in self.playing:
                 row["status"] = "running"
@@ -284,6 +323,7 @@ class RunService:
 
         if not 1 <= top_k <= 50:
             raise ServiceError(f"top_k must be between 1 and 50, not {top_k}")
+        self.check_mine(run_id)
         try:
             run = await self.runtime.aopen(run_id)
         except LoomError as exc:
