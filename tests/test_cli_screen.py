@@ -70,6 +70,14 @@ def test_a_retried_call_streams_again_and_the_answer_is_not_printed_twice() -> N
     assert out.getvalue() == "The stag\n" + ANSWER + "\n"
 
 
+def test_a_turn_cut_short_leaves_a_fresh_line_for_what_follows() -> None:
+    screen, out, err = _screen()
+    with pytest.raises(KeyboardInterrupt), screen.turn():
+        screen.watch(AnswerText("r1", "The stag"))
+        raise KeyboardInterrupt
+    assert out.getvalue() == "The stag\n" and err.getvalue().endswith("\r\x1b[2K")
+
+
 def test_a_sub_agents_text_is_not_streamed_as_the_answer() -> None:
     screen, out, err = _screen()
     screen.begin()

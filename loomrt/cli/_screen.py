@@ -9,10 +9,12 @@ terminal, and cleared before any other line prints. Nothing here is recorded: a
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from loomrt.activity import Activity, AnswerText
@@ -168,6 +170,20 @@ class Screen:
             self._stop.clear()
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """``with screen.turn():`` a turn plays, drawn live; a turn cut short (Ctrl-C, an
+        error) leaves the screen on a fresh line for what is printed next."""
+        self.begin()
+        try:
+            yield
+        except BaseException:
+            self.end()
+            with self._lock:
+                self._end_line()
+            raise
+        self.end()
 
     def answer(self, output: str | None) -> None:
         """The turn returned ``output``: what the stream has not shown of it is printed (all of

@@ -8,6 +8,7 @@ calibrate), db (status, migrate, copy), workers (list), bench, mcp, worker, doct
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import threading
 from pathlib import Path
@@ -149,12 +150,8 @@ def run_cmd(
     run = rt.start(agent, agents=defs, mode=mode, agents_file=str(path.resolve()))
     if screen is not None:
         screen.attach(run)
-        screen.begin()
-    try:
+    with screen.turn() if screen is not None else contextlib.nullcontext():
         result = asyncio.run(rt.send(run, prompt))
-    finally:
-        if screen is not None:
-            screen.end()
     if json_output:
         print_json(result.to_json())
     elif result.output is not None and result.status != "failed":
@@ -310,13 +307,8 @@ def _read_turn() -> str | None:
 
 def _turn(rt: Any, run: Any, line: str, screen: Screen | None) -> Any:
     """Play one turn of the chat, drawn live on ``screen`` where there is one."""
-    if screen is None:
+    with screen.turn() if screen is not None else contextlib.nullcontext():
         return asyncio.run(rt.send(run, line))
-    screen.begin()
-    try:
-        return asyncio.run(rt.send(run, line))
-    finally:
-        screen.end()
 
 
 # recall, doctor, mcp and bench import their heavy libraries (torch, litellm) only when they run.
