@@ -1,19 +1,22 @@
 """A run at a glance: the row a list of runs shows (``loomrt runs list``, ``loomrt ui``'s runs page).
 
-Read by kind or seq on the record's index, never the whole record: the user inputs (the
-first is the task), the last event (how long the run took), and the model calls and
-distillations (tokens and boundaries). A private first input is its placeholder (:mod:`loomrt.visibility`).
+Read for a whole list of runs in one grouped query (:meth:`~loomrt.record.store.Store.run_sums`),
+never the whole record: its model calls' tokens, its distillations, its user inputs (the first
+is the task), its last event (how long the run took). A private first input is its placeholder
+(:mod:`loomrt.visibility`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from loomrt.events import RunInfo
+from loomrt.record.rows import RunSums
 from loomrt.record.store import Store
-from loomrt.visibility import placeholder, private_seqs
+from loomrt.visibility import placeholder
 
-__all__ = ["Glance", "glance"]
+__all__ = ["Glance", "glance", "glances"]
 
 
 @dataclass(frozen=True)
@@ -36,33 +39,22 @@ class Glance:
     """When its last event was recorded (the row's "last activity")."""
 
 
+def _glance(r: RunInfo, s: RunSums) -> Glance:
+    task = s.task
+    if s.first_input is not None and s.task_private:
+        task = placeholder(s.first_input, "user")
+    same = ("input_tokens", "output_tokens", "cached_tokens", "model_calls", "distillations", "turns", "last_ts")
+    seconds = None if s.last_ts is None else s.last_ts - r.created_at
+    return Glance(task=task, seconds=seconds, **{name: getattr(s, name) for name in same})
+
+
+def glances(store: Store, runs: Iterable[RunInfo]) -> dict[str, Glance]:
+    """Each of ``runs`` at a glance, by run id: one grouped query for them all."""
+    runs = list(runs)
+    sums = store.run_sums([r.run_id for r in runs]) if runs else {}
+    return {r.run_id: _glance(r, sums.get(r.run_id, RunSums())) for r in runs}
+
+
 def glance(store: Store, r: RunInfo) -> Glance:
-    """Run ``r`` at a glance: at most three reads by kind or seq (the model calls, distillations
-    and inputs; the last event; the private marks, when it has an input)."""
-    counted = {"input_tokens": 0, "output_tokens": 0, "cached_tokens": 0}
-    calls = distillations = 0
-    inputs = []
-    for e in store.events(r.run_id, kinds=["model_call", "distillation", "user_input"]):
-        if e.kind == "user_input":
-            inputs.append(e)
-        elif e.kind == "distillation":
-            distillations += 1
-        else:
-            calls += 1
-            usage = e.data.get("usage") or {}
-            for key in counted:
-                counted[key] += int(usage.get(key) or 0)
-    task: str | None = None
-    if inputs:
-        hidden = private_seqs(store.events(r.run_id, kinds=["mark_private", "declassify"]))
-        task = placeholder(inputs[0].seq, "user") if inputs[0].seq in hidden else str(inputs[0].data.get("content"))
-    last = store.events(r.run_id, after=r.last_seq - 1) if r.last_seq else []
-    return Glance(
-        task=task,
-        seconds=last[-1].ts - r.created_at if last else None,
-        model_calls=calls,
-        distillations=distillations,
-        turns=len(inputs),
-        last_ts=last[-1].ts if last else None,
-        **counted,
-    )
+    """Run ``r`` at a glance (one query: :func:`glances` of it alone)."""
+    return glances(store, [r])[r.run_id]

@@ -259,3 +259,39 @@ def test_a_keyed_run_and_its_head_anchor_on_either_backend(backend: Any, monkeyp
     with pytest.raises(StoreError, match="keyed \\(chain v2\\)"):
         keyless.append(run_id, "notice", {"text": "z"})
     keyless.close()
+
+
+def test_run_sums_read_every_row_in_one_grouped_query(store: Any) -> None:
+    """The runs row's sums (issue 47): tokens of every model call, distillations, turns, the
+    first input and whether it is private (its last mark or declassify), the last activity."""
+    new_run(store, "a")
+    new_run(store, "b")
+    new_run(store, "empty")
+    call = {"purpose": "turn", "usage": {"input_tokens": 100, "output_tokens": 7, "cached_tokens": 40}}
+    store.append("a", "user_input", {"content": "the task"})
+    store.append("a", "model_call", call)
+    store.append("a", "model_call", {"purpose": "recap", "usage": {"input_tokens": 30, "output_tokens": 5}})
+    store.append("a", "distillation", {"context": []})
+    store.append("a", "user_input", {"content": "more"})
+    store.append("a", "model_call", {"purpose": "turn"})  # no usage: counts as a call, adds nothing
+    last = store.append("a", "notice", {"x": 1})
+    store.append("b", "notice", {"x": 1})
+    first = store.append("b", "user_input", {"content": "secret"})
+    store.append("b", "mark_private", {"seq": first.seq, "by": "user"})
+    store.append("b", "declassify", {"seq": first.seq})
+    store.append("b", "mark_private", {"seq": first.seq, "by": "user"})
+    store.append("b", "mark_private", {"seq": 99, "by": "user"})  # another seq: not the task's
+
+    sums = store.run_sums(["a", "b", "empty", "unknown", "a"])
+
+    assert set(sums) == {"a", "b", "empty"}
+    a = sums["a"]
+    assert (a.input_tokens, a.output_tokens, a.cached_tokens) == (130, 12, 40)
+    assert (a.model_calls, a.distillations, a.turns) == (3, 1, 2)
+    assert (a.first_input, a.task, a.task_private) == (1, "the task", False)
+    assert a.last_ts == pytest.approx(last.ts)
+    b = sums["b"]
+    assert (b.first_input, b.task, b.task_private, b.turns, b.model_calls) == (2, "secret", True, 1, 0)
+    e = sums["empty"]
+    assert (e.turns, e.input_tokens, e.task, e.last_ts) == (0, 0, None, None)
+    assert store.run_sums([]) == {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
@@ -14,6 +14,9 @@ from rich.table import Table
 from loomrt.cli._common import friendly, out, plural, print_json, print_result, runtime, took, when
 from loomrt.cli._render import events_table, model_label
 from loomrt.events import RunInfo
+
+if TYPE_CHECKING:
+    from loomrt.glance import Glance
 
 __all__ = ["runs_app"]
 
@@ -28,13 +31,14 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _at_a_glance(store: Any, r: RunInfo) -> tuple[str, str, str]:
+def _at_a_glance(store: Any, r: RunInfo, g: Glance | None = None) -> tuple[str, str, str]:
     """A listed run's task (its first user input, shortened), how long it took (first event to
-    last) and its tokens (its model calls', input and output), from :func:`loomrt.glance.glance`."""
+    last) and its tokens (its model calls', input and output), from :func:`loomrt.glance.glance`
+    (or ``g``, read with the other rows by :func:`loomrt.glance.glances`)."""
     from loomrt.cli._render import short
     from loomrt.glance import glance
 
-    g = glance(store, r)
+    g = g or glance(store, r)
     task = short(g.task, 40) if g.task is not None else f"(fork of {r.forked_from})" if r.forked_from else ""
     duration = took(g.seconds) if g.seconds is not None else ""
     return task, duration, f"{g.input_tokens + g.output_tokens:,}"
@@ -56,9 +60,12 @@ def list_cmd(
     if json_output:
         print_json([r.model_dump(mode="json") for r in runs])
         return
+    from loomrt.glance import glances
+
+    seen = glances(store, runs)  # every row's sums in one query
     rows = []
     for r in runs:
-        task, duration, tokens = _at_a_glance(store, r)
+        task, duration, tokens = _at_a_glance(store, r, seen[r.run_id])
         rows.append(
             {
                 "run": r.run_id,

@@ -35,6 +35,7 @@ from loomrt.record.ledger import canonical, ledger_key
 from loomrt.record.owners import claimed, fenced, owner_rows
 from loomrt.record.rows import (
     RunReads,
+    RunSums,
     chain_key,
     chain_start,
     chained,
@@ -42,7 +43,9 @@ from loomrt.record.rows import (
     new_run,
     run_info,
     run_row,
+    run_sums,
     runs_sql,
+    sums_sql,
 )
 
 __all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
@@ -366,6 +369,17 @@ class PostgresStore(InlineAsyncFace, RunReads):
             (kind, list(settled_by)),
         )
         return [r[0] for r in rows]
+
+    def run_sums(self, run_ids: Iterable[str]) -> dict[str, RunSums]:
+        """What each runs row sums, by run id, in one grouped query (``jsonb ->>``); unknown ids are left out."""
+
+        def jsonb(alias: str, path: str) -> str:  # data is kept as text: read as jsonb
+            *keys, last = path.split(".")
+            return f"({alias}.data::jsonb" + "".join(f" -> '{k}'" for k in keys) + f" ->> '{last}')"
+
+        wanted = list(dict.fromkeys(run_ids))
+        sql = sums_sql("= ANY(%s)", jsonb)
+        return run_sums(self._select(sql, [wanted, wanted])) if wanted else {}
 
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
         return [run_info(r) for r in self._select(runs_sql(where, self._mark), [*args, limit])]

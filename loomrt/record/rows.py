@@ -4,6 +4,8 @@ psycopg's ``%s``): a run's row, and the query that reads runs with their derived
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import NotFoundError, StoreError
@@ -16,6 +18,9 @@ __all__ = [
     "insert_run_sql",
     "runs_sql",
     "run_info",
+    "RunSums",
+    "sums_sql",
+    "run_sums",
     "RunReads",
     "chained",
     "chain_key",
@@ -77,6 +82,79 @@ def runs_sql(where: str, mark: str) -> str:
                (SELECT COALESCE(MAX(seq), 0) FROM events e WHERE e.run_id = r.run_id),
                r.root_run_id, r.forked_from, r.fork_seq, r.chain
         FROM runs r {where} ORDER BY r.created_at DESC LIMIT {mark}"""
+
+
+@dataclass(frozen=True)
+class RunSums:
+    """What a runs row sums from a run's own events (:meth:`~loomrt.record.store.Store.run_sums`)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    """Its model calls' usage (distillation calls too)."""
+    model_calls: int = 0
+    distillations: int = 0
+    turns: int = 0
+    """Its user inputs (a fork's own, after its fork point)."""
+    first_input: int | None = None
+    """The seq of its first user input (the task); None before one."""
+    task: str | None = None
+    """That input's content."""
+    task_private: bool = False
+    """That input is private (its last ``mark_private`` or ``declassify`` is a mark)."""
+    last_ts: float | None = None
+    """When its last event was recorded; None for a run with no event yet."""
+
+
+def sums_sql(among: str, field: Callable[[str, str], str]) -> str:
+    """One grouped query of :class:`RunSums` for a list of runs: ``among`` is the condition on a
+    run id column that picks them (it appears twice: its arguments are given twice), ``field(alias,
+    "a.b")`` the SQL of the JSON text at ``a.b`` in that alias's ``data`` (SQLite's ``json_extract``,
+    PostgreSQL's ``->>``). Read its rows with :func:`run_sums`."""
+
+    def num(alias: str, path: str) -> str:
+        return f"COALESCE(CAST({field(alias, path)} AS BIGINT), 0)"
+
+    def when(kind: str, value: str = "1") -> str:
+        return f"SUM(CASE WHEN e.kind = '{kind}' THEN {value} ELSE 0 END)"
+
+    return f"""
+        WITH s AS (
+            SELECT e.run_id,
+                   {when("model_call", num("e", "usage.input_tokens"))},
+                   {when("model_call", num("e", "usage.output_tokens"))},
+                   {when("model_call", num("e", "usage.cached_tokens"))},
+                   {when("model_call")}, {when("distillation")}, {when("user_input")},
+                   MIN(CASE WHEN e.kind = 'user_input' THEN e.seq END) AS first_input
+            FROM events e
+            WHERE e.run_id {among} AND e.kind IN ('model_call', 'distillation', 'user_input')
+            GROUP BY e.run_id)
+        SELECT r.run_id, s.*,
+               (SELECT {field("u", "content")} FROM events u WHERE u.run_id = r.run_id AND u.seq = s.first_input),
+               (SELECT p.kind FROM events p WHERE p.run_id = r.run_id AND p.kind IN ('mark_private', 'declassify')
+                AND CAST({field("p", "seq")} AS BIGINT) = s.first_input ORDER BY p.seq DESC LIMIT 1),
+               (SELECT l.ts FROM events l WHERE l.run_id = r.run_id ORDER BY l.seq DESC LIMIT 1)
+        FROM runs r LEFT JOIN s ON s.run_id = r.run_id
+        WHERE r.run_id {among}"""
+
+
+def run_sums(rows: list[tuple[Any, ...]]) -> dict[str, RunSums]:
+    """The rows of :func:`sums_sql` by run id."""
+    out = {}
+    for run_id, _, tin, tout, tcached, calls, distilled, turns, first, task, mark, last_ts in rows:
+        out[run_id] = RunSums(
+            input_tokens=int(tin or 0),
+            output_tokens=int(tout or 0),
+            cached_tokens=int(tcached or 0),
+            model_calls=int(calls or 0),
+            distillations=int(distilled or 0),
+            turns=int(turns or 0),
+            first_input=None if first is None else int(first),
+            task=None if first is None else str(task),
+            task_private=mark == "mark_private",
+            last_ts=None if last_ts is None else float(last_ts),
+        )
+    return out
 
 
 def new_run(info: RunInfo, key: bytes | None) -> RunInfo:

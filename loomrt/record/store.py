@@ -23,6 +23,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
 
 from loomrt.events import Event, RunInfo
+from loomrt.record.rows import RunSums
 
 __all__ = ["Store"]
 
@@ -114,6 +115,11 @@ class Store(Protocol):
 
     def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
         """Recent runs, newest first."""
+
+    def run_sums(self, run_ids: Iterable[str]) -> dict[str, RunSums]:
+        """What each of these runs' rows sums from its own events (tokens, model calls,
+        distillations, turns, its task, its last activity), by run id, in one grouped query;
+        unknown ids are left out."""
 
     def children(self, run_id: str) -> list[RunInfo]:
         """The runs ``run_id`` spawned (its sub-agents), oldest first."""

@@ -1,6 +1,6 @@
 """What the web pages read: the runs list, a run's header and timeline pages, a model call's
 prompt, the tokens chart, the audit. The same read model as the CLI and MCP: rows through
-:func:`loomrt.glance.glance`, events through :func:`loomrt.visibility.redact_events` (the one
+:func:`loomrt.glance.glances`, events through :func:`loomrt.visibility.redact_events` (the one
 redaction every reader goes through, judged on the whole record) unless the server was
 started with ``--include-private``, prompts through :func:`loomrt.audit.prompt_as_of` (as
 ``runs show --prompt``), the audit through :func:`loomrt.integrity.verify_run` (as ``runs verify``).
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from loomrt.audit import prompt_as_of
 from loomrt.errors import NotFoundError
 from loomrt.events import Event, RunInfo
-from loomrt.glance import Glance, glance
+from loomrt.glance import Glance, glances
 from loomrt.injection import INJECTED
 from loomrt.integrity import Verdict, verify_run
 from loomrt.messages import Message
@@ -141,7 +141,7 @@ T = TypeVar("T")
 
 class RecordCache:
     """What is read from a run's record, kept per state of that record: its private material
-    (:func:`private_record`) and its row (:func:`glance`). Exact, not a guess: a record only
+    (:func:`private_record`) and its row (:func:`glances`). Exact, not a guess: a record only
     grows, and both are functions of the run's own events and of its family's up to the fork
     points (which never change), so the run's last seq names them. A timeline page of a long
     run then reads its page, not the whole record, and the runs page polled again reads the
@@ -153,16 +153,27 @@ class RecordCache:
         self.lock = threading.Lock()  # the pages run in Starlette's thread pool
 
     def get(self, what: str, info: RunInfo, read: Callable[[], T]) -> T:
-        key = (what, info.run_id, info.last_seq)
+        """``what`` of run ``info``, read once per state of its record."""
+        return self.get_many(what, [info], lambda missing: {info.run_id: read()})[info.run_id]
+
+    def get_many(self, what: str, infos: list[RunInfo], read: Callable[[list[RunInfo]], dict[str, T]]) -> dict[str, T]:
+        """``what`` of each of ``infos`` by run id: those kept, and the others read together
+        (``read`` of the runs missing, by run id)."""
+        found: dict[str, T] = {}
         with self.lock:
-            found = self.kept.get(key)
-        if found is None:
-            found = read()
+            for info in infos:
+                key = (what, info.run_id, info.last_seq)
+                if key in self.kept:
+                    found[info.run_id] = cast(T, self.kept[key])
+        missing = [info for info in infos if info.run_id not in found]
+        if missing:
+            fresh = read(missing)
             with self.lock:
-                if len(self.kept) >= self.size:
-                    self.kept.pop(next(iter(self.kept)))
-                self.kept[key] = found
-        return cast(T, found)
+                for info in missing:
+                    if len(self.kept) >= self.size:
+                        self.kept.pop(next(iter(self.kept)))
+                    self.kept[(what, info.run_id, info.last_seq)] = found[info.run_id] = fresh[info.run_id]
+        return found
 
 
 @dataclass
@@ -181,7 +192,8 @@ class Reader:
             raise NotFoundError(f"no run {run_id!r} in this record") from None
 
     def runs(self, f: RunsFilter) -> RunsPage:
-        """The newest runs that pass ``f`` (one query for the runs, then :func:`glance` per row shown)."""
+        """The newest runs that pass ``f`` (one query for the runs, one for the sums of the rows shown
+        that moved since they were last read: :func:`glances`)."""
         runs = self.store.list_runs(limit=SCAN_RUNS, agent=f.agent or None)
         matched = [
             r
@@ -192,7 +204,9 @@ class Reader:
             and (f.since is None or r.created_at >= f.since)
             and (f.until is None or r.created_at < f.until)
         ]
-        rows = [Row(r, self._glance(r)) for r in matched[: f.limit or PAGE_ROWS]]
+        shown = matched[: f.limit or PAGE_ROWS]
+        sums = self.cache.get_many("glance", shown, lambda missing: glances(self.store, missing))
+        rows = [Row(r, sums[r.run_id]) for r in shown]
         return RunsPage(
             rows,
             len(matched),
@@ -202,7 +216,7 @@ class Reader:
         )
 
     def _glance(self, info: RunInfo) -> Glance:
-        return self.cache.get("glance", info, lambda: glance(self.store, info))
+        return self.cache.get_many("glance", [info], lambda missing: glances(self.store, missing))[info.run_id]
 
     def private(self, run_id: str) -> PrivateRecord:
         """The run's private material, judged on its whole record (once per state of it: :class:`RecordCache`)."""
