@@ -31,6 +31,7 @@ def test_a_chat_in_a_terminal_shows_its_work(tmp_path: Path) -> None:
     # the arrow keys edit the line: "helo", Left, "l" is "hello" (not "helo^[[Dl")
     assert "you> hello\n" in answered and "^[[" not in answered
     assert re.search(r"recapping (\d+ messages|in the background)", seen["recapping"]), seen["recapping"]
+    assert re.search(r"  · now → \d{4}-\d\d-\d\dT", seen["recapping"])  # the tool's step, in one line
     notice = re.search(r"↳ recap: \d+ messages? evicted \(#\d+(–#\d+)?\) · [\d,]+ → [\d,]+ tokens", seen["distilled"])
     assert notice, seen["distilled"]
     # chat -c reopens the same run; the up arrow brings back the last input of the first sitting
