@@ -76,6 +76,11 @@ def test_a_turn_cut_short_leaves_a_fresh_line_for_what_follows() -> None:
         screen.watch(AnswerText("r1", "The stag"))
         raise KeyboardInterrupt
     assert out.getvalue() == "The stag\n" and err.getvalue().endswith("\r\x1b[2K")
+    failed, out, _ = _screen()
+    with failed.turn():  # a turn that returns failed (a provider error after some text)
+        failed.watch(AnswerText("r1", "The stag"))
+    failed.close_line()
+    assert out.getvalue() == "The stag\n"
 
 
 def test_a_sub_agents_text_is_not_streamed_as_the_answer() -> None:

@@ -180,10 +180,15 @@ class Screen:
             yield
         except BaseException:
             self.end()
-            with self._lock:
-                self._end_line()
+            self.close_line()
             raise
         self.end()
+
+    def close_line(self) -> None:
+        """End the line the answer streamed on (a turn that failed: its error prints next)."""
+        with self._lock:
+            self._end_line()
+            self.streamed = ""
 
     def answer(self, output: str | None) -> None:
         """The turn returned ``output``: what the stream has not shown of it is printed (all of

@@ -160,6 +160,8 @@ def run_cmd(
         else:
             out.print(result.output, markup=False, highlight=False)
     if result.status == "failed":
+        if screen is not None:
+            screen.close_line()
         if not json_output:
             err.print(f"[red]error:[/red] {result.error}", highlight=False)
             err.print(f"The record keeps everything: `loomrt runs resume {result.run_id}` retries from there.")
@@ -223,10 +225,12 @@ def chat_cmd(
         if not line.strip():
             continue
         result = _turn(rt, run, line, screen)
-        if screen is None or result.status == "failed":
-            print_result(result, json_output)
-        else:
+        if screen is not None and result.status != "failed":
             screen.answer(result.output)
+        else:
+            if screen is not None:
+                screen.close_line()
+            print_result(result, json_output)
         if result.status == "failed":  # shown and recorded; the run parked, and the next input continues it
             failed += 1
             if not json_output:
