@@ -43,6 +43,7 @@ def test_every_mode_is_played_and_append_is_the_baseline(quick: dict) -> None:
             "stateful/no-recall",
             "fold/no-recall",
             "fold/no-tools",
+            "fold/cards-only",
             "fold/no-defer",
             "fold/sloppy",
             "recap/inject-only",

@@ -16,6 +16,8 @@ the sabotage it is known to catch.
 | fold "0 invented values" in cards (``fold/sloppy``, invented values in cards) | the verified-card check disabled | ``test_fold_sloppy_sees_invented_values_reach_cards_without_the_check`` |
 | Recall latency, the first query after an eviction (entries it indexed itself) | the background index never drains | ``test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_itself`` |
 | fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
+| chat200_lead ``MODE/no-recall`` answered (what the summaries keep) | the reducer writes the block without its summary | ``test_chat200_lead_no_recall_falls_when_summaries_keep_nothing`` |
+| ``fold/cards-only`` answered (what the cards alone keep) | cards lose their values | ``test_fold_cards_only_falls_when_cards_lose_their_values`` |
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from loomrt.bench.runner import run_bench
 INJECTED_MODES = ["recap/no-recall", "recap/inject-only"]
 
 
-def _chat200(modes: list[str]) -> dict[str, Any]:
-    result = run_bench(["chat200"], BenchConfig(quick=True, embedder="hash", modes=modes))
-    return dict(result["workloads"]["chat200"]["modes"])
+def _chat200(modes: list[str], workload: str = "chat200") -> dict[str, Any]:
+    result = run_bench([workload], BenchConfig(quick=True, embedder="hash", modes=modes))
+    return dict(result["workloads"][workload]["modes"])
 
 
 @pytest.mark.slow
@@ -238,3 +240,48 @@ def test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_it
     monkeypatch.setattr("loomrt.recall.run_recall.RunRecall._drain", never)
     broken = recall_latency(256, 12, embedder="hash")
     assert broken["after_eviction_inline_entries"] == 8 and broken["after_eviction_inline_share"] == 1, broken
+
+
+# ---------------------------------------------------------------- chat200_lead: what the summaries and the cards keep
+
+SUMMARISED = ["recap/no-recall", "compaction/no-recall"]
+
+
+@pytest.mark.slow
+def test_chat200_lead_no_recall_falls_when_summaries_keep_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """chat200's "no-recall" rows are 0 whatever the summaries keep (every fact sits after
+    ~60 tokens of prose); chat200_lead states every other fact in its message's leading
+    sentence, so they measure what a summary keeps. With the reducer writing its block
+    without the summary, they fall to 0."""
+    honest = _chat200(SUMMARISED, "chat200_lead")
+    assert all(honest[m]["answered"] >= 0.2 and honest[m]["recall_calls"] == 0 for m in SUMMARISED), honest
+
+    monkeypatch.setattr("loomrt.run.reducers.summarize.keep_pointers", lambda text, allowed: ("", 0))
+    broken = _chat200(SUMMARISED, "chat200_lead")
+    assert all(broken[m]["answered"] == 0 and broken[m]["distillations"] > 0 for m in SUMMARISED), broken
+
+
+@pytest.mark.slow
+def test_fold_cards_only_falls_when_cards_lose_their_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fold/cards-only`` offers neither fold's tools nor Recall (``fold/no-recall`` still
+    Greps the raw record and answers 1.000): what it answers is what the cards keep. With
+    cards that lose their values (each value the summariser wrote cut out of the card), it
+    falls to 0 while ``fold/no-recall`` hardly notices."""
+    from loomrt.run.reducers.fold.verify import values
+    from loomrt.run.reducers.fold.writer import CardWriter
+
+    modes = ["fold/cards-only", "fold/no-recall"]
+    honest = _chat200(modes, "chat200_lead")
+    assert honest["fold/cards-only"]["answered"] > 0 and honest["fold/cards-only"]["recall_calls"] == 0, honest
+
+    card = CardWriter._card
+
+    def valueless(self: CardWriter, depth: int, text: str, *args: Any, **kw: Any) -> Any:
+        for v in values(text):
+            text = text.replace(v, "…")
+        return card(self, depth, text, *args, **kw)
+
+    monkeypatch.setattr(CardWriter, "_card", valueless)
+    broken = _chat200(modes, "chat200_lead")
+    assert broken["fold/cards-only"]["answered"] == 0 and broken["fold/cards-only"]["cards"] > 0, broken
+    assert broken["fold/no-recall"]["answered"] >= 0.75  # Grep over the raw record hides most of it

@@ -58,6 +58,8 @@ VARIANTS: dict[str, str] = {
     "brings back (a plain MODE offers the tool and injects nothing)",
     "backstop": "append with the compaction backstop in the model's window (append only)",
     "no-tools": "fold without its Describe, Expand and Grep tools: the cards and Recall alone (fold only)",
+    "cards-only": "fold with neither its Describe, Expand and Grep tools nor Recall: what its cards alone keep "
+    "(fold only; fold/no-recall still Greps the raw record, fold/no-tools still recalls)",
     "no-defer": "fold without cache-idle deferral (fold.cache_idle_s: 0): it folds at the soft watermark, as a run "
     "whose prompt cache went cold between turns does (fold only)",
     "sloppy": "fold with a summariser that invents a value in some leaf cards and fails some calls (an empty reply, "
@@ -75,6 +77,7 @@ DEFAULT_VARIANTS = [
     "stateful/no-recall",
     "fold/no-recall",
     "fold/no-tools",
+    "fold/cards-only",
     "fold/no-defer",
     "fold/sloppy",
     "recap/inject-only",
@@ -98,7 +101,7 @@ def known_variant(name: str) -> bool:
         return False
     if soft_pct(option) is not None:
         return base == "fold"
-    only = {"backstop": "append", "no-tools": "fold", "no-defer": "fold", "sloppy": "fold"}
+    only = {"backstop": "append", "no-tools": "fold", "cards-only": "fold", "no-defer": "fold", "sloppy": "fold"}
     if option in ("inject", "inject-only") and base == "append":
         return False
     return option is None or option in VARIANTS and only.get(option, base) == base

@@ -155,6 +155,7 @@ def bench_spec(
 
     ``mode`` is a retention mode or a variant of one (:func:`~loomrt.bench.core.split_variant`):
     ``MODE/no-recall`` turns Recall off, ``fold/no-tools`` fold's Describe, Expand and Grep,
+    ``fold/cards-only`` both (what fold's cards alone keep),
     ``fold/no-defer`` its cache-idle deferral (every fold at the soft watermark), ``fold/soft-N``
     the same with ``fold.soft_pct`` N, ``fold/sloppy`` its summariser spoilt on purpose
     (:mod:`loomrt.bench.sloppy`, in :func:`play_mode`); ``append/backstop`` is append with the compaction backstop
@@ -162,7 +163,7 @@ def bench_spec(
     """
     base, option = split_variant(mode)
     backstop, soft = option == "backstop", soft_pct(option)
-    recall = config.recall and option != "no-recall" and recall_available()
+    recall = config.recall and option not in ("no-recall", "cards-only") and recall_available()
     return AgentSpec(
         model=config.model or "bench/scripted",
         system_prompt=system,
@@ -183,7 +184,7 @@ def bench_spec(
             # guard would turn most cards into fallbacks, which no real run at this pace sees
             "fold": {
                 "max_calls_per_10min": 10_000,
-                "tools": option != "no-tools",
+                "tools": option not in ("no-tools", "cards-only"),
                 **({"cache_idle_s": 0} if option == "no-defer" or soft is not None else {}),
                 **({"soft_pct": soft, "target_pct": min(25, soft)} if soft is not None else {}),
             },

@@ -22,6 +22,7 @@ __all__ = ["DEFAULT_TARGETS", "available_targets", "run_bench", "workload_figure
 
 DEFAULT_TARGETS = [
     "chat200",
+    "chat200_lead",
     "agentic",
     "locomo",
     "curves",

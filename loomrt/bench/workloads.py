@@ -76,10 +76,15 @@ class ChatTurn:
         return ChatCue(self.question, self.reply)
 
 
-def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, list[ChatTurn], list[Needle]]:
+def chat_script(
+    seed: int, *, turns: int = 200, facts: int = 40, lead_every: int = 0
+) -> tuple[str, list[ChatTurn], list[Needle]]:
     """The chat: a ~500-token system prompt and ``turns`` turns of ~300 tokens (user ~120,
     reply ~180). Fact *i* is stated in the first 30% of the turns (one in three as a fact to
-    note, the rest in passing) and asked in the last 40%, in other words than it was stated."""
+    note, the rest in passing) and asked in the last 40%, in other words than it was stated.
+    A fact is stated after ~60 tokens of prose, where no summary that keeps a message's
+    leading sentence keeps it; with ``lead_every`` N, every N-th fact (the first, the
+    N+1-th, …) opens its message instead, where an extractive summary can keep it."""
     rng = random.Random(seed)
     planted = make_facts(facts, rng)
     if len(planted) < facts:
@@ -100,7 +105,10 @@ def chat_script(seed: int, *, turns: int = 200, facts: int = 40) -> tuple[str, l
             script.append(ChatTurn(f"{f.question} {prose(105, rng)}", reply, needles[asked[t]], f.question))
         elif t in stated:
             f = planted[stated[t]]
-            script.append(ChatTurn(f"{prose(60, rng)} {f.statement} {prose(45, rng)}", reply))
+            if lead_every and stated[t] % lead_every == 0:
+                script.append(ChatTurn(f"{f.statement} {prose(105, rng)}", reply))
+            else:
+                script.append(ChatTurn(f"{prose(60, rng)} {f.statement} {prose(45, rng)}", reply))
         else:
             script.append(ChatTurn(prose(120, rng), reply))
     return system, script, needles
@@ -152,17 +160,38 @@ def chat200(config: BenchConfig, progress: Progress) -> WorkloadResult:
     return play_chat(config, progress, turns=turns, facts=facts)
 
 
+@workload(
+    "chat200_lead",
+    "chat200 with every other fact stated in its message's leading sentence, where an extractive summary can keep it",
+)
+def chat200_lead(config: BenchConfig, progress: Progress) -> WorkloadResult:
+    """chat200 whose "no-recall" rows measure what the summaries keep: in chat200 every fact
+    sits after ~60 tokens of prose, where a summary of leading sentences keeps none."""
+    turns, facts = (60, 12) if config.quick else (200, 40)
+    return play_chat(config, progress, turns=turns, facts=facts, name="chat200_lead", lead_every=2)
+
+
 def play_chat(
-    config: BenchConfig, progress: Progress, *, turns: int, facts: int, label: str = "chat200"
+    config: BenchConfig,
+    progress: Progress,
+    *,
+    turns: int,
+    facts: int,
+    label: str = "",
+    name: str = "chat200",
+    lead_every: int = 0,
 ) -> WorkloadResult:
-    """The chat of ``turns`` turns and ``facts`` facts, played in each of ``config.modes``."""
-    system, script, needles = chat_script(config.seed, turns=turns, facts=facts)
+    """The chat of ``turns`` turns and ``facts`` facts, played in each of ``config.modes``
+    (``lead_every``: see :func:`chat_script`)."""
+    system, script, needles = chat_script(config.seed, turns=turns, facts=facts, lead_every=lead_every)
+    label = label or name
     result = WorkloadResult(
-        "chat200",
+        name,
         "turn",
         params={
             "turns": turns,
             "facts": facts,
+            **({"facts_leading": len(range(0, facts, lead_every))} if lead_every else {}),
             "system_tokens": count_text(system),
             "turn_tokens": round(sum(count_text(t.text) + count_text(t.reply) for t in script) / len(script)),
         },
@@ -194,7 +223,7 @@ def play_chat(
             unit="turn",
             interactive=True,
             local=True,
-            name="chat200",
+            name=name,
         )
     return result
 
