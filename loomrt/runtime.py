@@ -28,7 +28,7 @@ from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
-from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, worker_name
+from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, owner_is_gone, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
@@ -444,9 +444,14 @@ class Runtime:
         next input. True if the context was reduced; a failure is an event, never raised."""
         if not run.mode.queued(run.view):
             return False
-        lease, holder = f"distil:{run.run_id}", f"{os.getpid()}:{id(run)}"
+        lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
         if not self.store.take_lease(lease, holder, LEASE_S):
-            return False  # another process (a `loomrt worker`) is on it
+            stale = self.store.lease_holder(lease)
+            if stale is None or not owner_is_gone(stale.rpartition(":")[0]):
+                return False  # another process (a `loomrt worker`) is on it
+            self.store.release_lease(lease, stale)  # its holder died (a chat killed while it distilled)
+            if not self.store.take_lease(lease, holder, LEASE_S):
+                return False
         try:
             return await maybe_distil(run, force=True)
         except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself

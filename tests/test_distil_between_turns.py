@@ -5,12 +5,14 @@ inside a turn. A chat that closes with one due leaves it to ``loomrt worker``.""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 from spine_kit import runtime
 
 from loomrt.events import Event
 from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.record.owners import worker_name
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider, extractive_summary
 from loomrt.worker import work_once
@@ -115,3 +117,30 @@ def test_a_chat_closed_with_a_recap_due_leaves_it_to_the_worker(tmp_path):
     assert [(r["run_id"], r["work"], r["done"]) for r in rows] == [(run.run_id, "distil", True)]
     assert rt.store.latest(run.run_id, "distillation").data["mode"] == "recap"
     assert asyncio.run(work_once(rt)) == []  # settled: nothing is queued any more
+
+
+def test_a_recap_left_by_a_chat_that_died_is_written_by_the_next_one(tmp_path):
+    rt = runtime(tmp_path, FunctionProvider(answer))
+    run = play(rt, "recap", NOTES[:8], between=False)
+    if not run.view.distillation_queued:
+        asyncio.run(rt.send(run, NOTES[8]))
+    lease = f"distil:{run.run_id}"
+    dead = f"{socket.gethostname()}/{2**22 + 12345}/abcdef:1"  # a pid no process has
+    assert rt.store.take_lease(lease, dead, 600)
+    assert asyncio.run(rt.between_turns(run))
+    assert not run.view.distillation_queued
+
+
+def test_a_recap_nothing_wrote_between_turns_is_written_at_the_next_turn(tmp_path):
+    rt = runtime(tmp_path, FunctionProvider(answer))
+    run = play(rt, "recap", NOTES[:8], between=False)
+    if not run.view.distillation_queued:
+        asyncio.run(rt.send(run, NOTES[8]))
+    queued = run.view.queued_at
+    assert rt.store.take_lease(f"distil:{run.run_id}", f"{worker_name()}:0", 600)  # a live process holds it
+    assert not asyncio.run(rt.between_turns(run))
+    asyncio.run(rt.send(run, NOTES[9]))
+    events = rt.store.events(run.run_id)
+    answered = max(e.seq for e in events if e.kind == "parked")
+    inside = [e for e in events if e.kind == "distillation" and queued < e.seq < answered]
+    assert inside and inside[0].data["pressure"] < inside[0].data["budget"]

@@ -199,22 +199,25 @@ async def recover(folder: Path, scenario: Scenario, db: str | Path) -> tuple[str
         return _checked(db, scenario), None
     rt = _runtime(store)
     run_id = _root(db)
+    chat = scenario.interactive
     if scenario.fork:
-        await _finish(rt, run_id, scenario.parent_inputs)
+        await _finish(rt, run_id, scenario.parent_inputs, chat=chat)
         if not any(r.forked_from == run_id for r in store.list_runs()):
             code = _fork(folder, scenario, db, run_id)
             if code:
                 raise RuntimeError(f"loomrt runs fork {run_id} exited {code}")
         run_id = _checked(db, scenario)
-    return run_id, await _finish(rt, run_id, scenario.own_inputs)
+    return run_id, await _finish(rt, run_id, scenario.own_inputs, chat=chat)
 
 
-async def _finish(rt: Any, run_id: str, inputs: tuple[str, ...]) -> Any:
+async def _finish(rt: Any, run_id: str, inputs: tuple[str, ...], *, chat: bool = False) -> Any:
     """Finish a killed run: :meth:`~loomrt.Runtime.resume` (what ``loomrt runs resume`` calls)
     if it stopped mid-turn, then the inputs its record does not hold yet, sent to the run the
     resume played; that live run (None if there was nothing to resume and nothing to send).
     The resume runs in this process so that the checks inspect the recovering run's own
-    working context and recall index, not one rebuilt afterwards."""
+    working context and recall index, not one rebuilt afterwards. A ``chat`` does its queued
+    distillation after each turn, as ``loomrt chat`` does while the next input is typed; one
+    still due at the end (the chat closed with it) is done as ``loomrt worker`` would."""
     run = await rt.aopen(run_id)
     mid_turn = not (run.view.status == "done" or (run.view.status == "parked" and not run.view.parked_after_error))
     recorded = sum(1 for e in rt.store.events(run_id) if e.kind == "user_input")
@@ -222,8 +225,15 @@ async def _finish(rt: Any, run_id: str, inputs: tuple[str, ...]) -> Any:
     live = await _resume(rt, run_id) if mid_turn and recorded else None
     if live is None and remaining:
         live = await rt.aopen(run_id)  # a process the user starts to send the next input
+    if chat and live is not None:
+        await rt.between_turns(live)
     for text in remaining:
         await rt.send(live, text)
+        if chat:
+            await rt.between_turns(live)
+    if chat and live is None and run.mode.queued(run.view):
+        live = run
+        await rt.between_turns(live)
     return live
 
 

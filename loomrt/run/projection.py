@@ -123,9 +123,9 @@ class RunView:
     """Estimated size when a paid distillation last bought nothing: the next one waits until
     the context, or the pressure, has grown by 5% of the budget. Reset by every distillation."""
     declined_pressure: int = -1
-    distillation_queued: bool = False
-    """A recap or compaction is due between turns (``distillation_queued``, not yet settled
-    by a distillation or a decline)."""
+    queued_at: int | None = None
+    """The seq of the ``distillation_queued`` event not yet settled by a distillation or a
+    decline: a recap or compaction due between turns."""
     seen_user: bool = False
     task_seq: int | None = None
     """The first user input (the task: pinned by ``keep_first``, not as the current request)."""
@@ -148,6 +148,11 @@ class RunView:
     def __post_init__(self) -> None:
         if self.slot is None:
             self.slot = self.mode.new_slot()
+
+    @property
+    def distillation_queued(self) -> bool:
+        """Whether a recap or compaction is due between turns (:attr:`queued_at`)."""
+        return self.queued_at is not None
 
     @property
     def status(self) -> str:
@@ -195,12 +200,12 @@ class RunView:
                 if self.tokenizer_scale > MAX_TOKENIZER_SCALE:
                     self.tokenizer_scale = 1.0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
-                self.distillation_queued = False
+                self.queued_at = None
             case "distillation_queued":
-                self.distillation_queued = True
+                self.queued_at = e.seq
             case "distillation_declined":
                 self.declines += 1
-                self.distillation_queued = False
+                self.queued_at = None
                 self.declined_at = len(self.context)
                 if d.get("paid", d.get("reason") == "result not smaller"):
                     self.declined_size = int(d.get("tokens_before", -1))

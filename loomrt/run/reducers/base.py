@@ -102,9 +102,10 @@ class RetentionMode:
 
     between_turns = False
     """In an interactive run, a distillation due at the watermark waits for the end of the
-    turn and is written while the user types (``distillation_queued``); only a context at
-    the whole budget (the hard watermark) is distilled inside the turn. Recap and compaction
-    do this; fold queues by its own rules, and stateful distils at every step."""
+    turn and is written while the user types (``distillation_queued``). Inside a turn only a
+    context at the whole budget (the hard watermark) is distilled, or one queued before the
+    turn's input that nothing wrote between turns (a chat killed meanwhile). Recap and
+    compaction do this; fold queues by its own rules, and stateful distils at every step."""
 
     def should_distil(self, run: RunState) -> bool:
         pct = self.threshold_pct(run)
@@ -115,7 +116,10 @@ class RetentionMode:
             return False
         if not (self.between_turns and run.interactive) or pressure >= run.budget:
             return True
-        if not run.view.distillation_queued:
+        queued = run.view.queued_at
+        if queued is not None and queued < (run.view.input_seq or 0):
+            return True  # nothing wrote it between turns (a chat killed meanwhile, its lease held): now
+        if queued is None:
             run.emit("distillation_queued", {"mode": self.name, "pressure": pressure, "budget": run.budget})
         return False
 

@@ -29,7 +29,16 @@ from loomrt.visibility import redact
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
-__all__ = ["transcript_parts", "distil_with_prose", "keep_pointers", "extract", "FALLBACK_STREAK", "FALLBACK_RETRY"]
+__all__ = [
+    "transcript_parts",
+    "distil_with_prose",
+    "keep_pointers",
+    "extract",
+    "FALLBACK_STREAK",
+    "FALLBACK_RETRY",
+    "worked_example",
+    "EXAMPLE_SPAN",
+]
 
 FALLBACK_STREAK = 2
 """Fallbacks in a row after which the summariser is no longer paid for every distillation."""
