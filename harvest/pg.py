@@ -30,7 +30,7 @@ from typing import Any
 
 from loomrt.errors import StoreError
 
-__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS"]
+__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS", "add_vectors"]
 
 HNSW_DIMS = (384,)
 """Vector dimensions with an HNSW index (all-MiniLM-L6-v2's 384); others are searched exactly."""
@@ -41,6 +41,61 @@ _TABLES = (
     "harvest_spans, harvest_batches, harvest_watermarks, harvest_dead_letters, memory_facts, memory_keys, "
     "memory_history, memory_revision, memory_settings"
 )
+
+
+_VECTOR_SQL = (
+    "ALTER TABLE memory_facts ADD COLUMN embedding vector",
+    *(
+        f"CREATE INDEX memory_facts_hnsw_{d} ON memory_facts USING hnsw "
+        f"((embedding::vector({d})) vector_cosine_ops) WHERE vector_dims(embedding) = {d}"
+        for d in HNSW_DIMS
+    ),
+)
+"""pgvector's column and HNSW index(es) on durable memory: made by migration
+``harvest_0003_memory_search`` where the extension could be created, else later by
+:func:`add_vectors`."""
+
+
+def vector_text(vec: Any) -> str:
+    """A vector as pgvector reads it: ``[0.1,0.2,...]``."""
+    return "[" + ",".join(f"{float(x):.7g}" for x in vec) + "]"
+
+
+def _has_embedding(conn: Any) -> bool:
+    return bool(
+        conn.execute(
+            "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('memory_facts') "
+            "AND attname = 'embedding' AND NOT attisdropped"
+        ).fetchone()
+    )
+
+
+def add_vectors(conn: Any) -> list[str]:
+    """The catch-up step of ``loomrt db migrate`` (a :data:`~loomrt.record.pg_migrations.Repair`):
+    a database migrated where pgvector could not be created (a non-superuser owner) gets
+    ``memory_facts.embedding`` and its HNSW index once the extension exists (a superuser ran
+    ``CREATE EXTENSION vector``; tried here too, for a migrator who may), with the vectors
+    already stored as ``bytea`` copied in. Says what it did, or nothing."""
+    import numpy as np
+    import psycopg
+
+    if conn.execute("SELECT to_regclass('memory_facts')").fetchone()[0] is None or _has_embedding(conn):
+        return []
+    try:
+        with conn.transaction():
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error:
+        return []  # still not there: `loomrt db status` and the workers' notice say so
+    with conn.transaction():
+        for statement in _VECTOR_SQL:
+            conn.execute(statement)
+        rows = conn.execute("SELECT fact_id, vector FROM memory_facts WHERE vector IS NOT NULL").fetchall()
+        for fact_id, raw in rows:
+            text = vector_text(np.frombuffer(raw, dtype=np.float32))
+            conn.execute("UPDATE memory_facts SET embedding = %s::vector WHERE fact_id = %s", (text, fact_id))
+    return [
+        f"harvest_vectors (pgvector found: memory_facts.embedding and its HNSW index added, {len(rows)} vectors copied)"
+    ]
 
 
 def _scoped(table: str) -> str:
@@ -172,14 +227,7 @@ POSTGRES_SQL: dict[str, str] = {
                 RAISE NOTICE 'pgvector is not available (%): memory vectors are searched exactly', SQLERRM;
             END;
             IF EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector') THEN
-                EXECUTE 'ALTER TABLE memory_facts ADD COLUMN embedding vector';
-                {
-        "".join(
-            f"EXECUTE 'CREATE INDEX memory_facts_hnsw_{d} ON memory_facts USING hnsw "
-            f"((embedding::vector({d})) vector_cosine_ops) WHERE vector_dims(embedding) = {d}';"
-            for d in HNSW_DIMS
-        )
-    }
+                {"".join(f"EXECUTE '{statement}';" for statement in _VECTOR_SQL)}
             END IF;
         END $$;
         -- scopes enforced by the database: a row is visible to a connection whose loomrt.scopes
@@ -239,7 +287,10 @@ class PgHarvestDB:
                 self._pool.close()
                 raise
             self.extensions = {r[0] for r in conn.execute("SELECT extname FROM pg_extension").fetchall()}
-            """The server's extensions this database has (``vector`` is the one read)."""
+            """The server's extensions this database uses (``vector`` is the one read: only once
+            durable memory has its column, which `loomrt db migrate` adds when it can)."""
+            if not _has_embedding(conn):
+                self.extensions.discard("vector")
 
     @contextlib.contextmanager
     def scoped(self, scopes: Sequence[str]) -> Iterator[None]:

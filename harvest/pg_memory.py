@@ -30,6 +30,7 @@ import numpy as np
 
 from loomrt.harvest.memory import MemoryStore
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
+from loomrt.harvest.pg import vector_text as _vector
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.recall.index import tokenize
 from loomrt.recall.memory import MemoryHit
@@ -44,10 +45,6 @@ _ANALYZE_AFTER = 500
 """An import this large refreshes the tables' statistics (autovacuum would, a minute later)."""
 _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
-
-
-def _vector(vec: np.ndarray) -> str:
-    return "[" + ",".join(f"{float(x):.7g}" for x in vec) + "]"
 
 
 class PgMemoryStore(MemoryStore):

@@ -8,9 +8,10 @@ Registered from harvest's own side, as the entry point ``loomrt.pg_migrations: h
 from __future__ import annotations
 
 from loomrt.harvest.db import MIGRATIONS
-from loomrt.harvest.pg import POSTGRES_SQL
+from loomrt.harvest.pg import POSTGRES_SQL, add_vectors
 
 __all__ = ["PART"]
 
-PART = (MIGRATIONS, POSTGRES_SQL)
-"""(the ordered list of (name, SQLite SQL), PostgreSQL SQL by name)."""
+PART = (MIGRATIONS, POSTGRES_SQL, add_vectors)
+"""(the ordered list of (name, SQLite SQL), PostgreSQL SQL by name, the catch-up step every
+``loomrt db migrate`` runs: pgvector's column once the extension exists)."""

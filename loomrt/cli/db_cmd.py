@@ -1,4 +1,4 @@
-"""``loomrt db status|migrate|copy``: the record's schema and moving it between stores.
+"""``loomrt db status|migrate|copy`` (and ``serve``, :mod:`loomrt.cli.db_serve`): the record's schema and moving it between stores.
 
 The store is the one ``LOOMRT_DB_URL`` (or ``--db-url``) names, else the SQLite file under
 ``$LOOMRT_HOME``. SQLite migrates itself as it opens; PostgreSQL is migrated here, by one
@@ -15,11 +15,13 @@ from typing import Any
 import typer
 
 from loomrt.cli._common import err, friendly, out, plural, print_json
+from loomrt.cli.db_serve import serve_cmd
 from loomrt.errors import StoreError
 
 __all__ = ["db_app", "workers_app"]
 
-db_app = typer.Typer(help="The record's database: status, migrate, copy.", no_args_is_help=True)
+db_app = typer.Typer(help="The record's database: status, migrate, copy, serve.", no_args_is_help=True)
+db_app.command("serve")(serve_cmd)
 
 _JSON = typer.Option(False, "--json", help="Print JSON.")
 

@@ -16,6 +16,7 @@ only read and insert them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from loomrt.errors import StoreError
@@ -158,24 +159,31 @@ PARTS_GROUP = "loomrt.pg_migrations"
 (harvest's: ``loomrt.harvest.pg_part:PART``), so the record never imports them."""
 
 
-def _parts() -> list[tuple[list[tuple[str, str]], dict[str, str]]]:
-    """Each part's one list of migrations and its PostgreSQL SQL by name: the record's, then
-    each registered part's, by entry-point name (harvest: the span queue and durable memory)."""
+Repair = Callable[[Any], list[str]]
+"""A part's catch-up step, run by every ``loomrt db migrate`` after the migrations: it does
+what a migration could not when it ran (harvest: pgvector's column and index, once a
+superuser has created the extension) and says what it did, or returns nothing."""
+
+
+def _parts() -> list[tuple[Any, ...]]:
+    """Each part's one list of migrations, its PostgreSQL SQL by name and, optionally, its
+    :data:`Repair`: the record's, then each registered part's, by entry-point name (harvest:
+    the span queue and durable memory)."""
     from importlib.metadata import entry_points
 
-    parts = [(MIGRATIONS, POSTGRES_SQL)]
+    parts: list[tuple[Any, ...]] = [(MIGRATIONS, POSTGRES_SQL)]
     for ep in sorted(entry_points(group=PARTS_GROUP), key=lambda e: e.name):
-        parts.append(ep.load())
+        parts.append(tuple(ep.load()))
     return parts
 
 
 def names() -> list[str]:
     """Every migration a database of this version has, in the order they apply."""
-    return [name for migrations, _ in _parts() for name, _ in migrations]
+    return [name for part in _parts() for name, _ in part[0]]
 
 
 def _sql(name: str) -> str:
-    return next(sql[name] for _, sql in _parts() if name in sql)
+    return str(next(part[1][name] for part in _parts() if name in part[1]))
 
 
 def applied(conn: Any) -> list[str]:
@@ -194,8 +202,12 @@ def missing(conn: Any) -> list[str]:
 
 def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
     """Apply every missing migration, each in its own transaction (whole or not at all),
-    under an advisory lock; return the names applied (with ``dry_run``: that would be).
-    ``conn`` is a psycopg connection in autocommit mode."""
+    then each part's :data:`Repair`, under an advisory lock; return the names applied and
+    what the repairs did (with ``dry_run``: the migrations that would be applied).
+    ``conn`` is a psycopg connection in autocommit mode. A privilege the migrating role
+    lacks is one :class:`StoreError` saying what a superuser must run."""
+    import psycopg
+
     if dry_run:
         return missing(conn)
     done = []
@@ -205,13 +217,35 @@ def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
             "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
         )
         for name in missing(conn):
-            with conn.transaction():
-                conn.execute(_sql(name))
-                conn.execute("INSERT INTO _migrations VALUES (%s, extract(epoch from clock_timestamp()))", (name,))
+            try:
+                with conn.transaction():
+                    conn.execute(_sql(name))
+                    conn.execute("INSERT INTO _migrations VALUES (%s, extract(epoch from clock_timestamp()))", (name,))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise StoreError(_lacking(conn, name, exc)) from None
             done.append(name)
+        for part in _parts():
+            if len(part) > 2:
+                done += part[2](conn)
     finally:
         conn.execute("SELECT pg_advisory_unlock(%s)", (_LOCK,))
     return done
+
+
+def _lacking(conn: Any, name: str, exc: Exception) -> str:
+    """What to do when migration ``name`` needs a privilege the connecting role lacks."""
+    who = conn.execute("SELECT current_user").fetchone()[0]
+    why = str(exc).strip().splitlines()[0]
+    if "create role" in why.lower():
+        return (
+            f"migration {name} creates the role {APP_ROLE}, and {who} may not create roles ({why}). "
+            f"Ask a superuser to run, once for this server: CREATE ROLE {APP_ROLE} NOLOGIN; "
+            f"(e.g. psql -c 'CREATE ROLE {APP_ROLE} NOLOGIN'), then run `loomrt db migrate` again as {who}."
+        )
+    return (
+        f"migration {name} needs a privilege {who} lacks ({why}); nothing of it was applied. "
+        "Run `loomrt db migrate` as the database's owner, or ask a superuser to grant what it names."
+    )
 
 
 def check_schema(conn: Any, where: str) -> list[str]:
