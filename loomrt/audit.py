@@ -17,12 +17,15 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event, message_of
 from loomrt.messages import Message
 from loomrt.prompt_hash import CHAINED, _whole_prompt_hash, chained, message_step, prompt_hash
 from loomrt.record.store import Store
+
+if TYPE_CHECKING:
+    from loomrt.run.projection import RunView
 
 __all__ = [
     "Line",
@@ -35,6 +38,8 @@ __all__ = [
     "CHAINED",
     "prompt_problems",
     "prompt_as_of",
+    "prompt_of",
+    "turn_call",
     "to_markdown",
     "to_jsonl",
 ]
@@ -198,13 +203,25 @@ def prompt_as_of(events: Iterable[Event], seq: int, store: Store | None = None) 
 
     events = list(events)
     call = next((e for e in events if e.seq == seq), None)
-    if call is None or call.kind != "model_call" or call.data.get("prompt_from") != "context":
-        raise ValueError(f"#{seq} is not a turn's model call (`runs events RUN_ID --kind model_call` lists them)")
-    view = project([e for e in events if e.seq < seq], store=store)
+    return prompt_of(project([e for e in events if e.seq < seq], store=store), call, seq)
+
+
+def prompt_of(view: RunView, call: Event | None, seq: int) -> list[Message]:
+    """The whole prompt the model call at ``seq`` (``call``, the event there) sent, from
+    ``view``, the record's view after the events before it (:func:`prompt_as_of` projects it;
+    ``loomrt ui`` keeps checkpoints of it). ``ValueError`` when ``call`` is no turn's model call."""
+    call = turn_call(call, seq)
     prompt = list(view.context)
     if call.data.get("recall_injected") is not None and view.injection is not None:
         prompt.insert(view.injected_at(), view.injection[1])
     return prompt
+
+
+def turn_call(call: Event | None, seq: int) -> Event:
+    """``call`` if it is a turn's model call (one whose prompt the record derives), else ``ValueError``."""
+    if call is None or call.kind != "model_call" or call.data.get("prompt_from") != "context":
+        raise ValueError(f"#{seq} is not a turn's model call (`runs events RUN_ID --kind model_call` lists them)")
+    return call
 
 
 def _who(line: Line) -> str:

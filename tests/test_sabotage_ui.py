@@ -12,6 +12,9 @@ pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip insta
 
 from loomrt.bench.ui_measure import ui_figures  # noqa: E402
 from loomrt.ui import read as ui_read  # noqa: E402
+from loomrt.ui import views as ui_views  # noqa: E402
+
+WARM = "what the model saw at any call, warm: ≤ {} events replayed"
 
 RUNS, EVENTS = (12, 40), 1_200
 
@@ -20,6 +23,7 @@ RUNS, EVENTS = (12, 40), 1_200
 def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ui_read, "PAGE_ROWS", 5)  # both sizes above a page, at test size
     monkeypatch.setattr(ui_read, "TIMELINE_PAGE", 100)
+    monkeypatch.setattr(ui_views, "CHECKPOINT_EVERY", 100)
 
 
 def test_the_honest_ui_meets_every_goal(tmp_path: Path) -> None:
@@ -48,7 +52,7 @@ def test_pages_that_read_the_record_again_for_each_request_are_seen(tmp_path: Pa
     monkeypatch.setattr(ui_read.RecordCache, "get_many", lambda self, what, infos, read: read(infos))
     figures = ui_figures(tmp_path, RUNS, EVENTS)
     assert not figures["goals"]["the next page reads its page, not the record"]
-    assert not figures["goals"]["what the model saw reads the record at most once"]
+    assert not figures["goals"]["what the model saw at any call, warm: ≤ 100 events read"]
     assert not figures["goals"]["polled again with nothing moved, one query"]
     assert figures["runs_poll"]["40"]["queries"] == 2
 
@@ -57,5 +61,27 @@ def test_a_run_page_that_reads_its_whole_timeline_is_seen(tmp_path: Path, monkey
     monkeypatch.setattr(ui_read, "TIMELINE_PAGE", 10**9)  # sabotage: no paging
     figures = ui_figures(tmp_path, RUNS, EVENTS)
     assert not figures["goals"][
-        "opening reads at most twice the record (its private material judged, its sums, a page)"
+        "opening reads less than twice the record (its private material judged, a page), replays nothing"
     ]
+
+
+def test_what_the_model_saw_without_checkpoints_replays_the_record(tmp_path: Path, monkeypatch) -> None:
+    honest = ui_views.Views.__init__  # sabotage: no checkpoint but the first event's
+
+    def no_checkpoints(self: ui_views.Views, every: int | None = None, size: int | None = None) -> None:
+        honest(self, 10**9, size)
+
+    monkeypatch.setattr(ui_views.Views, "__init__", no_checkpoints)
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert not figures["goals"][WARM.format(100)]
+    early = figures["long_run"]["prompt_first"]["replayed"]
+    middle = figures["long_run"]["prompt_middle"]["replayed"]
+    assert middle > 100 and middle > EVENTS // 3, (early, middle)
+
+
+def test_what_the_model_saw_replayed_afresh_for_each_call_is_the_whole_record(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(ui_views, "RUNS_KEPT", 0)  # sabotage: no run's views kept between requests
+    figures = ui_figures(tmp_path, RUNS, EVENTS)
+    assert not figures["goals"][WARM.format(100)]
+    last = figures["long_run"]["prompt_last"]["replayed"]
+    assert last >= figures["long_run"]["events"] - 10, last

@@ -344,7 +344,7 @@ def test_a_record_that_cannot_be_replayed_gets_a_page_not_a_trace(record: UiReco
     def cannot(*args: object, **kwargs: object) -> None:
         raise KeyError("context")  # as a projection meeting an event it cannot replay
 
-    monkeypatch.setattr(ui_read, "prompt_as_of", cannot)
+    monkeypatch.setattr(ui_read, "prompt_of", cannot)
     client = TestClient(create_app(record.store), raise_server_exceptions=False)
     seq = _turn_calls(record, record.recap)[-1]
     response = client.get(f"/runs/{record.recap}/prompt/{seq}")

@@ -451,20 +451,32 @@ def _ui(a: dict[str, Any]) -> list[str]:
         f"Counted work of each page, through the app's routes over SQLite (server ms beside it, for the reader; "
         f"the goals are on counts). The runs page lists the newest {a['rows_shown']}.",
         "",
-        "| page | store queries | events read | ms |",
-        "|---|---|---|---|",
+        "| page | store queries | runs summed | events read | events replayed | ms |",
+        "|---|---|---|---|---|---|",
     ]
+
+    def row(what: str, f: dict[str, Any]) -> str:
+        counts = (f["queries"], f.get("runs_summed", 0), f["events_read"], f.get("replayed", 0))
+        return f"| {what} | " + " | ".join(f"{c:,}" for c in counts) + f" | {f['ms']} |"
+
     for n, f in a["runs_page"].items():
-        lines.append(f"| runs page, {int(n):,} runs held | {f['queries']} | {f['events_read']:,} | {f['ms']} |")
+        lines.append(row(f"runs page, {int(n):,} runs held", f))
     for n, f in a.get("runs_poll", {}).items():
-        lines.append(
-            f"| the same polled again, nothing moved ({int(n):,} runs) | {f['queries']} | {f['events_read']:,} | {f['ms']} |"
-        )
-    for key, what in (("open", "open"), ("next_page", "its timeline's next page"), ("prompt", "what the model saw")):
-        f = lr[key]
-        lines.append(
-            f"| a run of {lr['events']:,} events: {what} | {f['queries']} | {f['events_read']:,} | {f['ms']} |"
-        )
+        lines.append(row(f"the same polled again, nothing moved ({int(n):,} runs)", f))
+    run = f"a run of {lr['events']:,} events"
+    for key, what in (
+        ("prompt_cold", "what the model saw at its last call, cold server (the one replay)"),
+        ("open", "open (a fresh server)"),
+        ("warm", "warmed (the page asks once shown: the one replay, checkpointed)"),
+        ("next_page", "its timeline's next page"),
+        ("prompt_last", "what the model saw at its last call"),
+        ("prompt_middle", "what the model saw at its middle call"),
+        ("prompt_first", "what the model saw at its first call"),
+    ):
+        if key in lr:
+            lines.append(row(f"{run}: {what}", lr[key]))
+    if "checkpoint_every" in lr:
+        lines += ["", f"The server keeps a copy of a run's view every {lr['checkpoint_every']} events."]
     lines += ["", "Goals: " + "; ".join(f"{g}: {'yes' if ok else '**no**'}" for g, ok in a["goals"].items()) + ".", ""]
     return lines
 

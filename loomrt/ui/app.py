@@ -138,6 +138,12 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         total = sum(p.tokens for p in parts)
         return page(request, name, parts=parts, run_id=run_id, seq=seq, total=total, tools=r.tools(run_id))
 
+    def warm(request: Request) -> Response:
+        """The run page asks for this once shown: the run's record replayed to its end, its view
+        checkpointed, so that "what the model saw" at any call replays a few events (empty reply)."""
+        reader().warm(request.path_params["run_id"])
+        return Response(status_code=204)
+
     def tokens(request: Request) -> Response:
         return JSONResponse(reader().tokens(request.path_params["run_id"]))
 
@@ -189,6 +195,7 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         Route("/runs/{run_id}", run),
         Route("/runs/{run_id}/timeline", timeline),
         Route("/runs/{run_id}/prompt/{seq}", prompt),
+        Route("/runs/{run_id}/warm", warm),
         Route("/runs/{run_id}/tokens.json", tokens),
         Route("/runs/{run_id}/audit", audit),
         Route("/runs/{run_id}/events/{seq}", event),
@@ -196,6 +203,8 @@ def create_app(store: Store, *, include_private: bool = False) -> Starlette:
         Route("/runs/{run_id}/state/{seq}", state),
         Mount("/static", app=StaticFiles(directory=HERE / "static"), name="static"),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes, exception_handlers={NotFoundError: not_found, HTTPException: http_error, Exception: failed}
     )
+    app.state.cache = cache  # what the server keeps (the ui measure counts the events its views replay)
+    return app

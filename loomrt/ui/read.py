@@ -2,8 +2,8 @@
 prompt, the tokens chart, the audit. The same read model as the CLI and MCP: rows through
 :func:`loomrt.glance.glances`, events through :func:`loomrt.visibility.redact_events` (the one
 redaction every reader goes through, judged on the whole record) unless the server was
-started with ``--include-private``, prompts through :func:`loomrt.audit.prompt_as_of` (as
-``runs show --prompt``), the audit through :func:`loomrt.integrity.verify_run` (as ``runs verify``).
+started with ``--include-private``, prompts through :func:`loomrt.audit.prompt_of` (as
+``runs show --prompt``, from checkpoints of the run's view: :mod:`loomrt.ui.views`), the audit through :func:`loomrt.integrity.verify_run` (as ``runs verify``).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from loomrt.audit import prompt_as_of
+from loomrt.audit import prompt_of, turn_call
 from loomrt.errors import NotFoundError
 from loomrt.events import Event, RunInfo
 from loomrt.glance import Glance, glances
@@ -27,9 +27,11 @@ from loomrt.run.family import Family
 from loomrt.tokens import count_messages
 from loomrt.ui.cards import CardNode, card_tree
 from loomrt.ui.timeline import TIMELINE_PAGE, Item, timeline, tokens_series
+from loomrt.ui.views import Views
 from loomrt.visibility import PrivateRecord, private_record, redact_events
 
 if TYPE_CHECKING:
+    from loomrt.run.projection import RunView
     from loomrt.search_evicted import RecallAnswer
 
 __all__ = [
@@ -151,6 +153,8 @@ class RecordCache:
         self.size = size
         self.kept: dict[tuple[str, str, int], Any] = {}
         self.lock = threading.Lock()  # the pages run in Starlette's thread pool
+        self.views = Views()
+        """Each run's view checkpoints, for "what the model saw" (:mod:`loomrt.ui.views`)."""
 
     def get(self, what: str, info: RunInfo, read: Callable[[], T]) -> T:
         """``what`` of run ``info``, read once per state of its record."""
@@ -308,12 +312,13 @@ class Reader:
         return tokens_series(self.store.events(run_id, kinds=["model_call"]), budget)
 
     def prompt(self, run_id: str, seq: int) -> list[Part]:
-        """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it."""
+        """What the model call at ``seq`` was sent, as ``runs show --prompt SEQ`` derives it (from
+        the nearest checkpoint of the run's view before it: :class:`~loomrt.ui.views.Views`)."""
         self.info(run_id)
-        # as reader_events, the judgement (of the whole record) cached; the replay needs the record up to the call only
-        events = self._redacted(run_id, self.store.events(run_id, until=seq))
+        call = self._redacted(run_id, self.store.events(run_id, after=seq - 1, until=seq))
         try:
-            messages = prompt_as_of(events, seq, self.store)
+            found = turn_call(call[0] if call else None, seq)  # before any replay
+            messages = prompt_of(self._view_before(run_id, seq), found, seq)
         except ValueError as exc:
             raise NotFoundError(f"run {run_id}: {exc}") from None
         parts, at = [], self.where(run_id)
@@ -326,6 +331,25 @@ class Reader:
             link = at(m.seq) if m.seq is not None else None
             parts.append(Part(m.seq, m.role, kind, label, count_messages([m]), _linked(m.content, at), link))
         return parts
+
+    def _view_before(self, run_id: str, seq: int) -> RunView:
+        """The run's view after its events before ``seq``, as this reader reads them (redacted,
+        judged on the whole record, unless ``include_private``)."""
+        info = self.info(run_id)
+        private = None if self.include_private else self.private(run_id)
+
+        def read(after: int, until: int) -> list[Event]:
+            return self._redacted(run_id, self.store.events(run_id, after=after, until=until))
+
+        return self.cache.views.before(self.store, info, seq, private, read)
+
+    def warm(self, run_id: str) -> int:
+        """Replay the run's record to its end, checkpointing its view (what the run page asks
+        for once it is shown, so that "what the model saw" at any call replays a few events);
+        the events it holds."""
+        last = self.info(run_id).last_seq
+        self._view_before(run_id, last + 1)
+        return last
 
     def event(self, run_id: str, seq: int) -> Event:
         self.info(run_id)
