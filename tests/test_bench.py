@@ -353,7 +353,7 @@ def test_the_scripted_model_is_told_no_gold_value(monkeypatch: pytest.MonkeyPatc
     the walk finds one planted)."""
     from gold_kit import gold_during
 
-    for name in ("chat200", "agentic"):
+    for name in ("chat200", "agentic", "agentic_asked"):
         with monkeypatch.context() as patch:
             walked, found = gold_during(name, ["recap", "stateful"], patch)
         assert walked > 100 and not found, (name, found[:5])
@@ -375,6 +375,26 @@ def test_the_workload_grades_the_calls_the_agentic_model_makes() -> None:
     made[first] = {k: v.replace(needles[0].value, "UNKNOWN") for k, v in made[first].items()}
     assert grade_plan(script, made) == [False, True, True, True, True, True]
     assert grade_plan(script, made[: first + 1]) == [False]  # steps never reached are not graded
+
+
+def test_agentic_asked_states_needles_on_ordinary_lines_among_lookalikes() -> None:
+    """agentic_asked: every needle on an ordinary (not ERROR) line; the model is told a
+    question in other words and searches by it; the needle's line is the reader's best
+    answer while it is in view, and a lookalike (a wrong value) once it is not."""
+    from loomrt.bench.agentic_asked import asked_script
+    from loomrt.bench.reader import best_line, value_after_key
+
+    _, _, script, needles = asked_script(7, steps=150, needles=18, huge=3)
+    outputs = [s.output for s in script]
+    for n in needles:
+        line = next(ln for o in outputs for ln in o.splitlines() if n.value in ln and n.key in ln)
+        assert " ERROR " not in line and n.question and n.key not in n.question
+        assert value_after_key(best_line(n.question, outputs)[0]) == n.value
+        hidden = [o.replace(line, "") for o in outputs]
+        wrong, score = best_line(n.question, hidden)
+        assert score >= 2 and value_after_key(wrong) != n.value  # a lookalike answers, wrongly
+    moves = [s.move for s in script if s.needs is not None]
+    assert [(m.needs, m.query) for m in moves] == [(n.question, n.question) for n in needles]
 
 
 def test_the_reader_answers_from_the_best_line_or_recalls() -> None:

@@ -18,6 +18,7 @@ the sabotage it is known to catch.
 | fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
 | chat200_lead ``MODE/no-recall`` answered (what the summaries keep) | the reducer writes the block without its summary | ``test_chat200_lead_no_recall_falls_when_summaries_keep_nothing`` |
 | ``fold/cards-only`` answered (what the cards alone keep) | cards lose their values | ``test_fold_cards_only_falls_when_cards_lose_their_values`` |
+| agentic_asked answered with Recall (recap, compaction, stateful, fold) | Recall's ``on_evicted`` made a no-op | ``test_agentic_asked_recall_rows_fall_when_nothing_is_indexed`` |
 """
 
 from __future__ import annotations
@@ -285,3 +286,35 @@ def test_fold_cards_only_falls_when_cards_lose_their_values(monkeypatch: pytest.
     broken = _chat200(modes, "chat200_lead")
     assert broken["fold/cards-only"]["answered"] == 0 and broken["fold/cards-only"]["cards"] > 0, broken
     assert broken["fold/no-recall"]["answered"] >= 0.75  # Grep over the raw record hides most of it
+
+
+# ---------------------------------------------------------------- agentic_asked: Recall by the question as asked
+
+RECALLING = ["recap", "compaction", "stateful", "fold"]
+
+
+@pytest.mark.slow
+def test_agentic_asked_recall_rows_fall_when_nothing_is_indexed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In agentic_asked the needles sit on ordinary lines among lookalikes, the model is told
+    a paraphrased question and recalls by it: what the recall rows answer past their
+    no-recall rows is Recall's. With Recall's ``on_evicted`` a no-op (nothing evicted is
+    indexed), every recall row falls to its no-recall level or below, stateful's included,
+    which in ``agentic`` (every needle on an ERROR line it notes) cannot fall."""
+
+    def modes(workload: str, played: list[str]) -> dict[str, Any]:
+        result = run_bench([workload], BenchConfig(quick=True, embedder="hash", modes=played))
+        return dict(result["workloads"][workload]["modes"])
+
+    played = [*RECALLING, *(f"{m}/no-recall" for m in RECALLING)]
+    honest = modes("agentic_asked", played)
+    for m in RECALLING:
+        assert honest[m]["answered"] >= honest[f"{m}/no-recall"]["answered"] + 0.5, (m, honest[m], honest)
+        assert honest[m]["recall_calls"] > 0, m
+
+    monkeypatch.setattr("loomrt.recall.run_recall.RunRecall.on_evicted", lambda self, span: None)
+    broken = modes("agentic_asked", played)
+    for m in RECALLING:
+        assert broken[m]["recall_calls"] > 0 and broken[m]["via_recall"] == 0, (m, broken[m])
+        assert broken[m]["answered"] <= honest[f"{m}/no-recall"]["answered"], (m, broken[m]["answered"])
+    easy = modes("agentic", ["stateful"])["stateful"]
+    assert easy["answered"] == 1.0  # the easy workload's stateful row is blind to the sabotage

@@ -24,6 +24,7 @@ DEFAULT_TARGETS = [
     "chat200",
     "chat200_lead",
     "agentic",
+    "agentic_asked",
     "locomo",
     "curves",
     "overhead",
@@ -46,6 +47,7 @@ DEFAULT_TARGETS = [
 
 def _load() -> None:
     # registration happens on import
+    import loomrt.bench.agentic_asked  # noqa: F401
     import loomrt.bench.audit_measure  # noqa: F401
     import loomrt.bench.curves  # noqa: F401
     import loomrt.bench.fanout  # noqa: F401

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +42,11 @@ __all__ = [
     "agentic_tools",
     "AgenticModel",
     "agentic",
+    "play_agentic",
+    "needle_service",
+    "agentic_needle",
+    "NeedleMaker",
+    "Planter",
 ]
 
 
@@ -240,9 +246,16 @@ _SERVICES = ["orchard", "ledger", "beacon", "quarry", "tundra", "mosaic"]
 _WORDS = ["add_index", "split_orders", "drop_legacy", "backfill_users", "rename_sku", "tighten_fk"]
 
 
-def _needle(i: int, rng: random.Random) -> Needle:
+def needle_service(i: int) -> str:
+    """The service needle *i* is about ((kind, service) pairs are distinct up to 36 needles)."""
+    return _SERVICES[(i + i // 6) % len(_SERVICES)]
+
+
+def agentic_needle(i: int, rng: random.Random) -> Needle:
+    """Needle *i*: a value of kind ``i % 6`` (a migration path, an error code, a setting, a
+    replica host, a release tag, a ticket) for :func:`needle_service` (i), named by its key."""
     kind = i % 6
-    svc = _SERVICES[(i + i // 6) % len(_SERVICES)]  # (kind, service) pairs are distinct up to 36 needles
+    svc = needle_service(i)
     if kind == 0:
         v = f"/var/lib/{svc}/migrations/{rng.randint(10, 9999):04d}_{rng.choice(_WORDS)}.sql"
         return Needle(f"the failing migration file of {svc}", v, f"{svc} failing migration file path")
@@ -306,6 +319,8 @@ class Step:
             return Move(self.tool, dict(self.arguments))
         value = self.needs.value
         args = {k: v.replace(value, NEEDED) if isinstance(v, str) else v for k, v in self.arguments.items()}
+        if self.needs.question:  # asked in other words: the model searches by the question as asked
+            return Move(self.tool, args, self.needs.question, self.needs.question)
         return Move(self.tool, args, self.needs.key, self.needs.search)
 
 
@@ -329,15 +344,32 @@ def _log(tokens: int, rng: random.Random, svc: str) -> list[str]:
     return lines
 
 
+NeedleMaker = Callable[[int, random.Random], Needle]
+"""Needle *i* of an agentic script, its value drawn from the script's generator."""
+Planter = Callable[[Needle, str, random.Random], list[str]]
+"""The lines a result that states a needle carries (the step's service given): inserted at random places."""
+
+
+def _error_line(n: Needle, svc: str, rng: random.Random) -> list[str]:
+    return [f"2026-03-14T02:11:07Z ERROR {svc}: {n.key}: {n.value}"]
+
+
 def agentic_script(
-    seed: int, *, steps: int = 150, needles: int = 18, huge: int = 3
+    seed: int,
+    *,
+    steps: int = 150,
+    needles: int = 18,
+    huge: int = 3,
+    needle: NeedleMaker = agentic_needle,
+    plant: Planter = _error_line,
 ) -> tuple[str, str, list[Step], list[Needle]]:
     """A tool-using investigation: ``steps`` tool calls whose results range from ~80 to
     ~1,500 tokens, ``huge`` of ~5,000; needle *i* appears in a result in the first 40% of the
-    steps and is needed (as a tool argument) in the last 30%. About half the other early
-    results carry an ERROR line that is never needed."""
+    steps (by default as an ERROR line that names its key: ``plant``) and is needed (as a
+    tool argument) in the last 30%. About half the other early results carry an ERROR line
+    that is never needed."""
     rng = random.Random(seed + 1)
-    planted = [_needle(i, rng) for i in range(needles)]
+    planted = [needle(i, rng) for i in range(needles)]
     system = system_prompt(400, rng, role="a site-reliability agent that investigates incidents with tools")
     task = (
         "The nightly deploy fails across several services. Investigate with the tools, fix what you can, "
@@ -370,8 +402,8 @@ def agentic_script(
         size = 5000 if s in huge_at else (rng.randint(400, 1500) if rng.random() < 0.25 else rng.randint(80, 400))
         lines = _log(size, rng, svc)
         if s in stated:
-            n = planted[stated[s]]
-            lines.insert(rng.randint(0, len(lines)), f"2026-03-14T02:11:07Z ERROR {svc}: {n.key}: {n.value}")
+            for line in plant(planted[stated[s]], svc, rng):
+                lines.insert(rng.randint(0, len(lines)), line)
         elif s < early and rng.random() < 0.5:
             lines.insert(rng.randint(0, len(lines)), _distractor(svc, rng))
         tool = ["run_command", "open_file", "search_logs"][s % 3]
@@ -437,21 +469,33 @@ class AgenticModel(BenchModel):
 def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
     """One one-shot run per mode on a frontier-like provider (so ``auto`` resolves to stateful)."""
     steps, n_needles, huge = (40, 6, 1) if config.quick else (150, 18, 3)
-    system, task, script, needles = agentic_script(config.seed, steps=steps, needles=n_needles, huge=huge)
+    return play_agentic(
+        config, progress, "agentic", agentic_script(config.seed, steps=steps, needles=n_needles, huge=huge)
+    )
+
+
+def play_agentic(
+    config: BenchConfig, progress: Progress, name: str, generated: tuple[str, str, list[Step], list[Needle]]
+) -> WorkloadResult:
+    """An agentic script (:func:`agentic_script`'s ``system, task, script, needles``) played
+    as one one-shot run per mode of ``config.modes``; the probes search by each needle's
+    question where it has one, else by its key words."""
+    system, task, script, needles = generated
+    steps = len(script)
     sizes = [count_text(s.output) for s in script]
     result = WorkloadResult(
-        "agentic",
+        name,
         "iteration",
         params={
             "steps": steps,
-            "needles": n_needles,
-            "huge_results": huge,
+            "needles": len(needles),
+            "huge_results": sum(size > 3000 for size in sizes),
             "result_tokens_max": max(sizes),
             "result_tokens_mean": round(sum(sizes) / len(sizes)),
             "system_tokens": count_text(system),
         },
     )
-    probes = [Probe(n.search, (n.value,), n.key) for n in needles]
+    probes = [Probe(n.question or n.search, (n.value,), n.key) for n in needles]
     tools = agentic_tools(script)
 
     names = {t.name for t in tools}
@@ -475,7 +519,7 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
             out.answered.extend(grade_plan(script, calls))
 
     for mode in with_append(config.modes):
-        progress.start(f"agentic · {mode}", steps)
+        progress.start(f"{name} · {mode}", steps)
         result.runs[mode] = play_mode(
             config,
             mode,
@@ -487,6 +531,6 @@ def agentic(config: BenchConfig, progress: Progress) -> WorkloadResult:
             local=False,
             tools=tools,
             make_model=lambda: AgenticModel(seed=config.seed, plan=[s.move for s in script]),
-            name="agentic",
+            name=name,
         )
     return result
