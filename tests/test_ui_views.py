@@ -102,3 +102,11 @@ def test_a_later_private_mark_reaches_a_prompt_already_shown(tmp_path: Path) -> 
     asyncio.run(store.write(run_id, "mark_private", {"seq": hello, "by": "user"}))
     page = client.get(f"/runs/{run_id}/prompt/{last}").text
     assert f"[private message #{hello}" in page and ">hello<" not in page
+
+
+def test_parts_kept_between_requests_are_the_parts_made_afresh(record: UiRecord) -> None:
+    kept = Reader(record.store, False, RecordCache())
+    kept.warm(record.recap)  # the parts of the context now made first
+    for seq in reversed(_turn_calls(record.store, record.recap)):
+        assert kept.prompt(record.recap, seq) == Reader(record.store, False, RecordCache()).prompt(record.recap, seq)
+    assert kept.cache.parts

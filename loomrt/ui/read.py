@@ -135,8 +135,21 @@ def _linked(text: str, at: Callable[[int], str]) -> str:
     return _POINTER.sub(lambda m: f'<a href="{at(int(m[1]))}">[#{m[1]}]</a>', escaped)
 
 
+def _part(m: Message, at: Callable[[int], str]) -> Part:
+    """Message ``m`` as "what the model saw" shows it (``at``: where a seq of the run is shown)."""
+    where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
+    label = f"{where} {m.role}" + (f" · {m.name}" if m.name else "")
+    if m.tool_calls:
+        label += " → " + ", ".join(c.name for c in m.tool_calls)
+    link = at(m.seq) if m.seq is not None else None
+    return Part(m.seq, m.role, _kind(m), label, count_messages([m]), _linked(m.content, at), link)
+
+
 CACHE_SIZE = 1_024
 """Values the server keeps between requests (two a run shown: its row and its private material)."""
+
+PARTS_KEPT = 100_000
+"""Prompt parts the server keeps (:meth:`RecordCache.part`): all are dropped when full."""
 
 T = TypeVar("T")
 
@@ -155,6 +168,24 @@ class RecordCache:
         self.lock = threading.Lock()  # the pages run in Starlette's thread pool
         self.views = Views()
         """Each run's view checkpoints, for "what the model saw" (:mod:`loomrt.ui.views`)."""
+        self.parts: dict[tuple[str, int], tuple[Message, Part]] = {}
+
+    def part(self, run_id: str, m: Message, make: Callable[[Message], Part]) -> Part:
+        """Message ``m`` of run ``run_id``'s views as a prompt's part (its tokens counted, its text
+        escaped and linked), once per message: a view and its checkpoints share their messages
+        (frozen values), so the same object is the same part. Kept by identity, with the message
+        itself, so an id is never taken for another message's."""
+        key = (run_id, id(m))
+        with self.lock:
+            found = self.parts.get(key)
+        if found is not None and found[0] is m:
+            return found[1]
+        made = make(m)
+        with self.lock:
+            if len(self.parts) >= PARTS_KEPT:
+                self.parts.clear()
+            self.parts[key] = (m, made)
+        return made
 
     def get(self, what: str, info: RunInfo, read: Callable[[], T]) -> T:
         """``what`` of run ``info``, read once per state of its record."""
@@ -321,16 +352,8 @@ class Reader:
             messages = prompt_of(self._view_before(run_id, seq), found, seq)
         except ValueError as exc:
             raise NotFoundError(f"run {run_id}: {exc}") from None
-        parts, at = [], self.where(run_id)
-        for m in messages:
-            kind = _kind(m)
-            where = f"#{m.seq}" if m.seq is not None and m.synthetic is None else (m.synthetic or "synthetic")
-            label = f"{where} {m.role}" + (f" · {m.name}" if m.name else "")
-            if m.tool_calls:
-                label += " → " + ", ".join(c.name for c in m.tool_calls)
-            link = at(m.seq) if m.seq is not None else None
-            parts.append(Part(m.seq, m.role, kind, label, count_messages([m]), _linked(m.content, at), link))
-        return parts
+        at = self.where(run_id)
+        return [self.cache.part(run_id, m, lambda m: _part(m, at)) for m in messages]
 
     def _view_before(self, run_id: str, seq: int) -> RunView:
         """The run's view after its events before ``seq``, as this reader reads them (redacted,
@@ -344,11 +367,13 @@ class Reader:
         return self.cache.views.before(self.store, info, seq, private, read)
 
     def warm(self, run_id: str) -> int:
-        """Replay the run's record to its end, checkpointing its view (what the run page asks
-        for once it is shown, so that "what the model saw" at any call replays a few events);
-        the events it holds."""
+        """Replay the run's record to its end, checkpointing its view, and make the parts of its
+        working context now (what the run page asks for once it is shown, so that "what the model
+        saw" at any call replays a few events and renders parts already made); the events it holds."""
         last = self.info(run_id).last_seq
-        self._view_before(run_id, last + 1)
+        at = self.where(run_id)
+        for m in self._view_before(run_id, last + 1).context:
+            self.cache.part(run_id, m, lambda m: _part(m, at))
         return last
 
     def event(self, run_id: str, seq: int) -> Event:
