@@ -216,24 +216,74 @@ workers_app = typer.Typer(help="The workers sharing this record: who plays which
 @workers_app.command("list")
 @friendly
 def workers_list_cmd(json_output: bool = _JSON) -> None:
-    """The live claims: each worker (HOST/PID/NONCE) and the runs it plays, with its epoch."""
+    """The workers holding claims on this record's runs: each worker (HOST/PID/NONCE), whether it
+    is live, the runs it plays now (agent, status, epoch) and how long ago it last renewed each
+    claim (its heartbeat); and workers that stopped without letting their runs go (lapsed
+    claims: any `loomrt worker` resumes those runs)."""
     from loomrt.record.sqlite import default_store
 
     store = default_store()
     try:
-        claims = store.run_owners()
+        claims = store.run_owners() + [c for c in store.run_owners(expired=True) if not c["released"]]
+        workers = _workers(store, claims)
     finally:
         store.close()
     if json_output:
-        workers: dict[str, list[dict[str, Any]]] = {}
-        for c in claims:
-            workers.setdefault(c["owner"], []).append({k: v for k, v in c.items() if k != "owner"})
-        print_json({"workers": [{"worker": w, "runs": runs} for w, runs in workers.items()]})
+        print_json({"workers": workers})
         return
-    if not claims:
+    if not workers:
         out.print("no live claims (no worker is playing a run of this record)", highlight=False)
-    for c in claims:
+    for w in workers:
+        state = "live" if w["live"] else "not live"
         out.print(
-            f"{c['owner']}  run {c['run_id']}  epoch {c['epoch']}  expires in {c['expires_in_s']:.0f} s",
+            f"{w['worker']}  {state} (process: {w['process']}), last heartbeat {w['heartbeat_age_s']:.0f} s ago",
             highlight=False,
         )
+        for r in w["runs"]:
+            doing = f"plays run {r['run_id']} ({r['agent']}, {r['status']})"
+            if r["lapsed"]:
+                out.print(f"  {doing}: claim lapsed {-r['expires_in_s']:.0f} s ago, resumable", highlight=False)
+            else:
+                out.print(
+                    f"  {doing}  epoch {r['epoch']}  heartbeat {r['heartbeat_age_s']:.0f} s ago  "
+                    f"expires in {r['expires_in_s']:.0f} s",
+                    highlight=False,
+                )
+
+
+def _workers(store: Any, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Claims grouped by worker: live when its process runs (as far as this machine can tell)
+    and it holds a claim that has not lapsed; its runs with their agent and status."""
+    import socket
+
+    from loomrt.errors import NotFoundError
+    from loomrt.record.owners import owner_is_gone
+
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for c in claims:
+        try:
+            info = store.get_run(c["run_id"])
+            agent, status = info.agent, info.status
+        except NotFoundError:
+            agent, status = "?", "unknown"
+        lapsed = c["expires_in_s"] <= 0
+        row = {k: v for k, v in c.items() if k not in ("owner", "released")}
+        grouped.setdefault(c["owner"], []).append({**row, "agent": agent, "status": status, "lapsed": lapsed})
+    workers = []
+    for owner, runs in grouped.items():
+        if owner_is_gone(owner):
+            process = "gone"
+        elif owner.split("/")[0] == socket.gethostname():
+            process = "running"
+        else:
+            process = "on another host"
+        workers.append(
+            {
+                "worker": owner,
+                "live": process != "gone" and any(not r["lapsed"] for r in runs),
+                "process": process,
+                "heartbeat_age_s": min(r["heartbeat_age_s"] for r in runs),
+                "runs": runs,
+            }
+        )
+    return sorted(workers, key=lambda w: (not w["live"], w["worker"]))

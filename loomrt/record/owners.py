@@ -94,9 +94,24 @@ def fenced(run_id: str, epoch: int, row: tuple[str, int, float] | None) -> str:
 
 
 def owner_rows(rows: list[Any], now: float) -> list[dict[str, Any]]:
-    return [
-        {"run_id": r[0], "owner": r[1], "epoch": int(r[2]), "expires_in_s": round(float(r[3]) - now, 1)} for r in rows
-    ]
+    """Claims as the stores hand them out, from rows ``(run_id, owner, epoch, expires_at,
+    ttl_s)``: seconds left, and seconds since the owner last renewed the claim (its
+    heartbeat's age: a claim, an append or a heartbeat sets ``expires_at`` to now + ttl).
+    A released claim (``expires_at`` 0) says ``released`` and has no heartbeat age."""
+    out = []
+    for run_id, owner, epoch, expires_at, ttl_s in (r[:5] for r in rows):
+        released = float(expires_at) == 0
+        out.append(
+            {
+                "run_id": run_id,
+                "owner": owner,
+                "epoch": int(epoch),
+                "expires_in_s": round(float(expires_at) - now, 1),
+                "heartbeat_age_s": None if released else round(now - (float(expires_at) - float(ttl_s)), 1),
+                "released": released,
+            }
+        )
+    return out
 
 
 class Heartbeat:

@@ -355,11 +355,11 @@ class PostgresStore(InlineAsyncFace, RunReads):
         """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,
         epoch and seconds left, soonest to expire first."""
         rows = self._select(
-            f"SELECT run_id, owner, epoch, expires_at, {_NOW} FROM run_owners "
+            f"SELECT run_id, owner, epoch, expires_at, ttl_s, {_NOW} FROM run_owners "
             f"WHERE expires_at {'<=' if expired else '>'} {_NOW} ORDER BY expires_at",
             (),
         )
-        return owner_rows(rows, float(rows[0][4]) if rows else 0.0)
+        return owner_rows(rows, float(rows[0][5]) if rows else 0.0)
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         rows = self._select(

@@ -392,7 +392,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         epoch and seconds left, soonest to expire first."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT run_id, owner, epoch, expires_at FROM run_owners WHERE "
+                "SELECT run_id, owner, epoch, expires_at, ttl_s FROM run_owners WHERE "
                 f"expires_at {'<=' if expired else '>'} ? ORDER BY expires_at",
                 (time.time(),),
             ).fetchall()
