@@ -80,16 +80,20 @@ def test_each_client_sees_only_its_users_runs_and_memory(tmp_path: Path, monkeyp
                         {"recall": {"query": "gym locker code"}, "continue_run": {"prompt": "hi"}}.get(tool, {})
                     )
                     assert f"no run {runs['alice']} for this client" in error_text(await bob.call_tool(tool, args))
+                # alice's own fork works for alice too (a fork inherits its run's user)
+                fork = structured(await alice.call_tool("fork_run", {"run_id": runs["alice"]}))["run_id"]
+                assert structured(await alice.call_tool("get_run", {"run_id": fork}))["run_id"] == fork
+                assert f"no run {fork} for this client" in error_text(await bob.call_tool("get_run", {"run_id": fork}))
                 resources = [str(r.uri) for r in (await bob.list_resources()).resources]
                 assert not any(runs["alice"] in uri for uri in resources) and any(runs["bob"] in u for u in resources)
                 # the operator's token is bound to no user: it reads every run
                 listed = structured(await operator.call_tool("list_runs", {}))["runs"]
-                assert {r["run_id"] for r in listed} == set(runs.values())
+                assert {r["run_id"] for r in listed} == {*runs.values(), fork}
 
         anyio.run(scenario)
     store = default_store()
     users_on_record = sorted(store.latest(r.run_id, "run_started").data.get("user") for r in store.list_runs(limit=9))  # type: ignore[union-attr]
-    assert users_on_record == ["alice", "bob"]
+    assert users_on_record == ["alice", "alice", "bob"]
 
 
 @pytest.mark.parametrize(
