@@ -30,7 +30,7 @@ from typing import Any
 
 from loomrt.errors import StoreError
 
-__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS", "add_vectors"]
+__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS", "add_vectors", "has_vectors"]
 
 HNSW_DIMS = (384,)
 """Vector dimensions with an HNSW index (all-MiniLM-L6-v2's 384); others are searched exactly."""
@@ -61,7 +61,8 @@ def vector_text(vec: Any) -> str:
     return "[" + ",".join(f"{float(x):.7g}" for x in vec) + "]"
 
 
-def _has_embedding(conn: Any) -> bool:
+def has_vectors(conn: Any) -> bool:
+    """True when durable memory has pgvector's column (``memory_facts.embedding``)."""
     return bool(
         conn.execute(
             "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass('memory_facts') "
@@ -79,7 +80,7 @@ def add_vectors(conn: Any) -> list[str]:
     import numpy as np
     import psycopg
 
-    if conn.execute("SELECT to_regclass('memory_facts')").fetchone()[0] is None or _has_embedding(conn):
+    if conn.execute("SELECT to_regclass('memory_facts')").fetchone()[0] is None or has_vectors(conn):
         return []
     try:
         with conn.transaction():
@@ -289,7 +290,7 @@ class PgHarvestDB:
             self.extensions = {r[0] for r in conn.execute("SELECT extname FROM pg_extension").fetchall()}
             """The server's extensions this database uses (``vector`` is the one read: only once
             durable memory has its column, which `loomrt db migrate` adds when it can)."""
-            if not _has_embedding(conn):
+            if not has_vectors(conn):
                 self.extensions.discard("vector")
 
     @contextlib.contextmanager

@@ -154,11 +154,29 @@ def migrate_cmd(
 
         with _pg(url) as conn:
             names = pg_migrations.migrate(conn, dry_run=dry_run)
+            if not dry_run:
+                _say_without_pgvector(conn)
     if json_output:
         print_json({"dry_run": dry_run, "applied" if not dry_run else "would_apply": names})
         return
     verb = "would apply" if dry_run else "applied"
     out.print(f"{verb} {plural(len(names), 'migration')}" + "".join(f"\n  {n}" for n in names), highlight=False)
+
+
+def _say_without_pgvector(conn: Any) -> None:
+    """After a migrate: say, on stderr, when durable memory is left without pgvector, and the fix."""
+    try:
+        from loomrt.harvest.pg import has_vectors
+    except ImportError:
+        return
+    if conn.execute("SELECT to_regclass('memory_facts')").fetchone()[0] is None or has_vectors(conn):
+        return
+    err.print(
+        "note: pgvector is not in this database (creating the extension needs a superuser): durable-memory "
+        "vectors are searched exactly, without an HNSW index. To add it, a superuser runs `CREATE EXTENSION "
+        "vector` in this database; the next `loomrt db migrate` adds the column and index.",
+        highlight=False,
+    )
 
 
 @db_app.command("copy")
