@@ -2,6 +2,8 @@
 
 - :mod:`loomrt.ui.read`: what the pages read (the CLI's and MCP's read model: glance,
   redaction, prompts, verify);
+- :mod:`loomrt.ui.views`: each run's view checkpointed every 250 events, so that "what the
+  model saw" at any call replays a few events, not the record;
 - :mod:`loomrt.ui.timeline`: events as the timeline's items, and the tokens chart's series;
 - :mod:`loomrt.ui.app`: the Starlette routes and Jinja2 templates (htmx and uPlot vendored
   under ``static/`` with their licenses);
