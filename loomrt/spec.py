@@ -205,6 +205,9 @@ class Capabilities(_Strict):
     """The model calls tools natively (else loomrt uses constrained JSON decisions)."""
     structured_output: bool | None = None
     """The model honours a JSON Schema response_format."""
+    one_call_turns: bool | None = None
+    """The embedded model decides and answers in one generation (a grammar allows a
+    tool-call object or plain text); else it decides, then answers in a second call."""
 
 
 class AgentSpec(_Strict):

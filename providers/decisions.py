@@ -76,11 +76,21 @@ def _object_schema(parameters: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def decision_instructions(tools: tuple[ToolSchema, ...], *, required: bool, answer_text: bool = True) -> str:
-    """The system-prompt text that tells the model about its tools and the decision format."""
+def decision_instructions(
+    tools: tuple[ToolSchema, ...], *, required: bool, answer_text: bool = True, one_call: bool = False
+) -> str:
+    """The system-prompt text that tells the model about its tools and the decision format;
+    ``one_call``: a tool call as JSON, or else the answer itself as plain text."""
     lines = ["You can use these tools:"]
     for t in tools:
         lines.append(f"- {t.name}: {t.description} Arguments (JSON Schema): {json.dumps(t.parameters)}")
+    if one_call and not required:
+        lines.append(
+            'To call a tool, reply with exactly one JSON object: {"action": "<tool name>", "arguments": {...}}'
+        )
+        lines.append("Otherwise write your answer to the user as plain text, not JSON.")
+        lines.append("Call a tool when you need its result; answer when you have what you need.")
+        return "\n".join(lines)
     lines.append("Reply with exactly one JSON object and nothing else.")
     lines.append('To call a tool: {"action": "<tool name>", "arguments": {...}}')
     if required:

@@ -157,6 +157,8 @@ class LiteLLMProvider:
             self._prepared = True
         shape = self._shape(request)
         if shape == "decision" and request.tool_choice != "required":
+            if self.embedded and self.capabilities.one_call_turns:
+                return await self._decide_or_answer(request)
             return await self._decide_then_answer(request)
         if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
@@ -229,6 +231,24 @@ class LiteLLMProvider:
             usage, written = usage + response.usage, response.text
         return dataclasses.replace(response, text=written, usage=usage)
 
+    async def _decide_or_answer(self, request: ModelRequest) -> ModelResponse:
+        """Tools without native tool calling, in one generation: a grammar lets the embedded
+        model open a tool-call JSON object or write the answer as text, which streams from
+        its first token (``one_call_turns``). The call has the answer's own max_tokens; a tool
+        call cut off by it is decided again by the two-step path, whose decision has room."""
+        stream = _UnlessDecision(request.on_text) if request.on_text else None
+        raw = await self._acompletion(self._kwargs(request, "one_call"), stream)
+        choice = raw.choices[0]
+        text, finish = choice.message.content or "", choice.finish_reason
+        usage = _usage(getattr(raw, "usage", None))
+        if text.lstrip().startswith("{"):
+            if finish == "length":
+                again = await self._decide_then_answer(request)
+                return dataclasses.replace(again, usage=usage + again.usage)
+            _, calls = parse_decision(text, request, model=self.model, finish_reason=finish)
+            return ModelResponse(text="", tool_calls=calls, usage=usage, model=self.model, finish_reason="tool_calls")
+        return ModelResponse(text=text.strip(), usage=usage, model=self.model, finish_reason=finish or "stop")
+
     def _shape(self, request: ModelRequest) -> str:
         """How this call asks: ``decision`` (constrained JSON for tools), ``tools`` (native),
         ``json`` (a reply that follows ``response_schema``) or ``text``."""
@@ -266,6 +286,13 @@ class LiteLLMProvider:
             instructions = decision_instructions(request.tools, required=False, answer_text=False)
             asked = [*request.messages, {"role": "assistant", "content": decided}, ANSWER_NOW]
             kwargs["messages"] = plain_history(asked, instructions)
+        elif shape == "one_call":
+            instructions = decision_instructions(request.tools, required=False, one_call=True)
+            kwargs["messages"] = plain_history(request.messages, instructions)
+            kwargs["response_format"] = {
+                "type": "tool_or_text",
+                "schema": decision_schema(request.tools, required=True),
+            }
         elif shape == "decision":
             required = request.tool_choice == "required"
             instructions = decision_instructions(request.tools, required=required, answer_text=answer_text)

@@ -27,6 +27,7 @@ import contextvars
 import importlib.util
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +51,7 @@ __all__ = [
     "LocalError",
     "grammar_for",
     "STREAM_TO",
+    "TOOL_OR_TEXT",
 ]
 
 LOCAL_PROVIDER = "local"
@@ -193,11 +195,30 @@ def _grammar(schema_json: str | None) -> Any:
     return LlamaGrammar.from_json_schema(schema_json, verbose=False)
 
 
+TOOL_OR_TEXT = "tool_or_text"
+"""A ``response_format`` type of the embedded model only: a JSON object that follows
+``schema`` (a tool call), or plain text that does not start with ``{`` (the answer)."""
+
+
+@lru_cache(maxsize=32)
+def _tool_or_text(schema_json: str) -> Any:
+    from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
+
+    call = re.sub(r"^root ::=", "tool-call ::=", json_schema_to_gbnf(schema_json), count=1, flags=re.M)
+    rules = f"root ::= tool-call | answer-text\nanswer-text ::= [^{{] [^\\x00]*\n{call}"
+    return LlamaGrammar.from_string(rules, verbose=False)
+
+
 def grammar_for(response_format: dict[str, Any] | None) -> Any:
     """The llama.cpp grammar for an OpenAI-style ``response_format`` (None: free text)."""
     if not response_format or response_format.get("type") == "text":
         return None
     kind = response_format.get("type")
+    if kind == TOOL_OR_TEXT:
+        try:
+            return _tool_or_text(json.dumps(response_format.get("schema"), sort_keys=True))
+        except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
+            raise LocalError(400, f"cannot turn the tool-call schema into a grammar: {exc}") from exc
     if kind == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
     elif kind == "json_object":

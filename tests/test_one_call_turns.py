@@ -1,0 +1,111 @@
+"""Issue 43, item 2: one model call per turn where one will do. With ``one_call_turns`` the
+embedded model gets a grammar that lets it open a tool-call JSON object or write the answer
+as text, in one generation; the two-step path (decide, then answer) stays for a model that
+needs it, and takes over a tool call cut off by the answer's token limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from test_local_model import WEATHER
+
+from loomrt.providers.base import Capabilities, ModelRequest
+from loomrt.providers.gateway import LiteLLMProvider
+from loomrt.providers.local import TOOL_OR_TEXT, LocalError, grammar_for
+
+SMOL = "local/smollm2-135m"
+ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def one_call(monkeypatch: pytest.MonkeyPatch, *replies: tuple[str, str], on_text: Any = None) -> tuple[Any, list]:
+    """A turn of the embedded model with one tool offered, its calls answered by ``replies``
+    ((text, finish reason) in order): the response and the arguments of each call."""
+    sent: list[dict[str, Any]] = []
+    queue = iter(replies)
+
+    async def fake(kwargs: dict[str, Any], on_text: Any = None) -> Any:
+        sent.append(kwargs)
+        text, finish = next(queue)
+        if on_text is not None:
+            on_text(text[:4])
+            on_text(text[4:])
+        message = SimpleNamespace(content=text, tool_calls=None)
+        return SimpleNamespace(choices=[SimpleNamespace(message=message, finish_reason=finish)], usage=None)
+
+    caps = Capabilities(local=True, tool_calling=False, structured_output=True, one_call_turns=True)
+    provider = LiteLLMProvider(SMOL, capabilities=caps)
+    provider._prepared = True  # nothing is loaded: the calls are the fake's
+    monkeypatch.setattr(provider, "_acompletion", fake)
+    request = ModelRequest(messages=ASK, tools=(WEATHER,), max_tokens=40, on_text=on_text)
+    return asyncio.run(provider.complete(request)), sent
+
+
+def test_an_answer_is_one_call_and_streams_from_its_first_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    heard: list[str] = []
+    response, sent = one_call(monkeypatch, ("It is sunny in Paris.", "stop"), on_text=heard.append)
+    assert len(sent) == 1 and response.text == "It is sunny in Paris." and not response.tool_calls
+    assert "".join(heard) == response.text
+    assert sent[0]["response_format"]["type"] == TOOL_OR_TEXT
+    assert sent[0]["max_tokens"] == 40  # the answer's own limit
+    assert "plain text" in sent[0]["messages"][0]["content"]
+
+
+def test_a_tool_call_is_one_call_and_is_never_shown(monkeypatch: pytest.MonkeyPatch) -> None:
+    heard: list[str] = []
+    call = json.dumps({"action": "weather", "arguments": {"city": "Paris"}})
+    response, sent = one_call(monkeypatch, (call, "stop"), on_text=heard.append)
+    assert len(sent) == 1 and [(c.name, c.arguments) for c in response.tool_calls] == [("weather", {"city": "Paris"})]
+    assert heard == []
+
+
+def test_a_tool_call_cut_off_by_the_answers_limit_is_decided_again_in_two_steps(monkeypatch) -> None:
+    cut = '{"action": "weather", "argu'
+    again = json.dumps({"action": "weather", "arguments": {"city": "Rome"}})
+    response, sent = one_call(monkeypatch, (cut, "length"), (again, "stop"))
+    assert len(sent) == 2 and sent[1]["response_format"]["type"] != TOOL_OR_TEXT
+    assert [c.arguments for c in response.tool_calls] == [{"city": "Rome"}]
+
+
+def test_the_grammar_is_built_and_a_bad_schema_is_a_clear_error() -> None:
+    pytest.importorskip("llama_cpp")
+    from loomrt.providers.decisions import decision_schema
+
+    assert grammar_for({"type": TOOL_OR_TEXT, "schema": decision_schema((WEATHER,), required=True)}) is not None
+    with pytest.raises(LocalError, match="tool-call schema"):
+        grammar_for({"type": TOOL_OR_TEXT, "schema": {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}})
+
+
+@pytest.mark.slow
+def test_the_embedded_model_decides_and_answers_in_one_generation() -> None:
+    """The real grammar on SmolLM2: each reply is a valid tool call or plain text, made in
+    one llama.cpp call (its usage is one call's), and the answer streams whole."""
+    pytest.importorskip("llama_cpp")
+    caps = Capabilities(
+        local=True, context_window=8192, tool_calling=False, structured_output=True, one_call_turns=True
+    )
+    provider = LiteLLMProvider(SMOL, capabilities=caps)
+    calls = 0
+    real = provider._acompletion
+
+    async def counted(*a: Any, **k: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return await real(*a, **k)
+
+    provider._acompletion = counted  # type: ignore[method-assign]
+    for question in ("What is the weather in Rome?", "Say hello in French."):
+        heard: list[str] = []
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": question}]
+        request = ModelRequest(messages=messages, tools=(WEATHER,), max_tokens=48, temperature=0, on_text=heard.append)
+        calls = 0
+        response = asyncio.run(provider.complete(request))
+        assert calls == 1, "one generation decides and answers"
+        if response.tool_calls:
+            assert response.tool_calls[0].arguments.get("city") in ("Paris", "Rome", "Berlin") and heard == []
+        else:
+            assert response.text and not response.text.lstrip().startswith("{")
+            assert "".join(heard).strip() == response.text
