@@ -22,7 +22,15 @@ from pydantic import ValidationError
 
 from loomrt._log import get_logger
 from loomrt.activity import Watcher
-from loomrt.errors import LoomError, MovedOnError, NotFoundError, RunOwnedError, SpecError, StoreError
+from loomrt.errors import (
+    FencedError,
+    LoomError,
+    MovedOnError,
+    NotFoundError,
+    RunOwnedError,
+    SpecError,
+    StoreError,
+)
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
@@ -440,30 +448,47 @@ class Runtime:
 
     async def between_turns(self, run: RunState) -> bool:
         """Make the distillation the run's mode queued for between turns (fold's soft
-        watermark), off the path where a user waits: the chat calls this while it reads the
-        next input. True if the context was reduced; a failure is an event, never raised."""
+        watermark; a chat's recap or compaction), off the path where a user waits: the chat
+        calls this while it reads the next input. True if the context was reduced; a failure
+        is an event, never raised. A record that cannot be written (a full disk) is left to
+        the next turn, which says so in one error; losing the run's claim is raised."""
         if not run.mode.queued(run.view):
             return False
         lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
-        if not self.store.take_lease(lease, holder, LEASE_S):
-            stale = self.store.lease_holder(lease)
-            if stale is None or not owner_is_gone(stale.rpartition(":")[0]):
-                return False  # another process (a `loomrt worker`) is on it
-            self.store.release_lease(lease, stale)  # its holder died (a chat killed while it distilled)
-            if not self.store.take_lease(lease, holder, LEASE_S):
-                return False
         try:
+            if not self._take_distil_lease(lease, holder):
+                return False  # another process (a `loomrt worker`) is on it
             return await maybe_distil(run, force=True)
         except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
             return False
+        except (RunOwnedError, FencedError):
+            raise
+        except StoreError:
+            return False
         except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
-            await run.add(
-                "notice",
-                {"message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}", "source": run.mode.name},
-            )
+            with contextlib.suppress(StoreError):
+                await run.add(
+                    "notice",
+                    {
+                        "message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
+                        "source": run.mode.name,
+                    },
+                )
             return False
         finally:
-            self.store.release_lease(lease, holder)
+            with contextlib.suppress(StoreError):
+                self.store.release_lease(lease, holder)
+
+    def _take_distil_lease(self, lease: str, holder: str) -> bool:
+        """Take the run's distillation lease: free, expired, or held by a process of this
+        host that died (a chat killed while it distilled)."""
+        if self.store.take_lease(lease, holder, LEASE_S):
+            return True
+        stale = self.store.lease_holder(lease)
+        if stale is None or not owner_is_gone(stale.rpartition(":")[0]):
+            return False
+        self.store.release_lease(lease, stale)
+        return self.store.take_lease(lease, holder, LEASE_S)
 
     async def compact(self, run_id: str) -> dict[str, Any]:
         """Distil a run that is not playing now, whatever its pressure: the tokens of its

@@ -34,15 +34,27 @@ def pay_distillation_apart(setattr: Setattr) -> None:
     setattr(summarize, "call_model", committed_alone)
 
 
-def lose_recall_on_resume(setattr: Setattr) -> None:
-    """A resumed run drops the recall index it rebuilt from the record: what was evicted
-    before the crash cannot be recalled by the run that goes on."""
+def lose_recall_on_reopen(setattr: Setattr) -> None:
+    """A run opened again from its record to go on (``runs resume``, or the next input sent
+    in a new process) drops the recall index it rebuilt: what was evicted before the crash
+    cannot be recalled by the run that goes on. A run only opened to be read is untouched."""
+    from loomrt.runtime import Runtime
 
     def drop(run: Any) -> None:
         if run.toolset.recall is not None:
             run.toolset.recall._backlog.clear()
 
     _on_resume(setattr, opened=drop)
+    send = Runtime.send
+
+    async def sending(self: Any, run: Any, text: str, **kw: Any) -> Any:
+        if run.view.last_seq and not getattr(run, "_sabotage_sent", False):  # opened from its record
+            run._sabotage_sent = True
+            if run.view.turns:  # not a run this process started
+                drop(run)
+        return await send(self, run, text, **kw)
+
+    setattr(Runtime, "send", sending)
 
 
 def stray_context_on_resume(setattr: Setattr) -> None:

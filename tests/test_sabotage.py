@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chaos_kit import everywhere, lose_recall_on_resume, pay_distillation_apart, stray_context_on_resume
+from chaos_kit import everywhere, lose_recall_on_reopen, pay_distillation_apart, stray_context_on_resume
 
 from loomrt.bench.core import BenchConfig
 from loomrt.bench.runner import run_bench
@@ -161,9 +161,10 @@ def test_chaos_sees_a_distillation_paid_twice(monkeypatch: pytest.MonkeyPatch, t
 
 @pytest.mark.slow
 def test_chaos_sees_a_resumed_run_lose_its_recall_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A resume that drops the recall index it rebuilt: the harness inspects the index of the
-    run that recovered, not one it rebuilds afterwards."""
-    everywhere(monkeypatch, tmp_path, lose_recall_on_resume)
+    """A reopened run (a resume, or the next input in a new process: a chat killed while it
+    distilled between turns is parked) that drops the recall index it rebuilt: the harness
+    inspects the index of the run that recovered, not one it rebuilds afterwards."""
+    everywhere(monkeypatch, tmp_path, lose_recall_on_reopen)
     result = _chaos("chat-compaction", "after_distillation")
     assert result["landed"] == result["kills"] == 2
     lost = [v for f in result["failures"] for v in f["violations"] if "recall index" in v and "missing" in v]
