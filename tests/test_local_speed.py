@@ -34,7 +34,7 @@ def test_the_turns_of_a_local_chat_reuse_their_prefix_and_the_figure_says_no_whe
     assert all(t["model_calls"] >= 1 for t in figures["turns"])
     shared = figures["cached_share"]
     assert shared >= 0.5, figures
-    shown = "\n".join(render_measure("local_speed", {"model": SMOL, **RATES, **figures}))
+    shown = "\n".join(render_measure("local_speed", {"model": SMOL, **RATES, "two_calls": figures}))
     assert "cached share" in shown and "Goals:" in shown
 
     # sabotage: the decision instructions change with every call, as when they sat in a

@@ -12,7 +12,8 @@ The chat is played as ``loomrt chat`` plays it: a recap due at the watermark is 
 between turns (``Runtime.between_turns``), timed apart, since the user is typing then.
 
 Run only when named (`loomrt bench run local_speed`): on 2 cores the default model takes
-several minutes. Goals (issue 43): a turn's median at most 1.25× its floor, a cached
+several minutes. It plays the chat twice: a turn that decides, then answers (two model
+calls), and one that does both in one generation (``one_call_turns``). Goals (issue 43): a turn's median at most 1.25× its floor, a cached
 share of at least 75% over the chat, the first answer token within 3 s of the turn's
 start once its prefix is cached.
 """
@@ -41,8 +42,9 @@ TURNS = [
 """An opening, two facts (which the recaps evict), one tool call, eight questions, the fact asked for."""
 
 
-def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500) -> Any:
-    """The agent a new user starts from: recap, recall on and injected, one tool."""
+def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500, one_call: bool = False) -> Any:
+    """The agent a new user starts from: recap, recall on and injected, one tool; a turn
+    decides then answers (two calls), or with ``one_call`` does both in one generation."""
     from loomrt.spec import AgentSpec
 
     return AgentSpec(
@@ -51,6 +53,7 @@ def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500) -
         tools=["calculate"],
         max_tokens=max_tokens,
         temperature=0,
+        capabilities={"one_call_turns": True} if one_call else {},
         context={"mode": "recap", "budget_tokens": budget_tokens, "recall": True, "recall_inject": "on"},
     )
 
@@ -186,10 +189,13 @@ def local_speed(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     def count(text: str) -> int:
         return len(vocab.tokenize(text.encode(), add_bos=False))
 
-    progress.start(f"local speed · {model} · {len(TURNS)} turns", len(TURNS))
-    with tempfile.TemporaryDirectory() as tmp:
-        runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
-        started = time.perf_counter()
-        run, turns = asyncio.run(play_timed(runtime, speed_spec(model), progress))
-        figures = turn_figures(runtime.store.events(run.run_id), turns, rates, count)
-    return {"model": model, **rates, "seconds": round(time.perf_counter() - started, 1), **figures}
+    out: dict[str, Any] = {"model": model, **rates}
+    for variant, one_call in (("two_calls", False), ("one_call", True)):
+        progress.start(f"local speed · {model} · {variant} · {len(TURNS)} turns", len(TURNS))
+        with tempfile.TemporaryDirectory() as tmp:
+            runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
+            started = time.perf_counter()
+            run, turns = asyncio.run(play_timed(runtime, speed_spec(model, one_call=one_call), progress))
+            figures = turn_figures(runtime.store.events(run.run_id), turns, rates, count)
+        out[variant] = {"seconds": round(time.perf_counter() - started, 1), **figures}
+    return out

@@ -490,6 +490,17 @@ def _local_speed(r: dict[str, Any]) -> list[str]:
         "floor is prefilling its new messages and decoding what its calls wrote; a recap due at the watermark "
         "is written between turns (`between`), not in the turn.",
         "",
+    ]
+    for variant in ("two_calls", "one_call"):
+        if variant in r:
+            lines += _local_speed_variant(variant, r[variant])
+    return lines
+
+
+def _local_speed_variant(variant: str, r: dict[str, Any]) -> list[str]:
+    lines = [
+        f"**{'Decide, then answer (two calls)' if variant == 'two_calls' else 'One call a turn'}**",
+        "",
         "| turn | seconds | floor | × floor | first token (s) | input | cached | calls | between (s) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
