@@ -180,28 +180,36 @@ class LiteLLMProvider:
                     return await litellm.acompletion(**kwargs)
                 finally:
                     local.STREAM_TO.reset(token)
+            if not self._streams_usage(litellm):  # the record's usage must be the provider's, not an estimate
+                return await litellm.acompletion(**kwargs)
             return await self._streamed(litellm, kwargs, on_text)
         except ProviderError:
             raise
         except Exception as exc:  # noqa: BLE001 - every litellm failure becomes a ProviderError
             raise map_litellm_error(exc, self.model) from exc
 
+    def _streams_usage(self, litellm: Any) -> bool:
+        """Whether a stream from this model reports its usage (``stream_options``): a hosted
+        model that cannot is called without streaming, so its recorded usage is the same."""
+        try:
+            return "stream_options" in (litellm.get_supported_openai_params(model=self.model) or [])
+        except Exception:  # noqa: BLE001 - a model litellm cannot place
+            return False
+
     async def _streamed(self, litellm: Any, kwargs: dict[str, Any], on_text: Callable[[str], None]) -> Any:
         """A hosted model's streamed call, reassembled into the reply a plain call gives
         (usage included where the provider reports it in the stream)."""
-        extra: dict[str, Any] = {"stream": True}
-        try:
-            if "stream_options" in (litellm.get_supported_openai_params(model=self.model) or []):
-                extra["stream_options"] = {"include_usage": True}
-        except Exception:  # noqa: BLE001 - a model litellm cannot place streams without usage
-            pass
+        extra: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
         chunks = []
         async for chunk in await litellm.acompletion(**kwargs, **extra):
             chunks.append(chunk)
             delta = chunk.choices[0].delta if chunk.choices else None
             if delta is not None and delta.content:
                 on_text(delta.content)
-        return litellm.stream_chunk_builder(chunks, messages=kwargs["messages"])
+        built = litellm.stream_chunk_builder(chunks, messages=kwargs["messages"])
+        if built is None:  # a stream that sent nothing
+            raise ProviderError(f"{self.model}: the streamed reply was empty", retryable=True)
+        return built
 
     async def _decide_then_answer(self, request: ModelRequest) -> ModelResponse:
         """Tools without native tool calling, and the model may answer: first a short
@@ -241,7 +249,7 @@ class LiteLLMProvider:
         choice = raw.choices[0]
         text, finish = choice.message.content or "", choice.finish_reason
         usage = _usage(getattr(raw, "usage", None))
-        if text.lstrip().startswith("{"):
+        if text.startswith("{"):  # the grammar's tool-call branch (an answer may not start with "{")
             if finish == "length":
                 again = await self._decide_then_answer(request)
                 return dataclasses.replace(again, usage=usage + again.usage)

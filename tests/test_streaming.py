@@ -87,3 +87,19 @@ def test_a_provider_that_does_not_stream_still_answers(streams: bool) -> None:
     result = asyncio.run(rt.run(AgentSpec(model="quiet/inline"), "hi"))
     assert result.output == "hello"
     assert [s.text for s in heard if isinstance(s, AnswerText)] == (["hello"] if streams else [])
+
+
+def test_a_watcher_that_fails_is_dropped_with_a_notice_and_the_run_goes_on() -> None:
+    """A watcher is an optional part (a terminal that went away): it never fails a run."""
+    heard: list[Activity | AnswerText] = []
+
+    def gone(signal: Activity | AnswerText) -> None:
+        raise BrokenPipeError("the terminal went away")
+
+    provider = ScriptedProvider(turns=list(TURNS))
+    rt = Runtime(SQLiteStore(":memory:"), providers=lambda spec, model: provider, watchers=[gone, heard.append])
+    result = asyncio.run(rt.run(AgentSpec(model="scripted/inline", tools=["calculate"]), "Which port?"))
+    assert result.status == "done" and result.output == ANSWER
+    notices = [e.data["message"] for e in rt.store.events(result.run_id, kinds=["notice"])]
+    assert len(notices) == 1 and "BrokenPipeError" in notices[0]
+    assert any(isinstance(s, AnswerText) for s in heard)  # the other watcher still hears the answer

@@ -289,7 +289,7 @@ def test_loomrt_ui_serves_the_url_it_prints(record: UiRecord, tmp_path: Path) ->
             except OSError:
                 assert time.monotonic() < deadline, "loomrt ui did not answer"
                 time.sleep(0.1)
-        assert first[0] == 303 and "loomrt_ui_token=" in first[1]["set-cookie"]
+        assert first[0] == 303 and f"loomrt_ui_token_{port}=" in first[1]["set-cookie"]
         assert get("/", Cookie=first[1]["set-cookie"].split(";")[0])[2].count(record.recap) >= 1
         assert record.recap in get("/", Authorization=f"Bearer {token}")[2]
         assert get("/")[0] == 401

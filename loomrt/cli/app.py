@@ -215,11 +215,21 @@ def chat_cmd(
         else:
             err.print(f"[dim]run {run.run_id} · mode {run.mode.name} · Ctrl-D to end[/dim]", highlight=False)
     failed = 0
+    failed_between: list[BaseException] = []
+
+    def distil_between() -> None:
+        try:
+            asyncio.run(rt.between_turns(run))
+        except BaseException as exc:  # noqa: BLE001 - raised after the join, in the chat's own thread
+            failed_between.append(exc)
+
     while True:
-        background = threading.Thread(target=lambda: asyncio.run(rt.between_turns(run)), daemon=True)
-        background.start()  # a queued fold runs while the next input is typed
+        background = threading.Thread(target=distil_between, daemon=True)
+        background.start()  # a queued distillation runs while the next input is typed
         line = reader.read() if reader is not None else _read_turn()
         background.join()
+        if failed_between:  # the run's claim was lost meanwhile: one clear error, not a stray traceback
+            raise failed_between[0]
         if line is None:
             break
         if not line.strip():

@@ -124,7 +124,7 @@ def check_listen(host: str, token: str | None, *, users: bool = False) -> None:
 
 def allowed_origins(host: str, port: int, extra: Iterable[str] = ()) -> set[str]:
     """The origins a browser may send: this server's own, and any given with --allow-origin."""
-    names = {"127.0.0.1", "localhost", host}
+    names = {"127.0.0.1", "localhost", f"[{host}]" if ":" in host else host}
     return {f"{scheme}://{name}:{port}" for name in names for scheme in ("http", "https")} | set(extra)
 
 
@@ -144,7 +144,8 @@ class Guard:
         self.app = app
         # On the loopback, Host must name this server (DNS rebinding). Off it, clients name the
         # machine however they reach it, and the token (required there) is the guard.
-        self.hosts = {f"{name}:{port}" for name in ("127.0.0.1", "localhost", host)} if is_loopback(host) else None
+        names = ("127.0.0.1", "localhost", f"[{host}]" if ":" in host else host)  # Host brackets an IPv6 address
+        self.hosts = {f"{name}:{port}" for name in names} if is_loopback(host) else None
         self.origins = origins
         self.tokens: list[tuple[bytes, str | None]] = [(t.encode(), u) for t, u in (users or {}).items()]
         if token:

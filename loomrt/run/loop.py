@@ -49,7 +49,9 @@ async def add_user_input(run: RunState, content: str, *, said_at: float | None =
     """Record a user input; the first one (the task) is pinned when ``keep_first`` is on.
     ``said_at``: when the words were said (epoch seconds), for a history imported from elsewhere."""
     check_input(content)
-    if said_at is not None and not (isinstance(said_at, int | float) and math.isfinite(said_at) and said_at >= 0):
+    if said_at is not None and (
+        isinstance(said_at, bool) or not (isinstance(said_at, int | float) and math.isfinite(said_at) and said_at >= 0)
+    ):
         raise SpecError(f"said_at must be a time in epoch seconds, not {said_at!r}")
     await run.add("user_input", {"content": content, **({"said_at": float(said_at)} if said_at is not None else {})})
 

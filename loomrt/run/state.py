@@ -160,9 +160,17 @@ class RunState:
                 listener(event)
 
     def show(self, signal: Activity | AnswerText) -> None:
-        """Tell the watchers what the run does now (nothing is recorded)."""
+        """Tell the watchers what the run does now (nothing is recorded). A watcher that
+        raises (a terminal gone away) is dropped, with one notice: it never fails the run."""
         for watcher in list(self.watchers):
-            watcher(signal)
+            try:
+                watcher(signal)
+            except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
+                self.watchers.remove(watcher)
+                self.emit(
+                    "notice",
+                    {"message": f"a watcher failed and was dropped: {type(exc).__name__}: {exc}", "source": "watcher"},
+                )
 
     def emit(self, kind: str, data: dict[str, Any]) -> None:
         """Queue an event (a notice, a callback error, a model call) from code that is not

@@ -55,9 +55,12 @@ class TokenCarrier:
     """ASGI middleware in front of the guard: ``?token=`` becomes a cookie (and a redirect to the
     URL without it), and the cookie becomes ``Authorization: Bearer``."""
 
-    def __init__(self, app: Any, token: str):
+    def __init__(self, app: Any, token: str, *, port: int = 0):
         self.app = app
         self.token = token
+        self.cookie = f"{COOKIE}_{port}" if port else COOKIE
+        """Browsers do not keep cookies apart by port: each server's has its port in its name,
+        so two ``loomrt ui`` on one host never overwrite each other's."""
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -68,7 +71,7 @@ class TokenCarrier:
         if given is not None and hmac.compare_digest(given.encode(), self.token.encode()):
             rest = urlencode([(k, v) for k, v in query if k != "token"])
             location = scope.get("path", "/") + (f"?{rest}" if rest else "")
-            cookie = f"{COOKIE}={self.token}; Path=/; HttpOnly; SameSite=Strict"
+            cookie = f"{self.cookie}={self.token}; Path=/; HttpOnly; SameSite=Strict"
             await send(
                 {
                     "type": "http.response.start",
@@ -80,24 +83,26 @@ class TokenCarrier:
             return
         headers = list(scope.get("headers", []))
         has_auth = any(k.lower() == b"authorization" for k, _ in headers)
-        carried = _cookie(headers)
+        carried = _cookie(headers, self.cookie)
         if not has_auth and carried is not None:
             headers.append((b"authorization", f"Bearer {carried}".encode("latin-1")))
             scope = {**scope, "headers": headers}
         await self.app(scope, receive, send)
 
 
-def _cookie(headers: list[tuple[bytes, bytes]]) -> str | None:
+def _cookie(headers: list[tuple[bytes, bytes]], cookie: str) -> str | None:
     for k, v in headers:
         if k.lower() != b"cookie":
             continue
         for part in v.decode("latin-1").split(";"):
             name, _, value = part.strip().partition("=")
-            if name == COOKIE:
+            if name == cookie:
                 return value
     return None
 
 
 def guarded(app: Any, *, host: str, port: int, token: str) -> Any:
     """``app`` behind the token carrier and the MCP server's guard (Host, Origin, token)."""
-    return TokenCarrier(Guard(app, host=host, port=port, token=token, origins=allowed_origins(host, port)), token)
+    return TokenCarrier(
+        Guard(app, host=host, port=port, token=token, origins=allowed_origins(host, port)), token, port=port
+    )
