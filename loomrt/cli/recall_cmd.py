@@ -51,8 +51,8 @@ def recall(
     """Search what RUN_ID evicted (rebuilt from its record; a fork's shared history too) and
     print the originals; private messages are placeholders unless --include-private."""
     from loomrt.errors import NotFoundError
-    from loomrt.search_evicted import recall_in_record
     from loomrt.record.sqlite import default_store
+    from loomrt.search_evicted import recall_in_record
 
     store = default_store()
     try:
