@@ -24,11 +24,19 @@ import asyncio
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
 from loomrt.bench.local_chat import QUESTIONS
+
+if TYPE_CHECKING:
+    from loomrt.activity import Activity, AnswerText
+    from loomrt.events import Event
+    from loomrt.run.state import RunState
+    from loomrt.runtime import Runtime
+    from loomrt.spec import AgentSpec
 
 __all__ = ["TURNS", "speed_spec", "machine_rates", "play_timed", "turn_figures", "local_speed"]
 
@@ -42,7 +50,7 @@ TURNS = [
 """An opening, two facts (which the recaps evict), one tool call, eight questions, the fact asked for."""
 
 
-def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500, one_call: bool = False) -> Any:
+def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500, one_call: bool = False) -> AgentSpec:
     """The agent a new user starts from: recap, recall on and injected, one tool; a turn
     decides then answers (two calls), or with ``one_call`` does both in one generation."""
     from loomrt.spec import AgentSpec
@@ -85,14 +93,14 @@ def machine_rates(model: str, *, prompt_tokens: int = 512, decode_tokens: int = 
 
 
 async def play_timed(
-    runtime: Any, spec: Any, progress: Progress | None = None, *, inputs: list[str] = TURNS
-) -> tuple[Any, list[dict[str, Any]]]:
+    runtime: Runtime, spec: AgentSpec, progress: Progress | None = None, *, inputs: list[str] = TURNS
+) -> tuple[RunState, list[dict[str, Any]]]:
     """Play ``inputs`` as the chat does; per turn its first seq, seconds, seconds to the first
     answer token, and the seconds spent between it and the next (distilling)."""
     run = await runtime.astart(spec, interactive=True, name="local-speed")
     first_text: list[float] = []
 
-    def watch(signal: Any) -> None:
+    def watch(signal: Activity | AnswerText) -> None:
         if getattr(signal, "kind", None) == "answer_text" and not first_text:
             first_text.append(time.perf_counter())
 
@@ -121,7 +129,9 @@ async def play_timed(
     return run, turns
 
 
-def turn_figures(events: list[Any], turns: list[dict[str, Any]], rates: dict[str, float], count: Any) -> dict[str, Any]:
+def turn_figures(
+    events: list[Event], turns: list[dict[str, Any]], rates: dict[str, float], count: Callable[[str], int]
+) -> dict[str, Any]:
     """Each turn's figures from the record (its model calls and new messages) and its timing;
     ``count(text)`` is the model's token count of a text."""
     rows = []

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hmac
 import secrets
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
 from loomrt.errors import SpecError
 from loomrt.mcp.http import TOKEN_MIN_CHARS, Guard, allowed_origins, check_listen, is_loopback
+
+if TYPE_CHECKING:
+    from starlette.types import ASGIApp, Receive, Send
 
 __all__ = ["COOKIE", "TokenCarrier", "guarded", "new_token", "check_ui_listen"]
 
@@ -55,14 +58,14 @@ class TokenCarrier:
     """ASGI middleware in front of the guard: ``?token=`` becomes a cookie (and a redirect to the
     URL without it), and the cookie becomes ``Authorization: Bearer``."""
 
-    def __init__(self, app: Any, token: str, *, port: int = 0):
+    def __init__(self, app: Guard, token: str, *, port: int = 0):
         self.app = app
         self.token = token
         self.cookie = f"{COOKIE}_{port}" if port else COOKIE
         """Browsers do not keep cookies apart by port: each server's has its port in its name,
         so two ``loomrt ui`` on one host never overwrite each other's."""
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -101,7 +104,7 @@ def _cookie(headers: list[tuple[bytes, bytes]], cookie: str) -> str | None:
     return None
 
 
-def guarded(app: Any, *, host: str, port: int, token: str) -> Any:
+def guarded(app: ASGIApp, *, host: str, port: int, token: str) -> TokenCarrier:
     """``app`` behind the token carrier and the MCP server's guard (Host, Origin, token)."""
     return TokenCarrier(
         Guard(app, host=host, port=port, token=token, origins=allowed_origins(host, port)), token, port=port
