@@ -38,6 +38,7 @@ __all__ = [
     "with_append",
     "ChatModel",
     "chat200",
+    "chat200_lead",
     "raise_failed",
     "agentic_tools",
     "AgenticModel",
