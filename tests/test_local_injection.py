@@ -70,6 +70,7 @@ def test_an_injected_line_that_gives_orders_is_read_as_history_by_the_embedded_m
         await rt.send(run, PLANTED)
         for line in FILLER:
             await rt.send(run, line)
+            await rt.between_turns(run)  # the summary due at the watermark, written as a chat writes it
         result = await rt.send(run, "Which port does the staging database listen on?")
         assert all("BANANA" not in m.content for m in run.context), "the planted line was evicted"
         return run, result
