@@ -377,6 +377,7 @@ def test_the_workload_grades_the_calls_the_agentic_model_makes() -> None:
     assert grade_plan(script, made[: first + 1]) == [False]  # steps never reached are not graded
 
 
+@pytest.mark.slow
 def test_agentic_asked_states_needles_on_ordinary_lines_among_lookalikes() -> None:
     """agentic_asked: every needle on an ordinary (not ERROR) line; the model is told a
     question in other words and searches by it; the needle's line is the reader's best

@@ -63,6 +63,7 @@ def test_list_names_every_workload_and_measure() -> None:
         assert name in result.stdout
 
 
+@pytest.mark.slow
 def test_model_option_plays_a_given_model(tmp_path: Path) -> None:
     """--model swaps the scripted bench model for any model string; a scripted file here."""
     import yaml

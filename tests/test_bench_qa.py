@@ -77,6 +77,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return run_qa(config), out
 
 
+@pytest.mark.slow
 def test_every_configuration_answers_every_question(tiny: tuple[dict, Path]) -> None:
     results, _ = tiny
     summary = results["summary"]
@@ -126,6 +127,7 @@ def test_an_interrupted_benchmark_continues_from_its_cache(tiny: tuple[dict, Pat
     assert {"answers.jsonl", "runs.db", "replays.json"} <= {p.name for p in out.iterdir()}
 
 
+@pytest.mark.slow
 def test_the_cli_writes_the_report_and_the_docs_block(tmp_path: Path) -> None:
     from loomrt.bench.qa.report import QA_BEGIN, QA_END
 

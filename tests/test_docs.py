@@ -46,10 +46,13 @@ SLOW_WORDS = (
 (seconds each): it is in the slow set, as the tests that do so by hand are."""
 
 
-def examples(found: list[tuple[str, str]]) -> list[object]:
-    """``found`` as parameters, the slow ones (:data:`SLOW_WORDS`) marked."""
+def examples(found: list[tuple[str, str]], *, processes: bool = False) -> list[object]:
+    """``found`` as parameters, the slow ones marked: those that say one of :data:`SLOW_WORDS`,
+    or every one when each starts a ``loomrt`` process (``processes``: a console line)."""
     return [
-        pytest.param(where, text, id=where, marks=[pytest.mark.slow] if any(w in text for w in SLOW_WORDS) else [])
+        pytest.param(
+            where, text, id=where, marks=[pytest.mark.slow] if processes or any(w in text for w in SLOW_WORDS) else []
+        )
         for where, text in found
     ]
 
@@ -64,7 +67,7 @@ def test_python_examples_run(where: str, code: str, tmp_path: Path, monkeypatch:
     exec(compile(code, where, "exec"), {"__name__": "__docs__"})
 
 
-@pytest.mark.parametrize("where,command", examples(CONSOLE))
+@pytest.mark.parametrize("where,command", examples(CONSOLE, processes=True))
 def test_console_examples_run(where: str, command: str, tmp_path: Path) -> None:
     argv = shlex.split(command)
     assert argv[0] == "loomrt"

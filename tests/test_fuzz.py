@@ -65,6 +65,7 @@ def _assert_own_error(exc: Exception, where: str) -> None:
         assert where in str(exc) or where in (exc.where or ""), f"the error names {where}: {exc}"
 
 
+@pytest.mark.slow
 @FAST
 @given(st.text(max_size=400))
 def test_any_text_as_an_agents_file_loads_or_says_why(text: str) -> None:
@@ -110,6 +111,7 @@ def test_any_bytes_as_an_agents_file_load_or_say_why(tmp_path_factory: Any, data
         _assert_own_error(exc, str(path))
 
 
+@pytest.mark.slow
 def test_a_deeply_nested_or_huge_agents_file_says_why(tmp_path: Path) -> None:
     from loomrt.spec_load import load_agents
 
@@ -283,6 +285,7 @@ def test_any_mcp_tool_arguments_are_a_result_or_a_tool_error(
     asyncio.run(call())
 
 
+@pytest.mark.slow
 @FAST
 @given(st.integers(2, 12), st.integers(2, 12), st.booleans())
 def test_alias_heavy_yaml_loads_or_is_refused_within_a_bounded_count_of_nodes(

@@ -42,6 +42,7 @@ def _seed_memory() -> None:
         store.close()
 
 
+@pytest.mark.slow
 def test_each_client_sees_only_its_users_runs_and_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "mem.yaml").write_text("turns:\n  - text: noted\n  - text: noted\n  - text: noted\n")
     agents = tmp_path / "agents.yaml"

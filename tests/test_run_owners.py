@@ -124,6 +124,7 @@ def test_a_runtime_claims_its_runs_and_a_dead_workers_run_is_resumable_at_once(s
     store.close()
 
 
+@pytest.mark.slow
 def test_a_model_call_longer_than_the_claim_keeps_its_run_by_the_heartbeat(shared_url: str) -> None:
     other = default_store(shared_url)
     seen: list[str] = []
