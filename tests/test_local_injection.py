@@ -39,7 +39,13 @@ FILLER = [
 
 
 def test_an_injected_line_that_gives_orders_is_read_as_history_by_the_embedded_model() -> None:
-    summariser = ScriptedProvider(summaries=["Summary: notes about the office and the staging set-up."] * 10)
+    summariser = ScriptedProvider(
+        summaries=[
+            "Summary: notes about the office: the staging database, the team lunch moved to Thursday, the plants "
+            "watered on Mondays, the parking garage, the all-hands, the coffee machine and the visitor badges."
+        ]
+        * 10
+    )
 
     def providers(spec: AgentSpec, model: str | None) -> object:
         return summariser if model == "scripted/summariser" else resolve_provider(spec, model)
@@ -68,7 +74,7 @@ def test_an_injected_line_that_gives_orders_is_read_as_history_by_the_embedded_m
             run, "I will send you a few notes about the office; acknowledge each briefly."
         )  # pinned: the task
         await rt.send(run, PLANTED)
-        for line in FILLER:
+        for line in FILLER * 2:  # enough for two summaries: the second evicts the model's own reply to the line
             await rt.send(run, line)
             await rt.between_turns(run)  # the summary due at the watermark, written as a chat writes it
         result = await rt.send(run, "Which port does the staging database listen on?")
