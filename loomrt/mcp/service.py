@@ -267,7 +267,7 @@ class RunService:
 
     def get_run(self, run_id: str) -> dict[str, Any]:
         """The run's summary as a reader gets it: its output and Σ without private material."""
-        from loomrt.visibility import private_record, redact_events
+        from loomrt.visibility import private_record, redact_events, withhold
 
         store = self.runtime.store
         self.check_mine(run_id)
@@ -278,6 +278,8 @@ class RunService:
         private = private_record(store, run_id)
         summary = run_summary(info, redact_events(store.events(run_id), private), store)
         if summary.get("state") is not None and private.state_withheld:  # Σ as the run hands it out
+            # a fork's Σ is projected from its parent's shared history too, which is not redacted here
+            summary["state"], _ = withhold(summary["state"], set(private.state_withheld))
             summary["state_withheld"] = private.state_withheld
         if run_id in self.playing:
             summary["status"] = "running"
