@@ -4,11 +4,11 @@ age, read from the claims the record holds (issue 46), on both backends."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 from typing import Any
 
 import pytest
+from owners_kit import crashed_worker
 from typer.testing import CliRunner
 
 from loomrt.cli.app import app
@@ -16,8 +16,6 @@ from loomrt.record.sqlite import default_store
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider
-
-GONE = f"{socket.gethostname()}/999999999/dead00"  # a process of this host that does not run
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -36,6 +34,7 @@ def _runs(url: str, n: int) -> list[str]:
 
 
 def test_live_lapsed_and_released_claims(url: str) -> None:
+    GONE = crashed_worker()  # a worker of this machine that ended without letting go
     playing, lapsed, released = _runs(url, 3)
     store = default_store(url)
     try:
@@ -51,7 +50,7 @@ def test_live_lapsed_and_released_claims(url: str) -> None:
     workers = {w["worker"]: w for w in json.loads(result.stdout)["workers"]}
     assert set(workers) == {"far-host/12/abc123", GONE}
     far, gone = workers["far-host/12/abc123"], workers[GONE]
-    assert (far["live"], far["process"]) == (True, "on another host")
+    assert (far["live"], far["process"]) == (True, "elsewhere")
     assert [r["run_id"] for r in far["runs"]] == [playing]  # the released claim is nobody's job
     run = far["runs"][0]
     assert (run["agent"], run["status"], run["lapsed"]) == ("helper", "done", False) and run["epoch"] >= 1
@@ -59,5 +58,5 @@ def test_live_lapsed_and_released_claims(url: str) -> None:
     assert (gone["live"], gone["process"]) == (False, "gone")
     assert gone["runs"][0]["run_id"] == lapsed and gone["runs"][0]["lapsed"]
     text = CliRunner().invoke(app, ["--db-url", url, "workers", "list"]).output
-    assert "far-host/12/abc123  live (process: on another host)" in text
+    assert "far-host/12/abc123  live (process: elsewhere)" in text
     assert f"plays run {lapsed} (helper, done): claim lapsed" in text and "not live (process: gone)" in text

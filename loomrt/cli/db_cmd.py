@@ -234,7 +234,7 @@ workers_app = typer.Typer(help="The workers sharing this record: who plays which
 @workers_app.command("list")
 @friendly
 def workers_list_cmd(json_output: bool = _JSON) -> None:
-    """The workers holding claims on this record's runs: each worker (HOST/PID/NONCE), whether it
+    """The workers holding claims on this record's runs: each worker (HOST/PID/INSTANCE), whether it
     is live, the runs it plays now (agent, status, epoch) and how long ago it last renewed each
     claim (its heartbeat); and workers that stopped without letting their runs go (lapsed
     claims: any `loomrt worker` resumes those runs)."""
@@ -270,12 +270,12 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
 
 
 def _workers(store: Any, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Claims grouped by worker: live when its process runs (as far as this machine can tell)
-    and it holds a claim that has not lapsed; its runs with their agent and status."""
-    import socket
-
+    """Claims grouped by worker: live when its process is not known to have ended (its
+    instance lock, :func:`~loomrt.record.owners.owner_state`: ``running`` or ``gone`` on this
+    machine, ``elsewhere`` for one this machine cannot see) and it holds a claim that has not
+    lapsed; its runs with their agent and status."""
     from loomrt.errors import NotFoundError
-    from loomrt.record.owners import owner_is_gone
+    from loomrt.record.owners import owner_state
 
     grouped: dict[str, list[dict[str, Any]]] = {}
     for c in claims:
@@ -289,12 +289,8 @@ def _workers(store: Any, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
         grouped.setdefault(c["owner"], []).append({**row, "agent": agent, "status": status, "lapsed": lapsed})
     workers = []
     for owner, runs in grouped.items():
-        if owner_is_gone(owner):
-            process = "gone"
-        elif owner.split("/")[0] == socket.gethostname():
-            process = "running"
-        else:
-            process = "on another host"
+        state = owner_state(owner)
+        process = "elsewhere" if state == "unknown" else state
         workers.append(
             {
                 "worker": owner,

@@ -10,24 +10,38 @@ the epoch one higher; from then on the old owner's appends are refused
 (:class:`~loomrt.errors.FencedError`), so a worker that wakes after losing its run cannot
 write. Releasing a run expires its lease and keeps its epoch (epochs only grow).
 
-Owner names are ``HOST/PID/NONCE`` (:func:`worker_name`): a claim held by a process of
-this host that no longer exists has expired, whatever its time said (a crashed worker's
-run is resumable at once on its own machine; on another machine, after the lease's ttl).
+Owner names are ``HOST/PID/INSTANCE`` (:func:`worker_name`), where INSTANCE is random per
+process: the host and PID are for people to read, never for judging liveness (a process in
+another PID namespace with the same hostname, a container or a pod on the host's network,
+has PIDs this one cannot see). Liveness comes from the claim's heartbeat; the one shortcut
+is the instance's lock file (:func:`owner_state`): each worker holds an exclusive ``flock``
+on ``INSTANCE.lock`` in a folder of this machine's temporary directory for as long as it
+lives, so a lock file that can be locked names a worker that is gone, whatever PID
+namespace it ran in (a crashed worker's run is resumable at once on its own machine). A
+worker whose lock file is not here is judged by its heartbeat alone.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
 import os
+import re
 import socket
+import tempfile
 import threading
 import uuid
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from loomrt.errors import FencedError, RunOwnedError, StoreError
 
 __all__ = [
     "worker_name",
     "owner_is_gone",
+    "owner_state",
+    "instances_dir",
     "RUN_LEASE_S",
     "claimed",
     "fenced",
@@ -42,28 +56,71 @@ RUN_LEASE_S = 900.0
 
 
 _name: dict[int, str] = {}
+_locks: dict[int, int] = {}
+"""This process's instance lock (a file descriptor holding its ``flock``), by PID."""
+_INSTANCE = re.compile(r"[0-9a-f]{16,32}")
+
+
+def instances_dir() -> Path:
+    """Where this machine's workers keep their instance lock files (one folder per user)."""
+    return Path(tempfile.gettempdir()) / f"loomrt-workers-{os.getuid()}"
 
 
 def worker_name() -> str:
-    """This process's owner name, ``HOST/PID/NONCE`` (one per process: its runtimes are one worker)."""
+    """This process's owner name, ``HOST/PID/INSTANCE`` (one per process: its runtimes are one
+    worker). INSTANCE is random; the process holds its lock file for as long as it lives."""
     pid = os.getpid()
     if pid not in _name:
-        _name[pid] = f"{socket.gethostname()}/{pid}/{uuid.uuid4().hex[:6]}"
+        instance = uuid.uuid4().hex[:16]
+        try:
+            folder = instances_dir()
+            folder.mkdir(mode=0o700, exist_ok=True)
+            fd = os.open(folder / f"{instance}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _locks[pid] = fd
+            atexit.register(_forget, folder / f"{instance}.lock", fd)
+        except OSError:  # no lock file: this worker is judged by its heartbeat alone
+            pass
+        _name[pid] = f"{socket.gethostname()}/{pid}/{instance}"
     return _name[pid]
 
 
-def owner_is_gone(owner: str) -> bool:
-    """True if ``owner`` names a process of this host that no longer runs."""
-    parts = owner.split("/")
-    if len(parts) != 3 or parts[0] != socket.gethostname() or not parts[1].isdigit():
-        return False
+def _forget(path: Path, fd: int) -> None:
+    """A worker that exits cleanly removes its lock file (its claims were let go)."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+        os.close(fd)
+
+
+OwnerState = Literal["running", "gone", "unknown"]
+
+
+def owner_state(owner: str) -> OwnerState:
+    """What this machine knows of worker ``owner``: ``running`` (its instance lock is held),
+    ``gone`` (its lock file is here and nobody holds it: the process ended, in whatever PID
+    namespace it ran) or ``unknown`` (no lock file of it here: another machine, another
+    container, or a name from before instance ids; judge it by its heartbeat)."""
+    instance = owner.rsplit("/", 1)[-1]
+    if not _INSTANCE.fullmatch(instance):
+        return "unknown"
     try:
-        os.kill(int(parts[1]), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+        fd = os.open(instances_dir() / f"{instance}.lock", os.O_RDWR)
+    except OSError:
+        return "unknown"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return "running"
+    except OSError:
+        return "unknown"
+    finally:
+        os.close(fd)  # closing lets go of a lock this check took
+    return "gone"
+
+
+def owner_is_gone(owner: str) -> bool:
+    """True if ``owner`` is a worker of this machine that no longer runs (:func:`owner_state`)."""
+    return owner_state(owner) == "gone"
 
 
 def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: float) -> int:

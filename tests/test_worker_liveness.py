@@ -1,0 +1,98 @@
+"""Who is alive is judged by a worker's random instance id and its heartbeat, never by its
+host name and PID (issue 45): a worker in another PID namespace of the same host keeps its
+run while its heartbeat is fresh, and a worker that is really gone is seen at once. On both
+backends, with real processes (a real PID namespace through ``unshare``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from owners_kit import crashed_worker, kill, namespaced_claimer
+
+from loomrt import Runtime
+from loomrt.errors import RunOwnedError
+from loomrt.record.owners import owner_is_gone, owner_state, worker_name
+from loomrt.record.sqlite import default_store
+from loomrt.spec import AgentSpec
+from loomrt.testing import ScriptedProvider
+from loomrt.worker import abandoned
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:{tmp_path / 'record.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+def _active_run(url: str) -> str:
+    """A run that was playing (active) when its worker stopped answering."""
+    rt = Runtime(default_store(url), providers=lambda s, m: ScriptedProvider(["x"]))
+    run = rt.start(AgentSpec(model="scripted/x"))
+    if rt.owner is not None and run.epoch is not None:  # PostgreSQL: its starter claimed it; let it go
+        rt.store.release_run(run.run_id, rt.owner, run.epoch)
+    rt.store.close()
+    return run.run_id
+
+
+def _dead_pid() -> int:
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    return int(proc.stdout)
+
+
+def test_a_namesake_with_the_same_host_and_pid_keeps_its_run_while_its_heartbeat_is_fresh(shared_url: str) -> None:
+    run_id = _active_run(shared_url)
+    pid = _dead_pid()  # no process of this namespace has it: the old check called that gone
+    namesake = f"{socket.gethostname()}/{pid}/{os.urandom(8).hex()}"  # another namespace's worker
+    store = default_store(shared_url)
+    epoch = store.claim_run(run_id, namesake, 900.0)  # its heartbeat is fresh
+    assert owner_state(namesake) == "unknown" and not owner_is_gone(namesake)
+    assert abandoned(store) == []
+    rt = Runtime(store, owner=worker_name(), providers=lambda s, m: ScriptedProvider(["taken"]))
+    with pytest.raises(RunOwnedError, match=f"run {run_id} is owned by worker {namesake}"):
+        asyncio.run(rt.resume(run_id))
+    assert [(c["owner"], c["epoch"]) for c in store.run_owners()] == [(namesake, epoch)]
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_worker_in_another_pid_namespace_keeps_its_run_and_is_seen_gone_once_killed(shared_url: str) -> None:
+    run_id = _active_run(shared_url)
+    proc, owner = namespaced_claimer(shared_url, run_id)
+    try:
+        host, pid, _ = owner.split("/")
+        assert host == socket.gethostname()
+        with pytest.raises(ProcessLookupError):  # its PID means nothing here
+            os.kill(int(pid), 0)
+        assert owner_state(owner) == "running"  # its instance lock is held, across namespaces
+        store = default_store(shared_url)
+        assert abandoned(store) == []
+        rt = Runtime(store, owner=worker_name(), providers=lambda s, m: ScriptedProvider(["taken"]))
+        with pytest.raises(RunOwnedError, match=f"owned by worker {owner}"):
+            asyncio.run(rt.resume(run_id))
+    finally:
+        kill(proc)
+    assert owner_state(owner) == "gone"  # its lock file is left and nobody holds it
+    assert abandoned(store) == [run_id]  # resumable at once, lease or not
+    result = asyncio.run(rt.resume(run_id))
+    assert result.status == "done" and result.output == "taken"
+    store.close()
+
+
+def test_a_crashed_worker_of_this_machine_is_gone_and_a_clean_exit_leaves_no_lock() -> None:
+    assert owner_state(crashed_worker()) == "gone"
+    clean = subprocess.run(
+        [sys.executable, "-c", "from loomrt.record.owners import worker_name; print(worker_name())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert owner_state(clean) == "unknown"  # it let its lock file go as it exited
+    assert owner_state(worker_name()) == "running"  # this process
+    assert owner_state("host/1/../../etc") == "unknown"  # not an instance id: never a path
