@@ -43,13 +43,24 @@ def test_no_reader_returns_private_text_without_asking(
         store.close()
 
 
+def test_a_stateful_fork_with_no_turns_of_its_own_reads_without_the_parents_private_keys(tmp_path: Path) -> None:
+    """The draw the property once found: the fork's working context starts from the parent's
+    Σ, which must come to it (and to ``as_of``) without the keys the parent made private."""
+    store, rt, runs, secrets = play("stateful", str(tmp_path), before=0, after=1, fork=True, forked_turns=0, n=4321)
+    service = RunService(AgentsFile(agents={}), runtime=rt)
+    raw = json.dumps([e.to_json_dict() for e in reader_events(store, runs[0], include_private=True)])
+    assert all(s in raw for s in secrets), "the parent's Σ holds both secrets"
+    assert [where for run_id in runs for where in leaks(store, run_id, service, secrets)] == []
+    store.close()
+
+
 def test_sabotage_with_redaction_made_the_identity_every_reader_leaks(tmp_path: Path, monkeypatch: Any) -> None:
     """The property can fail: with the one redaction function the identity, the readers of a
     stateful run and of its fork return the secrets."""
     import loomrt.visibility as visibility
 
+    monkeypatch.setattr(visibility, "_redacted", lambda e, private: e)  # the fork starts from it too
     store, rt, runs, secrets = play("stateful", str(tmp_path), before=1, after=4, fork=True, forked_turns=1, n=1234)
-    monkeypatch.setattr(visibility, "_redacted", lambda e, private: e)
     service = RunService(AgentsFile(agents={}), runtime=rt)
     found = [where for run_id in runs for where in leaks(store, run_id, service, secrets)]
     # get_run also withholds Σ's private keys itself (a fork's Σ comes from the shared history)

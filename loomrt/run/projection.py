@@ -330,14 +330,15 @@ class RunView:
                 f"run {e.run_id} is a fork of run {d['forked_from']['run_id']}: rebuilding its view needs "
                 "the store its family is in (project(events, store=store))"
             )
-        from loomrt.visibility import redact
+        from loomrt.visibility import PrivateRecord, redact, redact_events
 
         self._sharing = True
         if "catalog" in d:
             self._load_catalog(d["catalog"])
-        else:
-            for shared in self.family.events():
-                self.apply(shared)
+        else:  # redacted as a reader gets it: Σ's private keys too (the fork's Σ is the shared one)
+            shared = self.family.events()
+            for event in redact_events(shared, PrivateRecord.of(shared)):
+                self.apply(event)
         self._sharing = False
         self.private |= self.family.private()
         self.messages = {s: redact(m, self.private) for s, m in self.messages.items()}
