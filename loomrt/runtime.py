@@ -318,7 +318,9 @@ class Runtime:
         (a model call longer than the claim's ttl keeps the run)."""
         if self.owner is None or run.epoch is None:
             return contextlib.nullcontext()
-        return Heartbeat(self.store, run.run_id, self.owner, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s)
+        return Heartbeat(
+            self.store, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
+        )
 
     @contextlib.contextmanager
     def holding(self, run: RunState) -> Iterator[None]:

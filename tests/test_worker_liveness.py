@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from owners_kit import crashed_worker, kill, namespaced_claimer
 
 from loomrt import Runtime
 from loomrt.errors import RunOwnedError
-from loomrt.record.owners import owner_is_gone, owner_state, worker_name
+from loomrt.record.owners import Heartbeat, owner_is_gone, owner_state, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider
@@ -96,3 +97,21 @@ def test_a_crashed_worker_of_this_machine_is_gone_and_a_clean_exit_leaves_no_loc
     assert owner_state(clean) == "unknown"  # it let its lock file go as it exited
     assert owner_state(worker_name()) == "running"  # this process
     assert owner_state("host/1/../../etc") == "unknown"  # not an instance id: never a path
+
+
+def test_a_fenced_owner_never_reclaims_on_its_own_heartbeat(shared_url: str) -> None:
+    run_id = _active_run(shared_url)
+    store = default_store(shared_url)
+    a = store.claim_run(run_id, "host-a/1/a", 0.2)  # a plays; then it stalls past its lease
+    time.sleep(0.3)
+    assert store.claim_run(run_id, "host-b/2/b", 0.2) == a + 1  # b takes the run over (a is fenced) ...
+    store.release_run(run_id, "host-b/2/b", a + 1)  # ... and lets it go
+    with Heartbeat(store, run_id, "host-a/1/a", a, ttl_s=900.0, every_s=0.05) as beat:
+        time.sleep(0.3)  # a's heartbeat thread wakes up and beats
+    assert beat.beats == 0 and f"claim (epoch {a}) is no longer the run's" in (beat.lost or "")
+    assert store.run_owners() == []  # a holds nothing: no 900 s block for the workers after it
+    assert store.claim_run(run_id, "host-c/3/c", 60.0) == a + 2  # the next worker takes it at once
+    with Heartbeat(store, run_id, "host-c/3/c", a + 2, ttl_s=60.0, every_s=0.05) as live:
+        time.sleep(0.3)
+    assert live.beats >= 2 and live.lost is None  # the owner's own heartbeat renews its claim
+    store.close()

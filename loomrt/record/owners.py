@@ -172,32 +172,45 @@ def owner_rows(rows: list[Any], now: float) -> list[dict[str, Any]]:
 
 
 class Heartbeat:
-    """Renews ``owner``'s claim on ``run_id`` every ``every_s`` seconds on a thread, until
-    :meth:`stop` (a ``with`` block). A renewal that finds the run owned by another worker
-    stops the heartbeat: the run's next append is then refused (fenced), as it must be; a
-    store error is retried at the next beat (the claim has the rest of its ttl)."""
+    """Renews ``owner``'s claim at ``epoch`` on ``run_id`` every ``every_s`` seconds on a
+    thread, until :meth:`stop` (a ``with`` block). It only ever renews that claim, never makes
+    a new one: once the claim is not the run's (another worker took the run over, or it was
+    let go) the heartbeat stops with :attr:`lost` set, and the run's next append is refused
+    (fenced), as it must be. A fenced owner never re-claims on its own heartbeat, so it never
+    blocks the workers after it. A store error is retried at the next beat (the claim has the
+    rest of its ttl)."""
 
     def __init__(
-        self, store: Any, run_id: str, owner: str, *, ttl_s: float = RUN_LEASE_S, every_s: float | None = None
+        self,
+        store: Any,
+        run_id: str,
+        owner: str,
+        epoch: int,
+        *,
+        ttl_s: float = RUN_LEASE_S,
+        every_s: float | None = None,
     ):
-        self.store, self.run_id, self.owner, self.ttl_s = store, run_id, owner, ttl_s
+        self.store, self.run_id, self.owner, self.epoch, self.ttl_s = store, run_id, owner, epoch, ttl_s
         self.every_s = every_s if every_s is not None else ttl_s / 3
         self.beats = 0
         self.lost: str | None = None
-        """Why the heartbeat stopped early (the run is another worker's), else None."""
+        """Why the heartbeat stopped early (the claim is not the run's any more), else None."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"loomrt-heartbeat-{run_id}", daemon=True)
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                self.store.claim_run(self.run_id, self.owner, self.ttl_s)
-                self.beats += 1
-            except RunOwnedError as exc:
-                self.lost = str(exc)
-                return
+                renewed = self.store.renew_run(self.run_id, self.owner, self.epoch, self.ttl_s)
             except Exception:  # noqa: BLE001 - a store hiccup: the claim has the rest of its ttl; beat again
                 continue
+            if not renewed:
+                self.lost = (
+                    f"run {self.run_id}: this worker's claim (epoch {self.epoch}) is no longer the run's; "
+                    "its heartbeat stopped and claimed nothing"
+                )
+                return
+            self.beats += 1
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()

@@ -340,6 +340,21 @@ class PostgresStore(InlineAsyncFace, RunReads):
         except self._errors as exc:
             raise self._fail(f"cannot claim run {run_id}", exc) from exc
 
+    def renew_run(self, run_id: str, owner: str, epoch: int, ttl_s: float) -> bool:
+        """A heartbeat: the claim at ``epoch`` holds ``ttl_s`` more seconds of database time;
+        False once it is not the run's (taken over, or let go). Never a new claim."""
+        try:
+            with self._conn() as conn:
+                return bool(
+                    conn.execute(
+                        f"UPDATE run_owners SET ttl_s = %s, expires_at = {_NOW} + %s "
+                        "WHERE run_id = %s AND owner = %s AND epoch = %s AND expires_at > 0",
+                        (ttl_s, ttl_s, run_id, owner, epoch),
+                    ).rowcount
+                )
+        except self._errors as exc:
+            raise self._fail(f"cannot renew the claim on run {run_id}", exc) from exc
+
     def release_run(self, run_id: str, owner: str, epoch: int) -> None:
         """Let the run go (its lease expires now; its epoch stays)."""
         try:

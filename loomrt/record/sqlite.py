@@ -379,6 +379,18 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                     self._conn.execute("ROLLBACK")
                 raise
 
+    def renew_run(self, run_id: str, owner: str, epoch: int, ttl_s: float) -> bool:
+        """A heartbeat: the claim at ``epoch`` holds ``ttl_s`` more; False once it is not the
+        run's (taken over, or let go). Never a new claim."""
+        with self._lock:
+            return bool(
+                self._conn.execute(
+                    "UPDATE run_owners SET ttl_s = ?, expires_at = ? "
+                    "WHERE run_id = ? AND owner = ? AND epoch = ? AND expires_at > 0",
+                    (ttl_s, time.time() + ttl_s, run_id, owner, epoch),
+                ).rowcount
+            )
+
     def release_run(self, run_id: str, owner: str, epoch: int) -> None:
         """Let the run go (its lease expires now; its epoch stays)."""
         with self._lock:

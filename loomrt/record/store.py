@@ -101,6 +101,10 @@ class Store(Protocol):
         its epoch; :class:`~loomrt.errors.RunOwnedError` while another owner's claim is live
         (see :mod:`loomrt.record.owners`)."""
 
+    def renew_run(self, run_id: str, owner: str, epoch: int, ttl_s: float) -> bool:
+        """A heartbeat: ``owner``'s claim at ``epoch`` holds ``ttl_s`` seconds more. False when
+        that claim is no longer the run's (taken over, or let go): nothing is claimed then."""
+
     def release_run(self, run_id: str, owner: str, epoch: int) -> None:
         """Let a claimed run go: its lease expires now, its epoch stays."""
 
