@@ -7,11 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from installed_kit import require
 
 from loomrt.bench import report
 from loomrt.bench.styles import mode_styles
 
-pytest.importorskip("matplotlib")
+require("matplotlib")
 
 MODES = [
     "append",

@@ -41,6 +41,7 @@ SLOW_WORDS = (
     "providers.gateway",
     "providers.registry",
     "stdio_client",
+    "FaultyProvider",
 )
 """An example that says one of these loads the embedder or litellm, or starts a process
 (seconds each): it is in the slow set, as the tests that do so by hand are."""

@@ -9,6 +9,7 @@ to keep ``loomrt --help`` fast and point down from the top floor anyway."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -59,6 +60,7 @@ def _imports(path: Path, known: set[str], name: str = "") -> set[str]:
     return found
 
 
+@functools.cache  # read once per session: the tree does not change while the tests run
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)

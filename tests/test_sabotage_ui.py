@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from installed_kit import require
 
-pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
+require("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
 
 from loomrt.bench.ui_measure import ui_figures  # noqa: E402
 from loomrt.ui import read as ui_read  # noqa: E402

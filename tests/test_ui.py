@@ -12,10 +12,11 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from installed_kit import require
 from typer.testing import CliRunner
 from ui_kit import UiRecord, ui_record
 
-pytest.importorskip("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
+require("starlette", reason="loomrt ui needs the ui extra: pip install 'loomrt[ui]'")
 
 from starlette.testclient import TestClient  # noqa: E402
 

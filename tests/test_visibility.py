@@ -262,6 +262,7 @@ def test_a_stateful_childs_private_keys_do_not_reach_its_parent(tmp_path):
     assert not any(SECRET in s for s in seen)  # the parent's model never saw it
 
 
+@pytest.mark.slow  # `loomrt recall` loads the embedder
 @pytest.mark.parametrize("mode", ["recap", "fold"])
 def test_a_forks_recall_and_loomrt_recall_show_the_parents_private_result_as_its_placeholder(
     tmp_path, monkeypatch, mode
