@@ -32,6 +32,7 @@ from loomrt.crashpoints import reached
 from loomrt.errors import ProviderError
 from loomrt.harvest.backends import memory_of
 from loomrt.harvest.db import Tables, harvest_db
+from loomrt.harvest.evidence import stored_line
 from loomrt.harvest.extract import (
     REPLY_SCHEMA,
     Line,
@@ -71,7 +72,8 @@ class PassReport:
     facts: Counter[str] = field(default_factory=Counter)
     """new, merged, superseded, already."""
     dropped: Counter[str] = field(default_factory=Counter)
-    """Statements dropped by reason: invalid, meta, ids, secret, unsourced."""
+    """Statements dropped by reason: invalid, meta, ids, secret, unresolved, unsourced, and
+    ``unverified`` (an exact value occurs neither in its source lines nor in their dates)."""
     empty_batches: int = 0
     dead: int = 0
     parts_dropped: int = 0
@@ -260,12 +262,12 @@ class Consolidator:
         """Extract and write one claimed batch. False if the pass must stop (a failed write)."""
         parts, dropped_parts = parts_of(spans, part_tokens=self.part_tokens, max_parts=self.max_parts)
         lines = {line.n: line for part in parts for line in part}
-        reply, items, error = "", None, ""
+        reply, items, error, model = "", None, "", None
         for attempt in range(self.retries + 1):
             if attempt:
                 report.retries += 1
             try:
-                reply = await self._extract(parts, retry_after=error)
+                reply, model = await self._extract(parts, retry_after=error)
                 items = parse_reply(reply)
                 break
             except Unparseable as exc:
@@ -289,7 +291,7 @@ class Consolidator:
             report.dead += 1
             report.batches += 1
             return True
-        facts, dropped = self._facts(items, lines, scope, batch_id, spans)
+        facts, dropped = self._facts(items, lines, scope, batch_id, spans, model=model)
         reached("in_consolidate")
         try:
             counts = self.memory.write(
@@ -322,9 +324,10 @@ class Consolidator:
             return False
         return True
 
-    async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> str:
-        """The extractor's reply; a retry says what was wrong with the last one and asks
-        for fewer facts (the same request again would get the same reply)."""
+    async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> tuple[str, str | None]:
+        """The extractor's reply and the model that wrote it; a retry says what was wrong
+        with the last one and asks for fewer facts (the same request again would get the
+        same reply)."""
         messages = extraction_messages(parts)
         if retry_after:
             messages[-1] = {
@@ -341,10 +344,17 @@ class Consolidator:
             response_schema=REPLY_SCHEMA,
         )
         response = await self.provider.complete(request)
-        return response.text
+        return response.text, response.model or getattr(self.provider, "model", None) or None
 
     def _facts(
-        self, items: list[Any], lines: dict[int, Line], scope: str, batch_id: str, spans: list[dict[str, Any]]
+        self,
+        items: list[Any],
+        lines: dict[int, Line],
+        scope: str,
+        batch_id: str,
+        spans: list[dict[str, Any]],
+        *,
+        model: str | None = None,
     ) -> tuple[list[NewFact], Counter[str]]:
         by_span = {(s["run_id"], s["distillation_seq"]): s for s in spans}
         dropped: Counter[str] = Counter()
@@ -376,6 +386,8 @@ class Consolidator:
                     key=fact_key(batch_id, fact.statement),
                     observed_at=fact.observed_at,
                     sources=sources,
+                    lines=[stored_line(line) for line in fact.lines],
+                    model=model,
                 )
             )
         return out, dropped

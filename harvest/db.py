@@ -128,6 +128,16 @@ MIGRATIONS: list[tuple[str, str]] = [
         # SQLite searches them in the process (a RecallIndex per scope), so it adds nothing
         "SELECT 1;",
     ),
+    (
+        "harvest_0004_fact_words",
+        # a fact keeps its source lines verbatim (merges add theirs; erasing wipes them), the
+        # model that extracted it, and its author: run (extracted) or operator (written by hand)
+        """
+        ALTER TABLE memory_facts ADD COLUMN lines TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE memory_facts ADD COLUMN model TEXT;
+        ALTER TABLE memory_facts ADD COLUMN author TEXT NOT NULL DEFAULT 'run';
+        """,
+    ),
 ]
 """Harvest's migrations: named, ordered, forward-only (append new ones, never edit old ones)."""
 

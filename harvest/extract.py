@@ -20,6 +20,8 @@ from typing import Any
 
 import jsonschema
 
+from loomrt.harvest.dates import absolute_dates
+from loomrt.harvest.evidence import stored_line, unsupported
 from loomrt.harvest.redact import has_secret
 from loomrt.tokens import count_text
 
@@ -95,6 +97,11 @@ class Line:
     tokens: int
     distillation_seq: int = 0
     """The distillation whose span holds the line."""
+    said: str = ""
+    """The words of the line, verbatim as banked (without its number, speaker or date)."""
+    role: str = "user"
+    speaker: str | None = None
+    """Who said it (a name, where the record has one; a tool result: the tool)."""
 
 
 @dataclass(frozen=True)
@@ -138,7 +145,16 @@ def parts_of(spans: Sequence[dict[str, Any]], *, part_tokens: int, max_parts: in
             text = f"{prefix}[{n}] {_who(turn)}: {turn['text']}"
             lines.append(
                 Line(
-                    n, text, span["run_id"], turn.get("seq"), turn.get("ts"), count_text(text), span["distillation_seq"]
+                    n,
+                    text,
+                    span["run_id"],
+                    turn.get("seq"),
+                    turn.get("ts"),
+                    count_text(text),
+                    span["distillation_seq"],
+                    said=turn["text"],
+                    role=turn["role"],
+                    speaker=turn.get("speaker") or turn.get("tool"),
                 )
             )
     parts: list[list[Line]] = []
@@ -188,48 +204,6 @@ def parse_reply(text: str) -> list[dict[str, Any]]:
     return data
 
 
-_RELATIVE = {
-    "yesterday": -1,
-    "today": 0,
-    "tonight": 0,
-    "this morning": 0,
-    "this evening": 0,
-    "tomorrow": 1,
-}
-_RELATIVE_RE = re.compile(
-    r"\b(yesterday|today|tonight|this morning|this evening|tomorrow|last (week|month|year|weekend)|"
-    r"next (week|month|year|weekend)|this (week|month|year))\b",
-    re.I,
-)
-
-
-def absolute_dates(statement: str, ts: float | None) -> str:
-    """``statement`` with relative dates ("yesterday", "last year", ...) made absolute
-    against ``ts``, the time of the line it came from."""
-    if ts is None:
-        return statement
-    when = _dt.datetime.fromtimestamp(ts, tz=_dt.UTC)
-
-    def sub(m: re.Match[str]) -> str:
-        word = m.group(0).lower()
-        if word in _RELATIVE:
-            d = when + _dt.timedelta(days=_RELATIVE[word])
-            return "on " + d.strftime("%d %B %Y").lstrip("0")
-        which, unit = word.split()
-        step = {"last": -1, "next": 1, "this": 0}[which]
-        if unit == "year":
-            return f"in {when.year + step}"
-        if unit == "month":
-            month = (when.month - 1 + step) % 12 + 1
-            year = when.year + (when.month - 1 + step) // 12
-            return "in " + _dt.date(year, month, 1).strftime("%B %Y")
-        label = "weekend" if unit == "weekend" else "week"
-        return f"in the {label} of {(when + _dt.timedelta(weeks=step)).strftime('%d %B %Y').lstrip('0')}"
-
-    out = _RELATIVE_RE.sub(sub, statement)
-    return re.sub(r"\b(on|in) (on|in) ", r"\2 ", out)
-
-
 _META = [
     re.compile(
         r"\b(asked|asks|asking|inquired|wanted to know|wants to know)\b.*\b(about|whether|if|what|how|why|when|where|who)\b",
@@ -256,7 +230,8 @@ def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None,
     """The fact an item states, or None and why it is dropped: ``invalid`` (breaks the
     contract), ``meta`` (that a question was asked or a run happened), ``ids`` (run or
     record ids), ``secret``, ``unresolved`` (its subject is a pronoun: not self-contained),
-    or ``unsourced`` (its lines are not in the batch)."""
+    ``unsourced`` (its lines are not in the batch), or ``unverified`` (an exact value of it
+    occurs neither in its lines nor in their dates: :func:`~loomrt.harvest.evidence.unsupported`)."""
     if not isinstance(item, dict) or next(_ITEM.iter_errors(item), None) is not None:
         return None, "invalid"
     statement = " ".join(str(item["statement"]).split())
@@ -271,7 +246,9 @@ def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None,
     cited = tuple(lines[n] for n in dict.fromkeys(item["source_seqs"]) if n in lines)
     if not cited:
         return None, "unsourced"
-    statement = absolute_dates(statement, cited[-1].ts)
+    if unsupported(statement, [stored_line(line) for line in cited]):
+        return None, "unverified"  # "port 5433" from a line that said 5432: worse than no fact
+    statement = absolute_dates(statement, cited[-1].ts)  # its own "yesterday": resolved here, not invented
     observed = item.get("observed_at") or None
     if observed is not None and not re.fullmatch(r"\d{4}-\d{2}-\d{2}.*", str(observed)):
         observed = None

@@ -24,13 +24,14 @@ import numpy as np
 
 from loomrt.errors import NotFoundError
 from loomrt.harvest.db import Tables
+from loomrt.harvest.evidence import said_of
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
 from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key"]
+__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key", "hit_of"]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
 
@@ -56,6 +57,12 @@ class NewFact:
     observed_at: str | None = None
     sources: list[dict[str, Any]] = field(default_factory=list)
     """Where it came from: ``{run_id, seqs, distillation_seq, agent, def_hash, batch_id}``."""
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    """The source lines, verbatim (:func:`~loomrt.harvest.evidence.stored_line`)."""
+    model: str | None = None
+    """The model that extracted it (None: not extracted)."""
+    author: str = "run"
+    """Who wrote it: ``run`` (extracted from what a run said) or ``operator`` (written by hand)."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,16 @@ class Fact:
     """live, superseded, forgotten or erased."""
     superseded_by: str | None = None
     changed_at: float | None = None
+    lines: list[dict[str, Any]] = field(default_factory=list)
+    """The lines it was extracted from, verbatim, with their speakers and times (merges add theirs)."""
+    model: str | None = None
+    """The model that extracted it."""
+    author: str = "run"
+    """``run`` or ``operator`` (``loomrt memory add``, the MCP tool)."""
+
+    def said(self) -> dict[str, Any] | None:
+        """The shortest of its lines that supports it (:func:`~loomrt.harvest.evidence.said_of`)."""
+        return said_of(self.statement, self.lines)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -87,12 +104,16 @@ class Fact:
             "status": self.status,
             "superseded_by": self.superseded_by,
             "changed_at": self.changed_at,
+            "author": self.author,
+            "model": self.model,
             "sources": self.sources,
+            "lines": self.lines,
         }
 
 
 _COLUMNS = (
-    "fact_id, scope, class, subject, statement, observed_at, created_at, sources, status, superseded_by, changed_at"
+    "fact_id, scope, class, subject, statement, observed_at, created_at, sources, status, superseded_by, changed_at, "
+    "lines, model, author"
 )
 
 
@@ -109,6 +130,9 @@ def _fact(row: tuple[Any, ...]) -> Fact:
         status=row[8],
         superseded_by=row[9],
         changed_at=row[10],
+        lines=json.loads(row[11] or "[]"),
+        model=row[12],
+        author=row[13] or "run",
     )
 
 
@@ -284,12 +308,12 @@ class MemoryStore:
         }
         if placed.action == "merge":
             assert placed.fact_id is not None
-            (sources,) = conn.execute(
-                "SELECT sources FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)
+            sources, lines = conn.execute(
+                "SELECT sources, lines FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)
             ).fetchone()
             conn.execute(
-                "UPDATE memory_facts SET sources = ? WHERE fact_id = ?",
-                (json.dumps([*json.loads(sources), *f.sources]), placed.fact_id),
+                "UPDATE memory_facts SET sources = ?, lines = ? WHERE fact_id = ?",
+                (json.dumps([*json.loads(sources), *f.sources]), _joined(lines, f.lines), placed.fact_id),
             )
             conn.execute(
                 "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'merged', ?)",
@@ -298,7 +322,12 @@ class MemoryStore:
             return placed.fact_id
         fact_id = "m" + hashlib.sha256(f.key.encode()).hexdigest()[:11]
         self._insert(
-            conn, (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources)), vec
+            conn,
+            (fact_id, f.scope, f.cls, f.subject, f.statement, f.observed_at, now, json.dumps(f.sources)),
+            vec,
+            lines=f.lines,
+            model=f.model,
+            author=f.author,
         )
         conn.execute(
             "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, 'created', ?)",
@@ -345,15 +374,29 @@ class MemoryStore:
                 )
         return ids
 
-    def _insert(self, conn: Any, row: tuple[Any, ...], vec: np.ndarray | None) -> None:
+    def _insert(
+        self,
+        conn: Any,
+        row: tuple[Any, ...],
+        vec: np.ndarray | None,
+        *,
+        lines: Sequence[dict[str, Any]] = (),
+        model: str | None = None,
+        author: str = "run",
+    ) -> None:
         """Insert a live fact: ``row`` is fact id, scope, class, subject, statement, observed
-        at, created at and sources (JSON), then its vector and what search keeps beside it."""
+        at, created at and sources (JSON); then its source lines, the model that extracted it
+        and its author, its vector and what search keeps beside it."""
         extra = self._search_columns(row[4], vec)
         conn.execute(
             f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder{''.join(', ' + c for c in extra)}) VALUES "
-            f"(?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?{''.join(', ' + e for e, _ in extra.values())})",
+            f"(?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?, ?, ?, ?"
+            f"{''.join(', ' + e for e, _ in extra.values())})",
             (
                 *row,
+                json.dumps(list(lines), ensure_ascii=False),
+                model,
+                author,
                 vec.tobytes() if vec is not None else None,
                 getattr(self.embedder, "name", None),
                 *(v for _, v in extra.values()),
@@ -382,7 +425,7 @@ class MemoryStore:
         with self._lock, self.db.write() as conn:
             if erase:
                 conn.execute(
-                    "UPDATE memory_facts SET status = 'erased', statement = '', subject = '', vector = NULL, "
+                    "UPDATE memory_facts SET status = 'erased', statement = '', subject = '', lines = '[]', vector = NULL, "
                     "changed_at = ? WHERE fact_id = ?",
                     (now, fact_id),
                 )
@@ -468,21 +511,31 @@ class MemoryStore:
                 idx = self._index(scope)
                 found += [(h.score, scope, h.entry.run_id) for h in idx.index.search(query, top_k)]
         found.sort(key=lambda x: -x[0])
-        hits = []
         facts = self._by_id([fid for _, _, fid in found[:top_k]])
-        for score, scope, fid in found[:top_k]:
-            fact = facts[fid]
-            hits.append(
-                MemoryHit(
-                    text=fact.statement,
-                    score=score,
-                    ts=fact.created_at,
-                    scope=scope,
-                    id=fid,
-                    provenance={"class": fact.cls, "observed_at": fact.observed_at, "sources": fact.sources},
-                )
-            )
-        return hits
+        return [hit_of(facts[fid], score) for score, _, fid in found[:top_k]]
+
+
+def hit_of(fact: Fact, score: float) -> MemoryHit:
+    """A fact as a memory hit: its statement, with the shortest source line that supports it
+    (``provenance.said``), who wrote it and where it came from."""
+    provenance: dict[str, Any] = {"class": fact.cls, "observed_at": fact.observed_at, "author": fact.author}
+    said = fact.said()
+    if said is not None:
+        provenance["said"] = said
+    if fact.model:
+        provenance["model"] = fact.model
+    provenance["sources"] = fact.sources
+    return MemoryHit(
+        text=fact.statement, score=score, ts=fact.created_at, scope=fact.scope, id=fact.fact_id, provenance=provenance
+    )
+
+
+def _joined(stored: str | None, more: Sequence[dict[str, Any]]) -> str:
+    """A fact's source lines with ``more`` added (a line already kept, by run and seq, once)."""
+    lines = json.loads(stored or "[]")
+    seen = {(line.get("run_id"), line.get("seq")) for line in lines}
+    lines += [line for line in more if (line.get("run_id"), line.get("seq")) not in seen]
+    return json.dumps(lines, ensure_ascii=False)
 
 
 class ScopedMemory:

@@ -236,6 +236,11 @@ POSTGRES_SQL: dict[str, str] = {
         {_scoped("memory_facts")}
         {_scoped("memory_terms")}
     """,
+    "harvest_0004_fact_words": """
+        ALTER TABLE memory_facts ADD COLUMN lines TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE memory_facts ADD COLUMN model TEXT;
+        ALTER TABLE memory_facts ADD COLUMN author TEXT NOT NULL DEFAULT 'run';
+    """,
 }
 """PostgreSQL's SQL for each of harvest's migrations, by name (in the one list's order)."""
 

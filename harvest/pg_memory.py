@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.harvest.memory import MemoryStore
+from loomrt.harvest.memory import MemoryStore, hit_of
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
 from loomrt.harvest.pg import vector_text as _vector
 from loomrt.recall.embedders import EmbedderChoice
@@ -131,22 +131,7 @@ class PgMemoryStore(MemoryStore):
                 weight += 0.5
             ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
             facts = self._by_id([fid for fid, _ in ranked])
-        return [
-            MemoryHit(
-                text=facts[fid].statement,
-                score=round(float(np.clip(s / weight, 0.0, 1.0)), 6),
-                ts=facts[fid].created_at,
-                scope=facts[fid].scope,
-                id=fid,
-                provenance={
-                    "class": facts[fid].cls,
-                    "observed_at": facts[fid].observed_at,
-                    "sources": facts[fid].sources,
-                },
-            )
-            for fid, s in ranked
-            if fid in facts
-        ]
+        return [hit_of(facts[fid], round(float(np.clip(s / weight, 0.0, 1.0)), 6)) for fid, s in ranked if fid in facts]
 
     def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:
         """The live facts of ``scopes``: how many, their mean length in tokens, their mean

@@ -9,6 +9,8 @@
   before it; with no such name, the pronoun stays (and the fact is dropped as unresolved).
   Whole-batch extraction keeps what per-span extraction loses because of what the
   extractor is *sent*, which is what the tests assert.
+- :func:`inventing_extractor`: sabotage of verified facts: the echo, with a year nobody
+  said added to every statement (each must be rejected, and counted).
 """
 
 from __future__ import annotations
@@ -20,7 +22,13 @@ from typing import Any
 from loomrt.providers.base import ModelRequest
 from loomrt.providers.scripted import FunctionProvider
 
-__all__ = ["echo_extractor", "coreference_extractor", "conversation_lines", "subject_of"]
+__all__ = [
+    "echo_extractor",
+    "coreference_extractor",
+    "inventing_extractor",
+    "conversation_lines",
+    "subject_of",
+]
 
 _LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
@@ -90,6 +98,16 @@ def _echo(request: ModelRequest) -> str:
 def echo_extractor() -> FunctionProvider:
     """Every user line becomes one fact, verbatim."""
     return FunctionProvider(_echo, name="scripted/echo-extractor")
+
+
+def _inventing(request: ModelRequest) -> str:
+    facts = json.loads(_echo(request))["facts"]
+    return json.dumps({"facts": [{**f, "statement": f["statement"].rstrip(".!?") + " in 1987."} for f in facts]})
+
+
+def inventing_extractor() -> FunctionProvider:
+    """The echo extractor with an invented value (a year) in every statement."""
+    return FunctionProvider(_inventing, name="scripted/inventing-extractor")
 
 
 def _coreference(request: ModelRequest) -> str:

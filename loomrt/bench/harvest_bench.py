@@ -338,6 +338,7 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
             tiers[name].add_figures(figures)
         out["part_tokens"] = rec.get("part_tokens")
         out["sample_facts"] = rec.get("sample_facts", [])
+    out["rejected"] = out["dropped"].get("unverified", 0)  # facts with a value their lines do not hold
     out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
     out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
     out["memory"] = {

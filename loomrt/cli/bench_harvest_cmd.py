@@ -110,6 +110,11 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
         lines.append(
             row(c["name"], of_cat(mem["states"]), of_cat(raw and raw["states"]), c, of_cat(raw and raw["evidence"]))
         )
+    lines += [
+        "",
+        f"Extraction: **{lo.get('rejected', 0)} facts rejected** (an exact value occurs neither in their source "
+        f"lines nor in their session dates); dropped by reason: {json.dumps(lo.get('dropped', {}), sort_keys=True)}.",
+    ]
     per = lo.get("per_conversation") or {}
     if len(per) > 1:
         lines += [

@@ -165,6 +165,12 @@ def search_cmd(
         out.print("nothing matched")
     for h in hits:
         out.print(f"[bold]{h.id}[/bold] {h.score:.3f} {h.scope} {h.provenance.get('class')}: {escape(h.text)}")
+        said = h.provenance.get("said")
+        if said:
+            out.print(
+                f"  [dim]said by {escape(str(said['speaker']))} on {said['date'] or '?'}:[/dim] {escape(said['text'])}",
+                highlight=False,
+            )
 
 
 @memory_app.command("list")
@@ -221,7 +227,17 @@ def show_cmd(fact_id: str = typer.Argument(...), json_output: bool = _JSON) -> N
         + (f" (by {fact.superseded_by})" if fact.superseded_by else "")
     )
     out.print(escape(fact.statement) or "[dim](erased)[/dim]", highlight=False)
-    out.print(f"[dim]subject {escape(fact.subject)} · observed {fact.observed_at or '?'}[/dim]")
+    out.print(
+        f"[dim]subject {escape(fact.subject)} · observed {fact.observed_at or '?'} · written by {fact.author}"
+        + (f" · extracted by {escape(fact.model)}" if fact.model else "")
+        + "[/dim]"
+    )
+    for line in fact.lines:
+        out.print(
+            f"  [dim]said by {escape(str(line.get('speaker') or line.get('role')))} "
+            f"({when(line['ts']) if line.get('ts') else '?'}, #{line.get('seq')}):[/dim] {escape(str(line['text']))}",
+            highlight=False,
+        )
     for h in history:
         out.print(
             f"  {when(h['at'])} {h['action']}: {escape(str(h.get('statement') or h.get('by') or ''))}", highlight=False

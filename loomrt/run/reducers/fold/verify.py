@@ -5,36 +5,12 @@ worse than no card: the model trusts it. So a leaf card's numbers, dates, times,
 identifiers and quoted strings are found in it and looked up, character for character,
 in the transcript it summarises; a card with one that is not there is rejected (and
 written again, then replaced by a marked fallback). ``[#seq]`` pointers are checked
-elsewhere (:func:`loomrt.run.reducers.summarize.keep_pointers`).
+elsewhere (:func:`loomrt.run.reducers.summarize.keep_pointers`). The values are read by
+:mod:`loomrt.exact`, which harvest's verified facts share.
 """
 
 from __future__ import annotations
 
-import re
+from loomrt.exact import invented, values
 
 __all__ = ["values", "invented"]
-
-_POINTER = re.compile(r"\[#\d+\]")
-_VALUE = re.compile(
-    r'"([^"\n]{1,200})"'  # a double-quoted string
-    r"|`([^`\n]{1,200})`"  # a code span
-    r"|((?:[\w.~-]*/)+[\w.-]+)"  # a path
-    r"|(\b\d[\d.,:/-]*\d\b|\b\d\b)"  # a number, a date, a time, a version
-    r"|(\b[A-Za-z]+[_-]?\d[\w-]*\b|\b\w+_\w+\b)"  # an identifier with digits or underscores
-)
-
-
-def values(text: str) -> list[str]:
-    """The exact values ``text`` states (quoted strings, paths, numbers, identifiers), in order."""
-    out: list[str] = []
-    for m in _VALUE.finditer(_POINTER.sub(" ", text)):
-        value = next(g for g in m.groups() if g is not None).strip().rstrip(".,:;")
-        if value:
-            out.append(value)
-    return out
-
-
-def invented(card: str, source: str) -> tuple[int, list[str]]:
-    """How many values ``card`` states, and those that do not occur verbatim in ``source``."""
-    found = values(card)
-    return len(found), [v for v in dict.fromkeys(found) if v not in source]
