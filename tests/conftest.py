@@ -99,6 +99,19 @@ def postgres_url(postgres_server: object, request: pytest.FixtureRequest) -> str
     return url
 
 
+def app_login(postgres_url: str, login: str) -> str:
+    """``postgres_url`` as a login role ``login`` in ``loomrt_app`` (made afresh), as workers
+    connect in production: not the tables' owner, so the grants and triggers bind it."""
+    import psycopg
+
+    from loomrt.record import pg_migrations
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP ROLE IF EXISTS {login}")
+        conn.execute(f"CREATE ROLE {login} LOGIN IN ROLE {pg_migrations.APP_ROLE}")
+    return postgres_url.replace("postgresql://postgres:@", f"postgresql://{login}@")
+
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def record_store(request: pytest.FixtureRequest) -> object:
     """A fresh record on each backend in turn: an in-memory SQLite one, then a database of

@@ -52,6 +52,7 @@ def test_the_store_has_no_way_to_change_or_delete():
         "take_lease",
         "claim_run",
         "release_run",
+        "renew_run",
         "run_owners",
         "run_sums",
         "shared",

@@ -162,6 +162,30 @@ MIGRATIONS: list[tuple[str, str]] = [
         BEGIN SELECT RAISE(ABORT, 'cards are immutable: a card with this id exists'); END;
         """,
     ),
+    (
+        "0011_run_epochs",
+        # each run's highest epoch ever handed out, apart from the claims: it only grows and is
+        # never deleted, so a claim after a claim row was deleted (or rewritten) still gets an
+        # epoch above every earlier one, and a stale writer's epoch stays refused
+        """
+        CREATE TABLE run_epochs (
+            run_id TEXT PRIMARY KEY,
+            epoch INTEGER NOT NULL
+        );
+        INSERT INTO run_epochs (run_id, epoch)
+            SELECT run_id, MAX(epoch) FROM (
+                SELECT run_id, epoch FROM run_owners UNION ALL SELECT run_id, epoch FROM run_heads
+            ) GROUP BY run_id;
+        CREATE TRIGGER run_epochs_only_grow BEFORE UPDATE ON run_epochs
+        WHEN NEW.run_id != OLD.run_id OR NEW.epoch < OLD.epoch
+        BEGIN SELECT RAISE(ABORT, 'a run''s epoch only grows: it is never lowered'); END;
+        CREATE TRIGGER run_epochs_no_delete BEFORE DELETE ON run_epochs
+        BEGIN SELECT RAISE(ABORT, 'a run''s epoch is never deleted'); END;
+        CREATE TRIGGER run_epochs_no_replace BEFORE INSERT ON run_epochs
+        WHEN EXISTS (SELECT 1 FROM run_epochs WHERE run_id = NEW.run_id)
+        BEGIN SELECT RAISE(ABORT, 'a run''s epoch is never replaced: it only grows'); END;
+        """,
+    ),
 ]
 
 

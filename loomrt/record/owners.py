@@ -44,6 +44,7 @@ __all__ = [
     "instances_dir",
     "RUN_LEASE_S",
     "claimed",
+    "FENCE",
     "fenced",
     "owner_rows",
     "Heartbeat",
@@ -123,13 +124,18 @@ def owner_is_gone(owner: str) -> bool:
     return owner_state(owner) == "gone"
 
 
-def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: float) -> int:
+def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: float, high: int = 0) -> int:
     """The epoch ``owner`` gets for ``run_id`` whose claim is ``row`` (owner, epoch,
-    expires_at) at time ``now``: 1 for a run never claimed, the same for its own owner, one
-    more once the lease expired (or its process is gone); else :class:`RunOwnedError`."""
+    expires_at) at time ``now``, where ``high`` is the highest epoch the run ever handed out
+    (``run_epochs``, which only grows): the same for its own owner; else, once the lease
+    expired (or its worker is gone), or where the claim row was deleted or rewritten below
+    ``high``, one above every epoch the run ever had. :class:`RunOwnedError` while another
+    worker's claim is live."""
     if row is None:
-        return 1
+        return high + 1
     holder, epoch, expires_at = row
+    if epoch < high:  # a row below the run's highest epoch (rewritten) is nobody's claim
+        return high + 1
     if holder == owner:
         return epoch
     if expires_at <= now or owner_is_gone(holder):
@@ -139,6 +145,12 @@ def claimed(run_id: str, owner: str, row: tuple[str, int, float] | None, now: fl
         "it is playing there. Wait for it, or for its lease to expire if that worker is dead "
         "(`loomrt workers list` shows the live claims)."
     )
+
+
+FENCE = "epoch >= COALESCE((SELECT h.epoch FROM run_epochs h WHERE h.run_id = run_owners.run_id), 0)"
+"""The SQL condition (on a ``run_owners`` row) that its epoch is still the run's highest:
+every fenced append and every heartbeat requires it, so a claim row rewritten to an older
+epoch fences its writer as a deleted one does."""
 
 
 def fenced(run_id: str, epoch: int, row: tuple[str, int, float] | None) -> str:

@@ -26,7 +26,8 @@ __all__ = ["POSTGRES_SQL", "APP_ROLE", "migrate", "applied", "missing", "check_s
 
 APP_ROLE = "loomrt_app"
 """The role the application connects through: SELECT and INSERT on the record, no UPDATE,
-DELETE or TRUNCATE (leases, which come and go, it may change)."""
+DELETE or TRUNCATE (leases, which come and go, it may change; claims it may take and renew
+but not delete, and a run's highest epoch, ``run_epochs``, it may only raise)."""
 
 
 def _refuse(table: str, what: str) -> str:
@@ -38,6 +39,27 @@ def _refuse(table: str, what: str) -> str:
             RAISE EXCEPTION '{what}: % is refused on {table}', TG_OP USING ERRCODE = 'insufficient_privilege';
         END $$;
         CREATE TRIGGER {table}_no_change BEFORE UPDATE OR DELETE ON {table}
+            FOR EACH ROW EXECUTE FUNCTION {fn}();
+        CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
+            FOR EACH STATEMENT EXECUTE FUNCTION {fn}();
+    """
+
+
+def _only_forward(table: str, name: str, backwards: str, what: str) -> str:
+    """A trigger function and its triggers that let rows of ``table`` only move forward: an
+    UPDATE changing the run id or where ``backwards`` holds, any DELETE (per row) and any
+    TRUNCATE are refused, for every role (a superuser too)."""
+    fn = f"loomrt_{table}_{name}"
+    return f"""
+        CREATE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF TG_OP <> 'UPDATE' OR NEW.run_id <> OLD.run_id OR {backwards} THEN
+                RAISE EXCEPTION '{what}: % is refused on {table}', TG_OP
+                    USING ERRCODE = 'insufficient_privilege';
+            END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER {table}_{name} BEFORE UPDATE OR DELETE ON {table}
             FOR EACH ROW EXECUTE FUNCTION {fn}();
         CREATE TRIGGER {table}_no_truncate BEFORE TRUNCATE ON {table}
             FOR EACH STATEMENT EXECUTE FUNCTION {fn}();
@@ -121,7 +143,7 @@ POSTGRES_SQL: dict[str, str] = {
         GRANT SELECT, INSERT, UPDATE, DELETE ON run_owners TO {APP_ROLE};
     """,
     # a card is refused again by the primary key (an upsert fires the update trigger)
-    "0010_run_heads_and_keyed_chains": f"""
+    "0010_run_heads_and_keyed_chains": """
         ALTER TABLE runs ADD COLUMN chain TEXT;
         CREATE TABLE run_heads (
             run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
@@ -131,20 +153,35 @@ POSTGRES_SQL: dict[str, str] = {
         );
         INSERT INTO run_heads (run_id, seq, hash, epoch)
             SELECT DISTINCT ON (run_id) run_id, seq, hash, 0 FROM events ORDER BY run_id, seq DESC;
-        CREATE FUNCTION loomrt_run_heads_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_OP <> 'UPDATE' OR NEW.run_id <> OLD.run_id OR NEW.seq <= OLD.seq OR NEW.epoch < OLD.epoch THEN
-                RAISE EXCEPTION 'a run head only moves forward: % is refused on run_heads', TG_OP
-                    USING ERRCODE = 'insufficient_privilege';
-            END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER run_heads_forward_only BEFORE UPDATE OR DELETE ON run_heads
-            FOR EACH ROW EXECUTE FUNCTION loomrt_run_heads_forward_only();
-        CREATE TRIGGER run_heads_no_truncate BEFORE TRUNCATE ON run_heads
-            FOR EACH STATEMENT EXECUTE FUNCTION loomrt_run_heads_forward_only();
+    """
+    + _only_forward(
+        "run_heads",
+        "forward_only",
+        "NEW.seq <= OLD.seq OR NEW.epoch < OLD.epoch",
+        "a run head only moves forward",
+    )
+    + f"""
         REVOKE ALL ON run_heads FROM PUBLIC;
         GRANT SELECT, INSERT, UPDATE ON run_heads TO {APP_ROLE};
+    """,
+    # the app role may not delete claims (the obvious way to unstick a run, which reset its
+    # epoch); and whatever happens to claim rows, a run's epoch only grows (for every role:
+    # the trigger holds for a superuser too)
+    "0011_run_epochs": """
+        CREATE TABLE run_epochs (
+            run_id TEXT PRIMARY KEY,
+            epoch BIGINT NOT NULL
+        );
+        INSERT INTO run_epochs (run_id, epoch)
+            SELECT run_id, MAX(epoch) FROM (
+                SELECT run_id, epoch FROM run_owners UNION ALL SELECT run_id, epoch FROM run_heads
+            ) every_epoch GROUP BY run_id;
+    """
+    + _only_forward("run_epochs", "only_grow", "NEW.epoch < OLD.epoch", "a run''s epoch only grows")
+    + f"""
+        REVOKE ALL ON run_epochs FROM PUBLIC;
+        GRANT SELECT, INSERT, UPDATE ON run_epochs TO {APP_ROLE};
+        REVOKE DELETE, TRUNCATE ON run_owners FROM {APP_ROLE};
     """,
 }
 """The PostgreSQL SQL of each migration, by name (``tests/test_postgres.py`` checks the

@@ -32,7 +32,7 @@ from loomrt.events import Event, RunInfo
 from loomrt.record import pg_migrations
 from loomrt.record.inline import InlineAsyncFace
 from loomrt.record.ledger import canonical, ledger_key
-from loomrt.record.owners import claimed, fenced, owner_rows
+from loomrt.record.owners import FENCE, claimed, fenced, owner_rows
 from loomrt.record.rows import (
     RunReads,
     RunSums,
@@ -209,7 +209,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 if (
                     epoch is not None
                     and conn.execute(
-                        "UPDATE run_owners SET expires_at = %s + ttl_s WHERE run_id = %s AND epoch = %s",
+                        f"UPDATE run_owners SET expires_at = %s + ttl_s WHERE run_id = %s AND epoch = %s AND {FENCE}",
                         (ts, run_id, epoch),
                     ).rowcount
                     == 0
@@ -329,7 +329,13 @@ class PostgresStore(InlineAsyncFace, RunReads):
             with self._conn() as conn, conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 1))", (run_id,))
                 now = float(conn.execute(f"SELECT {_NOW}").fetchone()[0])
-                epoch = claimed(run_id, owner, self._owner_row(conn, run_id), now)
+                high = conn.execute("SELECT epoch FROM run_epochs WHERE run_id = %s", (run_id,)).fetchone()
+                epoch = claimed(run_id, owner, self._owner_row(conn, run_id), now, int(high[0]) if high else 0)
+                conn.execute(  # the run's highest epoch: only ever raised (a trigger refuses less)
+                    "INSERT INTO run_epochs (run_id, epoch) VALUES (%s, %s) ON CONFLICT (run_id) "
+                    "DO UPDATE SET epoch = excluded.epoch WHERE run_epochs.epoch < excluded.epoch",
+                    (run_id, epoch),
+                )
                 conn.execute(
                     "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (%s, %s, %s, %s, %s) "
                     "ON CONFLICT (run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
@@ -348,7 +354,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 return bool(
                     conn.execute(
                         f"UPDATE run_owners SET ttl_s = %s, expires_at = {_NOW} + %s "
-                        "WHERE run_id = %s AND owner = %s AND epoch = %s AND expires_at > 0",
+                        f"WHERE run_id = %s AND owner = %s AND epoch = %s AND expires_at > 0 AND {FENCE}",
                         (ttl_s, ttl_s, run_id, owner, epoch),
                     ).rowcount
                 )

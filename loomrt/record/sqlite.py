@@ -18,7 +18,7 @@ from loomrt.record import checkpoints
 from loomrt.record.inline import InlineAsyncFace
 from loomrt.record.ledger import canonical, ledger_key
 from loomrt.record.migrations import migrate
-from loomrt.record.owners import claimed, fenced, owner_rows
+from loomrt.record.owners import FENCE, claimed, fenced, owner_rows
 from loomrt.record.rows import (
     RunReads,
     RunSums,
@@ -232,7 +232,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                 if (
                     epoch is not None
                     and not self._conn.execute(
-                        "UPDATE run_owners SET expires_at = ? + ttl_s WHERE run_id = ? AND epoch = ?",
+                        f"UPDATE run_owners SET expires_at = ? + ttl_s WHERE run_id = ? AND epoch = ? AND {FENCE}",
                         (ts, run_id, epoch),
                     ).rowcount
                 ):
@@ -365,7 +365,12 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
-                epoch = claimed(run_id, owner, self._owner_row(run_id), now)
+                high = self._conn.execute("SELECT epoch FROM run_epochs WHERE run_id = ?", (run_id,)).fetchone()
+                epoch = claimed(run_id, owner, self._owner_row(run_id), now, int(high[0]) if high else 0)
+                if high is None:
+                    self._conn.execute("INSERT INTO run_epochs (run_id, epoch) VALUES (?, ?)", (run_id, epoch))
+                elif epoch > int(high[0]):
+                    self._conn.execute("UPDATE run_epochs SET epoch = ? WHERE run_id = ?", (epoch, run_id))
                 self._conn.execute(
                     "INSERT INTO run_owners (run_id, owner, epoch, ttl_s, expires_at) VALUES (?, ?, ?, ?, ?) "
                     "ON CONFLICT(run_id) DO UPDATE SET owner = excluded.owner, epoch = excluded.epoch, "
@@ -386,7 +391,7 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             return bool(
                 self._conn.execute(
                     "UPDATE run_owners SET ttl_s = ?, expires_at = ? "
-                    "WHERE run_id = ? AND owner = ? AND epoch = ? AND expires_at > 0",
+                    f"WHERE run_id = ? AND owner = ? AND epoch = ? AND expires_at > 0 AND {FENCE}",
                     (ttl_s, time.time() + ttl_s, run_id, owner, epoch),
                 ).rowcount
             )
