@@ -38,6 +38,7 @@ from loomrt.harvest.extract import (
     Line,
     Unparseable,
     check_fact,
+    distinct,
     extraction_messages,
     parse_reply,
     parts_of,
@@ -48,7 +49,16 @@ from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
 
-__all__ = ["Consolidator", "PassReport", "BATCH_TOKENS", "PART_TOKENS", "MAX_PARTS", "SETTLE_S"]
+__all__ = [
+    "Consolidator",
+    "PassReport",
+    "BATCH_TOKENS",
+    "PART_TOKENS",
+    "MAX_PARTS",
+    "SETTLE_S",
+    "MODEL_ENV",
+    "harvest_model",
+]
 
 PART_TOKENS = 1200
 """A part's budget in tokens (see docs/memory.md for where the embedded model broke)."""
@@ -73,7 +83,8 @@ class PassReport:
     """new, merged, superseded, already."""
     dropped: Counter[str] = field(default_factory=Counter)
     """Statements dropped by reason: invalid, meta, ids, secret, unresolved, unsourced, and
-    ``unverified`` (an exact value occurs neither in its source lines nor in their dates)."""
+    ``unverified`` (an exact value occurs neither in its source lines nor in their dates), and
+    ``repeated`` (a statement the same reply had already made: dropped before merging)."""
     empty_batches: int = 0
     dead: int = 0
     parts_dropped: int = 0
@@ -104,20 +115,41 @@ class PassReport:
         }
 
 
-def _default_provider(model: str | None) -> ModelProvider:
-    from loomrt.providers import resolve_provider
+MODEL_ENV = "LOOMRT_HARVEST_MODEL"
+"""The deployment's extraction model, where ``--model`` (``model=``) names none."""
+
+
+def harvest_model(model: str | None = None) -> str:
+    """The extraction model: ``model`` (the ``--model`` flag) if given, else
+    ``$LOOMRT_HARVEST_MODEL``, else the embedded local model."""
     from loomrt.providers.models import DEFAULT_LOCAL_MODEL
+
+    return (model or "").strip() or os.environ.get(MODEL_ENV, "").strip() or DEFAULT_LOCAL_MODEL
+
+
+def _default_provider(model: str | None) -> ModelProvider:
+    from loomrt.errors import SpecError
+    from loomrt.providers import resolve_provider
     from loomrt.spec import AgentSpec
 
-    chosen = model or DEFAULT_LOCAL_MODEL
-    return resolve_provider(AgentSpec(model=chosen), chosen)
+    chosen = harvest_model(model)
+    try:
+        return resolve_provider(AgentSpec(model=chosen), chosen)
+    except (SpecError, ValueError) as exc:
+        where = "--model" if (model or "").strip() else f"${MODEL_ENV}" if os.environ.get(MODEL_ENV, "").strip() else ""
+        if not where:
+            raise
+        raise SpecError(
+            f"the extraction model {chosen!r} (from {where}) cannot be used: {exc}. Name a model loomrt knows "
+            f"(`loomrt doctor` lists the embedded ones), or unset {MODEL_ENV} for the embedded default."
+        ) from None
 
 
 class Consolidator:
     """Drains the harvest queue of the record ``store`` (SQLite or PostgreSQL).
 
-    ``provider`` answers the extraction calls (default: ``model``, else the embedded local
-    model); ``embedder`` is durable memory's (as for recall). ``progress(batches, spans)``
+    ``provider`` answers the extraction calls (default: ``model``, else
+    ``$LOOMRT_HARVEST_MODEL``, else the embedded local model: :func:`harvest_model`); ``embedder`` is durable memory's (as for recall). ``progress(batches, spans)``
     hears about each batch written.
     """
 
@@ -357,7 +389,8 @@ class Consolidator:
         model: str | None = None,
     ) -> tuple[list[NewFact], Counter[str]]:
         by_span = {(s["run_id"], s["distillation_seq"]): s for s in spans}
-        dropped: Counter[str] = Counter()
+        items, repeats = distinct(items)
+        dropped: Counter[str] = Counter({"repeated": repeats} if repeats else {})
         out: list[NewFact] = []
         for item in items:
             fact, why = check_fact(item, lines)

@@ -34,6 +34,7 @@ __all__ = [
     "parse_reply",
     "Unparseable",
     "check_fact",
+    "distinct",
     "absolute_dates",
     "EXTRACT_PROMPT",
     "ExtractedFact",
@@ -74,7 +75,7 @@ _ITEM = jsonschema.Draft202012Validator(REPLY_SCHEMA["properties"]["facts"]["ite
 EXTRACT_PROMPT = """You keep the long-term memory of an assistant. Read the conversation below and write down what will still matter in a later conversation: facts about the people in it (what they did, have, plan, like), their preferences, decisions, constraints, identities, and corrections of something said earlier.
 
 Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subject", "observed_at", "source_seqs"}:
-- statement: one self-contained sentence that names its subject (no "he", "she", "they", "it", "the user"); write dates as dates: "yesterday" in a line of 8 May 2023 is "on 7 May 2023".
+- statement: one self-contained sentence that states one thing and names its subject (no "he", "she", "they", "it", "the user": write the name the conversation gives); two things are two facts. Write every relative time as an absolute date, computed from the date line above it: "yesterday" in a line of 8 May 2023 is "on 7 May 2023", "last Tuesday" is "on 2 May 2023", "next month" is "in June 2023". Copy numbers, names, places and times exactly as the conversation writes them.
 - class: preference, fact, decision, identity, constraint or correction.
 - subject: who or what the statement is about, by name.
 - observed_at: the date it happened or was said (YYYY-MM-DD), if the conversation shows it.
@@ -82,7 +83,7 @@ Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subje
 Prefer concrete facts (what happened, names, places, dates, plans, possessions, changes) to opinions and pleasantries. Example: from the line
 [4] user (Dana): I started pottery classes last week, it really helps me relax
 write {"statement": "Dana started pottery classes in the week of 3 March 2024; they help her relax.", "class": "fact", "subject": "Dana", "observed_at": "2024-03-03", "source_seqs": [4]}.
-Write at most 10 facts, the most important first. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
+Write at most 10 facts, the most important first, each once: every statement must say something no other statement in your answer says. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +225,34 @@ _IDS = [
     re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I),
     re.compile(r"\[#?\d+\]|#\d+\b"),
 ]
+
+
+def _said_once(statement: str) -> str:
+    """A statement as repeats are told apart: its words, lower case, without punctuation."""
+    return " ".join(re.findall(r"\w+", statement.casefold()))
+
+
+def distinct(items: Sequence[Any]) -> tuple[list[Any], int]:
+    """The items of one reply with each statement once (the first; a repeat's cited lines
+    join it), and how many repeats were dropped. A small model repeats itself within a reply
+    (half of the embedded model's LoCoMo statements did, word for word): each is dropped here,
+    before merging, and counted. Items without a statement are left to :func:`check_fact`."""
+    first: dict[str, int] = {}
+    out: list[Any] = []
+    for item in items:
+        said = item.get("statement") if isinstance(item, dict) else None
+        key = _said_once(said) if isinstance(said, str) else ""
+        if not key:
+            out.append(item)
+            continue
+        if key not in first:
+            first[key] = len(out)
+            out.append(dict(item))
+            continue
+        kept = out[first[key]]
+        if isinstance(kept.get("source_seqs"), list) and isinstance(item.get("source_seqs"), list):
+            kept["source_seqs"] = list(dict.fromkeys([*kept["source_seqs"], *item["source_seqs"]]))[:6]
+    return out, len(items) - len(out)
 
 
 def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None, str]:

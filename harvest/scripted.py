@@ -11,6 +11,8 @@
   extractor is *sent*, which is what the tests assert.
 - :func:`inventing_extractor`: sabotage of verified facts: the echo, with a year nobody
   said added to every statement (each must be rejected, and counted).
+- :func:`repeating_extractor`: sabotage of distinct extraction: the echo, each statement
+  written three times (again, then in upper case), as a small model repeats itself.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ __all__ = [
     "echo_extractor",
     "coreference_extractor",
     "inventing_extractor",
+    "repeating_extractor",
     "conversation_lines",
     "subject_of",
 ]
@@ -108,6 +111,16 @@ def _inventing(request: ModelRequest) -> str:
 def inventing_extractor() -> FunctionProvider:
     """The echo extractor with an invented value (a year) in every statement."""
     return FunctionProvider(_inventing, name="scripted/inventing-extractor")
+
+
+def _repeating(request: ModelRequest) -> str:
+    facts = json.loads(_echo(request))["facts"]
+    return json.dumps({"facts": [x for f in facts for x in (f, f, {**f, "statement": f["statement"].upper()})]})
+
+
+def repeating_extractor() -> FunctionProvider:
+    """The echo extractor with each statement made three times in its reply."""
+    return FunctionProvider(_repeating, name="scripted/repeating-extractor")
 
 
 def _coreference(request: ModelRequest) -> str:

@@ -339,6 +339,7 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         out["part_tokens"] = rec.get("part_tokens")
         out["sample_facts"] = rec.get("sample_facts", [])
     out["rejected"] = out["dropped"].get("unverified", 0)  # facts with a value their lines do not hold
+    out["repeats"] = out["dropped"].get("repeated", 0)  # statements a reply had already made
     out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
     out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
     out["memory"] = {
@@ -522,7 +523,7 @@ def harvest_bench(
     """Every measure; the embedded-model ones unless ``use_model`` is off. ``checkpoint`` gets
     the figures so far (without ``seconds``) after each LoCoMo conversation; ``done`` holds
     LoCoMo records measured before (see :func:`locomo_tiers`)."""
-    from loomrt.harvest.consolidator import _default_provider
+    from loomrt.harvest.consolidator import _default_provider, harvest_model
     from loomrt.harvest.scripted import coreference_extractor
 
     say = progress or (lambda _m: None)
@@ -537,9 +538,7 @@ def harvest_bench(
         say(f"load ({load_spans} spans, 2 workers)")
         result["load"] = load(tmp, load_spans)
         if use_model:
-            from loomrt.providers.models import DEFAULT_LOCAL_MODEL
-
-            result["model"] = model or DEFAULT_LOCAL_MODEL
+            result["model"] = harvest_model(model)
             provider = _default_provider(model)
             say(f"coreference ({result['model']})")
             result["coreference"].append(asyncio.run(coreference(tmp, provider=provider, name=result["model"])))

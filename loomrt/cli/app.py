@@ -344,7 +344,9 @@ def worker_cmd(
         "--consolidate/--no-consolidate",
         help="Also drain the harvest queue into durable memory (as `loomrt consolidate`).",
     ),
-    model: str | None = typer.Option(None, "--model", help="The extraction model (default: the embedded local model)."),
+    model: str | None = typer.Option(
+        None, "--model", help="The extraction model (default: $LOOMRT_HARVEST_MODEL, else the embedded local model)."
+    ),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
 ) -> None:
     """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds,

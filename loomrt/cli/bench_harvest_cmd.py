@@ -113,7 +113,8 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
     lines += [
         "",
         f"Extraction: **{lo.get('rejected', 0)} facts rejected** (an exact value occurs neither in their source "
-        f"lines nor in their session dates); dropped by reason: {json.dumps(lo.get('dropped', {}), sort_keys=True)}.",
+        f"lines nor in their session dates), **{lo.get('repeats', 0)} repeats dropped** (a statement the same "
+        f"reply had made already); dropped by reason: {json.dumps(lo.get('dropped', {}), sort_keys=True)}.",
     ]
     per = lo.get("per_conversation") or {}
     if len(per) > 1:
@@ -170,7 +171,8 @@ def harvest_cmd(
     ] = None,
     load_spans: Annotated[int, typer.Option("--load-spans", min=10, help="Spans in the load measure.")] = 10_000,
     model: Annotated[
-        str | None, typer.Option("--model", help="The extraction model (default: the embedded one).")
+        str | None,
+        typer.Option("--model", help="The extraction model (default: $LOOMRT_HARVEST_MODEL, else the embedded one)."),
     ] = None,
     no_model: Annotated[bool, typer.Option("--no-model", help="Only the model-free measures.")] = False,
     part_sweep: Annotated[

@@ -68,7 +68,9 @@ def consolidate_cmd(
     settle_s: float = typer.Option(60.0, "--settle-s", min=0, help="A run still active is taken once quiet this long."),
     retry_dead: bool = typer.Option(False, "--retry-dead", help="Put the dead letters back on the queue first."),
     status: bool = typer.Option(False, "--status", help="Show the queue (per scope) and the dead letters; do nothing."),
-    model: str | None = typer.Option(None, "--model", help="The extraction model (default: the embedded local model)."),
+    model: str | None = typer.Option(
+        None, "--model", help="The extraction model (default: $LOOMRT_HARVEST_MODEL, else the embedded local model)."
+    ),
     interval_s: float = typer.Option(5.0, "--interval", min=0.1, help="--watch: seconds between passes when idle."),
     json_output: bool = _JSON,
 ) -> None:

@@ -1,0 +1,129 @@
+"""Extraction quality, cheaply (issue 48 item 3): repeats inside one reply are dropped
+before merging and counted; the prompt asks for distinct statements of one thing each with
+absolute dates; ``LOOMRT_HARVEST_MODEL`` sets the extraction model beside ``--model``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harvest_kit import harvest_record
+
+from loomrt.bench.harvest_bench import _bench_bank, locomo_tiers
+from loomrt.errors import SpecError
+from loomrt.harvest import Consolidator
+from loomrt.harvest.consolidator import MODEL_ENV, harvest_model
+from loomrt.harvest.db import harvest_db
+from loomrt.harvest.extract import EXTRACT_PROMPT, distinct
+from loomrt.harvest.scripted import conversation_lines, echo_extractor, repeating_extractor
+from loomrt.harvest.wiring import memory_store
+from loomrt.messages import EvictedSpan, Message
+from loomrt.providers.base import ModelRequest
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.testing import FunctionProvider
+
+MINI = Path(__file__).parent / "data" / "locomo-mini.json"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore]:
+    yield from harvest_record(request, tmp_path)
+
+
+def _bank(store: SQLiteStore, said: list[str]) -> None:
+    messages = tuple(Message(role="user", name="Ana", content=text, seq=i + 1) for i, text in enumerate(said))
+    _bench_bank(harvest_db(store), "r-x", "user:ana").bank(
+        EvictedSpan(run_id="r-x", agent="bench", mode="recap", distillation_seq=1, messages=messages)
+    )
+
+
+def test_repeats_in_one_reply_are_dropped_before_merging_and_counted(store: SQLiteStore) -> None:
+    _bank(store, ["Ana's sister Marta lives in Porto.", "Ana keeps bees on her roof."])
+    report = Consolidator(store, provider=repeating_extractor(), embedder="hash", settle_s=0).run_once()
+    assert report.dropped["repeated"] == 4  # two facts, each made three times
+    assert report.facts == {"new": 2, "merged": 0, "superseded": 0, "already": 0}
+    history = [memory_store(store, "hash").history(f.fact_id) for f in memory_store(store, "hash").facts()]
+    assert [[h["action"] for h in hs] for hs in history] == [["created"], ["created"]]  # no merge rows from repeats
+
+
+def test_a_repeat_that_cites_other_lines_adds_them_to_the_fact(store: SQLiteStore) -> None:
+    _bank(store, ["Ana runs the Lisbon half marathon.", "Yes, Ana runs the Lisbon half marathon!"])
+
+    def twice(request: ModelRequest) -> str:
+        fact = {"statement": "Ana runs the Lisbon half marathon.", "class": "fact", "subject": "Ana"}
+        ns = [n for n, _, _ in conversation_lines(request)]
+        return json.dumps({"facts": [{**fact, "source_seqs": [n]} for n in ns]})
+
+    report = Consolidator(store, provider=FunctionProvider(twice), embedder="hash", settle_s=0).run_once()
+    assert report.dropped["repeated"] == 1
+    (fact,) = memory_store(store, "hash").facts()
+    assert [line["seq"] for line in fact.lines] == [1, 2]
+
+
+def test_distinct_keeps_the_first_of_each_statement_and_leaves_the_rest_to_the_checks() -> None:
+    items: list[Any] = [
+        {"statement": "Ana keeps bees.", "source_seqs": [1]},
+        {"statement": "ana keeps  BEES", "source_seqs": [3]},
+        {"statement": "Ana keeps bees on her roof.", "source_seqs": [2]},
+        "not an item",
+        {"class": "fact"},
+    ]
+    kept, repeats = distinct(items)
+    assert repeats == 1 and kept[0]["source_seqs"] == [1, 3] and kept[2:] == items[3:]
+    assert items[0]["source_seqs"] == [1]  # the reply itself is left as it was
+
+
+def test_the_prompt_asks_for_distinct_single_statements_with_absolute_dates() -> None:
+    for asked in ("states one thing", "each once", "absolute date", "last Tuesday"):
+        assert asked in EXTRACT_PROMPT, asked
+
+
+def test_the_bench_reports_the_repeats_of_an_extractor_that_repeats() -> None:
+    """Sabotage of ``bench harvest``'s repeats figure: none for the echo extractor; two for
+    every statement of one that says each three times, with the same facts stored."""
+    from loomrt.cli.bench_harvest_cmd import _locomo_lines
+
+    def tiers(provider: FunctionProvider) -> dict[str, Any]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return asyncio.run(locomo_tiers(Path(tmp), MINI, provider=provider, embedder="hash", raw=False))
+
+    once, thrice = tiers(echo_extractor()), tiers(repeating_extractor())
+    assert once["repeats"] == 0 and thrice["facts"] == once["facts"] > 0
+    assert thrice["repeats"] >= 2 * once["facts"]
+    assert f"**{thrice['repeats']} repeats dropped**" in "\n".join(_locomo_lines(thrice))
+
+
+@pytest.mark.slow  # litellm's import: 9 s
+def test_the_extraction_model_comes_from_the_flag_then_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loomrt.providers.models import DEFAULT_LOCAL_MODEL
+
+    store = SQLiteStore(tmp_path / "record.sqlite")
+    monkeypatch.delenv(MODEL_ENV, raising=False)
+    assert harvest_model() == DEFAULT_LOCAL_MODEL
+    monkeypatch.setenv(MODEL_ENV, "  ")
+    assert harvest_model() == DEFAULT_LOCAL_MODEL  # blank is unset
+    monkeypatch.setenv(MODEL_ENV, "openai/gpt-4o-mini")
+    assert Consolidator(store, embedder="hash").provider.model == "openai/gpt-4o-mini"
+    assert Consolidator(store, model="anthropic/claude-3-5-haiku", embedder="hash").provider.model == (
+        "anthropic/claude-3-5-haiku"
+    )  # the flag wins
+    monkeypatch.setenv(MODEL_ENV, "local/no-such-model")
+    with pytest.raises(SpecError, match=r"local/no-such-model.*\$LOOMRT_HARVEST_MODEL.*unset LOOMRT_HARVEST_MODEL"):
+        _ = Consolidator(store, embedder="hash").provider
+    store.close()
+
+
+def test_each_fact_records_the_model_that_extracted_it(store: SQLiteStore) -> None:
+    _bank(store, ["Ana's cat is called Miso."])
+    Consolidator(
+        store, provider=FunctionProvider(echo_extractor().fn, name="vendor/model-a"), embedder="hash", settle_s=0
+    ).run_once()
+    (fact,) = memory_store(store, "hash").facts()
+    assert fact.model == "vendor/model-a" and fact.to_dict()["model"] == "vendor/model-a"
