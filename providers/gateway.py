@@ -255,6 +255,8 @@ class LiteLLMProvider:
                 return dataclasses.replace(again, usage=usage + again.usage)
             _, calls = parse_decision(text, request, model=self.model, finish_reason=finish)
             return ModelResponse(text="", tool_calls=calls, usage=usage, model=self.model, finish_reason="tool_calls")
+        if finish == "length":  # as a text answer cut off says so (the note is not streamed)
+            text = text.rstrip() + CUT_OFF_NOTE.format(max_tokens=request.max_tokens)
         return ModelResponse(text=text.strip(), usage=usage, model=self.model, finish_reason=finish or "stop")
 
     def _shape(self, request: ModelRequest) -> str:

@@ -70,6 +70,21 @@ def test_a_tool_call_cut_off_by_the_answers_limit_is_decided_again_in_two_steps(
     assert [c.arguments for c in response.tool_calls] == [{"city": "Rome"}]
 
 
+def test_an_answer_cut_off_by_its_limit_says_so_as_the_two_step_answer_does(monkeypatch) -> None:
+    response, sent = one_call(monkeypatch, ("It is sunny in Paris, and tomorrow", "length"))
+    assert len(sent) == 1 and response.text.startswith("It is sunny in Paris, and tomorrow")
+    assert "cut off at max_tokens=40" in response.text
+
+
+def test_the_embedded_models_decide_and_answer_in_one_call_by_default() -> None:
+    """Issue 43: one call per turn is the embedded models' default; a definition may turn it off."""
+    from loomrt.providers.registry import CATALOGUE, capabilities_for
+
+    assert all(capabilities_for(model).one_call_turns for model in CATALOGUE)
+    assert not capabilities_for(SMOL, declared={"one_call_turns": False}).one_call_turns
+    assert not capabilities_for("openai/gpt-4o-mini").one_call_turns
+
+
 def test_the_grammar_is_built_and_a_bad_schema_is_a_clear_error() -> None:
     pytest.importorskip("llama_cpp")
     from loomrt.providers.decisions import decision_schema
