@@ -31,7 +31,8 @@ class MemoryHit:
     id: str | None = None
     """The fact's id in its store."""
     provenance: dict[str, Any] = field(default_factory=dict)
-    """Where the fact came from (e.g. run id and record seqs)."""
+    """Where the fact came from (e.g. run id and record seqs); ``author``: ``operator`` for
+    what an operator wrote by hand, else ``run`` (Recall's ``source: "operator"`` reads it)."""
 
 
 @runtime_checkable

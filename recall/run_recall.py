@@ -27,14 +27,10 @@ from loomrt.messages import SEARCH_TOOLS, EvictedSpan, Message
 from loomrt.recall.embedders import EmbedderChoice, resolve_embedder
 from loomrt.recall.index import CHUNK_OVERLAP, Entry, Fusion, RecallIndex, chunk_text
 from loomrt.recall.memory import MemoryHit, MemorySource
-from loomrt.recall.tool import RecallHit, make_recall_tool
+from loomrt.recall.tool import OPERATOR, SOURCES, RecallHit, make_recall_tool
 from loomrt.visibility import placeholder
 
 __all__ = ["RunRecall", "SOURCES", "INLINE_MAX"]
-
-SOURCES = ("all", "run", "family", "memory")
-"""What Recall (and injection) may search: this run's evicted spans, a fork's shared
-history up to the fork point, durable memory, or all three."""
 
 _BEFORE_WORDS = 60
 """How much of the previous message an entry's window carries (words, from its end)."""
@@ -375,14 +371,14 @@ class RunRecall:
 
     def search(self, query: str, top_k: int = 5, source: str = "all", *, catch_up: bool = True) -> list[RecallHit]:
         """The best ``top_k`` hits for ``query`` from this run's evicted spans, a fork's
-        shared history and durable memory (``source``: run, family, memory or all), merged by
-        score, best first (no token cap: the tool applies it). A hit the run may not see
+        shared history and durable memory (``source``: run, family, memory, operator: the
+        durable memory an operator wrote by hand, or all), merged by score, best first (no token cap: the tool applies it). A hit the run may not see
         (:attr:`visible`) comes back as its placeholder. Without ``catch_up`` a large backlog
         is not indexed first (:meth:`index_as_is`)."""
         if source not in SOURCES:
             raise ValueError(f"unknown recall source {source!r}: expected one of {', '.join(SOURCES)}")
         hits: list[RecallHit] = []
-        wanted = 0 if source == "memory" else top_k if source == "all" else top_k * 4
+        wanted = 0 if source in ("memory", "operator") else top_k if source == "all" else top_k * 4
         found: list[Any] = []
         for _, index, upto in self._sources(catch_up=catch_up) if wanted else ():
             try:
@@ -419,8 +415,8 @@ class RunRecall:
                     chunk=(e.chunk + 1, e.chunks) if e.chunks > 1 else None,
                 )
             )
-        if source in ("all", "memory"):
-            hits.extend(self._memory_hits(query, top_k))
+        if source in ("all", "memory", "operator"):
+            hits.extend(self._memory_hits(query, top_k, author=OPERATOR if source == "operator" else None))
         hits.sort(key=lambda h: -h.score)
         return [self._seen(h) for h in hits[:top_k]]
 
@@ -461,11 +457,13 @@ class RunRecall:
         )
         return [self._seen(hit)]
 
-    def _memory_hits(self, query: str, top_k: int) -> list[RecallHit]:
+    def _memory_hits(self, query: str, top_k: int, *, author: str | None = None) -> list[RecallHit]:
+        """Durable memory's best ``top_k`` (only ``author``'s, from a wider pool, when given),
+        each tagged with its scope, id, author and provenance."""
         if self.memory is None:
             return []
         try:
-            raw = self.memory.search(query, top_k, self.scopes)
+            raw = self.memory.search(query, top_k if author is None else max(8 * top_k, 40), self.scopes)
         except Exception as exc:  # noqa: BLE001 - durable memory is optional
             self._notice(f"recall could not read durable memory ({type(exc).__name__}: {exc})")
             return []
@@ -476,8 +474,12 @@ class RunRecall:
                 if isinstance(item, MemoryHit)
                 else MemoryHit(**{k: v for k, v in dict(item).items() if k in MemoryHit.__dataclass_fields__})
             )
+            written_by = h.provenance.get("author") or "run"  # operator: written by hand, not said in a run
+            if author is not None and written_by != author:
+                continue
             extra: dict[str, Any] = {k: v for k, v in (("scope", h.scope), ("id", h.id)) if v is not None}
+            extra["author"] = written_by
             if h.provenance:  # where the fact came from: the runs and record seqs of its original words
                 extra["provenance"] = h.provenance
             out.append(RecallHit(text=h.text, score=float(h.score), source="memory", ts=h.ts, extra=extra))
-        return out
+        return out[:top_k]

@@ -17,7 +17,23 @@ from loomrt.tools import Tool
 if TYPE_CHECKING:
     from loomrt.recall.run_recall import RunRecall
 
-__all__ = ["RecallHit", "RECALL_PROMPT", "RECALL_DESCRIPTION", "make_recall_tool", "cap_results", "iso"]
+__all__ = [
+    "RecallHit",
+    "RECALL_PROMPT",
+    "RECALL_DESCRIPTION",
+    "make_recall_tool",
+    "cap_results",
+    "iso",
+    "SOURCES",
+    "OPERATOR",
+]
+
+SOURCES = ("all", "run", "family", "memory", "operator")
+"""What Recall (and injection) may search: this run's evicted spans, a fork's shared history
+up to the fork point, durable memory, only the durable memory an operator wrote by hand
+(``operator``), or all."""
+OPERATOR = "operator"
+"""A memory hit's ``author`` when an operator wrote it (``loomrt memory add``); else ``run``."""
 
 RECALL_PROMPT = (
     "Recall: summaries and recaps are maps to the details, not the details. Before you answer with an "
@@ -186,10 +202,11 @@ def make_recall_tool(recall: RunRecall) -> Tool:
                 },
                 "source": {
                     "type": "string",
-                    "enum": ["all", "run", "family", "memory"],
+                    "enum": list(SOURCES),
                     "default": "all",
                     "description": "Where to search: this run's evicted history, a fork's shared history "
-                    "(up to the fork point), durable memory, or all.",
+                    "(up to the fork point), durable memory, only the memory an operator wrote by hand, or all. "
+                    "A memory hit's author says which: operator or run.",
                 },
                 "top_k": {
                     "type": "integer",

@@ -37,6 +37,7 @@ TOOLS = {
     "compact_run",
     "fork_run",
     "recall",
+    "add_memory",
 }
 
 

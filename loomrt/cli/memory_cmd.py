@@ -1,4 +1,4 @@
-"""``loomrt consolidate`` and ``loomrt memory search|list|show|forget|calibrate``.
+"""``loomrt consolidate`` and ``loomrt memory add|search|list|show|forget|calibrate``.
 
 The consolidator drains the harvest queue of the default record into durable memory with
 the embedded local model (or ``--model``); the memory commands are the operator's view of
@@ -20,7 +20,7 @@ from loomrt.cli._common import err, friendly, out, plural, print_json, when
 
 __all__ = ["consolidate_cmd", "memory_app"]
 
-memory_app = typer.Typer(help="Durable memory: search, list, show, forget, calibrate.", no_args_is_help=True)
+memory_app = typer.Typer(help="Durable memory: add, search, list, show, forget, calibrate.", no_args_is_help=True)
 
 _SCOPE = typer.Option(
     None, "--scope", help="A scope, KIND:IDENTITY (user:alice, agent:NAME, project:NAME); repeatable."
@@ -141,6 +141,28 @@ def consolidate_cmd(
         )
     if report.held:
         raise typer.Exit(1)
+
+
+@memory_app.command("add")
+@friendly
+def add_cmd(
+    scope: str = typer.Argument(..., help="Whose memory: KIND:IDENTITY (user:alice, agent:NAME, project:NAME)."),
+    statement: str = typer.Argument(..., help="One self-contained sentence, stored as written."),
+    cls: str = typer.Option("fact", "--class", help="preference, fact, decision, identity, constraint or correction."),
+    subject: str = typer.Option(
+        "", "--subject", help="Whom it is about: lets it merge into, or supersede, stored facts about them."
+    ),
+    json_output: bool = _JSON,
+) -> None:
+    """Write a fact by hand (author: operator), as a later run's Recall will find it."""
+    from loomrt.harvest.manual import add_statement
+
+    _, memory = _memory()
+    added = add_statement(memory, scope, statement, cls=cls, subject=subject, by="cli")
+    if json_output:
+        print_json(added.to_dict())
+        return
+    out.print(f"{added.fact.fact_id}: {added.outcome} in {added.fact.scope}", highlight=False)
 
 
 @memory_app.command("search")

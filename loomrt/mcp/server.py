@@ -130,6 +130,10 @@ class RecallHitOut(TypedDict):
     seq: int | None
     role: str | None
     distillation_seq: int | None
+    scope: NotRequired[str]
+    """A memory hit's scope."""
+    author: NotRequired[str]
+    """A memory hit's author: operator (written by hand) or run (extracted from what a run said)."""
 
 
 class RecallOut(TypedDict):
@@ -300,6 +304,21 @@ def build_server(service: RunService) -> LoomMCPServer:
         does (only that run, and its agent's permitted memory). The run's agent must have recall on.
         A private message's hit is its placeholder unless INCLUDE_PRIVATE."""
         return await service.recall(run_id, query, top_k, include_private)  # type: ignore[return-value]
+
+    @server.tool()
+    def add_memory(
+        scope: str,
+        statement: str,
+        fact_class: str = "fact",
+        subject: str = "",
+    ) -> dict[str, Any]:
+        """Write one statement to durable memory by hand, as `loomrt memory add` does: stored as
+        written (author: operator), found by later runs' Recall in SCOPE (KIND:IDENTITY, e.g.
+        user:alice; a client whose token is bound to a user writes only that user's scope, and
+        "user" names it). FACT_CLASS: preference, fact, decision, identity, constraint or correction.
+        SUBJECT (whom it is about) lets it merge into or supersede stored facts about them.
+        Returns the outcome (new, merged, superseded, already) and the fact."""
+        return service.add_memory(scope, statement, fact_class, subject)
 
     @server.resource(
         "loomrt://runs/{run_id}",

@@ -341,6 +341,40 @@ class RunService:
                     row["text"] = placeholder(row["seq"], row["role"] or "tool")
         return {"run_id": run_id, "query": query, "hits": rows}
 
+    # ------------------------------------------------------------------ durable memory
+
+    def add_memory(self, scope: str, statement: str, cls: str = "fact", subject: str = "") -> dict[str, Any]:
+        """Write ``statement`` to durable memory by hand (author: operator), as `loomrt memory
+        add` does. A client bound to a user writes only that user's scope (``user`` names it)."""
+        from loomrt.harvest.db import has_place
+        from loomrt.harvest.manual import add_statement
+        from loomrt.harvest.wiring import memory_store
+
+        user = CLIENT_USER.get()
+        if scope == "user" and user is not None:
+            scope = f"user:{user}"
+        if user is not None and scope != f"user:{user}":
+            raise ServiceError(
+                f"this client's token is bound to user {user!r}: it may add memory to user:{user} only, not {scope!r}"
+            )
+        store = self.runtime.store
+        if not has_place(store):
+            raise ServiceError(
+                "durable memory needs a record file or PostgreSQL, and this server's record is in memory"
+            )
+        try:
+            added = add_statement(
+                memory_store(store, self.runtime.embedder),
+                scope,
+                statement,
+                cls=cls,
+                subject=subject,
+                by="mcp" if user is None else f"mcp:{user}",
+            )
+        except LoomError as exc:
+            raise ServiceError(str(exc)) from None
+        return added.to_dict()
+
 
 def _inherited_lineage() -> dict[str, Any] | None:
     """``$LOOMRT_SPAWN_LINEAGE``, set by the run that started this server, or None."""
@@ -376,7 +410,7 @@ def _agent_row(name: str, spec: AgentSpec) -> dict[str, Any]:
 
 
 def _hit_row(hit: Any) -> dict[str, Any]:
-    return {
+    row = {
         "text": hit.text,
         "score": round(float(hit.score), 4),
         "source": hit.source,
@@ -384,3 +418,6 @@ def _hit_row(hit: Any) -> dict[str, Any]:
         "role": hit.role,
         "distillation_seq": hit.distillation_seq,
     }
+    if hit.source == "memory":  # whose memory, and who wrote it: an operator by hand, or a run
+        row.update({k: hit.extra[k] for k in ("scope", "author") if k in hit.extra})
+    return row
