@@ -10,12 +10,17 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 from rich.console import Console
 
 from loomrt.errors import LoomError, NotFoundError, RunError, SpecError, StoreError
+
+if TYPE_CHECKING:
+    from loomrt.cli._screen import Screen
+    from loomrt.events import Event
+    from loomrt.runtime import Runtime
 
 __all__ = [
     "out",
@@ -101,12 +106,12 @@ def playing(run_id: str, *, chat: bool = False) -> None:
     _playing.chat = _playing.chat or chat
 
 
-def _heard(e: Any) -> None:
+def _heard(e: Event) -> None:
     if _playing.run_id is None:  # the first run the command touches; its sub-agents come after
         _playing.run_id = e.run_id
 
 
-def runtime(*, show_events: bool = False, user: str | None = None, screen: Any = None) -> Any:
+def runtime(*, show_events: bool = False, user: str | None = None, screen: Screen | None = None) -> Runtime:
     """The runtime on the default record; ``show_events`` renders each event live on stderr;
     ``screen`` (a :class:`~loomrt.cli._screen.Screen`) draws the runs' turns live instead;
     ``user`` names the runs' ``user`` memory scope (default ``$LOOMRT_USER``)."""
@@ -119,7 +124,7 @@ def runtime(*, show_events: bool = False, user: str | None = None, screen: Any =
     return Runtime(listeners=listeners, user=user)
 
 
-def terminal(stream: Any) -> bool:
+def terminal(stream: object) -> bool:
     """Whether ``stream`` is a person's terminal (a status line is drawn only there)."""
     isatty = getattr(stream, "isatty", None)
     return bool(callable(isatty) and isatty())

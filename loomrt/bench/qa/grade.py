@@ -40,7 +40,7 @@ _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
 _PUNCT = str.maketrans("", "", string.punctuation)
 
 
-def normalize_answer(text: Any) -> str:
+def normalize_answer(text: object) -> str:
     """Lower case, no punctuation, no articles, single spaces (LoCoMo's normalisation)."""
     s = str(text).lower().replace(",", "")
     s = s.translate(_PUNCT)
@@ -55,7 +55,7 @@ def _stemmer() -> Any:
     return Stemmer.Stemmer("porter")
 
 
-def _tokens(text: Any) -> list[str]:
+def _tokens(text: object) -> list[str]:
     words = normalize_answer(text).split()
     return list(_stemmer().stemWords(words)) if words else []
 
@@ -68,14 +68,14 @@ STATES_AT_LEAST = 0.75
 """The share of the gold answer's content words a retrieved text must hold to state it."""
 
 
-def answer_words(truth: Any, category: int = 0) -> set[str]:
+def answer_words(truth: object, category: int = 0) -> set[str]:
     """The gold answer's content words (stemmed, normalised, function words dropped); for
     category 3 only the text before the first ``;``, as :func:`grade` reads it."""
     gold = str(truth).split(";")[0] if category == 3 else str(truth)
     return {w for w in _tokens(gold) if w not in _FUNCTION_WORDS}
 
 
-def states_answer(text: Any, truth: Any, category: int = 0, *, at_least: float = STATES_AT_LEAST) -> bool:
+def states_answer(text: object, truth: object, category: int = 0, *, at_least: float = STATES_AT_LEAST) -> bool:
     """Whether ``text`` states the gold answer: it holds at least ``at_least`` of the
     answer's content words. False when the answer has none (it cannot be told apart from
     any text), so callers count those questions apart."""
@@ -86,7 +86,7 @@ def states_answer(text: Any, truth: Any, category: int = 0, *, at_least: float =
     return len(words & held) / len(words) >= at_least
 
 
-def f1(prediction: Any, truth: Any) -> float:
+def f1(prediction: object, truth: object) -> float:
     """Token-level F1 of ``prediction`` against ``truth`` (stemmed, normalised)."""
     pred, gold = _tokens(prediction), _tokens(truth)
     same = sum((Counter(pred) & Counter(gold)).values())
@@ -96,7 +96,7 @@ def f1(prediction: Any, truth: Any) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def f1_multi(prediction: Any, truth: Any) -> float:
+def f1_multi(prediction: object, truth: object) -> float:
     """Multi-hop F1: each comma-separated gold part against its best predicted part, averaged."""
     preds = [p for p in str(prediction).split(",") if p.strip()] or [""]
     golds = [g for g in str(truth).split(",") if g.strip()]
@@ -105,13 +105,13 @@ def f1_multi(prediction: Any, truth: Any) -> float:
     return sum(max(f1(p, g) for p in preds) for g in golds) / len(golds)
 
 
-def contains(prediction: Any, truth: Any) -> bool:
+def contains(prediction: object, truth: object) -> bool:
     """Whether the normalised gold answer appears in the normalised prediction, on word boundaries."""
     gold, pred = normalize_answer(truth), normalize_answer(prediction)
     return bool(gold) and f" {gold} " in f" {pred} "
 
 
-def abstained(prediction: Any) -> bool:
+def abstained(prediction: object) -> bool:
     """Whether the answer says the conversation does not hold one."""
     text = str(prediction).lower()
     return any(a in text for a in ABSTENTIONS)
@@ -125,7 +125,7 @@ def gold_answer(question: dict[str, Any]) -> str:
     return str(question.get("answer", ""))
 
 
-def grade(category: int, prediction: str, truth: Any) -> dict[str, Any]:
+def grade(category: int, prediction: str, truth: object) -> dict[str, Any]:
     """``{"f1": float, "contains": bool}`` for one answer, by LoCoMo's rules for ``category``."""
     if category == 5:
         ok = abstained(prediction)

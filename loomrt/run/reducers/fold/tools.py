@@ -38,7 +38,7 @@ def _when(ts: float | None) -> str | None:
     return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="seconds") if ts else None
 
 
-def _seq_of(ref: Any) -> int | None:
+def _seq_of(ref: object) -> int | None:
     text = str(ref).strip().lstrip("#")
     return int(text) if text.isdigit() else None
 
@@ -230,7 +230,9 @@ def fold_tools(run: RunState) -> list[Tool]:
             out["note"] = "more hits than fit one reply: narrow the pattern, or page with since/before (a seq)"
         return out
 
-    def _grep(pattern: str, mode: str, scope: str, since: Any, before: Any, limit: int) -> list[dict[str, Any]] | str:
+    def _grep(
+        pattern: str, mode: str, scope: str, since: object, before: object, limit: int
+    ) -> list[dict[str, Any]] | str:
         if mode not in ("regex", "text") or scope not in ("messages", "cards", "both"):
             return "Error: mode is regex or text; scope is messages, cards or both."
         if not pattern or len(pattern) > 500:
@@ -323,7 +325,7 @@ def fold_tools(run: RunState) -> list[Tool]:
     ]
 
 
-def _bound(value: Any) -> int | float | None:
+def _bound(value: object) -> int | float | None:
     """A Grep bound: a seq (int or "#12") or an ISO date/time (as a Unix time)."""
     if value is None or value == "":
         return None
