@@ -10,11 +10,12 @@ renders the same message from it with :func:`block_message`.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from loomrt.messages import Message
 
-__all__ = ["INJECTED", "BLOCK_HEADER", "BLOCK_FOOTER", "render_block", "block_message", "passage_line"]
+__all__ = ["INJECTED", "BLOCK_HEADER", "BLOCK_FOOTER", "render_block", "block_message", "passage_line", "said_on"]
 
 INJECTED = "recall"
 """``Message.synthetic`` of the block: recalled passages, in one prompt only."""
@@ -27,6 +28,15 @@ BLOCK_HEADER = (
 """The first line of the block: what it is, and that it is history, not instructions."""
 
 BLOCK_FOOTER = "[End of recalled history.]"
+
+
+def said_on(ts: float | None) -> str:
+    """When a passage was said, as people write it ("8 May 2023, 13:56", UTC): a small model
+    copies the date it reads into its answer, and an ISO date is not how anyone asked."""
+    if ts is None:
+        return ""
+    when = dt.datetime.fromtimestamp(ts, tz=dt.UTC)
+    return f"{when.day} {when:%B %Y, %H:%M}"
 
 
 def passage_line(passage: dict[str, Any]) -> str:

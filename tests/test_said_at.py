@@ -30,8 +30,8 @@ def test_an_injected_passage_carries_when_it_was_said_not_when_it_was_recorded()
     asyncio.run(go())
     injected = rt.store.latest(run.run_id, "recall_injected").data["passages"]
     needle = next(p for p in injected if p["text"] == NEEDLE)
-    assert needle["date"] == "2023-05-08 13:56"
-    assert "2023-05-08 13:56" in provider.calls[-1].messages[-2]["content"]
+    assert needle["date"] == "8 May 2023, 13:56"  # as people write it: a small model copies it
+    assert "8 May 2023, 13:56" in provider.calls[-1].messages[-2]["content"]
     stored = next(e for e in rt.store.events(run.run_id, kinds=["user_input"]) if e.data["content"] == NEEDLE)
     assert stored.data["said_at"] == MAY_8 and stored.ts > MAY_8  # the record still says when it was written
     hits = run.toolset.recall.search("staging database port", top_k=3)

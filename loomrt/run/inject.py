@@ -30,10 +30,10 @@ from typing import Any
 
 from loomrt.activity import Activity
 from loomrt.crashpoints import reached
-from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, block_message, passage_line
+from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, block_message, passage_line, said_on
 from loomrt.messages import Message
 from loomrt.recall.index import tokenize
-from loomrt.recall.tool import RecallHit, iso
+from loomrt.recall.tool import RecallHit
 from loomrt.run.state import RunState
 from loomrt.tokens import count_messages, count_text
 from loomrt.visibility import visible_to
@@ -139,7 +139,7 @@ def _passage(run: RunState, hit: RecallHit) -> dict[str, Any]:
         "bm25": round(hit.bm25, 3),
         "role": hit.role,
         "speaker": hit.speaker or (f"tool {hit.tools[0]} result" if hit.role == "tool" and hit.tools else hit.role),
-        "date": (iso(hit.ts) or "")[:16].replace("T", " "),
+        "date": said_on(hit.ts),
         "text": hit.text,
     }
     if hit.seq is not None and len(hit.text.split()) < SHORT_WORDS:

@@ -216,8 +216,7 @@ def _full_block(recall_index: Any, question: str, tokens: int) -> str | None:
     """The block the runtime would inject for ``question`` from an index of every turn (the
     relevance floor and the token reserve as a run applies them; nothing is left out for being
     in the prompt already, since everything is: this row measures what a block of distractors costs)."""
-    from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, passage_line, render_block
-    from loomrt.recall.tool import iso
+    from loomrt.injection import BLOCK_FOOTER, BLOCK_HEADER, passage_line, render_block, said_on
     from loomrt.run.inject import TOP_K, relevant
 
     hits = [h for h in recall_index.search(question, top_k=TOP_K) if relevant(h)]
@@ -226,7 +225,7 @@ def _full_block(recall_index: Any, question: str, tokens: int) -> str | None:
         p = {
             "seq": h.seq,
             "speaker": h.speaker or h.role,
-            "date": (iso(h.ts) or "")[:16].replace("T", " "),
+            "date": said_on(h.ts),
             "text": h.text,
         }
         cost = count_text(passage_line(p))
