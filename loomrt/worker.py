@@ -34,10 +34,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loomrt.errors import LoomError, RunOwnedError
+from loomrt.errors import LoomError, RunOwnedError, StoreError
 from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.run.state import RunResult
 from loomrt.runtime import Runtime
+from loomrt.worker_life import Backoff, Stopping, hand_back, nap, until_stopped
 
 __all__ = [
     "work_once",
@@ -63,19 +64,21 @@ PLAYED = ("resumed", "final", "error", "cancelled")
 
 
 async def _play_queued(
-    runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None
+    runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None, stop: Callable[[], bool]
 ) -> list[dict[str, Any]]:
-    """Claim and play the queued runs and resume the abandoned ones, ``concurrency`` at once;
-    one row per run."""
+    """Claim and play the queued runs and resume the abandoned ones, ``concurrency`` at once
+    (none is started once ``stop()``); one row per run."""
     gate = asyncio.Semaphore(concurrency)
     rows: list[dict[str, Any]] = []
 
     async def do(work: str, run_id: str, step: Callable[[str], Awaitable[RunResult | None]]) -> None:
         async with gate:
+            if stop():
+                return
             try:
                 result = await step(run_id)
                 row = (
-                    {"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": None}
+                    {"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": result.error}
                     if result is not None
                     else {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
                 )
@@ -89,15 +92,18 @@ async def _play_queued(
 
     await asyncio.gather(
         *(do("play", r, runtime.take) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
-        *(do("resume", r, runtime.resume) for r in abandoned(runtime.store)),
+        *(do("resume", r, runtime.resume) for r in abandoned(runtime.store, runtime.owner)),
     )
     return rows
 
 
-def abandoned(store: Any) -> list[str]:
-    """Runs a worker was playing when it died: still active, their claim lapsed (or held by a
-    process of this host that is gone)."""
-    claims = store.run_owners(expired=True) + [c for c in store.run_owners() if owner_is_gone(c["owner"])]
+def abandoned(store: Any, me: str | None = None) -> list[str]:
+    """Runs a worker was playing when it stopped: still active, their claim lapsed (or held
+    by a worker of this machine that is gone), or held by ``me`` between two rounds, when
+    nothing plays here (a turn whose record could not be written while the database
+    restarted: this worker resumes it)."""
+    live = store.run_owners()
+    claims = store.run_owners(expired=True) + [c for c in live if c["owner"] == me or owner_is_gone(c["owner"])]
     return [c["run_id"] for c in claims if store.get_run(c["run_id"]).status == "active"]
 
 
@@ -107,13 +113,16 @@ async def work_once(
     tell: Callable[[dict[str, Any]], None] | None = None,
     concurrency: int = 1,
     consolidator: Any = None,
+    stop: Callable[[], bool] = lambda: False,
 ) -> list[dict[str, Any]]:
     """Do the queued work of every run that is not playing, then (with ``consolidator``) one
     consolidation pass; one row per run looked at, and one for the pass if it did anything.
     The runtime claims what it plays (as this process's worker, if it has no owner yet)."""
     if runtime.owner is None:
         runtime.owner = worker_name()
-    rows = await _play_queued(runtime, concurrency, tell)
+    rows = await _play_queued(runtime, concurrency, tell, stop)
+    if stop():
+        return rows
     folds = runtime.store.pending(QUEUED, SETTLED)
     queued = folds + [r for r in runtime.store.pending(DISTILLATION_QUEUED, DISTILLATION_SETTLED) if r not in folds]
     for run_id in queued:
@@ -165,15 +174,51 @@ def work(
     stop: Callable[[], bool] = lambda: False,
     concurrency: int = 1,
     consolidator: Any = None,
+    stopping: Stopping | None = None,
 ) -> None:
     """:func:`work_once`, then wait for more (a NOTIFY where the store has them, else
-    ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI)."""
+    ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI) or ``stopping`` (SIGTERM:
+    the work in flight finishes, or is handed back at the stop's cut-off). A record that
+    cannot be reached (a database restart) is waited out with a backoff, told as a
+    ``reconnect`` row; the runs this worker holds are let go as it stops."""
     wait = getattr(runtime.store, "wait_for_work", None)
-    while not stop():
-        rows = asyncio.run(work_once(runtime, tell=tell, concurrency=concurrency, consolidator=consolidator))
-        if any(r["work"] == "consolidate" and r["done"] for r in rows):
-            continue  # more of the queue may be waiting
-        if callable(wait):
-            wait(interval_s)
-        else:
-            time.sleep(interval_s)
+
+    def halted() -> bool:
+        return stop() or (stopping is not None and stopping())
+
+    backoff = Backoff()
+    try:
+        while not halted():
+            try:
+                rows = asyncio.run(
+                    until_stopped(
+                        work_once(runtime, tell=tell, concurrency=concurrency, consolidator=consolidator, stop=halted),
+                        stopping,
+                    )
+                )
+            except StoreError as exc:
+                delay = backoff.next()
+                if tell:
+                    tell(
+                        {
+                            "run_id": None,
+                            "work": "reconnect",
+                            "done": False,
+                            "reason": f"the record cannot be reached ({exc}); looking again in {delay:g} s",
+                        }
+                    )
+                nap(delay, halted)
+                continue
+            backoff.reset()
+            if rows is None or any(r["work"] == "consolidate" and r["done"] for r in rows):
+                continue  # stopped mid-round, or more of the queue may be waiting
+            end = time.monotonic() + interval_s
+            while not halted() and (left := end - time.monotonic()) > 0:  # a stop is seen within a second
+                if callable(wait):
+                    if wait(min(1.0, left)):
+                        break
+                else:
+                    time.sleep(min(1.0, left))
+    finally:
+        if runtime.owner is not None:
+            hand_back(runtime.store, runtime.owner)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -97,6 +98,15 @@ def postgres_url(postgres_server: object, request: pytest.FixtureRequest) -> str
     with psycopg.connect(url, autocommit=True) as conn:
         pg_migrations.migrate(conn)
     return url
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A record several processes can open, on each backend in turn: a SQLite file, then a
+    database of the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:{tmp_path / 'record.sqlite'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 def app_login(postgres_url: str, login: str) -> str:

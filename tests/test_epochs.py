@@ -25,13 +25,6 @@ from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:{tmp_path / 'record.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
 class _Admin:
     """Direct SQL on the record, as its superuser (PostgreSQL) or on the file (SQLite)."""
 

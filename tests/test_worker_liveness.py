@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any
 
 import pytest
 from owners_kit import crashed_worker, kill, namespaced_claimer
@@ -23,13 +22,6 @@ from loomrt.record.sqlite import default_store
 from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider
 from loomrt.worker import abandoned
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def shared_url(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:{tmp_path / 'record.sqlite'}"
-    return str(request.getfixturevalue("postgres_url"))
 
 
 def _active_run(url: str) -> str:
@@ -47,6 +39,7 @@ def _dead_pid() -> int:
     return int(proc.stdout)
 
 
+@pytest.mark.slow
 def test_a_namesake_with_the_same_host_and_pid_keeps_its_run_while_its_heartbeat_is_fresh(shared_url: str) -> None:
     run_id = _active_run(shared_url)
     pid = _dead_pid()  # no process of this namespace has it: the old check called that gone
@@ -86,6 +79,7 @@ def test_a_worker_in_another_pid_namespace_keeps_its_run_and_is_seen_gone_once_k
     store.close()
 
 
+@pytest.mark.slow
 def test_a_crashed_worker_of_this_machine_is_gone_and_a_clean_exit_leaves_no_lock() -> None:
     assert owner_state(crashed_worker()) == "gone"
     clean = subprocess.run(

@@ -348,10 +348,19 @@ def worker_cmd(
         None, "--model", help="The extraction model (default: $LOOMRT_HARVEST_MODEL, else the embedded local model)."
     ),
     json_output: bool = typer.Option(False, "--json", help="One JSON object per run looked at."),
+    grace_s: float = typer.Option(
+        30.0,
+        "--grace-s",
+        help="On SIGTERM: seconds the work in flight has to finish; what has not is handed back "
+        "(its claims let go, for any worker to resume), and the worker exits 0 within them.",
+        min=1.0,
+    ),
 ) -> None:
     """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds,
-    consolidation."""
+    consolidation. It waits out a database restart (looking again with a backoff), and stops on SIGTERM
+    within `--grace-s`."""
     from loomrt.worker import work, work_once
+    from loomrt.worker_life import Stopping
 
     rt = runtime()
     consolidator = None
@@ -365,6 +374,8 @@ def worker_cmd(
     def tell(row: dict[str, Any]) -> None:
         if json_output:
             print_json(row)
+        elif row["work"] == "reconnect":
+            err.print(f"[dim]{row['reason']}[/dim]", highlight=False)
         elif row["work"] == "consolidate":
             out.print(
                 f"consolidated {plural(row['spans'], 'span')} in {plural(row['batches'], 'batch', 'batches')}: "
@@ -386,13 +397,17 @@ def worker_cmd(
         else:
             out.print(f"run {row['run_id']}: not now ({row['reason']})", highlight=False)
 
+    stopping = Stopping(grace_s)
+    stopping.install()
     if once:
-        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency, consolidator=consolidator))
+        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency, consolidator=consolidator, stop=stopping))
         return
     if not json_output:
         err.print(f"[dim]loomrt worker {rt.owner or ''}: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
     try:
-        work(rt, interval_s=interval_s, tell=tell, concurrency=concurrency, consolidator=consolidator)
+        work(
+            rt, interval_s=interval_s, tell=tell, concurrency=concurrency, consolidator=consolidator, stopping=stopping
+        )
     except KeyboardInterrupt:
         pass
 

@@ -95,6 +95,7 @@ class PostgresStore(InlineAsyncFace, RunReads):
                 timeout=30,
                 kwargs={"autocommit": True},
                 name="loomrt-record",
+                check=ConnectionPool.check_connection,  # a server restart leaves no dead connection to hand out
             )
             self._pool.wait(timeout=30)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error

