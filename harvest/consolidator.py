@@ -20,6 +20,7 @@ raised) holds the batch the same way, for ``retries`` more passes, then dead-let
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
 import os
 import time
 import uuid
@@ -44,6 +45,7 @@ from loomrt.harvest.extract import (
     parts_of,
 )
 from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
+from loomrt.harvest.passages import MIN_CHARS, PASSAGE, passage_key
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
@@ -85,6 +87,8 @@ class PassReport:
     """Statements dropped by reason: invalid, meta, ids, secret, unresolved, unsourced, and
     ``unverified`` (an exact value occurs neither in its source lines nor in their dates), and
     ``repeated`` (a statement the same reply had already made: dropped before merging)."""
+    passages: Counter[str] = field(default_factory=Counter)
+    """Passages (the batches' lines, verbatim): new, kept_once (the same words stored already)."""
     empty_batches: int = 0
     dead: int = 0
     parts_dropped: int = 0
@@ -104,6 +108,7 @@ class PassReport:
             "spans": self.spans,
             "facts": dict(self.facts),
             "dropped": dict(self.dropped),
+            "passages": dict(self.passages),
             "empty_batches": self.empty_batches,
             "dead_letters": self.dead,
             "parts_dropped": self.parts_dropped,
@@ -328,6 +333,7 @@ class Consolidator:
         try:
             counts = self.memory.write(
                 facts,
+                passages=passages_of(spans, scope, batch_id),
                 also=lambda conn: self.queue.finish(
                     conn, batch_id, scope, "done", {**base, "items": len(items), "dropped": dict(dropped)}
                 ),
@@ -337,6 +343,7 @@ class Consolidator:
             return False
         report.batches += 1
         report.spans += len(spans)
+        report.passages.update({k.removeprefix("passages_"): counts.pop(k) for k in list(counts) if "passages_" in k})
         report.facts.update(counts)
         report.dropped.update(dropped)
         report.empty_batches += not items
@@ -424,3 +431,44 @@ class Consolidator:
                 )
             )
         return out, dropped
+
+
+def passages_of(spans: Sequence[dict[str, Any]], scope: str, batch_id: str) -> list[NewFact]:
+    """The passages of a batch's spans: each user input and assistant reply, verbatim."""
+    out = []
+    for span in spans:
+        for turn in span["turns"]:
+            text = str(turn.get("text") or "").strip()
+            if turn.get("role") not in ("user", "assistant") or len(text) < MIN_CHARS:
+                continue
+            ts = turn.get("ts")
+            line = {
+                "run_id": span["run_id"],
+                "seq": turn.get("seq"),
+                "role": turn["role"],
+                "speaker": turn.get("speaker"),
+                "ts": ts,
+                "text": text,
+            }
+            source = {
+                "run_id": span["run_id"],
+                "seqs": [turn.get("seq")],
+                "distillation_seq": span["distillation_seq"],
+                "agent": span["agent"],
+                "def_hash": span["def_hash"],
+                "batch_id": batch_id,
+            }
+            observed = None if ts is None else _dt.datetime.fromtimestamp(ts, tz=_dt.UTC).strftime("%Y-%m-%d")
+            out.append(
+                NewFact(
+                    statement=text,
+                    cls=PASSAGE,
+                    subject=str(turn.get("speaker") or turn["role"]),
+                    scope=scope,
+                    key=passage_key(scope, text),
+                    observed_at=observed,
+                    sources=[source],
+                    lines=[line],
+                )
+            )
+    return out

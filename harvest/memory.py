@@ -25,6 +25,7 @@ import numpy as np
 from loomrt.errors import NotFoundError
 from loomrt.harvest.db import Tables
 from loomrt.harvest.evidence import said_of
+from loomrt.harvest.passages import FACT_TIERS, PASSAGE, TIERS, classes_of, distinct_hits, new_lines, store_passages
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
 from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
@@ -141,18 +142,30 @@ class DurableMemory(Protocol):
     :class:`~loomrt.harvest.pg_memory.PgMemoryStore`). Scope checks are the caller's
     (:class:`ScopedMemory`; on PostgreSQL row-level security checks them again)."""
 
-    def write(self, facts: Sequence[NewFact], *, also: Callable[[Any], None] | None = None) -> dict[str, int]:
-        """Store facts with placement, idempotently, in one transaction (``also`` joins it)."""
+    def write(
+        self,
+        facts: Sequence[NewFact],
+        *,
+        passages: Sequence[NewFact] = (),
+        also: Callable[[Any], None] | None = None,
+    ) -> dict[str, int]:
+        """Store facts with placement, and passages once each, idempotently, in one
+        transaction (``also`` joins it)."""
         ...
 
-    def search(self, query: str, top_k: int, scopes: Sequence[str]) -> list[MemoryHit]:
-        """The best live facts of ``scopes``."""
+    def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
+        """The best live facts and passages (``tiers``) of ``scopes``, fused."""
         ...
 
     def facts(
-        self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000
+        self,
+        scopes: Sequence[str] | None = None,
+        *,
+        include_hidden: bool = False,
+        limit: int = 1000,
+        tiers: Sequence[str] = FACT_TIERS,
     ) -> list[Fact]:
-        """Facts, oldest first."""
+        """Facts (and with ``tiers``, passages), oldest first."""
         ...
 
     def get(self, fact_id: str) -> Fact:
@@ -214,13 +227,22 @@ class MemoryStore:
             return None
         return np.asarray(self.embedder.embed(texts), dtype=np.float32)
 
-    def write(self, facts: Sequence[NewFact], *, also: Callable[[Any], None] | None = None) -> dict[str, int]:
+    def write(
+        self,
+        facts: Sequence[NewFact],
+        *,
+        passages: Sequence[NewFact] = (),
+        also: Callable[[Any], None] | None = None,
+    ) -> dict[str, int]:
         """Store ``facts`` in one transaction: each is new, merged into a stored fact, or
         supersedes one (:func:`~loomrt.harvest.placement.place`); a key already written is
-        skipped (a retried batch writes nothing new). ``also(conn)`` runs in the same
-        transaction (the consolidator marks its batch done there). Counts by outcome."""
+        skipped (a retried batch writes nothing new). ``passages`` are stored in the same
+        transaction, once each (:func:`~loomrt.harvest.passages.store_passages`; counted as
+        ``passages_new``, ``passages_kept_once``). ``also(conn)`` runs in it too (the
+        consolidator marks its batch done there). Counts by outcome."""
         counts = {"new": 0, "merged": 0, "superseded": 0, "already": 0}
         vectors = self._embed([f.statement for f in facts])
+        passage_vectors = self._embed([p.statement for p in passages])
         merge_cos, supersede_cos = self.bands()
         now = time.time()
         written: list[tuple[NewFact, str, np.ndarray | None]] = []
@@ -243,6 +265,9 @@ class MemoryStore:
                     written.append((f, fact_id, vec))
                 conn.execute("INSERT INTO memory_keys VALUES (?, ?, ?)", (f.key, fact_id, placed.action))
                 counts[{"new": "new", "merge": "merged", "supersede": "superseded"}[placed.action]] += 1
+            if passages:
+                stored = store_passages(self, conn, passages, passage_vectors, now)
+                counts.update({f"passages_{k}": stored[k] for k in ("new", "kept_once")})
             if also is not None:
                 also(conn)
         return counts
@@ -283,7 +308,7 @@ class MemoryStore:
         out = [
             Candidate(fid, facts[fid].cls, facts[fid].subject, facts[fid].statement, cos)
             for fid, cos in near
-            if fid in facts and facts[fid].status == "live"
+            if fid in facts and facts[fid].status == "live" and facts[fid].cls != PASSAGE
         ]
         return sorted(out, key=lambda c: -c.cosine)
 
@@ -459,9 +484,16 @@ class MemoryStore:
         ]
 
     def facts(
-        self, scopes: Sequence[str] | None = None, *, include_hidden: bool = False, limit: int = 1000
+        self,
+        scopes: Sequence[str] | None = None,
+        *,
+        include_hidden: bool = False,
+        limit: int = 1000,
+        tiers: Sequence[str] = FACT_TIERS,
     ) -> list[Fact]:
         sql, args = f"SELECT {_COLUMNS} FROM memory_facts WHERE 1=1", []
+        if "passages" not in tiers or "facts" not in tiers:
+            sql += f" AND class {'=' if 'facts' not in tiers else '<>'} '{PASSAGE}'"
         if scopes is not None:
             sql += f" AND scope IN ({','.join('?' * len(scopes))})"
             args += list(scopes)
@@ -482,37 +514,44 @@ class MemoryStore:
             idx.rev = rev
         n = self.db.row_key
         rows = self.db.rows(
-            f"SELECT {n}, fact_id, statement, vector FROM memory_facts WHERE scope = ? AND "
+            f"SELECT {n}, fact_id, statement, vector, class FROM memory_facts WHERE scope = ? AND "
             f"status = 'live' AND {n} > ? ORDER BY {n}",
             (scope, idx.rowid),
         )
         if rows:
             drafts = [
-                Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role="fact", text=text)
-                for _, fid, text, _ in rows
+                Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role=cls, text=text)
+                for _, fid, text, _, cls in rows
             ]
             vectors = None
             if idx.index.dense and self.embedder is not None:
                 dim = self.embedder.dim
-                if all(b is not None and len(b) == dim * 4 for *_, b in rows):
-                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for *_, b in rows])
+                if all(b is not None and len(b) == dim * 4 for *_, b, _ in rows):
+                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for *_, b, _ in rows])
                 else:
-                    vectors = self._embed([text for _, _, text, _ in rows])
+                    vectors = self._embed([text for _, _, text, _, _ in rows])
             for e in idx.index.add(drafts, vectors=vectors):
                 idx.ids[e.id] = e.run_id
             idx.rowid = rows[-1][0]
         return idx
 
-    def search(self, query: str, top_k: int, scopes: Sequence[str]) -> list[MemoryHit]:
-        """The best ``top_k`` live facts of ``scopes`` for ``query``, best first."""
+    def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
+        """The best ``top_k`` live facts and passages (``tiers``) of ``scopes`` for ``query``,
+        fused by one scorer, best first (a passage a better hit states already left out)."""
+        classes = classes_of(tiers)
+        pool = 4 * top_k
         found: list[tuple[float, str, str]] = []
         with self._lock:
             for scope in scopes:
                 idx = self._index(scope)
-                found += [(h.score, scope, h.entry.run_id) for h in idx.index.search(query, top_k)]
+                found += [
+                    (h.score, scope, h.entry.run_id)
+                    for h in idx.index.search(query, pool)
+                    if classes is None or (h.entry.role == PASSAGE) == (classes == PASSAGE)
+                ]
         found.sort(key=lambda x: -x[0])
-        facts = self._by_id([fid for _, _, fid in found[:top_k]])
-        return [hit_of(facts[fid], score) for score, _, fid in found[:top_k]]
+        facts = self._by_id([fid for _, _, fid in found[:pool]])
+        return distinct_hits([hit_of(facts[fid], score) for score, _, fid in found[:pool]], top_k)
 
 
 def hit_of(fact: Fact, score: float) -> MemoryHit:
@@ -533,9 +572,7 @@ def hit_of(fact: Fact, score: float) -> MemoryHit:
 def _joined(stored: str | None, more: Sequence[dict[str, Any]]) -> str:
     """A fact's source lines with ``more`` added (a line already kept, by run and seq, once)."""
     lines = json.loads(stored or "[]")
-    seen = {(line.get("run_id"), line.get("seq")) for line in lines}
-    lines += [line for line in more if (line.get("run_id"), line.get("seq")) not in seen]
-    return json.dumps(lines, ensure_ascii=False)
+    return json.dumps([*lines, *new_lines(lines, more)], ensure_ascii=False)
 
 
 class ScopedMemory:

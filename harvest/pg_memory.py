@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.harvest.memory import MemoryStore, hit_of
+from loomrt.harvest.passages import PASSAGE, TIERS, classes_of, distinct_hits
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
 from loomrt.harvest.pg import vector_text as _vector
 from loomrt.recall.embedders import EmbedderChoice
@@ -105,15 +106,18 @@ class PgMemoryStore(MemoryStore):
 
     # search
 
-    def search(self, query: str, top_k: int, scopes: Sequence[str]) -> list[MemoryHit]:
-        """The best ``top_k`` live facts of ``scopes`` for ``query``, best first."""
+    def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
+        """The best ``top_k`` live facts and passages (``tiers``) of ``scopes`` for ``query``,
+        fused, best first (a passage a better hit states already left out)."""
+        only = classes_of(tiers)
         if not scopes or top_k <= 0:
             return []
+        where = "" if only is None else f" AND class {'=' if only == PASSAGE else '<>'} '{PASSAGE}'"
         pool = max(_POOL, 4 * top_k)
         q = self._embed([query])
         with self.db.scoped(scopes), self.db.write() as conn:  # one snapshot; RLS sees only ``scopes``
             n, avgdl, centroid = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
-            lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl)
+            lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl, where)
             score: dict[str, float] = {}
             weight = 0.0
             if lexical:
@@ -122,16 +126,17 @@ class PgMemoryStore(MemoryStore):
                     score[fid] = 0.5 * s / best
                 weight += 0.5
             if q is not None:
-                dense = self._dense(conn, q[0], scopes, pool)
+                dense = self._dense(conn, q[0], scopes, pool, where)
                 dense.update(self._cosines(conn, q[0], [fid for fid in score if fid not in dense]))
                 best, mean = max(dense.values(), default=0.0), float(centroid @ q[0]) if centroid is not None else 0.0
                 for fid, cos in dense.items():
                     scaled = (cos - mean) / (best - mean) if best > mean else 0.0
                     score[fid] = score.get(fid, 0.0) + 0.5 * scaled
                 weight += 0.5
-            ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[:top_k]
+            ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[: 2 * top_k]
             facts = self._by_id([fid for fid, _ in ranked])
-        return [hit_of(facts[fid], round(float(np.clip(s / weight, 0.0, 1.0)), 6)) for fid, s in ranked if fid in facts]
+        hits = [hit_of(facts[fid], round(float(np.clip(s / weight, 0.0, 1.0)), 6)) for fid, s in ranked if fid in facts]
+        return distinct_hits(hits, top_k)
 
     def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:
         """The live facts of ``scopes``: how many, their mean length in tokens, their mean
@@ -165,7 +170,7 @@ class PgMemoryStore(MemoryStore):
         return value
 
     def _bm25(
-        self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int, avgdl: float
+        self, conn: Any, terms: Counter[str], scopes: Sequence[str], pool: int, n: int, avgdl: float, where: str = ""
     ) -> dict[str, float]:
         """BM25 of the facts holding any of ``terms`` (the best ``pool``), in the database, from
         the postings: each term's document frequency first (an index-only count), then each
@@ -186,12 +191,14 @@ class PgMemoryStore(MemoryStore):
         rows = conn.execute(
             "SELECT m.fact_id, sum(w.idf * m.tf / (m.tf + ?::float8 * (1 - ?::float8 + ?::float8 * m.n_tokens / "
             "?::float8))) AS s FROM memory_terms m JOIN unnest(?::text[], ?::float8[]) AS w(term, idf) USING (term) "
-            "WHERE m.scope = ANY(?) GROUP BY m.fact_id ORDER BY s DESC LIMIT ?",
+            "WHERE m.scope = ANY(?)"
+            + (f" AND EXISTS (SELECT 1 FROM memory_facts WHERE fact_id = m.fact_id{where})" if where else "")
+            + " GROUP BY m.fact_id ORDER BY s DESC LIMIT ?",
             [_K1, _B, _B, avgdl, found, idf, list(scopes), pool],
         ).fetchall()
         return {fid: float(s) for fid, s in rows if s and s > 0}
 
-    def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int) -> dict[str, float]:
+    def _dense(self, conn: Any, q: np.ndarray, scopes: Sequence[str], pool: int, where: str = "") -> dict[str, float]:
         """The ``pool`` facts nearest ``q`` by cosine."""
         d = len(q)
         if self.pgvector:
@@ -201,11 +208,11 @@ class PgMemoryStore(MemoryStore):
                 conn.execute(f"SET LOCAL hnsw.ef_search = {max(40, pool)}")
             rows = conn.execute(
                 f"SELECT fact_id, 1 - ({cast} <=> ?::vector({d})) FROM memory_facts WHERE scope = ANY(?) AND "
-                f"status = 'live' AND vector_dims(embedding) = {d} ORDER BY {cast} <=> ?::vector({d}) LIMIT ?",
+                f"status = 'live' AND vector_dims(embedding) = {d}{where} ORDER BY {cast} <=> ?::vector({d}) LIMIT ?",
                 [_vector(q), list(scopes), _vector(q), pool],
             ).fetchall()
             return {fid: float(c) for fid, c in rows}
-        ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
+        ids, vecs = self._vectors(conn, f"scope = ANY(?) AND status = 'live'{where}", [list(scopes)], d)
         if not ids:
             return {}
         cos = vecs @ q

@@ -125,7 +125,7 @@ def _harvested(where: Any) -> tuple[list[str], list[str]]:
         db = HarvestDB(url)
     try:
         banked = sorted(t["text"] for (turns,) in db.rows("SELECT turns FROM harvest_spans") for t in json.loads(turns))
-        return banked, sorted(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
+        return banked, sorted(s for (s,) in db.rows("SELECT statement FROM memory_facts WHERE class <> 'passage'"))
     finally:
         db.close()
 

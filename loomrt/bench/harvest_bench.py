@@ -140,7 +140,8 @@ def _kept(store: Any, cases: Sequence[tuple[str, str, tuple[str, ...]]]) -> list
         facts = [
             s.lower()
             for (s,) in db.rows(
-                "SELECT statement FROM memory_facts WHERE scope = ? AND status = 'live'", (f"user:case{i}",)
+                "SELECT statement FROM memory_facts WHERE scope = ? AND status = 'live' AND class <> 'passage'",
+                (f"user:case{i}",),
             )
         ]
         out.append(any(all(w.lower() in f for w in words) for f in facts))
@@ -306,8 +307,9 @@ class _Tally:
         }
 
 
-TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence")
-"""The four tallies a LoCoMo conversation's record keeps (figures with counts by category)."""
+TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence", "passage_states", "fused_states")
+"""The tallies a LoCoMo conversation's record keeps (figures with counts by category): the facts
+tier's states and cites, the raw turns', and the passage tier's and the fused tier's states."""
 
 
 def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
@@ -320,6 +322,7 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         "turns": 0,
         "spans": 0,
         "facts": 0,
+        "passages": 0,
         "dead_letters": 0,
         "retries": 0,
         "dropped": {},
@@ -331,6 +334,7 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         out["conversations"] += rec.get("covers", [key])
         for name in ("turns", "spans", "facts", "dead_letters", "retries"):
             out[name] += rec[name]
+        out["passages"] += rec.get("passages", 0)
         out["seconds"] = round(out["seconds"] + rec["seconds"], 1)
         for name in ("dropped", "writes"):
             out[name] = dict(Counter(out[name]) + Counter(rec.get(name, {})))
@@ -346,6 +350,11 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         "states": tiers["memory_states"].figures(CATEGORY_NAMES),
         "cites": tiers["memory_cites"].figures(CATEGORY_NAMES),
     }
+    if all("fused_states" in rec["tallies"] for rec in records.values()):  # (records from before the tier: none)
+        out["tiers"] = {
+            "passages": tiers["passage_states"].figures(CATEGORY_NAMES),
+            "fused": tiers["fused_states"].figures(CATEGORY_NAMES),
+        }
     if all("raw_states" in rec["tallies"] for rec in records.values()):
         out["raw"] = {
             "evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
@@ -427,6 +436,8 @@ async def _locomo_conversation(
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
     from loomrt.harvest.db import harvest_db
     from loomrt.harvest.memory import MemoryStore
+    from loomrt.harvest.passages import FACT_TIERS
+    from loomrt.harvest.passages import TIERS as BOTH
     from loomrt.messages import EvictedSpan, Message
 
     parts = part_tokens or PART_TOKENS
@@ -469,21 +480,25 @@ async def _locomo_conversation(
     consolidated_s = time.perf_counter() - started
     questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
     facts = memory.facts([scope])
-    states, cites = _Tally(ks), _Tally(ks)
+    states, cites, passages, fused = _Tally(ks), _Tally(ks), _Tally(ks), _Tally(ks)
     for q in questions:
         cat, truth = int(q["category"]), gold_answer(q)
         gold = evidence_ids(q.get("evidence"))
-        found = memory.search(str(q["question"]), max(ks), [scope])
+        found = memory.search(str(q["question"]), max(ks), [scope], tiers=FACT_TIERS)
         own = [{seq_to_dia.get(s) for s in (h.provenance.get("sources") or [{}])[0].get("seqs", [])} for h in found]
         cites.add(cat, [bool(gold & set().union(*own[:k])) for k in ks])
         if answer_words(truth, cat):
             said = [h.text for h in found]
             states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
+            for tally, tiers in ((passages, ("passages",)), (fused, BOTH)):
+                said = [h.text for h in memory.search(str(q["question"]), max(ks), [scope], tiers=tiers)]
+                tally.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
     rec: dict[str, Any] = {
         "turns": len(seq_to_dia),
         "spans": len(by_session),
         "questions": len(questions),
         "facts": len(facts),
+        "passages": len(memory.facts([scope], tiers=("passages",), limit=1_000_000)),
         "seconds": round(consolidated_s, 1),
         "part_tokens": parts,
         "dead_letters": report.dead,
@@ -492,7 +507,12 @@ async def _locomo_conversation(
         "dropped": dict(report.dropped),
         "writes": dict(report.facts),
         "measured_at": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "tallies": {"memory_states": states.figures(CATEGORY_NAMES), "memory_cites": cites.figures(CATEGORY_NAMES)},
+        "tallies": {
+            "memory_states": states.figures(CATEGORY_NAMES),
+            "memory_cites": cites.figures(CATEGORY_NAMES),
+            "passage_states": passages.figures(CATEGORY_NAMES),
+            "fused_states": fused.figures(CATEGORY_NAMES),
+        },
         "sample_facts": [f.statement for f in facts[:5]],
     }
     if raw:

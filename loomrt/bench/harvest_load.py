@@ -173,7 +173,7 @@ def verify(where: Any, texts: list[str], ran: dict[str, Any] | None = None) -> d
     from loomrt.harvest.db import harvest_db
 
     db = harvest_db(where)
-    stored = Counter(s for (s,) in db.rows("SELECT statement FROM memory_facts"))
+    stored = Counter(s for (s,) in db.rows("SELECT statement FROM memory_facts WHERE class <> 'passage'"))
     states = dict(db.rows("SELECT state, COUNT(*) FROM harvest_spans GROUP BY state"))
     out: dict[str, Any] = {
         "banked_lines": len(texts),

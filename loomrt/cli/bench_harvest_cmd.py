@@ -116,6 +116,16 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
         f"lines nor in their session dates), **{lo.get('repeats', 0)} repeats dropped** (a statement the same "
         f"reply had made already); dropped by reason: {json.dumps(lo.get('dropped', {}), sort_keys=True)}.",
     ]
+    if lo.get("tiers"):
+        t = lo["tiers"]
+        lines += [
+            "",
+            f"Tiers, states at k = 1 / 3 / 5 / 10 ({lo.get('passages', 0)} verbatim passages beside the facts): facts "
+            f"{_at(mem['states']['recall_at'])}; passages {_at(t['passages']['recall_at'])}; **facts and passages "
+            f"fused {_at(t['fused']['recall_at'])}**"
+            + (f"; raw turns {_at(raw['states']['recall_at'])}" if raw else "")
+            + ".",
+        ]
     per = lo.get("per_conversation") or {}
     if len(per) > 1:
         lines += [

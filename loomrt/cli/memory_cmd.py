@@ -202,19 +202,21 @@ def search_cmd(
 def list_cmd(
     scope: list[str] | None = _SCOPE,
     all_: bool = typer.Option(False, "--all", help="Include superseded and forgotten facts."),
+    passages: bool = typer.Option(False, "--passages", help="The verbatim passages instead of the facts."),
     limit: int = typer.Option(200, "--limit", min=1),
     json_output: bool = _JSON,
 ) -> None:
-    """List durable facts, oldest first."""
+    """List durable facts (or passages), oldest first."""
     _, memory = _memory()
-    facts = memory.facts(_scopes(scope), include_hidden=all_, limit=limit)
+    tiers = ("passages",) if passages else ("facts",)
+    facts = memory.facts(_scopes(scope), include_hidden=all_, limit=limit, tiers=tiers)
     if json_output:
         print_json([f.to_dict() for f in facts])
         return
     table = Table("fact", "scope", "class", "status", "statement")
     for f in facts:
         table.add_row(f.fact_id, f.scope, f.cls, f.status, escape(f.statement))
-    out.print(table if facts else "no facts")
+    out.print(table if facts else "no passages" if passages else "no facts")
 
 
 def _origins(store: Any, fact: Any) -> list[dict[str, Any]]:

@@ -1,0 +1,158 @@
+"""The passage tier (issue 48 item 2): each consolidated line is kept verbatim as a passage,
+once per its words and scope, with provenance; memory search fuses passages with the facts,
+so what extraction missed is still found in the original words; passages never take part in
+placement, never hold private material, and the bench reports the tiers apart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harvest_kit import harvest_record
+
+from loomrt.bench.harvest_bench import _bench_bank, locomo_tiers
+from loomrt.harvest import Consolidator
+from loomrt.harvest.db import harvest_db
+from loomrt.harvest.scripted import conversation_lines
+from loomrt.harvest.wiring import memory_store
+from loomrt.messages import EvictedSpan, Message
+from loomrt.providers.base import ModelRequest
+from loomrt.record.sqlite import SQLiteStore
+from loomrt.testing import FunctionProvider
+
+MINI = Path(__file__).parent / "data" / "locomo-mini.json"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SQLiteStore]:
+    yield from harvest_record(request, tmp_path)
+
+
+def _vague(request: ModelRequest) -> str:
+    """An extractor that cites every line and states nothing in them."""
+    ns = [n for n, _, _ in conversation_lines(request)]
+    fact = {
+        "statement": "Ana and Bo talked about their week.",
+        "class": "fact",
+        "subject": "Ana",
+        "source_seqs": ns[:6],
+    }
+    return json.dumps({"facts": [fact]})
+
+
+def _bank(
+    store: SQLiteStore, said: list[tuple[str, str]], *, run: str = "r-p", span: int = 1, bank: Any = None
+) -> None:
+    messages = tuple(
+        Message(role=role, name="Ana" if role == "user" else None, content=text, seq=10 * span + i, ts=1_683_554_400.0)
+        for i, (role, text) in enumerate(said)
+    )
+    (bank or _bench_bank(harvest_db(store), run, "user:ana")).bank(
+        EvictedSpan(run_id=run, agent="bench", mode="recap", distillation_seq=span, messages=messages)
+    )
+
+
+def _drain(store: SQLiteStore) -> Any:
+    return Consolidator(
+        store, provider=FunctionProvider(_vague, name="scripted/vague"), embedder="hash", settle_s=0
+    ).run_once()
+
+
+def test_each_line_is_kept_once_as_a_passage_with_its_provenance(store: SQLiteStore) -> None:
+    _bank(
+        store,
+        [("user", "My locker code at the climbing gym is 4417."), ("assistant", "Noted: locker 4417."), ("user", "ok")],
+    )
+    _bank(store, [("user", "my locker code at the climbing gym is 4417")], run="r-q", span=2)  # said again
+    report = _drain(store)
+    assert report.passages == {"new": 2, "kept_once": 1}  # "ok" is too short to be a passage
+    memory = memory_store(store, "hash")
+    assert [f.cls for f in memory.facts(["user:ana"])] == ["fact"]  # the fact list leaves passages out
+    passages = memory.facts(["user:ana"], tiers=("passages",))
+    assert [p.statement for p in passages] == ["My locker code at the climbing gym is 4417.", "Noted: locker 4417."]
+    locker = passages[0]
+    assert [(line["run_id"], line["seq"]) for line in locker.lines] == [("r-p", 10), ("r-q", 20)]
+    assert [s["run_id"] for s in locker.sources] == ["r-p", "r-q"] and locker.subject == "Ana"
+    assert _drain(store).batches == 0  # nothing pending: a retried pass adds nothing
+
+
+def test_memory_search_fuses_passages_with_facts_and_finds_what_extraction_missed(store: SQLiteStore) -> None:
+    _bank(store, [("user", "My locker code at the climbing gym is 4417."), ("user", "I also started learning Welsh.")])
+    _drain(store)
+    memory = memory_store(store, "hash")
+    facts_only = memory.search("locker code climbing gym", 3, ["user:ana"], tiers=("facts",))
+    assert all("4417" not in h.text for h in facts_only)  # the vague fact states nothing
+    fused = memory.search("locker code climbing gym", 3, ["user:ana"])
+    assert fused[0].text == "My locker code at the climbing gym is 4417." and fused[0].provenance["class"] == "passage"
+    assert fused[0].provenance["said"]["seq"] == 10
+    assert {h.provenance["class"] for h in fused} == {"passage", "fact"}
+    with pytest.raises(ValueError, match="unknown memory tier"):
+        memory.search("x", 3, ["user:ana"], tiers=("cards",))
+
+
+def test_a_fact_never_merges_into_or_supersedes_a_passage(store: SQLiteStore) -> None:
+    from loomrt.harvest.memory import NewFact
+
+    _bank(store, [("user", "Ana's deploy window is 14:00 to 16:00 UTC.")])
+    _drain(store)
+    memory = memory_store(store, "hash")
+    counts = memory.write(
+        [NewFact("Ana's deploy window is 17:00 to 19:00 UTC.", "correction", "Ana", "user:ana", "k1")]
+    )
+    assert counts["new"] == 1 and counts["superseded"] == 0
+    assert len(memory.facts(["user:ana"], tiers=("passages",))) == 1
+
+
+def test_private_material_is_never_a_passage(store: SQLiteStore) -> None:
+    bank = _bench_bank(harvest_db(store), "r-p", "user:ana")
+    bank._private = lambda: {11}  # the run's private seqs at eviction: the payroll line
+    _bank(
+        store,
+        [("user", "My bank PIN hint is the dog's birthday."), ("user", "The payroll file says 91,000.")],
+        bank=bank,
+    )
+    _drain(store)
+    words = json.dumps(
+        [f.to_dict() for f in memory_store(store, "hash").facts(include_hidden=True, tiers=("facts", "passages"))]
+    )
+    assert "payroll" not in words and "dog's birthday" in words
+
+
+def _tiers(**kw: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return asyncio.run(
+            locomo_tiers(
+                Path(tmp),
+                MINI,
+                provider=FunctionProvider(_vague, name="scripted/vague"),
+                embedder="hash",
+                raw=False,
+                **kw,
+            )
+        )
+
+
+def test_the_bench_reports_the_tiers_apart() -> None:
+    """With an extractor that states nothing, the facts tier states no answer and the passage
+    tier does; fused, the answers are still found (``bench harvest`` reports all three)."""
+    from loomrt.cli.bench_harvest_cmd import _locomo_lines
+
+    out = _tiers()
+    facts, tiers = out["memory"]["states"]["recall_at"], out["tiers"]
+    assert facts["10"] == 0.0 and out["passages"] > 0
+    assert tiers["passages"]["recall_at"]["10"] >= 0.5 and tiers["fused"]["recall_at"]["10"] >= 0.5
+    assert "facts and passages fused" in "\n".join(_locomo_lines(out))
+
+
+def test_a_consolidator_that_keeps_no_passages_shows_in_the_passage_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sabotage of the passage and fused figures: with no passages kept, both fall to the
+    facts tier's (here: nothing stated)."""
+    monkeypatch.setattr("loomrt.harvest.consolidator.passages_of", lambda spans, scope, batch_id: [])
+    out = _tiers()
+    assert out["passages"] == 0
+    assert out["tiers"]["passages"]["recall_at"]["10"] == 0.0 and out["tiers"]["fused"]["recall_at"]["10"] == 0.0
