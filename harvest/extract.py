@@ -234,13 +234,19 @@ def _said_once(statement: str) -> str:
 
 def distinct(items: Sequence[Any]) -> tuple[list[Any], int]:
     """The items of one reply with each statement once (the first; a repeat's cited lines
-    join it), and how many repeats were dropped. A small model repeats itself within a reply
-    (half of the embedded model's LoCoMo statements did, word for word): each is dropped here,
-    before merging, and counted. Items without a statement are left to :func:`check_fact`."""
+    join it) and each statement's clauses once (:func:`_clauses_once`), and how many repeats
+    were dropped. A small model repeats itself within a reply (half of the embedded model's
+    LoCoMo statements did, word for word): each is dropped here, before merging, and counted.
+    Items without a statement are left to :func:`check_fact`."""
     first: dict[str, int] = {}
     out: list[Any] = []
+    clauses = 0
     for item in items:
         said = item.get("statement") if isinstance(item, dict) else None
+        if isinstance(said, str):
+            said, dropped = _clauses_once(said)
+            clauses += dropped
+            item = {**item, "statement": said} if dropped else item
         key = _said_once(said) if isinstance(said, str) else ""
         if not key:
             out.append(item)
@@ -252,7 +258,26 @@ def distinct(items: Sequence[Any]) -> tuple[list[Any], int]:
         kept = out[first[key]]
         if isinstance(kept.get("source_seqs"), list) and isinstance(item.get("source_seqs"), list):
             kept["source_seqs"] = list(dict.fromkeys([*kept["source_seqs"], *item["source_seqs"]]))[:6]
-    return out, len(items) - len(out)
+    return out, len(items) - len(out) + clauses
+
+
+def _clauses_once(statement: str) -> tuple[str, int]:
+    """``statement`` with each of its ``;`` clauses once, and how many were dropped: the
+    embedded model also repeats inside one statement ("Cy added a sourdough rye; Dee needs to
+    try it; Cy added a sourdough rye; ...", cut off at the length limit mid-clause): a clause
+    that repeats an earlier one, or begins one (the cut-off repeat), is dropped."""
+    parts = [p.strip() for p in statement.split(";")]
+    if len(parts) < 2:
+        return statement, 0
+    kept: list[str] = []
+    seen: list[str] = []
+    for part in parts:
+        words = _said_once(part)
+        if words and any(earlier == words or earlier.startswith(words + " ") for earlier in seen):
+            continue
+        kept.append(part)
+        seen.append(words)
+    return "; ".join(p for p in kept if p), len(parts) - len(kept)
 
 
 def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None, str]:

@@ -78,6 +78,22 @@ def test_distinct_keeps_the_first_of_each_statement_and_leaves_the_rest_to_the_c
     assert items[0]["source_seqs"] == [1]  # the reply itself is left as it was
 
 
+def test_a_statement_that_repeats_its_own_clauses_keeps_each_once() -> None:
+    """As the embedded model wrote it on the mini LoCoMo set (a real run): one statement
+    repeating its clauses until the length limit cut the last one off."""
+    said = (
+        "Dee started pottery classes in the week of 26 May 2024, it really helps her relax; Cy added a sourdough "
+        "rye, it sells out by nine; Dee needs to try it; Cy added a sourdough rye, it sells out by nine; Dee needs "
+        "to try it; Cy added a sourdough rye, it sells out by nine; Dee needs"
+    )
+    kept, repeats = distinct([{"statement": said, "source_seqs": [1]}, {"statement": "Cy bakes; and Cy sells."}])
+    assert kept[0]["statement"] == (
+        "Dee started pottery classes in the week of 26 May 2024, it really helps her relax; Cy added a sourdough "
+        "rye, it sells out by nine; Dee needs to try it"
+    )
+    assert repeats == 4 and kept[1]["statement"] == "Cy bakes; and Cy sells."
+
+
 def test_the_prompt_asks_for_distinct_single_statements_with_absolute_dates() -> None:
     for asked in ("states one thing", "each once", "absolute date", "last Tuesday"):
         assert asked in EXTRACT_PROMPT, asked
