@@ -24,7 +24,7 @@ import numpy as np
 
 from loomrt.errors import NotFoundError
 from loomrt.harvest.db import Tables
-from loomrt.harvest.evidence import said_of
+from loomrt.harvest.evidence import best_line, said_of
 from loomrt.harvest.passages import FACT_TIERS, PASSAGE, TIERS, classes_of, distinct_hits, new_lines, store_passages
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
@@ -556,16 +556,24 @@ class MemoryStore:
 
 def hit_of(fact: Fact, score: float) -> MemoryHit:
     """A fact as a memory hit: its statement, with the shortest source line that supports it
-    (``provenance.said``), who wrote it and where it came from."""
+    (``provenance.said``), who wrote it and where it came from; its time is when that line was
+    said (else when the fact was stored), as recall injection dates it."""
     provenance: dict[str, Any] = {"class": fact.cls, "observed_at": fact.observed_at, "author": fact.author}
     said = fact.said()
+    line = best_line(fact.statement, fact.lines)
+    ts = line.get("ts") if line is not None else None
     if said is not None:
         provenance["said"] = said
     if fact.model:
         provenance["model"] = fact.model
     provenance["sources"] = fact.sources
     return MemoryHit(
-        text=fact.statement, score=score, ts=fact.created_at, scope=fact.scope, id=fact.fact_id, provenance=provenance
+        text=fact.statement,
+        score=score,
+        ts=ts if isinstance(ts, int | float) else fact.created_at,
+        scope=fact.scope,
+        id=fact.fact_id,
+        provenance=provenance,
     )
 
 

@@ -23,7 +23,7 @@ class MemoryHit:
     score: float
     """Relevance in [0, 1] (1 is best), comparable with a run hit's score."""
     ts: float | None = None
-    """Unix time the fact was stored (or observed)."""
+    """Unix time the words it came from were said (else when the fact was stored)."""
     source: str = "memory"
     """Always ``"memory"``."""
     scope: str | None = None

@@ -481,5 +481,16 @@ class RunRecall:
             extra["author"] = written_by
             if h.provenance:  # where the fact came from: the runs and record seqs of its original words
                 extra["provenance"] = h.provenance
-            out.append(RecallHit(text=h.text, score=float(h.score), source="memory", ts=h.ts, extra=extra))
+            said = h.provenance.get("said")
+            speaker = said.get("speaker") if isinstance(said, dict) else None  # who said its words (injection shows it)
+            out.append(
+                RecallHit(
+                    text=h.text,
+                    score=float(h.score),
+                    source="memory",
+                    ts=h.ts,
+                    speaker=speaker if isinstance(speaker, str) else None,
+                    extra=extra,
+                )
+            )
         return out[:top_k]

@@ -109,6 +109,9 @@ def test_a_fact_keeps_its_lines_with_speakers_and_the_dates_they_were_said(store
     later, _ = chat(store, harvest_agent(), ["hello"], finish=False)
     answer = later.open(_).toolset.tools["Recall"].fn(query="Bea greyhound gate 10", source="memory")
     assert answer["results"][0]["provenance"]["said"]["text"] == lines[1]
+    # dated and voiced as the words were said (recall injection shows both), not when the fact was stored
+    assert hit.ts == said_at and answer["results"][0]["ts"] == "2023-05-08T14:00:00Z"
+    assert answer["results"][0]["speaker"] == "user"
 
 
 def test_a_hit_shows_the_shortest_line_that_supports_its_fact(store: SQLiteStore) -> None:
