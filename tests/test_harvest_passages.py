@@ -147,6 +147,11 @@ def test_the_bench_reports_the_tiers_apart() -> None:
     assert facts["10"] == 0.0 and out["passages"] > 0
     assert tiers["passages"]["recall_at"]["10"] >= 0.5 and tiers["fused"]["recall_at"]["10"] >= 0.5
     assert "facts and passages fused" in "\n".join(_locomo_lines(out))
+    curve = out["budgets"]  # accuracy against tokens: facts state nothing at any budget
+    assert list(curve["facts"]["recall_at"]) == ["250", "500", "1000", "2000"]
+    assert set(curve["facts"]["recall_at"].values()) == {0.0} and curve["fused"]["recall_at"]["2000"] >= 0.5
+    assert list(curve["passages"]["recall_at"].values()) == sorted(curve["passages"]["recall_at"].values())
+    assert "Accuracy against tokens" in "\n".join(_locomo_lines(out))
 
 
 def test_a_consolidator_that_keeps_no_passages_shows_in_the_passage_tier(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -156,3 +161,4 @@ def test_a_consolidator_that_keeps_no_passages_shows_in_the_passage_tier(monkeyp
     out = _tiers()
     assert out["passages"] == 0
     assert out["tiers"]["passages"]["recall_at"]["10"] == 0.0 and out["tiers"]["fused"]["recall_at"]["10"] == 0.0
+    assert set(out["budgets"]["passages"]["recall_at"].values()) == {0.0}

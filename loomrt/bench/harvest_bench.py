@@ -312,6 +312,25 @@ TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence", "passage
 tier's states and cites, the raw turns', and the passage tier's and the fused tier's states."""
 
 
+BUDGETS = (250, 500, 1000, 2000)
+"""Context budgets, in tokens of retrieved text, of the accuracy-against-tokens curve."""
+BUDGET_TIERS = {"facts": ("facts",), "passages": ("passages",), "fused": ("facts", "passages")}
+"""The memory tiers the curve is measured for (search ``tiers``)."""
+
+
+def within(texts: Sequence[str], budget: int) -> str:
+    """The best-first ``texts`` that fit ``budget`` tokens together (whole texts only)."""
+    from loomrt.tokens import count_text
+
+    kept, used = [], 0
+    for text in texts:
+        used += count_text(text) + 1
+        if used > budget:
+            break
+        kept.append(text)
+    return " ".join(kept)
+
+
 def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
     """The LoCoMo figures over every conversation's record so far (``of`` names all the chosen
     ones). A record may cover several conversations (``covers``): one measured as a group."""
@@ -350,6 +369,12 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         "states": tiers["memory_states"].figures(CATEGORY_NAMES),
         "cites": tiers["memory_cites"].figures(CATEGORY_NAMES),
     }
+    if all("budgets" in rec for rec in records.values()):  # the accuracy-against-tokens curve
+        curves = {name: _Tally(BUDGETS) for name in BUDGET_TIERS}
+        for rec in records.values():
+            for name, figures in rec["budgets"].items():
+                curves[name].add_figures(figures)
+        out["budgets"] = {name: curve.figures(CATEGORY_NAMES) for name, curve in curves.items()}
     if all("fused_states" in rec["tallies"] for rec in records.values()):  # (records from before the tier: none)
         out["tiers"] = {
             "passages": tiers["passage_states"].figures(CATEGORY_NAMES),
@@ -481,6 +506,7 @@ async def _locomo_conversation(
     questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
     facts = memory.facts([scope])
     states, cites, passages, fused = _Tally(ks), _Tally(ks), _Tally(ks), _Tally(ks)
+    curves = {name: _Tally(BUDGETS) for name in BUDGET_TIERS}
     for q in questions:
         cat, truth = int(q["category"]), gold_answer(q)
         gold = evidence_ids(q.get("evidence"))
@@ -493,6 +519,9 @@ async def _locomo_conversation(
             for tally, tiers in ((passages, ("passages",)), (fused, BOTH)):
                 said = [h.text for h in memory.search(str(q["question"]), max(ks), [scope], tiers=tiers)]
                 tally.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
+            for name, tiers in BUDGET_TIERS.items():  # as much as each budget holds, best first
+                said = [h.text for h in memory.search(str(q["question"]), 80, [scope], tiers=tiers)]
+                curves[name].add(cat, [states_answer(within(said, b), truth, cat) for b in BUDGETS])
     rec: dict[str, Any] = {
         "turns": len(seq_to_dia),
         "spans": len(by_session),
@@ -513,6 +542,7 @@ async def _locomo_conversation(
             "passage_states": passages.figures(CATEGORY_NAMES),
             "fused_states": fused.figures(CATEGORY_NAMES),
         },
+        "budgets": {name: curve.figures(CATEGORY_NAMES) for name, curve in curves.items()},
         "sample_facts": [f.statement for f in facts[:5]],
     }
     if raw:

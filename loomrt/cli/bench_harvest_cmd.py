@@ -126,6 +126,14 @@ def _locomo_lines(lo: dict[str, Any]) -> list[str]:
             + (f"; raw turns {_at(raw['states']['recall_at'])}" if raw else "")
             + ".",
         ]
+    if lo.get("budgets"):
+        lines += [
+            "",
+            "Accuracy against tokens: the share of questions whose answer the retrieved text states, at "
+            "budgets of 250 / 500 / 1,000 / 2,000 tokens (best first, whole items): "
+            + "; ".join(f"{name} {_at(f['recall_at'])}" for name, f in lo["budgets"].items())
+            + ".",
+        ]
     per = lo.get("per_conversation") or {}
     if len(per) > 1:
         lines += [
