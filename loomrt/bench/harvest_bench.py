@@ -314,7 +314,11 @@ tier's states and cites, the raw turns', and the passage tier's and the fused ti
 
 BUDGETS = (250, 500, 1000, 2000)
 """Context budgets, in tokens of retrieved text, of the accuracy-against-tokens curve."""
-BUDGET_TIERS = {"facts": ("facts",), "passages": ("passages",), "fused": ("facts", "passages")}
+BUDGET_TIERS: dict[str, tuple[str, ...]] = {
+    "facts": ("facts",),
+    "passages": ("passages",),
+    "fused": ("facts", "passages"),
+}
 """The memory tiers the curve is measured for (search ``tiers``)."""
 
 
@@ -519,8 +523,8 @@ async def _locomo_conversation(
             for tally, tiers in ((passages, ("passages",)), (fused, BOTH)):
                 said = [h.text for h in memory.search(str(q["question"]), max(ks), [scope], tiers=tiers)]
                 tally.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
-            for name, tiers in BUDGET_TIERS.items():  # as much as each budget holds, best first
-                said = [h.text for h in memory.search(str(q["question"]), 80, [scope], tiers=tiers)]
+            for name, which in BUDGET_TIERS.items():  # as much as each budget holds, best first
+                said = [h.text for h in memory.search(str(q["question"]), 80, [scope], tiers=which)]
                 curves[name].add(cat, [states_answer(within(said, b), truth, cat) for b in BUDGETS])
     rec: dict[str, Any] = {
         "turns": len(seq_to_dia),
