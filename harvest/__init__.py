@@ -3,8 +3,9 @@
 With ``context.harvest_to_memory: true`` each evicted span is banked on a durable queue
 (:class:`Bank`, an evicted-span callback beside the recall index); ``loomrt consolidate``
 (:class:`Consolidator`) turns batches of spans into facts in durable memory
-(:class:`MemoryStore`), which Recall searches in later runs through the scopes an agent is
-granted (:class:`ScopedMemory`). Wired in at the top, by :func:`loomrt.toolset.resolve_toolset`;
+(:class:`MemoryStore`), beside the spans' lines kept verbatim as passages
+(:mod:`loomrt.harvest.passages`), which Recall searches in later runs through the scopes an
+agent is granted (:class:`ScopedMemory`). Wired in at the top, by :func:`loomrt.toolset.resolve_toolset`;
 ``recall/`` and ``run/`` never import it. See docs/memory.md.
 """
 

@@ -113,6 +113,7 @@ def consolidate_cmd(
             out.print(
                 f"{plural(report.batches, 'batch', 'batches')}, {plural(report.spans, 'span')}: {facts.get('new', 0)} new, "
                 f"{facts.get('merged', 0)} merged, {facts.get('superseded', 0)} superseded; "
+                f"{plural(report.passages.get('new', 0), 'new passage')}; "
                 f"dropped {sum(report.dropped.values())}; dead letters {report.dead}"
                 + (f"; {_waiting(report.unsettled)}" if report.unsettled else ""),
                 highlight=False,
