@@ -1,6 +1,6 @@
-"""Real workers for the liveness tests: one that crashed (its instance lock file left
-behind, nobody holding it), and one living in another PID namespace of this host (its PID
-means nothing here)."""
+"""Real workers for the worker tests: one that crashed (its instance lock file left behind,
+nobody holding it), one living in another PID namespace of this host (its PID means nothing
+here); and a run's event kinds as a fresh reader sees them."""
 
 from __future__ import annotations
 
@@ -65,3 +65,14 @@ def kill(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     time.sleep(0.2)  # the namespace's processes are reaped
+
+
+def kinds(url: str, run_id: str) -> list[str]:
+    """The kinds of ``run_id``'s events, read through a store of its own (another process's view)."""
+    from loomrt.record.sqlite import default_store
+
+    store = default_store(url)
+    try:
+        return [e.kind for e in store.events(run_id)]
+    finally:
+        store.close()

@@ -18,6 +18,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from owners_kit import kinds
 from spine_kit import write
 from typer.testing import CliRunner
 
@@ -52,14 +53,6 @@ def _worker(url: str, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def _kinds(url: str, run_id: str) -> list[str]:
-    store = default_store(url)
-    try:
-        return [e.kind for e in store.events(run_id)]
-    finally:
-        store.close()
-
-
 def _until(what: Any, timeout_s: float = 60.0) -> None:
     end = time.monotonic() + timeout_s
     while not what():
@@ -78,7 +71,7 @@ def _stop(worker: subprocess.Popen[str]) -> tuple[int, float, list[dict[str, Any
 def test_sigterm_hands_the_run_in_flight_back_and_exits_0_within_the_grace(shared_url: str, tmp_path: Path) -> None:
     run_id = _detach(shared_url, tmp_path, [6, 6])  # a model call longer than the grace
     worker = _worker(shared_url, "--grace-s", "2")
-    _until(lambda: "resumed" in _kinds(shared_url, run_id))  # taken: its model is thinking
+    _until(lambda: "resumed" in kinds(shared_url, run_id))  # taken: its model is thinking
     time.sleep(0.5)
     code, took, rows = _stop(worker)
     assert (code, rows) == (0, []) and took < 2.0, (code, took, worker.stderr)
@@ -95,11 +88,11 @@ def test_sigterm_lets_the_step_in_flight_finish_when_it_fits_the_grace(tmp_path:
     url = f"sqlite:{tmp_path / 'record.sqlite'}"
     run_id = _detach(url, tmp_path, [2])
     worker = _worker(url)  # --grace-s 30 by default
-    _until(lambda: "resumed" in _kinds(url, run_id))
+    _until(lambda: "resumed" in kinds(url, run_id))
     code, took, rows = _stop(worker)
     assert code == 0 and took < 10, (code, took)
     assert rows == [{"run_id": run_id, "work": "play", "done": True, "status": "done", "reason": None}]
-    assert _kinds(url, run_id)[-1] == "final"
+    assert kinds(url, run_id)[-1] == "final"
 
 
 # ---------------------------------------------------------------- a database restart
@@ -141,10 +134,10 @@ def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restar
     url = restartable.url
     run_id = _detach(url, tmp_path, [3, 1])
     worker = _worker(url)
-    _until(lambda: "resumed" in _kinds(url, run_id))  # playing: its model call answers while the server is down
+    _until(lambda: "resumed" in kinds(url, run_id))  # playing: its model call answers while the server is down
     _restart(restartable, down_s=33)  # longer than a store call waits for a connection (30 s): the append fails
     try:
-        _until(lambda: _kinds(url, run_id)[-1:] == ["final"], timeout_s=90)
+        _until(lambda: kinds(url, run_id)[-1:] == ["final"], timeout_s=90)
     except AssertionError:
         worker.kill()
         out, err = worker.communicate()
@@ -159,7 +152,7 @@ def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restar
     assert mine[0]["status"] == "failed" and "the record at" in mine[0]["reason"], rows  # says why, never null
     assert any(r["work"] == "reconnect" for r in rows), rows  # it waited the outage out, and said so
     store = default_store(url)
-    kinds = [e.kind for e in store.events(run_id)]
-    assert (store.get_run(run_id).status, kinds.count("final")) == ("done", 1)
+    written = [e.kind for e in store.events(run_id)]
+    assert (store.get_run(run_id).status, written.count("final")) == ("done", 1)
     assert store.run_owners() == []
     store.close()

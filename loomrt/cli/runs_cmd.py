@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = ["runs_app"]
 
-runs_app = typer.Typer(help="Runs in the record: list, show, events, verify, resume, continue.", no_args_is_help=True)
+runs_app = typer.Typer(
+    help="Runs in the record: list, show, events, verify, resume, continue, cancel.", no_args_is_help=True
+)
 JsonOpt = typer.Option(False, "--json", help="Machine-readable output.")
 IncludePrivateOpt = typer.Option(
     False, "--include-private", help="Private material whole, not its placeholders (loomrt.visibility)."
@@ -436,3 +438,30 @@ def continue_cmd(run_id: str, prompt: str, json_output: bool = JsonOpt) -> None:
     rt = runtime(show_events=not json_output)
     result = asyncio.run(rt.continue_run(run_id, prompt))
     _finish(result, json_output)
+
+
+@runs_app.command("cancel")
+@friendly
+def cancel_cmd(
+    run_id: str = typer.Argument(..., help="The run to stop (`loomrt runs list` shows them)."),
+    json_output: bool = JsonOpt,
+) -> None:
+    """Stop a run that has not ended: a queued one (`run --detach`) is never played, a parked one
+    takes no more input, and one that a worker plays (here or on another machine) stops at its next
+    step. The record gets `cancelled` (the same path as MCP `cancel_run`)."""
+    from loomrt.errors import SpecError
+    from loomrt.record.owners import worker_name
+
+    rt = runtime()
+    status = rt.store.get_run(run_id).status
+    if status in ("done", "failed", "cancelled"):
+        raise SpecError(
+            f"run {run_id} has already ended ({status}): there is nothing to cancel. "
+            f"`loomrt runs show {run_id}` shows how it ended; `loomrt runs continue {run_id} ...` gives it a new input."
+        )
+    rt.owner = rt.owner or worker_name()  # written through the run's claim, as a worker's would be
+    result = asyncio.run(rt.cancel(run_id, reason="runs cancel"))
+    if json_output:
+        print_json(result.to_json())
+        return
+    out.print(f"run {run_id}: {result.status}", highlight=False)

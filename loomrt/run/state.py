@@ -126,12 +126,13 @@ class RunState:
         return events
 
     async def cancelled_elsewhere(self) -> bool:
-        """Whether the run was cancelled out of band (``cancel_run`` from another process or
-        machine, handed to this owner through the record): on a store several workers share,
-        the events written since the view's last are taken in first. The loop asks when a
-        model call returns (every write takes in what others wrote before it, so between
-        steps the view knows already)."""
-        if self.view.status != "cancelled" and getattr(self.store, "shared", False) and not self._atomic:
+        """Whether the run was cancelled out of band (``cancel_run`` or ``loomrt runs cancel``
+        from another process or machine, handed to this owner through the record): on a store
+        several workers share, or for a run a worker claimed, the events written since the
+        view's last are taken in first. The loop asks when a model call returns (every write
+        takes in what others wrote before it, so between steps the view knows already)."""
+        claimed = getattr(self.store, "shared", False) or self.epoch is not None  # others may write it
+        if self.view.status != "cancelled" and claimed and not self._atomic:
             later = await self.store.read(self.run_id, after=self.view.last_seq)
             for event in later:
                 self.view.apply(event)
