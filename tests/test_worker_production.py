@@ -156,3 +156,31 @@ def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restar
     assert (store.get_run(run_id).status, written.count("final")) == ("done", 1)
     assert store.run_owners() == []
     store.close()
+
+
+def test_a_hung_workers_run_moves_on_within_the_heartbeat_timeout(shared_url: str, tmp_path: Path) -> None:
+    run_id = _detach(shared_url, tmp_path, [6])
+    hung = _worker(shared_url, "--heartbeat-timeout-s", "3")
+    try:
+        _until(lambda: "resumed" in kinds(shared_url, run_id))
+        hung.send_signal(signal.SIGSTOP)  # alive (its instance lock held) but silent: no heartbeat
+        stopped = time.monotonic()
+        while True:  # another worker looks every half second until the run is its to resume
+            rescue = runner.invoke(
+                app, ["--db-url", shared_url, "worker", "--once", "--json", "--heartbeat-timeout-s", "3"]
+            )
+            rows = [json.loads(line) for line in rescue.stdout.splitlines()]
+            if rows and rows[0]["done"]:
+                break
+            assert time.monotonic() - stopped < 20, rows  # not the 900 s lease
+            time.sleep(0.5)
+        moved = time.monotonic() - stopped - 6  # less the rescuer's own model call
+        assert rows == [{"run_id": run_id, "work": "resume", "done": True, "status": "done", "reason": None}]
+        assert 2.5 < moved < 8, moved  # after the 3 s heartbeat timeout, and soon after it
+    finally:
+        hung.send_signal(signal.SIGCONT)
+    code, _, rows = _stop(hung)  # woken, it is fenced: it writes nothing and claims nothing back
+    assert code == 0 and rows and "no longer the run's" in (rows[0]["reason"] or ""), rows
+    store = default_store(shared_url)
+    assert [e.kind for e in store.events(run_id)].count("final") == 1 and store.run_owners() == []
+    store.close()

@@ -355,6 +355,13 @@ def worker_cmd(
         "(its claims let go, for any worker to resume), and the worker exits 0 within them.",
         min=1.0,
     ),
+    heartbeat_timeout_s: float = typer.Option(
+        30.0,
+        "--heartbeat-timeout-s",
+        help="A run this worker plays is renewed every third of this; once its heartbeat is this old "
+        "(the worker died or hung), any other worker resumes it.",
+        min=1.0,
+    ),
 ) -> None:
     """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds,
     consolidation. It waits out a database restart (looking again with a backoff), and stops on SIGTERM
@@ -363,6 +370,7 @@ def worker_cmd(
     from loomrt.worker_life import Stopping
 
     rt = runtime()
+    rt.claim_ttl_s, rt.heartbeat_s = heartbeat_timeout_s, heartbeat_timeout_s / 3  # a dead worker's run moves on soon
     consolidator = None
     from loomrt.harvest.db import has_place
 
