@@ -124,12 +124,8 @@ def capabilities_for(model: str, *, api_base: str | None = None, declared: Any =
     overrides = {k: v for k, v in dict(declared or {}).items() if v is not None}
     local = runs_locally(model, api_base)
     if model in CATALOGUE:
-        facts = Capabilities(  # the embedded model decides and answers in one generation (issue 43)
-            local=True,
-            context_window=CATALOGUE[model].context_window,
-            tool_calling=False,
-            structured_output=True,
-            one_call_turns=True,
+        facts = Capabilities(
+            local=True, context_window=CATALOGUE[model].context_window, tool_calling=False, structured_output=True
         )
     elif is_scripted(model):
         facts = Capabilities(local=True, context_window=32768, tool_calling=True, structured_output=True)
