@@ -353,3 +353,19 @@ def test_a_reopened_run_with_a_long_evicted_history_injects_on_its_first_call(tm
     assert NEEDLE in prompt_text(provider.calls[-1].messages)
     (injected,) = [e for e in events(rt, run.run_id, "recall_injected") if NEEDLE in str(e["passages"])]
     assert injected
+
+
+def test_a_weak_passage_is_injected_when_nothing_scores_higher_and_kept_out_beside_a_strong_one() -> None:
+    """The relevance rule on raw scores: a cosine of 0.40 (a question asked in other words)
+    goes in when it is the best there is; beside a hit of 0.63 it is a near miss that misled
+    the embedded model, and stays out; a rare word shared (BM25) always goes in; 0.30 never."""
+    from loomrt.recall.tool import RecallHit
+    from loomrt.run.inject import relevant
+
+    def hit(cosine: float, bm25: float = 0.0) -> RecallHit:
+        return RecallHit(text="t", score=1.0, source="run", seq=1, cosine=cosine, bm25=bm25)
+
+    assert relevant(hit(0.40), best=0.42)
+    assert not relevant(hit(0.44), best=0.63)
+    assert relevant(hit(0.44, bm25=3.0), best=0.63)
+    assert not relevant(hit(0.30), best=0.30)

@@ -43,6 +43,7 @@ __all__ = [
     "inject_recall",
     "injection_query",
     "COSINE_FLOOR",
+    "COSINE_MARGIN",
     "BM25_FLOOR",
     "MEMORY_FLOOR",
     "relevant",
@@ -55,12 +56,17 @@ __all__ = [
 
 TOP_K = 10
 """The most passages one block holds."""
-COSINE_FLOOR = 0.5
-"""The raw cosine (all-MiniLM-L6-v2) a passage must reach to be injected. On the embedded
-model a near miss is not harmless: in the local chat (docs/benchmarks.md) a 1.5B model
-asked "What is a checkpoint in a database?" answered with an injected passage about
-write-ahead logs (cosine 0.44), and asked about LSM tombstones, with one about B-trees
-(0.36 and 0.48); the fact it needed scored 0.63."""
+COSINE_FLOOR = 0.35
+"""The raw cosine (all-MiniLM-L6-v2) a passage must reach to be injected."""
+COSINE_MARGIN = 0.15
+"""How far below the best candidate's cosine a passage may be and still be injected. On the
+embedded model a near miss is not harmless: in the local chat (docs/benchmarks.md) a 1.5B
+model asked "What is a checkpoint in a database?" answered with an injected passage about
+write-ahead logs (cosine 0.44, the fact it needed 0.63), and asked about LSM tombstones,
+with one about B-trees (0.36). A fixed floor of 0.5 kept those out, and with them much of
+the evidence for a question asked in other words, which often scores 0.35 to 0.5 (LoCoMo's
+"an evidence turn among the injected", docs/benchmarks.md): the margin keeps a weak hit out
+when a strong one is there, and lets it in when nothing scores higher."""
 BM25_FLOOR = 2.0
 """The raw BM25 score (of the entry alone) a passage may reach instead: a rare word shared."""
 QUERY_RARE_TOKENS = 8
@@ -178,8 +184,9 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
         fresh.append(hit)
     used = count_text(BLOCK_HEADER) + count_text(BLOCK_FOOTER) + 8
     chosen: list[dict[str, Any]] = []
+    best = max((h.cosine for h in fresh if h.cosine is not None), default=None)
     for hit in fresh:
-        if hit.source != "memory" and not relevant(hit):
+        if hit.source != "memory" and not relevant(hit, best):
             continue
         passage = _passage(run, hit)
         if used + passage["tokens"] > room:
@@ -189,10 +196,16 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
     return chosen
 
 
-def relevant(hit: RecallHit) -> bool:
+def relevant(hit: RecallHit, best: float | None = None) -> bool:
     """Whether a passage of history is relevant enough to inject, on its raw scores (a fused
-    score is scaled per query, so the best hit is always near 1 and says nothing)."""
-    return (hit.cosine is not None and hit.cosine >= COSINE_FLOOR) or hit.bm25 >= BM25_FLOOR
+    score is scaled per query, so the best hit is always near 1 and says nothing): a rare
+    word shared, or a cosine at least :data:`COSINE_FLOOR` and within :data:`COSINE_MARGIN`
+    of the ``best`` candidate's."""
+    if hit.bm25 >= BM25_FLOOR:
+        return True
+    if hit.cosine is None:
+        return False
+    return hit.cosine >= max(COSINE_FLOOR, (best if best is not None else 0.0) - COSINE_MARGIN)
 
 
 def _room(run: RunState) -> int:
