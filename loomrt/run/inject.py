@@ -16,9 +16,8 @@ What is injected:
 - a hit is kept when the run may see it (:func:`loomrt.visibility.visible_to`), it is not
   in the working context already (by seq, or its words contained there), and it was not
   injected this turn or the previous one;
-- a passage is injected only if it is relevant on its own raw score: cosine at least
-  :data:`COSINE_FLOOR`, or BM25 at least :data:`BM25_FLOOR` (fused scores are scaled per
-  query, so the best is always near 1 and says nothing);
+- a passage is injected only if it is relevant on its own raw scores (:func:`relevant`:
+  fused scores are scaled per query, so the best is always near 1 and says nothing);
 - passages go best first, while the block fits ``context.recall_inject_tokens``.
 """
 
@@ -59,14 +58,10 @@ TOP_K = 10
 COSINE_FLOOR = 0.35
 """The raw cosine (all-MiniLM-L6-v2) a passage must reach to be injected."""
 COSINE_MARGIN = 0.15
-"""How far below the best candidate's cosine a passage may be and still be injected. On the
-embedded model a near miss is not harmless: in the local chat (docs/benchmarks.md) a 1.5B
-model asked "What is a checkpoint in a database?" answered with an injected passage about
-write-ahead logs (cosine 0.44, the fact it needed 0.63), and asked about LSM tombstones,
-with one about B-trees (0.36). A fixed floor of 0.5 kept those out, and with them much of
-the evidence for a question asked in other words, which often scores 0.35 to 0.5 (LoCoMo's
-"an evidence turn among the injected", docs/benchmarks.md): the margin keeps a weak hit out
-when a strong one is there, and lets it in when nothing scores higher."""
+"""How far below the best candidate's cosine a passage may be and still be injected: a weak
+passage stays out beside a strong one (near misses that ride along mislead a small model:
+docs/recall.md), and goes in when nothing scores higher (a question asked in other words
+often finds its evidence at 0.35 to 0.5)."""
 BM25_FLOOR = 2.0
 """The raw BM25 score (of the entry alone) a passage may reach instead: a rare word shared."""
 QUERY_RARE_TOKENS = 8
