@@ -77,8 +77,8 @@ def test_an_answer_cut_off_by_its_limit_says_so_as_the_two_step_answer_does(monk
 
 
 def test_one_call_is_declared_per_agent_and_the_two_step_path_stays_the_default() -> None:
-    """Issue 43: one call a turn is opt-in until a paired quality measure says otherwise
-    (the closing note of 2026-12-05 has the local_chat figures that kept it so)."""
+    """Issue 43: one call a turn is opt-in until a paired measure of answer quality says
+    otherwise (docs/providers.md)."""
     from loomrt.providers.registry import CATALOGUE, capabilities_for
 
     assert not any(capabilities_for(model).one_call_turns for model in CATALOGUE)
