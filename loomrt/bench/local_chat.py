@@ -105,6 +105,9 @@ def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> di
         "declined": kinds.count("distillation_declined"),
         "recall_calls": len(calls),
         "blocks_injected": kinds.count("recall_injected"),
+        # the fact's own message gone from the context, and its value gone too (a recap
+        # that kept the code leaves nothing for Recall or injection to bring back)
+        "fact_turn_evicted": not any(m.content == FACT for m in before_question),
         "fact_evicted": not any(CODE in m.content for m in before_question),
         "fact_answered": CODE in (results[-1].output or ""),
         "last_answer": (results[-1].output or "")[:200],
