@@ -98,13 +98,13 @@ async def _play_queued(
 
 
 def abandoned(store: Any, me: str | None = None) -> list[str]:
-    """Runs a worker was playing when it stopped: still active, their claim lapsed (or held
-    by a worker of this machine that is gone), or held by ``me`` between two rounds, when
-    nothing plays here (a turn whose record could not be written while the database
-    restarted: this worker resumes it)."""
-    live = store.run_owners()
-    claims = store.run_owners(expired=True) + [c for c in live if c["owner"] == me or owner_is_gone(c["owner"])]
-    return [c["run_id"] for c in claims if store.get_run(c["run_id"]).status == "active"]
+    """Runs a worker was playing when it stopped: still active, their claim lapsed (or let
+    go: handed back), or held by a worker of this machine that is gone, or by ``me`` between
+    two rounds, when nothing plays here (a turn whose record could not be written while the
+    database restarted: this worker resumes it). A constant number of queries, however many
+    runs were ever played: the live claims (the runs playing now) and one for the rest."""
+    gone = [c["owner"] for c in store.run_owners() if owner_is_gone(c["owner"])]
+    return [r.run_id for r in store.stalled_runs([*gone, *([me] if me else [])])]
 
 
 async def work_once(

@@ -3,7 +3,7 @@
 - **A stop** (SIGTERM from systemd or Kubernetes): :class:`Stopping` turns it into a
   deadline. The work in flight has ``grace_s`` to finish; what has not finished by the
   deadline's cut-off is cancelled and its runs are handed back (:func:`hand_back`: their
-  claims let go, so any worker resumes them at once), and the worker exits 0 before
+  claims lapse at once, so any worker resumes them), and the worker exits 0 before
   ``grace_s`` is up. A backstop ends the process at the deadline whatever it is blocked on
   (its instance lock then shows it gone on its own machine).
 - **A database restart**: a store error in a round of work is not the end of the worker: it
@@ -106,14 +106,14 @@ async def until_stopped(work: Coroutine[Any, Any, T], stopping: Stopping | None)
 
 
 def hand_back(store: Store, owner: str) -> list[str]:
-    """Let go every claim ``owner`` holds (a worker that stops): any worker resumes those runs
-    at once. The run ids let go; a record that cannot be reached lets none go (their claims
-    lapse instead)."""
+    """Let every claim ``owner`` holds lapse now (a worker that stops): any worker resumes
+    those runs at once (a lapsed claim on an active run is what an idle worker looks for,
+    :meth:`~loomrt.record.store.Store.stalled_runs`; one let go is not). The run ids handed
+    back; a record that cannot be reached hands none back (their claims lapse in time)."""
     done = []
     try:
         for claim in store.run_owners():
-            if claim["owner"] == owner:
-                store.release_run(claim["run_id"], owner, claim["epoch"])
+            if claim["owner"] == owner and store.renew_run(claim["run_id"], owner, claim["epoch"], -0.001):
                 done.append(claim["run_id"])
     except StoreError:
         pass

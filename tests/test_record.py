@@ -53,6 +53,7 @@ def test_the_store_has_no_way_to_change_or_delete():
         "claim_run",
         "release_run",
         "renew_run",
+        "stalled_runs",
         "run_owners",
         "run_sums",
         "shared",

@@ -70,6 +70,8 @@ class PostgresStore(InlineAsyncFace, RunReads):
     """Several machines share it: each runtime claims the runs it plays."""
     _mark = "%s"
     """psycopg's placeholder (:class:`~loomrt.record.rows.RunReads`)."""
+    _now = _NOW
+    """The database's clock (claims expire by it on every machine)."""
 
     def __init__(self, url: str, *, pool_size: int = 4, check: bool = True):
         try:

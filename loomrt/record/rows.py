@@ -4,7 +4,7 @@ psycopg's ``%s``): a run's row, and the query that reads runs with their derived
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -234,6 +234,8 @@ class RunReads:
     (which runs :func:`runs_sql` with its placeholder, ``_mark``)."""
 
     _mark = "?"
+    _now = "((julianday('now') - 2440587.5) * 86400.0)"
+    """The store's clock in SQL, epoch seconds (claims expire by it)."""
     path: Any
 
     if TYPE_CHECKING:  # what the store itself defines
@@ -250,6 +252,16 @@ class RunReads:
     def children(self, run_id: str) -> list[RunInfo]:
         """The runs ``run_id`` spawned (sub-agents), oldest first."""
         return sorted(self._runs(f"WHERE r.parent_run_id = {self._mark}", [run_id], 10_000), key=lambda r: r.created_at)
+
+    def stalled_runs(self, owners: Iterable[str] = ()) -> list[RunInfo]:
+        """The active runs whose claim lapsed, or is still held by one of ``owners``, in one query
+        however many runs were ever played (an idle worker's look, :func:`loomrt.worker.abandoned`).
+        A claim let go (``expires_at`` 0: the run ended, parked or was queued) is not looked at:
+        a run handed back while active is let lapse instead (:func:`loomrt.worker_life.hand_back`)."""
+        held = list(dict.fromkeys(owners))
+        among = f" OR o.owner IN ({', '.join([self._mark] * len(held))})" if held else ""
+        claims = f"SELECT o.run_id FROM run_owners o WHERE o.expires_at > 0 AND (o.expires_at <= {self._now}{among})"
+        return [r for r in self._runs(f"WHERE r.run_id IN ({claims})", held, 2**31 - 1) if r.status == "active"]
 
     def list_runs(self, *, limit: int = 50, agent: str | None = None) -> list[RunInfo]:
         """Recent runs, newest first (of one agent, with ``agent``)."""

@@ -111,6 +111,10 @@ class Store(Protocol):
     def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
         """The live claims (``loomrt workers list``); with ``expired``, the lapsed ones."""
 
+    def stalled_runs(self, owners: Iterable[str] = ()) -> list[RunInfo]:
+        """The active runs whose claim lapsed (not one let go), or is held by one of ``owners``:
+        one query, however many runs were ever played."""
+
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         """The runs with a ``kind`` event after their last ``settled_by`` one."""
 
