@@ -5,9 +5,9 @@ inside a turn. A chat that closes with one due leaves it to ``loomrt worker``.""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
+from owners_kit import crashed_worker
 from spine_kit import runtime
 
 from loomrt.events import Event
@@ -125,7 +125,7 @@ def test_a_recap_left_by_a_chat_that_died_is_written_by_the_next_one(tmp_path):
     if not run.view.distillation_queued:
         asyncio.run(rt.send(run, NOTES[8]))
     lease = f"distil:{run.run_id}"
-    dead = f"{socket.gethostname()}/{2**22 + 12345}/abcdef:1"  # a pid no process has
+    dead = f"{crashed_worker()}:1"  # a worker of this machine that ended holding it
     assert rt.store.take_lease(lease, dead, 600)
     assert asyncio.run(rt.between_turns(run))
     assert not run.view.distillation_queued
