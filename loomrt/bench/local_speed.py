@@ -61,7 +61,7 @@ def speed_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1500, o
         tools=["calculate"],
         max_tokens=max_tokens,
         temperature=0,
-        capabilities={"one_call_turns": one_call},  # declared either way: one call is the embedded default
+        capabilities={"one_call_turns": one_call},  # declared either way, whatever the default
         context={"mode": "recap", "budget_tokens": budget_tokens, "recall": True, "recall_inject": "on"},
     )
 
