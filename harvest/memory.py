@@ -25,7 +25,16 @@ import numpy as np
 from loomrt.errors import NotFoundError
 from loomrt.harvest.db import Tables
 from loomrt.harvest.evidence import best_line, said_of
-from loomrt.harvest.passages import FACT_TIERS, PASSAGE, TIERS, classes_of, distinct_hits, new_lines, store_passages
+from loomrt.harvest.passages import (
+    FACT_TIERS,
+    PASSAGE,
+    TIERS,
+    classes_of,
+    distinct_hits,
+    new_lines,
+    said_words,
+    store_passages,
+)
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
 from loomrt.harvest.scopes import check
 from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
@@ -444,28 +453,100 @@ class MemoryStore:
 
     def forget(self, fact_id: str, *, erase: bool = False, by: str = "operator") -> Fact:
         """Hide a fact from search (an operator's action, recorded in its history); with
-        ``erase`` its statement and vector are wiped too (its history says so)."""
+        ``erase`` its statement, source lines and vector are wiped too (its history says so),
+        and so is every passage of its scope that holds the same words: one whose lines cite a
+        (run, seq) the fact's lines cite, or whose words are a cited line's."""
         fact = self.get(fact_id)
         now = time.time()
         with self._lock, self.db.write() as conn:
             if erase:
-                conn.execute(
-                    "UPDATE memory_facts SET status = 'erased', statement = '', subject = '', lines = '[]', vector = NULL, "
-                    "changed_at = ? WHERE fact_id = ?",
-                    (now, fact_id),
-                )
-                conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
+                cited = {(line.get("run_id"), line.get("seq")) for line in fact.lines}
+                said = {said_words(str(line.get("text", ""))) for line in fact.lines} - {""}
+                self._erase(conn, fact_id, fact.status, now, by)
+                for pid, status in self._citing(conn, fact.scope, cited, said):
+                    self._erase(conn, pid, status, now, by, because=fact_id)
             else:
                 conn.execute(
                     "UPDATE memory_facts SET status = 'forgotten', changed_at = ? WHERE fact_id = ?", (now, fact_id)
                 )
-            conn.execute(
-                "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
-                (fact_id, now, "erased" if erase else "forgotten", json.dumps({"by": by, "was": fact.status})),
-            )
-            self._hidden(conn, fact_id, erased=erase)
+                self._forgotten(conn, fact_id, "forgotten", {"by": by, "was": fact.status}, now, erased=False)
             conn.execute("UPDATE memory_revision SET rev = rev + 1")
         return self.get(fact_id)
+
+    def erase_said(self, run_id: str, seqs: Sequence[int], *, by: str = "operator") -> dict[str, int]:
+        """Take the words of messages ``seqs`` of run ``run_id`` (marked private after they were
+        banked) out of durable memory: every passage whose lines cite one is erased; a fact
+        loses the lines that cite one, and is erased if none is left (its statement came from
+        them alone). Counts ``passages`` and ``facts`` erased, and ``lines`` dropped from facts."""
+        wanted = {(run_id, int(s)) for s in seqs}
+        counts = {"passages": 0, "facts": 0, "lines": 0}
+        if not wanted:
+            return counts
+        now = time.time()
+        with self._lock, self.db.write() as conn:
+            rows = conn.execute(
+                "SELECT fact_id, status, class, lines FROM memory_facts WHERE status <> 'erased' AND lines LIKE ?",
+                (f'%"{run_id}"%',),
+            ).fetchall()
+            for fid, status, cls, stored in rows:
+                lines = json.loads(stored or "[]")
+                kept = [ln for ln in lines if (ln.get("run_id"), ln.get("seq")) not in wanted]
+                if len(kept) == len(lines):
+                    continue
+                if cls == PASSAGE or not kept:
+                    self._erase(conn, fid, status, now, by, because=f"{run_id}: private")
+                    counts["passages" if cls == PASSAGE else "facts"] += 1
+                    continue
+                conn.execute(
+                    "UPDATE memory_facts SET lines = ?, changed_at = ? WHERE fact_id = ?",
+                    (json.dumps(kept, ensure_ascii=False), now, fid),
+                )
+                data = {"by": by, "lines": len(lines) - len(kept), "with": f"{run_id}: private"}
+                self._forgotten(conn, fid, "lines_erased", data, now, erased=None)
+                counts["lines"] += len(lines) - len(kept)
+            if any(counts.values()):
+                conn.execute("UPDATE memory_revision SET rev = rev + 1")
+        return counts
+
+    @staticmethod
+    def _citing(conn: Any, scope: str, cited: set[tuple[Any, Any]], said: set[str]) -> list[tuple[str, str]]:
+        """Passages of ``scope`` not yet erased whose lines cite one of ``cited`` (run, seq), or
+        whose words are one of ``said``: (fact id, status)."""
+        rows = conn.execute(
+            "SELECT fact_id, status, statement, lines FROM memory_facts WHERE scope = ? AND status <> 'erased' "
+            f"AND class = '{PASSAGE}'",
+            (scope,),
+        ).fetchall()
+        return [
+            (fid, status)
+            for fid, status, statement, stored in rows
+            if said_words(statement) in said
+            or any((ln.get("run_id"), ln.get("seq")) in cited for ln in json.loads(stored or "[]"))
+        ]
+
+    def _erase(self, conn: Any, fact_id: str, was: str, now: float, by: str, because: str | None = None) -> None:
+        """Inside a write: wipe row ``fact_id``'s words, lines and vector; its history says who
+        erased it (and, ``because``, with which fact or private mark)."""
+        conn.execute(
+            "UPDATE memory_facts SET status = 'erased', statement = '', subject = '', lines = '[]', vector = NULL, "
+            "changed_at = ? WHERE fact_id = ?",
+            (now, fact_id),
+        )
+        conn.execute("UPDATE memory_history SET data = '{}' WHERE fact_id = ?", (fact_id,))
+        data = {"by": by, "was": was, **({"with": because} if because else {})}
+        self._forgotten(conn, fact_id, "erased", data, now, erased=True)
+
+    def _forgotten(
+        self, conn: Any, fact_id: str, action: str, data: dict[str, Any], now: float, *, erased: bool | None
+    ) -> None:
+        """Inside a write: record ``action`` in ``fact_id``'s history; ``erased`` not None: the
+        row left search (``erased``: its words with it)."""
+        conn.execute(
+            "INSERT INTO memory_history (fact_id, at, action, data) VALUES (?, ?, ?, ?)",
+            (fact_id, now, action, json.dumps(data)),
+        )
+        if erased is not None:
+            self._hidden(conn, fact_id, erased=erased)
 
     # ------------------------------------------------------------------ reading
 

@@ -37,6 +37,7 @@ __all__ = [
     "distinct_hits",
     "classes_of",
     "MIN_CHARS",
+    "said_words",
 ]
 
 PASSAGE = "passage"
@@ -48,13 +49,14 @@ MIN_CHARS = 8
 """A line shorter than this ("ok", "thanks!") is no passage."""
 
 
-def _words(text: str) -> str:
+def said_words(text: str) -> str:
+    """Words as repeats are told apart: lower case, without punctuation."""
     return " ".join(re.findall(r"\w+", text.casefold()))
 
 
 def passage_key(scope: str, text: str) -> str:
     """The key that keeps one passage per words and scope."""
-    return f"{PASSAGE}:{scope}:{hashlib.sha256(_words(text).encode()).hexdigest()[:16]}"
+    return f"{PASSAGE}:{scope}:{hashlib.sha256(said_words(text).encode()).hexdigest()[:16]}"
 
 
 def store_passages(
@@ -126,7 +128,7 @@ def distinct_hits(hits: Sequence[MemoryHit], top_k: int) -> list[MemoryHit]:
     seen: set[str] = set()
     out = []
     for hit in hits:
-        words = _words(hit.text)
+        words = said_words(hit.text)
         if words in seen:
             continue
         seen.add(words)

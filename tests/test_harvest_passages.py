@@ -162,3 +162,24 @@ def test_a_consolidator_that_keeps_no_passages_shows_in_the_passage_tier(monkeyp
     assert out["passages"] == 0
     assert out["tiers"]["passages"]["recall_at"]["10"] == 0.0 and out["tiers"]["fused"]["recall_at"]["10"] == 0.0
     assert set(out["budgets"]["passages"]["recall_at"].values()) == {0.0}
+
+
+def test_erasing_a_fact_erases_the_passages_of_its_lines(store: SQLiteStore) -> None:
+    _bank(store, [("user", "My locker code at the climbing gym is 4417."), ("user", "I also started learning Welsh.")])
+    _bank(store, [("user", "my locker code at the climbing gym is 4417!")], run="r-q", span=2)  # same words, other run
+    _drain(store)
+    memory = memory_store(store, "hash")
+    (fact,) = [f for f in memory.facts(["user:ana"]) if any(line["seq"] == 10 for line in f.lines)]
+    assert any("4417" in h.text for h in memory.search("locker code climbing gym", 5, ["user:ana"]))
+    memory.forget(fact.fact_id, erase=True)
+    assert all("4417" not in h.text for h in memory.search("locker code climbing gym 4417", 10, ["user:ana"]))
+    everything = json.dumps(
+        [f.to_dict() for f in memory.facts(include_hidden=True, tiers=("facts", "passages"))]
+        + [memory.history(f.fact_id) for f in memory.facts(include_hidden=True, tiers=("facts", "passages"))]
+    )
+    assert "4417" not in everything and "Welsh" not in everything  # every cited line's words are gone
+    erased = [f for f in memory.facts(include_hidden=True, tiers=("passages",)) if f.status == "erased"]
+    assert len(erased) == 2 and all(memory.history(p.fact_id)[-1]["with"] == fact.fact_id for p in erased)
+    _bank(store, [("user", "My locker code at the climbing gym is 4417.")], run="r-s", span=3)  # banked again
+    _drain(store)
+    assert all("4417" not in h.text for h in memory.search("locker code climbing gym 4417", 10, ["user:ana"]))
