@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from loomrt.crashpoints import reached
-from loomrt.errors import ProviderError
+from loomrt.errors import NotFoundError, ProviderError
 from loomrt.harvest.backends import memory_of
 from loomrt.harvest.db import Tables, harvest_db
 from loomrt.harvest.evidence import stored_line
@@ -50,6 +50,7 @@ from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
+from loomrt.visibility import private_record
 
 __all__ = [
     "Consolidator",
@@ -297,6 +298,7 @@ class Consolidator:
 
     async def _batch(self, scope: str, batch_id: str, spans: list[dict[str, Any]], report: PassReport) -> bool:
         """Extract and write one claimed batch. False if the pass must stop (a failed write)."""
+        spans = self._public(spans)
         parts, dropped_parts = parts_of(spans, part_tokens=self.part_tokens, max_parts=self.max_parts)
         lines = {line.n: line for part in parts for line in part}
         reply, items, error, model = "", None, "", None
@@ -362,6 +364,23 @@ class Consolidator:
             )
             return False
         return True
+
+    def _public(self, spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``spans`` without the lines of messages private now: the run's private seqs are
+        read again from the record (an operator's ``loomrt runs private`` made after the span
+        was banked counts), so neither a fact nor a passage is made of them."""
+        private: dict[str, set[int]] = {}
+        for run_id in dict.fromkeys(span["run_id"] for span in spans):
+            try:
+                private[run_id] = set(private_record(self.store, run_id).seqs)
+            except NotFoundError:  # a run the record does not know: its spans are all there is
+                private[run_id] = set()
+        return [
+            {**span, "turns": [t for t in span["turns"] if t.get("seq") not in private[span["run_id"]]]}
+            if private[span["run_id"]]
+            else span
+            for span in spans
+        ]
 
     async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> tuple[str, str | None]:
         """The extractor's reply and the model that wrote it; a retry says what was wrong

@@ -10,7 +10,8 @@ searched with the facts by the same hybrid scorer (:data:`TIERS`; memory search 
 unless asked for one), so what extraction missed is still found, in the original words;
 facts are the compact layer on top. Passages never take part in placement (a fact never
 merges into, or supersedes, a passage), and ``memory list`` and the fact counts leave them
-out. Private material is never banked, so it is never a passage.
+out. Private material is never banked, and a message marked private later is left out at
+consolidation (and erased by ``loomrt runs private``), so it is never a passage.
 """
 
 from __future__ import annotations

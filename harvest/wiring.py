@@ -23,7 +23,7 @@ from loomrt.harvest.memory import MemoryStore, ScopedMemory
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 from loomrt.recall.embedders import EmbedderChoice
 
-__all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems"]
+__all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems", "erase_private"]
 
 
 @dataclass
@@ -49,6 +49,15 @@ def memory_store(where: Any, embedder: EmbedderChoice = None) -> MemoryStore:
         if store is None:
             store = _stores[key] = memory_of(harvest_db(where), embedder)
         return store
+
+
+def erase_private(store: Any, run_id: str, seqs: Sequence[int]) -> dict[str, int]:
+    """An operator marked messages ``seqs`` of run ``run_id`` private: their words leave the
+    durable memory beside ``store`` (:meth:`MemoryStore.erase_said`; none where memory has no
+    place, an in-memory record). A batch consolidated later leaves them out by itself."""
+    if not has_place(store):
+        return {"passages": 0, "facts": 0, "lines": 0}
+    return memory_store(store).erase_said(run_id, seqs, by="operator")
 
 
 def release(where: Any) -> None:

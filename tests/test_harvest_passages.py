@@ -183,3 +183,48 @@ def test_erasing_a_fact_erases_the_passages_of_its_lines(store: SQLiteStore) -> 
     _bank(store, [("user", "My locker code at the climbing gym is 4417.")], run="r-s", span=3)  # banked again
     _drain(store)
     assert all("4417" not in h.text for h in memory.search("locker code climbing gym 4417", 10, ["user:ana"]))
+
+
+def _told_the_code(store: SQLiteStore) -> tuple[str, int]:
+    """A run that banked the locker code (not consolidated yet): its id and the line's seq."""
+    from harvest_kit import chat, harvest_agent, padded
+
+    said = [padded(f"Weekend plan {i}.") for i in range(6)]
+    said[1] = padded("My locker code at the climbing gym is 4417.")  # (the first input is in no banked span here)
+    _, run_id = chat(store, harvest_agent(), said)
+    (line,) = [e for e in store.events(run_id, kinds=["user_input"]) if "4417" in e.data["content"]]
+    return run_id, line.seq
+
+
+def _everything(store: SQLiteStore) -> str:
+    memory = memory_store(store, "hash")
+    rows = memory.facts(include_hidden=True, tiers=("facts", "passages"))
+    return json.dumps([f.to_dict() for f in rows] + [memory.history(f.fact_id) for f in rows])
+
+
+def test_a_message_marked_private_after_banking_never_reaches_memory(store: SQLiteStore) -> None:
+    from loomrt.visibility import mark_private_in_record
+
+    run_id, seq = _told_the_code(store)
+    mark_private_in_record(store, run_id, seq)  # the operator's mark, after the span was banked
+    report = _drain(store)
+    assert report.batches >= 1 and report.passages["new"] >= 3
+    assert "4417" not in _everything(store) and "Weekend plan 3" in _everything(store)
+
+
+def test_marking_a_message_private_erases_what_memory_holds_of_it(store: SQLiteStore) -> None:
+    from loomrt.harvest.wiring import erase_private
+    from loomrt.visibility import mark_private_in_record
+
+    run_id, seq = _told_the_code(store)
+    _drain(store)
+    memory = memory_store(store, "hash")
+    assert any("4417" in h.text for h in memory.search("locker code climbing gym", 5, ["user:alice"]))
+    fact = next(f for f in memory.facts(["user:alice"]) if any(line["seq"] == seq for line in f.lines))
+    mark_private_in_record(store, run_id, seq)
+    erased = erase_private(store, run_id, [seq])  # what `loomrt runs private` calls
+    assert erased["passages"] == 1 and erased["lines"] == 1
+    assert "4417" not in _everything(store) and "Weekend plan" in _everything(store)
+    kept = memory.get(fact.fact_id)  # the fact cited other lines too: it keeps them, and its statement
+    assert kept.status == "live" and seq not in [line["seq"] for line in kept.lines] and kept.lines
+    assert memory.history(fact.fact_id)[-1]["action"] == "lines_erased"

@@ -94,16 +94,22 @@ def private_cmd(
     seq: int = typer.Argument(..., help="The record seq of the message only this run may see."),
     json_output: bool = JsonOpt,
 ) -> None:
-    """Mark a message private: no later summary, memory or other run sees it (its own run still does)."""
+    """Mark a message private: no later summary, memory or other run sees it (its own run still
+    does); what durable memory already holds of it (passages, a fact's lines) is erased."""
+    from loomrt.harvest.wiring import erase_private
     from loomrt.visibility import mark_private_in_record
 
     store = runtime().store
     store.get_run(run_id)
     mark_private_in_record(store, run_id, seq)
+    erased = erase_private(store, run_id, [seq])
     if json_output:
-        print_json({"run_id": run_id, "private": seq})
+        print_json({"run_id": run_id, "private": seq, "memory_erased": erased})
     else:
-        out.print(f"run {run_id}: #{seq} is private", highlight=False)
+        gone = ", ".join(f"{n} {k}" for k, n in erased.items() if n)
+        out.print(
+            f"run {run_id}: #{seq} is private" + (f" (erased from memory: {gone})" if gone else ""), highlight=False
+        )
 
 
 @runs_app.command("declassify")
