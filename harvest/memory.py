@@ -54,6 +54,10 @@ def fact_key(batch_id: str, statement: str) -> str:
     return f"{batch_id}:{hashlib.sha256(statement.strip().encode()).hexdigest()[:16]}"
 
 
+_NEAR = 8
+"""How many of the nearest live facts (passages left out) placement weighs a new fact against."""
+
+
 @dataclass(frozen=True)
 class NewFact:
     """A statement to store (as the extractor wrote it, checked)."""
@@ -299,10 +303,16 @@ class MemoryStore:
         the facts this write stored before it included."""
         idx = self._index(f.scope)
         near: list[tuple[str, float]] = []
-        if vec is not None and idx.index.dense:
-            near = [(idx.ids[e.id], cos) for e, cos in idx.index.nearest(vec, 8)]
-        else:
-            near = [(idx.ids[h.entry.id], dice(h.entry.text, f.statement)) for h in idx.index.search(f.statement, 8)]
+        k = _NEAR
+        while True:  # the nearest facts: passages are left out before the nearest are taken
+            if vec is not None and idx.index.dense:
+                found = idx.index.nearest(vec, k)
+            else:
+                found = [(h.entry, dice(h.entry.text, f.statement)) for h in idx.index.search(f.statement, k)]
+            near = [(idx.ids[e.id], cos) for e, cos in found if e.role != PASSAGE][:_NEAR]
+            if len(near) >= _NEAR or len(found) < k:
+                break
+            k *= 4
         for other, fid, v in written:
             if other.scope == f.scope:
                 near.append(

@@ -189,3 +189,30 @@ def test_memory_cli_search_list_show_forget(store: SQLiteStore, monkeypatch: pyt
     assert forgotten["status"] == "forgotten"
     bad = cli.invoke(app, ["memory", "search", "x", "--scope", "nobody"])
     assert bad.exit_code != 0 and "KIND:IDENTITY" in bad.output
+
+
+def test_passages_near_a_new_value_do_not_crowd_the_old_fact_out_of_placement(store: SQLiteStore) -> None:
+    from loomrt.harvest.passages import PASSAGE, passage_key
+
+    memory = memory_of(harvest_db(store), embedder="hash")
+    memory.write([_fact("Keiko's deploy window is 14:00 to 16:00.", "Keiko", key="a")])
+    said = [f"Keiko's deploy window is 17:00 to 19:00, note {i}." for i in range(12)]
+    memory.write(
+        [],
+        passages=[
+            NewFact(
+                statement=text,
+                cls=PASSAGE,
+                subject="Keiko",
+                scope="user:alice",
+                key=passage_key("user:alice", text),
+                sources=[{"run_id": "r", "seqs": [i]}],
+                lines=[{"run_id": "r", "seq": i, "role": "user", "text": text}],
+            )
+            for i, text in enumerate(said)
+        ],
+    )
+    counts = memory.write([_fact("Keiko's deploy window is 17:00 to 19:00.", "Keiko", key="b")])
+    assert counts["superseded"] == 1 and counts["new"] == 0
+    assert [f.statement for f in memory.facts()] == ["Keiko's deploy window is 17:00 to 19:00."]
+    assert len(memory.facts(tiers=("passages",))) == 12
