@@ -4,7 +4,8 @@
 A statement written by hand goes through the same placement as an extracted one (it may
 merge into a stored fact or supersede one: an operator's "the deploy window is 17:00 to
 19:00" replaces the old window), is keyed by its scope and words (adding it twice stores
-it once), and is marked ``author: operator``, so a reader (the Recall tool's ``source:
+it once), and is marked ``author: operator`` (``user:NAME`` when an MCP client bound to user
+NAME wrote it: that is not the operator's word), so a reader (the Recall tool's ``source:
 "operator"``, a hit's ``author`` tag) tells it from what a run said. Its history records
 who added it (``by``: ``cli``, ``mcp``, ``mcp:USER``). It holds no secret: one is refused,
 never redacted into memory.
@@ -49,9 +50,12 @@ def add_statement(
     cls: str = "fact",
     subject: str = "",
     by: str = "cli",
+    author: str = OPERATOR,
 ) -> Added:
-    """Store ``statement`` in ``scope`` as the operator wrote it; :class:`SpecError` saying
-    what is wrong with the input (the scope, the statement's length, its class, a secret)."""
+    """Store ``statement`` in ``scope`` as ``author`` wrote it (the operator, or ``user:NAME``
+    for a client bound to a user, whose words Recall's ``source: "operator"`` never reads);
+    :class:`SpecError` saying what is wrong with the input (the scope, the statement's
+    length, its class, a secret)."""
     try:
         scope = parse_scope(str(scope))
     except ScopeError as exc:
@@ -67,10 +71,10 @@ def add_statement(
     subject = " ".join(str(subject).split())[:120]
     if has_secret(text) or has_secret(subject):
         raise SpecError("the statement holds a secret (a key, token or password): durable memory never keeps one")
-    key = f"{OPERATOR}:{scope}:{hashlib.sha256(text.casefold().encode()).hexdigest()[:16]}"
-    source = {"author": OPERATOR, "by": by}
+    key = f"{author}:{scope}:{hashlib.sha256(text.casefold().encode()).hexdigest()[:16]}"
+    source = {"author": author, "by": by}
     counts = memory.write(
-        [NewFact(text, cls, subject, scope, key, sources=[source], author=OPERATOR)],
+        [NewFact(text, cls, subject, scope, key, sources=[source], author=author)],
     )
     outcome = next(k for k, v in counts.items() if v)
     (fact_id,) = [r[0] for r in memory.db.rows("SELECT fact_id FROM memory_keys WHERE key = ?", (key,))]

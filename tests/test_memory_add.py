@@ -87,8 +87,9 @@ def test_an_operator_statement_with_a_subject_supersedes_the_stored_value(store:
 def test_the_service_keeps_a_bound_client_inside_its_users_scope(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The MCP tool's logic: a client bound to bob writes user:bob only ("user" names it); an
-    unbound client (the operator) writes any scope; the history says who."""
+    """The MCP tool's logic: a client bound to bob writes user:bob only ("user" names it), as
+    ``user:bob`` (not the operator: Recall's ``source: "operator"`` never returns it); an
+    unbound client (the operator) writes any scope as the operator; the history says who."""
     from loomrt import Runtime
     from loomrt.mcp.service import CLIENT_USER, RunService, ServiceError
     from loomrt.spec import AgentsFile
@@ -100,14 +101,22 @@ def test_the_service_keeps_a_bound_client_inside_its_users_scope(
         with pytest.raises(ServiceError, match="bound to user 'bob': it may add memory to user:bob only"):
             service.add_memory("user:alice", WINDOW)
         row = service.add_memory("user", "Bob's locker code is 9020.", "fact", "Bob")
-        assert (row["scope"], row["author"], row["outcome"]) == ("user:bob", "operator", "new")
+        assert (row["scope"], row["author"], row["outcome"]) == ("user:bob", "user:bob", "new")
         with pytest.raises(ServiceError, match="8 to 400 characters"):
             service.add_memory("user", "hi")
     finally:
         CLIENT_USER.reset(bound)
-    assert service.add_memory("project:shop", "The shop closes at 18:00 on Sundays.")["scope"] == "project:shop"
+    shop = service.add_memory("project:shop", "The shop closes at 18:00 on Sundays.")
+    assert (shop["scope"], shop["author"]) == ("project:shop", "operator")
+    assert service.add_memory("user:bob", "Bob's badge number is 7731.")["author"] == "operator"
     history = memory_store(store, "hash").history(row["fact_id"])
-    assert history[0]["sources"] == [{"author": "operator", "by": "mcp:bob"}]
+    assert history[0]["sources"] == [{"author": "user:bob", "by": "mcp:bob"}]
+    rt, bobs = chat(store, harvest_agent(), ["hello"], user="bob", finish=False)
+    recall = rt.open(bobs).toolset.tools["Recall"].fn
+    said = [(r["text"], r["author"]) for r in recall(query="Bob locker code badge", source="memory")["results"]]
+    assert ("Bob's locker code is 9020.", "user:bob") in said
+    mine = [(r["text"], r["author"]) for r in recall(query="Bob locker code badge", source="operator")["results"]]
+    assert mine == [("Bob's badge number is 7731.", "operator")]
     store.close()
 
 
@@ -116,7 +125,7 @@ def test_the_mcp_tool_adds_memory_a_users_run_recalls_as_the_operators(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through `loomrt mcp --http --users FILE` with real clients: every tool name is one an
-    MCP client takes; alice's client adds to her memory, not to bob's; her run's recall finds the entry tagged as the operator's."""
+    MCP client takes; alice's client adds to her memory, not to bob's; her run's recall finds the entry tagged as hers."""
     import re
 
     import anyio
@@ -141,13 +150,13 @@ def test_the_mcp_tool_adds_memory_a_users_run_recalls_as_the_operators(
                         "add_memory", {"scope": "user", "statement": WINDOW, "fact_class": "constraint"}
                     )
                 )
-                assert (row["scope"], row["class"], row["author"]) == ("user:alice", "constraint", "operator")
+                assert (row["scope"], row["class"], row["author"]) == ("user:alice", "constraint", "user:alice")
                 refused = error_text(await client.call_tool("add_memory", {"scope": "user:bob", "statement": WINDOW}))
                 assert "may add memory to user:alice only" in refused
                 run = structured(await client.call_tool("spawn_run", {"agent": "mem", "prompt": "hi"}))["run_id"]
                 hits = structured(await client.call_tool("recall", {"run_id": run, "query": "deploy window"}))["hits"]
                 assert [(h["text"], h["source"], h["author"], h["scope"]) for h in hits] == [
-                    (WINDOW, "memory", "operator", "user:alice")
+                    (WINDOW, "memory", "user:alice", "user:alice")
                 ]
 
         anyio.run(scenario)

@@ -133,7 +133,8 @@ class RecallHitOut(TypedDict):
     scope: NotRequired[str]
     """A memory hit's scope."""
     author: NotRequired[str]
-    """A memory hit's author: operator (written by hand) or run (extracted from what a run said)."""
+    """A memory hit's author: operator (written by hand), user:NAME (written by a client bound to
+    user NAME) or run (extracted from what a run said)."""
 
 
 class RecallOut(TypedDict):
@@ -313,9 +314,10 @@ def build_server(service: RunService) -> LoomMCPServer:
         subject: str = "",
     ) -> dict[str, Any]:
         """Write one statement to durable memory by hand, as `loomrt memory add` does: stored as
-        written (author: operator), found by later runs' Recall in SCOPE (KIND:IDENTITY, e.g.
-        user:alice; a client whose token is bound to a user writes only that user's scope, and
-        "user" names it). FACT_CLASS: preference, fact, decision, identity, constraint or correction.
+        written (author: operator; user:NAME for a client whose token is bound to user NAME, which
+        Recall's source "operator" does not return), found by later runs' Recall in SCOPE
+        (KIND:IDENTITY, e.g. user:alice; a client bound to a user writes only that user's scope,
+        and "user" names it). FACT_CLASS: preference, fact, decision, identity, constraint or correction.
         SUBJECT (whom it is about) lets it merge into or supersede stored facts about them.
         Returns the outcome (new, merged, superseded, already) and the fact."""
         return service.add_memory(scope, statement, fact_class, subject)

@@ -344,8 +344,9 @@ class RunService:
     # ------------------------------------------------------------------ durable memory
 
     def add_memory(self, scope: str, statement: str, cls: str = "fact", subject: str = "") -> dict[str, Any]:
-        """Write ``statement`` to durable memory by hand (author: operator), as `loomrt memory
-        add` does. A client bound to a user writes only that user's scope (``user`` names it)."""
+        """Write ``statement`` to durable memory by hand, as `loomrt memory add` does (author:
+        operator). A client bound to a user writes only that user's scope (``user`` names it),
+        as ``user:NAME``: what a user's client wrote is not the operator's word."""
         from loomrt.harvest.db import has_place
         from loomrt.harvest.manual import add_statement
         from loomrt.harvest.wiring import memory_store
@@ -370,6 +371,7 @@ class RunService:
                 cls=cls,
                 subject=subject,
                 by="mcp" if user is None else f"mcp:{user}",
+                author="operator" if user is None else f"user:{user}",
             )
         except LoomError as exc:
             raise ServiceError(str(exc)) from None
