@@ -334,7 +334,8 @@ class Runtime:
         held = any(c["run_id"] == run.run_id and c["owner"] == self.owner for c in self.store.run_owners())
         self.claim(run)
         try:
-            yield
+            with self._heartbeat(run):  # a summary longer than the claim's ttl keeps the run
+                yield
         finally:
             if not held and run.epoch is not None:
                 self.store.release_run(run.run_id, self.owner, run.epoch)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from loomrt.errors import LoomError, RunOwnedError, StoreError
+from loomrt.errors import FencedError, LoomError, RunOwnedError, StoreError
 from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.run.state import RunResult
 from loomrt.runtime import Runtime
@@ -138,7 +138,7 @@ async def work_once(
                 with runtime.holding(run):  # through the run's claim: fenced like its owner's appends
                     done = await runtime.between_turns(run)
                 reason = None if done else "declined, or another worker holds its lease"
-            except RunOwnedError as exc:
+            except (RunOwnedError, FencedError) as exc:  # taken, or taken over meanwhile: it is theirs
                 done, reason = False, f"another worker has it ({exc})"
             row = {
                 "run_id": run_id,

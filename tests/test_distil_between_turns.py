@@ -144,3 +144,35 @@ def test_a_recap_nothing_wrote_between_turns_is_written_at_the_next_turn(tmp_pat
     answered = max(e.seq for e in events if e.kind == "parked")
     inside = [e for e in events if e.kind == "distillation" and queued < e.seq < answered]
     assert inside and inside[0].data["pressure"] < inside[0].data["budget"]
+
+
+@pytest.mark.slow  # a summary slower than the claim's ttl, timed in seconds
+def test_a_workers_queued_recap_slower_than_its_claim_keeps_the_run(tmp_path):
+    """The worker's claim on a run it distils is renewed while the summary is written: a
+    second worker cannot take the run over halfway, and the recap is written (without the
+    heartbeat the claim lapses after its ttl, the other worker takes it, and the append is fenced)."""
+    import time
+
+    from loomrt.errors import RunOwnedError
+
+    taken: list[str] = []
+
+    def slow(request: ModelRequest) -> ModelResponse:
+        if request.purpose != "turn" and rt.owner is not None:
+            time.sleep(1.6)  # past the 1 s claim
+            try:
+                rt.store.claim_run(run.run_id, "other-host/1/0123456789abcdef", 60)
+                taken.append("other")
+            except RunOwnedError:
+                taken.append("kept")
+        return answer(request)
+
+    rt = runtime(tmp_path, FunctionProvider(slow))
+    run = play(rt, "recap", NOTES[:8], between=False)
+    if not run.view.distillation_queued:
+        asyncio.run(rt.send(run, NOTES[8]))
+    rt.finish(run)
+    rt.owner, rt.claim_ttl_s, rt.heartbeat_s = worker_name(), 1.0, 0.3
+    rows = asyncio.run(work_once(rt))
+    assert taken == ["kept"]
+    assert [(r["work"], r["done"]) for r in rows] == [("distil", True)]
