@@ -22,6 +22,7 @@ import jsonschema
 
 from loomrt.harvest.dates import absolute_dates
 from loomrt.harvest.evidence import stored_line, unsupported
+from loomrt.harvest.passages import said_words
 from loomrt.harvest.redact import has_secret
 from loomrt.tokens import count_text
 
@@ -227,11 +228,6 @@ _IDS = [
 ]
 
 
-def _said_once(statement: str) -> str:
-    """A statement as repeats are told apart: its words, lower case, without punctuation."""
-    return " ".join(re.findall(r"\w+", statement.casefold()))
-
-
 def distinct(items: Sequence[Any]) -> tuple[list[Any], int]:
     """The items of one reply with each statement once (the first; a repeat's cited lines
     join it) and each statement's clauses once (:func:`_clauses_once`), and how many repeats
@@ -247,7 +243,7 @@ def distinct(items: Sequence[Any]) -> tuple[list[Any], int]:
             said, dropped = _clauses_once(said)
             clauses += dropped
             item = {**item, "statement": said} if dropped else item
-        key = _said_once(said) if isinstance(said, str) else ""
+        key = said_words(said) if isinstance(said, str) else ""
         if not key:
             out.append(item)
             continue
@@ -272,7 +268,7 @@ def _clauses_once(statement: str) -> tuple[str, int]:
     kept: list[str] = []
     seen: list[str] = []
     for part in parts:
-        words = _said_once(part)
+        words = said_words(part)
         if words and any(earlier == words or earlier.startswith(words + " ") for earlier in seen):
             continue
         kept.append(part)

@@ -228,3 +228,20 @@ def test_marking_a_message_private_erases_what_memory_holds_of_it(store: SQLiteS
     kept = memory.get(fact.fact_id)  # the fact cited other lines too: it keeps them, and its statement
     assert kept.status == "live" and seq not in [line["seq"] for line in kept.lines] and kept.lines
     assert memory.history(fact.fact_id)[-1]["action"] == "lines_erased"
+
+
+def test_a_reply_repeat_and_a_kept_passage_are_told_apart_by_the_same_words() -> None:
+    """One definition of "the same words" (lower case, no punctuation) serves both extraction's
+    repeat check and the passages' key, so the two cannot drift apart."""
+    from loomrt.harvest import extract, passages
+
+    assert extract.said_words is passages.said_words
+    items = [
+        {"statement": "Ana's code is 4417!", "source_seqs": [1]},
+        {"statement": "ana's code is 4417", "source_seqs": [2]},
+    ]
+    kept, dropped = extract.distinct(items)
+    assert dropped == 1 and kept[0]["source_seqs"] == [1, 2]
+    assert passages.passage_key("user:ana", "Ana's code is 4417!") == passages.passage_key(
+        "user:ana", "ana's code is 4417"
+    )

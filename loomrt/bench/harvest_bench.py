@@ -27,12 +27,12 @@ import asyncio
 import datetime as _dt
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from loomrt.bench.locomo_recall import CATEGORY_NAMES, rates
+from loomrt.bench.harvest_figures import BUDGET_TIERS, BUDGETS, TIERS, Tally, locomo_totals, within
+from loomrt.bench.locomo_recall import CATEGORY_NAMES
 from loomrt.recall.embedders import EmbedderChoice
 
 __all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals", "TIERS", "harvest_bench", "drained"]
@@ -262,136 +262,6 @@ def _session_ts(date: str) -> float | None:
     return None
 
 
-class _Tally:
-    """Hits at each k over questions, overall and by category."""
-
-    def __init__(self, ks: Sequence[int]) -> None:
-        self.ks = list(ks)
-        self.n = 0
-        self.hits = {k: 0 for k in ks}
-        self.by_cat: dict[int, dict[str, Any]] = {}
-
-    def add(self, category: int, found: Sequence[bool]) -> None:
-        """One question: ``found[i]`` says whether it was found at the i-th k."""
-        cat = self.by_cat.setdefault(category, {"questions": 0, "hits": {k: 0 for k in self.ks}})
-        cat["questions"] += 1
-        self.n += 1
-        for k, hit in zip(self.ks, found, strict=True):
-            if hit:
-                self.hits[k] += 1
-                cat["hits"][k] += 1
-
-    def add_figures(self, figures: dict[str, Any]) -> None:
-        """Add another tally's :meth:`figures` (rates are exact to 4 places, so counts come back whole)."""
-        self.n += figures["questions"]
-        for k in self.ks:
-            self.hits[k] += round(figures["recall_at"][str(k)] * figures["questions"])
-        for c, v in figures.get("by_category", {}).items():
-            cat = self.by_cat.setdefault(int(c), {"questions": 0, "hits": {k: 0 for k in self.ks}})
-            cat["questions"] += v["questions"]
-            for k in self.ks:
-                cat["hits"][k] += round(v["recall_at"][str(k)] * v["questions"])
-
-    def figures(self, names: dict[int, str]) -> dict[str, Any]:
-        return {
-            "questions": self.n,
-            "recall_at": rates(self.hits, self.n),
-            "by_category": {
-                str(c): {
-                    "name": names.get(c, str(c)),
-                    "questions": v["questions"],
-                    "recall_at": rates(v["hits"], v["questions"]),
-                }
-                for c, v in sorted(self.by_cat.items())
-            },
-        }
-
-
-TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence", "passage_states", "fused_states")
-"""The tallies a LoCoMo conversation's record keeps (figures with counts by category): the facts
-tier's states and cites, the raw turns', and the passage tier's and the fused tier's states."""
-
-
-BUDGETS = (250, 500, 1000, 2000)
-"""Context budgets, in tokens of retrieved text, of the accuracy-against-tokens curve."""
-BUDGET_TIERS: dict[str, tuple[str, ...]] = {
-    "facts": ("facts",),
-    "passages": ("passages",),
-    "fused": ("facts", "passages"),
-}
-"""The memory tiers the curve is measured for (search ``tiers``)."""
-
-
-def within(texts: Sequence[str], budget: int) -> str:
-    """The best-first ``texts`` that fit ``budget`` tokens together (whole texts only)."""
-    from loomrt.tokens import count_text
-
-    kept, used = [], 0
-    for text in texts:
-        used += count_text(text) + 1
-        if used > budget:
-            break
-        kept.append(text)
-    return " ".join(kept)
-
-
-def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:
-    """The LoCoMo figures over every conversation's record so far (``of`` names all the chosen
-    ones). A record may cover several conversations (``covers``): one measured as a group."""
-    tiers = {name: _Tally(ks) for name in TIERS}
-    out: dict[str, Any] = {
-        "conversations": [],
-        "of_conversations": list(of),
-        "turns": 0,
-        "spans": 0,
-        "facts": 0,
-        "passages": 0,
-        "dead_letters": 0,
-        "retries": 0,
-        "dropped": {},
-        "writes": {},
-        "seconds": 0.0,
-        "per_conversation": records,
-    }
-    for key, rec in records.items():
-        out["conversations"] += rec.get("covers", [key])
-        for name in ("turns", "spans", "facts", "dead_letters", "retries"):
-            out[name] += rec[name]
-        out["passages"] += rec.get("passages", 0)
-        out["seconds"] = round(out["seconds"] + rec["seconds"], 1)
-        for name in ("dropped", "writes"):
-            out[name] = dict(Counter(out[name]) + Counter(rec.get(name, {})))
-        for name, figures in rec["tallies"].items():
-            tiers[name].add_figures(figures)
-        out["part_tokens"] = rec.get("part_tokens")
-        out["sample_facts"] = rec.get("sample_facts", [])
-    out["rejected"] = out["dropped"].get("unverified", 0)  # facts with a value their lines do not hold
-    out["repeats"] = out["dropped"].get("repeated", 0)  # statements a reply had already made
-    out["spans_per_min"] = round(out["spans"] / out["seconds"] * 60, 2) if out["seconds"] else None
-    out["turns_per_min"] = round(out["turns"] / out["seconds"] * 60, 1) if out["seconds"] else None
-    out["memory"] = {
-        "states": tiers["memory_states"].figures(CATEGORY_NAMES),
-        "cites": tiers["memory_cites"].figures(CATEGORY_NAMES),
-    }
-    if all("budgets" in rec for rec in records.values()):  # the accuracy-against-tokens curve
-        curves = {name: _Tally(BUDGETS) for name in BUDGET_TIERS}
-        for rec in records.values():
-            for name, figures in rec["budgets"].items():
-                curves[name].add_figures(figures)
-        out["budgets"] = {name: curve.figures(CATEGORY_NAMES) for name, curve in curves.items()}
-    if all("fused_states" in rec["tallies"] for rec in records.values()):  # (records from before the tier: none)
-        out["tiers"] = {
-            "passages": tiers["passage_states"].figures(CATEGORY_NAMES),
-            "fused": tiers["fused_states"].figures(CATEGORY_NAMES),
-        }
-    if all("raw_states" in rec["tallies"] for rec in records.values()):
-        out["raw"] = {
-            "evidence": tiers["raw_evidence"].figures(CATEGORY_NAMES),
-            "states": tiers["raw_states"].figures(CATEGORY_NAMES),
-        }
-    return out
-
-
 async def locomo_tiers(
     tmp: Path,
     data: Path,
@@ -509,8 +379,8 @@ async def _locomo_conversation(
     consolidated_s = time.perf_counter() - started
     questions = [q for q in sample["qa"] if int(q.get("category", 0)) in ANSWERABLE and evidence_ids(q.get("evidence"))]
     facts = memory.facts([scope])
-    states, cites, passages, fused = _Tally(ks), _Tally(ks), _Tally(ks), _Tally(ks)
-    curves = {name: _Tally(BUDGETS) for name in BUDGET_TIERS}
+    states, cites, passages, fused = Tally(ks), Tally(ks), Tally(ks), Tally(ks)
+    curves = {name: Tally(BUDGETS) for name in BUDGET_TIERS}
     for q in questions:
         cat, truth = int(q["category"]), gold_answer(q)
         gold = evidence_ids(q.get("evidence"))
