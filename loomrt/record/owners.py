@@ -23,7 +23,6 @@ worker whose lock file is not here is judged by its heartbeat alone.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
@@ -31,6 +30,7 @@ import re
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any, Literal
@@ -69,28 +69,36 @@ def instances_dir() -> Path:
 
 def worker_name() -> str:
     """This process's owner name, ``HOST/PID/INSTANCE`` (one per process: its runtimes are one
-    worker). INSTANCE is random; the process holds its lock file for as long as it lives."""
+    worker). INSTANCE is random; the process holds its lock file for as long as it lives, and
+    leaves it behind when it ends, however it ends (its claims may outlive it: a parked run's)."""
     pid = os.getpid()
     if pid not in _name:
         instance = uuid.uuid4().hex[:16]
         try:
             folder = instances_dir()
             folder.mkdir(mode=0o700, exist_ok=True)
+            _prune(folder)
             fd = os.open(folder / f"{instance}.lock", os.O_CREAT | os.O_RDWR, 0o600)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             _locks[pid] = fd
-            atexit.register(_forget, folder / f"{instance}.lock", fd)
         except OSError:  # no lock file: this worker is judged by its heartbeat alone
             pass
         _name[pid] = f"{socket.gethostname()}/{pid}/{instance}"
     return _name[pid]
 
 
-def _forget(path: Path, fd: int) -> None:
-    """A worker that exits cleanly removes its lock file (its claims were let go)."""
-    with contextlib.suppress(OSError):
-        path.unlink()
-        os.close(fd)
+LOCKS_KEPT_S = 86_400.0
+"""How long the lock file of a worker that ended is kept: far longer than any claim outlives
+its worker (a claim lapses within its ttl); after that, a claim's lapse says the same."""
+
+
+def _prune(folder: Path) -> None:
+    """Remove the lock files of workers that ended more than :data:`LOCKS_KEPT_S` ago."""
+    old = time.time() - LOCKS_KEPT_S
+    for path in folder.glob("*.lock"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < old and owner_state(path.stem) == "gone":
+                path.unlink()
 
 
 OwnerState = Literal["running", "gone", "unknown"]
