@@ -245,3 +245,19 @@ def test_a_reply_repeat_and_a_kept_passage_are_told_apart_by_the_same_words() ->
     assert passages.passage_key("user:ana", "Ana's code is 4417!") == passages.passage_key(
         "user:ana", "ana's code is 4417"
     )
+
+
+def test_runs_private_erases_the_message_from_memory(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+
+    monkeypatch.setenv("LOOMRT_DB_URL", getattr(store, "url", f"sqlite:{store.path}"))
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
+    run_id, seq = _told_the_code(store)
+    _drain(store)
+    assert "4417" in _everything(store)
+    marked = CliRunner().invoke(app, ["runs", "private", run_id, str(seq), "--json"])
+    assert marked.exit_code == 0, marked.output
+    assert json.loads(marked.output)["memory_erased"] == {"passages": 1, "facts": 0, "lines": 1}
+    assert "4417" not in _everything(store)
