@@ -142,19 +142,21 @@ class PostgresStore(InlineAsyncFace, RunReads):
         if self._pinned.get() is not None:
             yield
             return
-        with self._pool.connection() as conn:
+        with contextlib.ExitStack() as stack:
+            try:  # a server down longer than the pool waits is the record's error, not a bug
+                conn = stack.enter_context(self._pool.connection())
+                conn.execute("BEGIN")
+            except self._errors as exc:
+                raise self._fail("cannot begin a transaction on the record", exc) from exc
             token = self._pinned.set(conn)
             try:
-                conn.execute("BEGIN")
-                try:
-                    yield
-                finally:
-                    try:
-                        conn.execute("COMMIT")
-                    except self._errors as exc:
-                        raise self._fail("cannot commit to the record", exc) from exc
+                yield
             finally:
                 self._pinned.reset(token)
+                try:
+                    conn.execute("COMMIT")
+                except self._errors as exc:
+                    raise self._fail("cannot commit to the record", exc) from exc
 
     # the sync face
 
