@@ -51,12 +51,17 @@ def memory_store(where: Any, embedder: EmbedderChoice = None) -> MemoryStore:
         return store
 
 
-def erase_private(store: Any, run_id: str, seqs: Sequence[int]) -> dict[str, int]:
-    """An operator marked messages ``seqs`` of run ``run_id`` private: their words leave the
-    durable memory beside ``store`` (:meth:`MemoryStore.erase_said`; none where memory has no
-    place, an in-memory record). A batch consolidated later leaves them out by itself."""
+def erase_private(store: Any, run_id: str, seqs: Sequence[int] | None = None) -> dict[str, int]:
+    """Messages ``seqs`` of run ``run_id`` are private (None: every message of the run private
+    now, an operator's mark or the runtime's): their words leave the durable memory beside
+    ``store`` (:meth:`MemoryStore.erase_said`; none where memory has no place, an in-memory
+    record). A batch consolidated later leaves them out by itself."""
     if not has_place(store):
         return {"passages": 0, "facts": 0, "lines": 0}
+    if seqs is None:
+        from loomrt.visibility import private_record
+
+        seqs = sorted(private_record(store, run_id).seqs)
     return memory_store(store).erase_said(run_id, seqs, by="operator")
 
 

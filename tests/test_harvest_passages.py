@@ -261,3 +261,25 @@ def test_runs_private_erases_the_message_from_memory(store: SQLiteStore, monkeyp
     assert marked.exit_code == 0, marked.output
     assert json.loads(marked.output)["memory_erased"] == {"passages": 1, "facts": 0, "lines": 1}
     assert "4417" not in _everything(store)
+
+
+def test_memory_erase_private_sweeps_a_runs_private_messages_out(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mark not made through `runs private` (the runtime's, or the API's) erases nothing by
+    itself; `loomrt memory erase-private RUN_ID` does."""
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+    from loomrt.visibility import mark_private_in_record
+
+    monkeypatch.setenv("LOOMRT_DB_URL", getattr(store, "url", f"sqlite:{store.path}"))
+    monkeypatch.setenv("LOOMRT_RECALL_EMBEDDER", "hash")
+    run_id, seq = _told_the_code(store)
+    _drain(store)
+    mark_private_in_record(store, run_id, seq)
+    assert "4417" in _everything(store)
+    swept = CliRunner().invoke(app, ["memory", "erase-private", run_id, "--json"])
+    assert swept.exit_code == 0, swept.output
+    assert json.loads(swept.output)["memory_erased"] == {"passages": 1, "facts": 0, "lines": 1}
+    assert "4417" not in _everything(store)

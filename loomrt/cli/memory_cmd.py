@@ -1,4 +1,4 @@
-"""``loomrt consolidate`` and ``loomrt memory add|search|list|show|forget|calibrate``.
+"""``loomrt consolidate`` and ``loomrt memory add|search|list|show|forget|erase-private|calibrate``.
 
 The consolidator drains the harvest queue of the default record into durable memory with
 the embedded local model (or ``--model``); the memory commands are the operator's view of
@@ -20,7 +20,9 @@ from loomrt.cli._common import err, friendly, out, plural, print_json, when
 
 __all__ = ["consolidate_cmd", "memory_app"]
 
-memory_app = typer.Typer(help="Durable memory: add, search, list, show, forget, calibrate.", no_args_is_help=True)
+memory_app = typer.Typer(
+    help="Durable memory: add, search, list, show, forget, erase-private, calibrate.", no_args_is_help=True
+)
 
 _SCOPE = typer.Option(
     None, "--scope", help="A scope, KIND:IDENTITY (user:alice, agent:NAME, project:NAME); repeatable."
@@ -287,6 +289,22 @@ def forget_cmd(
         print_json(fact.to_dict())
     else:
         out.print(f"{fact.fact_id}: {fact.status}")
+
+
+@memory_app.command("erase-private")
+@friendly
+def erase_private_cmd(run_id: str = typer.Argument(...), json_output: bool = _JSON) -> None:
+    """Erase from memory what it holds of RUN_ID's private messages (marked by the runtime, or
+    before memory was stored): their passages and fact lines (a fact left with none too)."""
+    from loomrt.harvest.wiring import erase_private
+
+    store, _ = _memory()
+    store.get_run(run_id)
+    erased = erase_private(store, run_id)
+    if json_output:
+        print_json({"run_id": run_id, "memory_erased": erased})
+    else:
+        out.print(f"run {run_id}: " + ", ".join(f"{n} {k}" for k, n in erased.items()) + " erased", highlight=False)
 
 
 @memory_app.command("calibrate")
