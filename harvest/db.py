@@ -16,10 +16,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from loomrt.errors import StoreError
 from loomrt.record.migrations import migrate
+
+if TYPE_CHECKING:
+    from loomrt.record.store import Store
+
+Where: TypeAlias = "Store | str | Path"
+"""Where a record is: its store, its SQLite file, or its PostgreSQL URL."""
 
 __all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of", "has_place"]
 
@@ -221,7 +227,7 @@ _open: dict[str, Tables] = {}
 _open_lock = threading.Lock()
 
 
-def has_place(store: Any) -> bool:
+def has_place(store: Where) -> bool:
     """Whether durable memory can live beside the record ``store``: a SQLite file, or a
     PostgreSQL database (not an in-memory record)."""
     if isinstance(getattr(store, "url", None), str):
@@ -230,19 +236,19 @@ def has_place(store: Any) -> bool:
     return isinstance(path, Path) and str(path) != ":memory:"
 
 
-def where_of(where: Any) -> str:
+def where_of(where: Where) -> str:
     """Where a record's harvest tables are: a PostgreSQL URL (a store's, with its password),
     or a SQLite file's resolved path. ``where`` is a store, a path or a URL."""
     url = getattr(where, "url", None)
     if isinstance(url, str):
         return url
-    where = getattr(where, "path", where)
-    if isinstance(where, str) and where.startswith(("postgresql://", "postgres://")):
-        return where
-    return str(Path(where).resolve())
+    place = getattr(where, "path", where)
+    if isinstance(place, str) and place.startswith(("postgresql://", "postgres://")):
+        return place
+    return str(Path(str(place)).resolve())
 
 
-def harvest_db(where: Any) -> Tables:
+def harvest_db(where: Where) -> Tables:
     """The process's one harvest database for ``where`` (a store, a SQLite path or a
     PostgreSQL URL): a :class:`HarvestDB` (opened, and migrated, on first use) or a
     :class:`~loomrt.harvest.pg.PgHarvestDB` (migrated by ``loomrt db migrate``)."""

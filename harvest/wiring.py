@@ -13,15 +13,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event
 from loomrt.harvest.backends import memory_of
 from loomrt.harvest.bank import Bank
-from loomrt.harvest.db import harvest_db, has_place, where_of
+from loomrt.harvest.db import Where, harvest_db, has_place, where_of
 from loomrt.harvest.memory import MemoryStore, ScopedMemory
 from loomrt.harvest.scopes import ScopeError, resolve_scopes
 from loomrt.recall.embedders import EmbedderChoice
+
+if TYPE_CHECKING:
+    from loomrt.record.store import Store
+    from loomrt.spec import ContextSpec
 
 __all__ = ["HarvestWiring", "wire", "memory_store", "release", "config_problems", "erase_private"]
 
@@ -40,7 +44,7 @@ _stores: dict[tuple[str, str], MemoryStore] = {}
 _stores_lock = threading.Lock()
 
 
-def memory_store(where: Any, embedder: EmbedderChoice = None) -> MemoryStore:
+def memory_store(where: Where, embedder: EmbedderChoice = None) -> MemoryStore:
     """The process's durable memory beside a record (``where``: the store, its SQLite file or
     its PostgreSQL URL), one per embedder."""
     key = (where_of(where), repr(embedder) if embedder is not None and not isinstance(embedder, str) else str(embedder))
@@ -51,7 +55,7 @@ def memory_store(where: Any, embedder: EmbedderChoice = None) -> MemoryStore:
         return store
 
 
-def erase_private(store: Any, run_id: str, seqs: Sequence[int] | None = None) -> dict[str, int]:
+def erase_private(store: Store, run_id: str, seqs: Sequence[int] | None = None) -> dict[str, int]:
     """Messages ``seqs`` of run ``run_id`` are private (None: every message of the run private
     now, an operator's mark or the runtime's): their words leave the durable memory beside
     ``store`` (:meth:`MemoryStore.erase_said`; none where memory has no place, an in-memory
@@ -65,7 +69,7 @@ def erase_private(store: Any, run_id: str, seqs: Sequence[int] | None = None) ->
     return memory_store(store).erase_said(run_id, seqs, by="operator")
 
 
-def release(where: Any) -> None:
+def release(where: Where) -> None:
     """Close the process's durable memory beside a record (it is going away)."""
     from loomrt.harvest import db
 
@@ -76,7 +80,7 @@ def release(where: Any) -> None:
     db.release(where)
 
 
-def config_problems(context: Any) -> list[str]:
+def config_problems(context: ContextSpec) -> list[str]:
     """What is wrong with an agent's harvest configuration, knowable from the definition alone."""
     problems = []
     if context.harvest_to_memory and not context.memory_scopes:

@@ -33,10 +33,15 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loomrt.bench.chaos_scenarios import Scenario
 from loomrt.run.loop import INTERRUPTED
+
+if TYPE_CHECKING:
+    from loomrt.record.store import Store
+    from loomrt.run.state import RunState
+    from loomrt.runtime import Runtime
 
 __all__ = ["Outcome", "Call", "check", "fork_problems", "call_problems"]
 
@@ -75,7 +80,7 @@ class Call:
     output_tokens: int
 
 
-def _runtime(store: Any) -> Any:
+def _runtime(store: Store) -> Runtime:
     from loomrt.runtime import Runtime
 
     return Runtime(store, embedder="hash")
@@ -103,7 +108,7 @@ def _answering(events: list[Any]) -> list[Any]:
     return out
 
 
-def _recall_texts(run: Any) -> list[str]:
+def _recall_texts(run: RunState) -> list[str]:
     recall = run.toolset.recall
     if recall is None:
         return []
@@ -130,7 +135,7 @@ def _harvested(where: Any) -> tuple[list[str], list[str]]:
         db.close()
 
 
-async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool = False) -> Outcome:
+async def _outcome(store: Store, run_id: str, live: RunState | None = None, *, harvest: bool = False) -> Outcome:
     events = store.events(run_id)
     run = live if live is not None else await _runtime(store).aopen(run_id)
     banked, facts = _harvested(store) if harvest else ([], [])
@@ -147,7 +152,7 @@ async def _outcome(store: Any, run_id: str, live: Any = None, *, harvest: bool =
     )
 
 
-def _calls(store: Any) -> list[Call]:
+def _calls(store: Store) -> list[Call]:
     """The model calls of every run on the record, run by run, in the order each paid them."""
     out: list[Call] = []
     for info in sorted(store.list_runs(limit=1000), key=lambda r: (r.agent, r.run_id)):
@@ -168,7 +173,7 @@ def _calls(store: Any) -> list[Call]:
 # ---------------------------------------------------------------------- checking
 
 
-def fork_problems(store: Any, scenario: Scenario) -> list[str]:
+def fork_problems(store: Store, scenario: Scenario) -> list[str]:
     """A forked scenario's parent and fork: one of each, the parent's record audits clean and
     holds its inputs once."""
     from loomrt.record.ledger import verify_chain

@@ -170,7 +170,7 @@ def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> 
     samples = load_locomo(config.data)[: 1 if config.quick else None]
     parity_places = {"sqlite": sqlite_path.parent / "parity.sqlite", "postgres": url}
     out["parity"] = parity_figures(
-        lambda backend: memory_of(harvest_db(parity_places[backend])),
+        lambda backend: memory_of(harvest_db(parity_places[backend] or "")),  # the backends with a place
         samples,
         backends=[b for b, w in parity_places.items() if w is not None],
     )
