@@ -85,3 +85,40 @@ def test_an_unknown_or_finished_run_is_one_clear_error(tmp_path: Path) -> None:
     ended = runner.invoke(app, ["--db-url", url, "runs", "cancel", run_id, "--json"])
     assert ended.exit_code == 2 and f"run {run_id} has already ended (done)" in ended.output
     assert "Traceback" not in ended.output
+
+
+def test_a_foreground_run_is_not_cancelled_from_elsewhere_unless_forced(tmp_path: Path) -> None:
+    """A foreground `loomrt run` claims nothing and looks for no cancel: `runs cancel` says so
+    instead of recording a cancel the run would play on after (it wrote `final` after it)."""
+    url = f"sqlite:{tmp_path / 'record.sqlite'}"
+    write(tmp_path, "s.yaml", "turns:\n  - {text: the late answer, delay_s: 30}\n")
+    agents = write(tmp_path, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml}\n")
+    playing = subprocess.Popen(
+        [sys.executable, "-m", "loomrt", "--db-url", url, "run", "a", "go", "--agents", str(agents), "--json"],
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        end = time.monotonic() + 60
+        while not (tmp_path / "record.sqlite").exists() or "user_input" not in kinds(url, _only_run(url)):
+            assert time.monotonic() < end and playing.poll() is None
+            time.sleep(0.2)
+        run_id = _only_run(url)
+        refused = runner.invoke(app, ["--db-url", url, "runs", "cancel", run_id])
+        assert refused.exit_code == 2 and "no worker claims it" in refused.output and "--force" in refused.output
+        assert "cancelled" not in kinds(url, run_id)
+    finally:
+        playing.kill()
+        playing.communicate(timeout=60)
+    forced = runner.invoke(app, ["--db-url", url, "runs", "cancel", run_id, "--force", "--json"])
+    assert forced.exit_code == 0 and json.loads(forced.stdout)["status"] == "cancelled", forced.output
+
+
+def _only_run(url: str) -> str:
+    store = default_store(url)
+    try:
+        runs = store.list_runs()
+        return runs[0].run_id if runs else ""
+    finally:
+        store.close()

@@ -444,11 +444,18 @@ def continue_cmd(run_id: str, prompt: str, json_output: bool = JsonOpt) -> None:
 @friendly
 def cancel_cmd(
     run_id: str = typer.Argument(..., help="The run to stop (`loomrt runs list` shows them)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Cancel an active run that no worker claims (its process died; or a foreground run, which will not stop).",
+    ),
     json_output: bool = JsonOpt,
 ) -> None:
     """Stop a run that has not ended: a queued one (`run --detach`) is never played, a parked one
     takes no more input, and one that a worker plays (here or on another machine) stops at its next
-    step. The record gets `cancelled` (the same path as MCP `cancel_run`)."""
+    step. The record gets `cancelled` (the same path as MCP `cancel_run`). An active run that no
+    worker claims (a foreground `loomrt run` or chat) cannot be stopped from here: stop it where it
+    runs (Ctrl-C), or `--force` if its process is gone."""
     from loomrt.errors import SpecError
     from loomrt.record.owners import worker_name
 
@@ -458,6 +465,13 @@ def cancel_cmd(
         raise SpecError(
             f"run {run_id} has already ended ({status}): there is nothing to cancel. "
             f"`loomrt runs show {run_id}` shows how it ended; `loomrt runs continue {run_id} ...` gives it a new input."
+        )
+    unclaimed = status == "active" and not any(c["run_id"] == run_id for c in rt.store.run_owners())
+    if unclaimed and not force:  # a foreground run checks no one's cancel: it would play on after it
+        raise SpecError(
+            f"run {run_id} is active and no worker claims it: it plays in a foreground process "
+            "(`loomrt run` or `loomrt chat`), which does not look for a cancel from elsewhere. Stop it "
+            f"there (Ctrl-C). If that process is gone, `loomrt runs cancel {run_id} --force` records the cancel."
         )
     rt.owner = rt.owner or worker_name()  # written through the run's claim, as a worker's would be
     result = asyncio.run(rt.cancel(run_id, reason="runs cancel"))
