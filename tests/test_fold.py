@@ -347,6 +347,8 @@ def test_a_small_budget_never_sticks_the_fold() -> None:
     sizes = [count_dicts(c.messages) + count_tools(c.tools) for c in provider.calls if c.purpose == "turn"]
     # a prompt is the working context (within the budget less injection's reserve) and a block
     assert max(sizes) <= run.budget + run.inject_reserve == 1536, max(sizes)
+    # at rest, a chat's due fold is written between turns (as the chat does while the user types)
+    asyncio.run(rt.between_turns(run))
     assert run.estimate() <= run.budget
 
 

@@ -33,8 +33,8 @@ def mcp_cmd(
     ),
 ) -> None:
     """Serve runs of the agents file over MCP. Tools: list_agents, spawn_run, spawn_runs, get_run,
-    list_runs, get_events, continue_run, cancel_run, compact_run, fork_run, recall; and each run
-    as a loomrt://runs/{run_id} resource."""
+    list_runs, get_events, continue_run, cancel_run, compact_run, fork_run, recall, add_memory; and
+    each run as a loomrt://runs/{run_id} resource."""
     from loomrt.mcp.http import allowed_origins, check_listen, read_token, read_user_tokens, serve_http
     from loomrt.mcp.server import build_server
     from loomrt.mcp.service import RunService
