@@ -308,7 +308,7 @@ class RunView:
         # a token is at least one character: a message no longer than the limit in characters fits
         if limit and message.role != "system" and len(message.content) > limit and count_text(message.content) > limit:
             self.originals[message.seq] = message  # type: ignore[index]
-            message = message.with_(content=self.mode.cut_note(message, limit, self.run_id))
+            message = message.with_(content=self.mode.cut_note(message, limit))
         self.messages[message.seq] = message  # type: ignore[index]
         if push:
             self.push(message)

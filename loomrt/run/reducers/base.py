@@ -37,14 +37,17 @@ if TYPE_CHECKING:
 __all__ = ["cut_note", "Reduction", "Declined", "RetentionMode"]
 
 
-def cut_note(message: Message, limit: int, run_id: str) -> str:
+def cut_note(message: Message, limit: int) -> str:
     """The first part of ``message`` that fits ``limit`` tokens, with a note that says it was
-    cut and where the full text is."""
+    cut and where the full text is (its seq on the record: ``loomrt runs show RUN --seq N``).
+
+    The note does not name the run: the model cannot use the id, and a random id's token
+    count differs from run to run, so two runs of the same work would meet their budget at
+    different turns."""
     size = count_text(message.content)
     note = (
         f"\n[cut: this message is {size} tokens, over the limit of {limit} (context.message_max_tokens); "
-        f"only its start is shown. The full text is on the record: "
-        f"`loomrt runs show {run_id} --seq {message.seq}`.]"
+        f"only its start is shown. The full text is on the record as message #{message.seq}.]"
     )
     return cut_text(message.content, max(16, limit - count_text(note))) + note
 
@@ -162,9 +165,9 @@ class RetentionMode:
 
         raise SpecError(f"run {run.run_id} is in {self.name} mode, which writes no cards: refold is for fold runs")
 
-    def cut_note(self, message: Message, limit: int, run_id: str) -> str:
+    def cut_note(self, message: Message, limit: int) -> str:
         """What the working context holds of a message over ``context.message_max_tokens``."""
-        return cut_note(message, limit, run_id)
+        return cut_note(message, limit)
 
     async def unanswered_calls(self, run: RunState, calls: list[ToolCall]) -> list[ToolCall]:
         """The tool calls a resumed run must settle, given the last assistant message's

@@ -227,7 +227,7 @@ class FoldMode(RetentionMode):
 
         return fold_tools(run) if run.spec.context.fold.tools else []
 
-    def cut_note(self, message: Message, limit: int, run_id: str) -> str:
+    def cut_note(self, message: Message, limit: int) -> str:
         return external_note(message)
 
     async def refold(self, run: RunState, *, fallback_only: bool) -> Reduction | None:
