@@ -325,10 +325,21 @@ class Consolidator:
                 break
         base = {"spans": len(spans), "parts": len(parts), "parts_dropped": dropped_parts, "lines": len(lines)}
         report.parts_dropped += dropped_parts
-        if items is None:
-            self.queue.dead_letter(batch_id, scope, reply, error, {**base, "error": error})
+        if items is None:  # no facts; the words are kept all the same (a passage needs no model)
+            try:
+                counts = self.memory.write(
+                    [],
+                    passages=passages_of(spans, scope, batch_id),
+                    also=lambda conn: self.queue.dead_letter(
+                        conn, batch_id, scope, reply, error, {**base, "error": error}
+                    ),
+                )
+            except Exception as exc:  # noqa: BLE001 - the watermark holds; the next pass retries the batch
+                report.held.append(f"{scope}: {type(exc).__name__}: {exc}")
+                return False
             report.dead += 1
             report.batches += 1
+            report.passages.update({k.removeprefix("passages_"): v for k, v in counts.items() if "passages_" in k})
             return True
         facts, dropped = self._facts(items, lines, scope, batch_id, spans, model=model)
         reached("in_consolidate")

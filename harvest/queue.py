@@ -121,19 +121,20 @@ class Queue:
             (n,) = conn.execute("SELECT attempts FROM harvest_batches WHERE batch_id = ?", (batch_id,)).fetchone()
         return int(n)
 
-    def dead_letter(self, batch_id: str, scope: str, reply: str, error: str, report: dict[str, Any]) -> None:
-        """A batch whose reply never parsed: kept with the reply's prefix; the queue moves on."""
-        with self.db.write() as conn:
-            ids = json.loads(
-                conn.execute("SELECT span_ids FROM harvest_batches WHERE batch_id = ?", (batch_id,)).fetchone()[0]
-            )
-            conn.execute(
-                "INSERT INTO harvest_dead_letters VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT(batch_id) DO UPDATE "
-                "SET reply_prefix = excluded.reply_prefix, error = excluded.error, at = excluded.at, "
-                "retried_at = NULL",
-                (batch_id, scope, json.dumps(ids), reply[:500], error, time.time()),
-            )
-            self.finish(conn, batch_id, scope, "dead", report)
+    def dead_letter(self, conn: Any, batch_id: str, scope: str, reply: str, error: str, report: dict[str, Any]) -> None:
+        """A batch whose reply never parsed: kept with the reply's prefix, in the caller's
+        transaction ``conn`` (the consolidator keeps the batch's passages in the same one);
+        the queue moves on."""
+        ids = json.loads(
+            conn.execute("SELECT span_ids FROM harvest_batches WHERE batch_id = ?", (batch_id,)).fetchone()[0]
+        )
+        conn.execute(
+            "INSERT INTO harvest_dead_letters VALUES (?, ?, ?, ?, ?, ?, NULL) ON CONFLICT(batch_id) DO UPDATE "
+            "SET reply_prefix = excluded.reply_prefix, error = excluded.error, at = excluded.at, "
+            "retried_at = NULL",
+            (batch_id, scope, json.dumps(ids), reply[:500], error, time.time()),
+        )
+        self.finish(conn, batch_id, scope, "dead", report)
 
     def dead_letters(self, *, include_retried: bool = False) -> list[dict[str, Any]]:
         rows = self.db.rows(

@@ -262,6 +262,8 @@ def test_a_poison_batch_goes_to_dead_letters_and_the_queue_moves_on(store: SQLit
     worker = _consolidator(store, FunctionProvider(extractor), batch_tokens=1, retries=2)
     report = worker.run_once()
     assert report.dead == 1 and report.retries == 2 and report.empty_batches == 2
+    kept = {f.statement for f in worker.memory.facts(["user:alice"], tiers=("passages",))}
+    assert "Item1x0 is worth 7 credits." in kept and report.passages["new"] == 3  # no facts, but its words
     (letter,) = worker.queue.dead_letters()
     assert letter["reply_prefix"].startswith("I cannot answer") and "JSON" in letter["error"]
     assert worker.queue.status()[0]["watermark"] == 3  # the poison batch did not pin the queue
