@@ -252,6 +252,11 @@ def harvest_db(where: Where) -> Tables:
     """The process's one harvest database for ``where`` (a store, a SQLite path or a
     PostgreSQL URL): a :class:`HarvestDB` (opened, and migrated, on first use) or a
     :class:`~loomrt.harvest.pg.PgHarvestDB` (migrated by ``loomrt db migrate``)."""
+    if str(getattr(where, "path", where)) == ":memory:":  # not a file named ":memory:" in the working folder
+        raise ValueError(
+            "an in-memory record has no place for durable memory: use a file store (LOOMRT_HOME or "
+            "LOOMRT_DB_URL=sqlite:PATH) or PostgreSQL"
+        )
     key = where_of(where)
     with _open_lock:
         db = _open.get(key)

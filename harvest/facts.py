@@ -112,7 +112,7 @@ def _fact(row: tuple[Any, ...]) -> Fact:
     )
 
 
-def hit_of(fact: Fact, score: float) -> MemoryHit:
+def hit_of(fact: Fact, score: float, *, cosine: float | None = None, bm25: float | None = None) -> MemoryHit:
     """A fact as a memory hit: its statement, with the shortest source line that supports it
     (``provenance.said``), who wrote it and where it came from; its time is when that line was
     said (else when the fact was stored), as recall injection dates it."""
@@ -132,4 +132,6 @@ def hit_of(fact: Fact, score: float) -> MemoryHit:
         scope=fact.scope,
         id=fact.fact_id,
         provenance=provenance,
+        cosine=cosine,
+        bm25=bm25,
     )

@@ -533,18 +533,20 @@ class MemoryStore:
         fused by one scorer, best first (a passage a better hit states already left out)."""
         classes = classes_of(tiers)
         pool = 4 * top_k
-        found: list[tuple[float, str, str]] = []
+        found: list[tuple[float, str, Any]] = []
         with self._lock:
             for scope in scopes:
                 idx = self._index(scope)
                 found += [
-                    (h.score, scope, h.entry.run_id)
+                    (h.score, h.entry.run_id, h)
                     for h in idx.index.search(query, pool)
                     if classes is None or (h.entry.role == PASSAGE) == (classes == PASSAGE)
                 ]
         found.sort(key=lambda x: -x[0])
-        facts = self._by_id([fid for _, _, fid in found[:pool]])
-        return distinct_hits([hit_of(facts[fid], score) for score, _, fid in found[:pool]], top_k)
+        facts = self._by_id([fid for _, fid, _ in found[:pool]])
+        return distinct_hits(
+            [hit_of(facts[fid], score, cosine=h.cosine, bm25=h.bm25) for score, fid, h in found[:pool]], top_k
+        )
 
 
 def _joined(stored: str | None, more: Sequence[dict[str, Any]]) -> str:

@@ -119,6 +119,7 @@ class PgMemoryStore(MemoryStore):
             n, avgdl, centroid = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
             lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl, where)
             score: dict[str, float] = {}
+            dense: dict[str, float] = {}
             weight = 0.0
             if lexical:
                 best = max(lexical.values())
@@ -135,7 +136,16 @@ class PgMemoryStore(MemoryStore):
                 weight += 0.5
             ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[: 2 * top_k]
             facts = self._by_id([fid for fid, _ in ranked])
-        hits = [hit_of(facts[fid], round(float(np.clip(s / weight, 0.0, 1.0)), 6)) for fid, s in ranked if fid in facts]
+        hits = [
+            hit_of(
+                facts[fid],
+                round(float(np.clip(s / weight, 0.0, 1.0)), 6),
+                cosine=dense.get(fid),
+                bm25=lexical.get(fid, 0.0),
+            )
+            for fid, s in ranked
+            if fid in facts
+        ]
         return distinct_hits(hits, top_k)
 
     def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:

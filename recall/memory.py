@@ -33,6 +33,11 @@ class MemoryHit:
     provenance: dict[str, Any] = field(default_factory=dict)
     """Where the fact came from (e.g. run id and record seqs); ``author``: ``operator`` for
     what an operator wrote by hand, else ``run`` (Recall's ``source: "operator"`` reads it)."""
+    cosine: float | None = None
+    """The raw cosine of the query with the item, where the source knows it (``score`` is
+    scaled per query, so the best is always near 1; recall injection judges relevance on this)."""
+    bm25: float | None = None
+    """The raw BM25 score of the item for the query, where the source knows it."""
 
 
 @runtime_checkable

@@ -491,6 +491,8 @@ class RunRecall:
                     ts=h.ts,
                     speaker=speaker if isinstance(speaker, str) else None,
                     extra=extra,
+                    cosine=h.cosine,
+                    bm25=h.bm25 or 0.0,
                 )
             )
         return out[:top_k]

@@ -85,7 +85,8 @@ class RecallHit:
     """(i, n): this is chunk i of n of a long message (1-based), else None."""
     extra: dict[str, Any] = field(default_factory=dict)
     cosine: float | None = None
-    """The raw cosine of the query with the entry (None without dense search, or from memory)."""
+    """The raw cosine of the query with the entry (None without dense search, or from a
+    memory source that does not report it)."""
     bm25: float = 0.0
     """The raw BM25 score of the entry alone."""
     before: str = ""

@@ -369,3 +369,34 @@ def test_a_weak_passage_is_injected_when_nothing_scores_higher_and_kept_out_besi
     assert not relevant(hit(0.44), best=0.63)
     assert relevant(hit(0.44, bm25=3.0), best=0.63)
     assert not relevant(hit(0.30), best=0.30)
+
+
+class _Memory:
+    """A durable-memory source with fixed hits (raw scores given, or not)."""
+
+    def __init__(self, hits: list[Any]):
+        self.hits = hits
+
+    def search(self, query: str, top_k: int, scopes: Any = None) -> list[Any]:
+        return self.hits[:top_k]
+
+
+def test_memory_hits_are_judged_on_their_raw_scores_not_the_scaled_one() -> None:
+    """Memory's fused score is scaled per query (its best is always near 1), so a memory hit
+    is injected on its raw cosine and BM25, as the run's own are; a source that reports no
+    raw score is held to MEMORY_FLOOR on its score."""
+    from loomrt.recall.memory import MemoryHit
+
+    hits = [
+        MemoryHit("The staging database listens on port 6543.", score=0.2, cosine=0.8, bm25=0.5, id="m-raw-good"),
+        MemoryHit("The cafeteria serves soup on Fridays.", score=1.0, cosine=0.1, bm25=0.0, id="m-raw-weak"),
+        MemoryHit("Staging was moved to the new rack in May.", score=0.9, id="m-unscored-high"),
+        MemoryHit("Lunch is at noon.", score=0.3, id="m-unscored-low"),
+    ]
+    provider = ScriptedProvider(turns=["ok"] * 4)
+    rt = scripted_runtime(provider, embedder=HashEmbedder(), memory=_Memory(hits), user="alice")
+    run = rt.start(spec(memory_scopes=["user"], recall_inject_tokens=300), interactive=True)
+    asyncio.run(rt.send(run, QUESTION))
+    (injected,) = events(rt, run.run_id, "recall_injected")
+    assert {p["id"] for p in injected["passages"]} == {"m-raw-good", "m-unscored-high"}
+    assert "port 6543" in prompt_text(provider.calls[-1].messages)

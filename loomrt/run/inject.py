@@ -152,7 +152,14 @@ def _passage(run: RunState, hit: RecallHit) -> dict[str, Any]:
 
 
 MEMORY_FLOOR = 0.5
-"""The score a durable-memory hit needs to be injected (memory ranks its own facts)."""
+"""The score a durable-memory hit needs to be injected when its source reports no raw score
+(a source of the caller's own); loomrt's durable memory reports them, and its hits are judged
+as the run's own are (:func:`relevant`)."""
+
+
+def _raw_scored(hit: RecallHit) -> bool:
+    """Whether a hit carries its raw scores (a fused score, scaled per query, says nothing)."""
+    return hit.cosine is not None or hit.bm25 > 0
 
 
 def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, Any]]:
@@ -169,7 +176,7 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
         key = hit.seq if hit.seq is not None else hit.extra.get("id")
         if key in seen or (hit.source, key) in view.injected or not visible(hit):
             continue
-        if hit.source == "memory" and hit.score < MEMORY_FLOOR:
+        if hit.source == "memory" and not _raw_scored(hit) and hit.score < MEMORY_FLOOR:
             continue
         if hit.seq is not None and hit.source == "run" and hit.seq in in_context:
             continue
@@ -181,7 +188,7 @@ def _choose(run: RunState, hits: list[RecallHit], room: int) -> list[dict[str, A
     chosen: list[dict[str, Any]] = []
     best = max((h.cosine for h in fresh if h.cosine is not None), default=None)
     for hit in fresh:
-        if hit.source != "memory" and not relevant(hit, best):
+        if (hit.source != "memory" or _raw_scored(hit)) and not relevant(hit, best):
             continue
         passage = _passage(run, hit)
         if used + passage["tokens"] > room:
