@@ -220,3 +220,38 @@ def test_an_interrupted_replay_continues_from_its_last_turn(tmp_path: Path, monk
     assert len(runs) == 1, "the replay went on in the same run"
     assert len(store.events(runs[0].run_id, kinds=["user_input"])) == len(real(sample))
     assert again["setups"]["mini-1:recap"]["run_id"] == runs[0].run_id
+
+
+@pytest.mark.slow
+def test_the_memory_rows_answer_from_durable_memory_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new run of the same user, in a record of its own, gets the words back from the
+    memory the replay banked and the consolidator wrote; with memory emptied (the sabotage)
+    the same rows find nothing and answer nothing."""
+    from loomrt.bench.qa import memory as qa_memory
+
+    def measure() -> dict:
+        config = QAConfig(
+            data=MINI,
+            model="scripted",
+            embedder="default",  # the relevance rule reads MiniLM's raw cosines
+            budget_tokens=400,
+            questions=None,
+            configs=["memory", "memory/passages-only"],
+            inject_tokens=200,
+        )
+        return run_qa(config)
+
+    out = measure()
+    setup = out["setups"]["mini-1:memory"]
+    assert setup["spans"] >= 1 and setup["passages"]["new"] >= 5 and setup["facts"]["new"] >= 1
+    assert setup["turns_never_banked"] >= 1  # the final working context is not memory (reported)
+    for name in ("memory", "memory/passages-only"):
+        s = out["summary"][name]
+        assert s["questions"] == 7 and s["failed"] == 0 and s["recall_calls_per_question"] == 0.0, name
+        assert s["evidence_injected"] > 0 and s["contains"] > 0, name
+    monkeypatch.setattr(qa_memory.TierMemory, "search", lambda self, query, top_k, scopes=None: [])
+    broken = measure()["summary"]["memory"]
+    assert broken["evidence_injected"] == 0 and broken["injected_none"] == 1.0
+    answerable = [c for c in ("1", "2", "3", "4") if c in broken["by_category"]]
+    assert all(broken["by_category"][c]["contains"] == 0 for c in answerable)  # only the abstentions score
+    assert broken["contains"] < out["summary"]["memory"]["contains"]

@@ -39,7 +39,9 @@ def qa_cmd(
             "--configs",
             help="full, recall, recap, compaction, fold, MODE/no-recall; recall injection: MODE/inject "
             "(injection and the Recall tool), MODE/inject-only (injection alone), full/inject (the "
-            "distractor guard); stateful on request (default: full, recall, recap, compaction and both /no-recall).",
+            "distractor guard); memory, memory/passages-only (a new run of the same user answers from "
+            "durable memory alone); stateful on request (default: full, recall, recap, compaction and "
+            "both /no-recall).",
         ),
     ] = None,
     budget: Annotated[

@@ -73,10 +73,12 @@ async def replay_mode(
     name: str,
     embedder: EmbedderChoice,
     on_turn: Callable[[], None] | None = None,
+    user: str | None = None,
 ) -> str:
-    """Replay ``sample`` into a run of ``spec`` in ``store``; its run id. An unfinished replay
-    of the same name in ``store`` (an interrupted benchmark) is continued from its last turn."""
-    runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)
+    """Replay ``sample`` into a run of ``spec`` in ``store`` (for ``user``: whose memory it
+    banks to); its run id. An unfinished replay of the same name in ``store`` (an
+    interrupted benchmark) is continued from its last turn."""
+    runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder, user=user)
     unfinished = store.list_runs(limit=1, agent=name)
     turns = turns_of(sample)
     if unfinished:
@@ -116,6 +118,8 @@ class Asked:
     injected_text: str = ""
     injections: int = 0
     """How many blocks the question's calls got (0: injection off, or nothing relevant)."""
+    injected_dias: tuple[str, ...] = ()
+    """The conversation's turns (dia ids) among the memory passages injected (``memory`` rows)."""
 
 
 def _asked_as(data: dict[str, Any], *, recall: bool, tool: bool, inject_tokens: int) -> dict[str, Any]:

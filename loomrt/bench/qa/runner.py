@@ -10,7 +10,9 @@ For each conversation, each configuration answers the same questions:
   replayed into a real run of that mode (the model writes every distillation), and each
   question is sent to a fork of the final run, with Recall available and the model
   deciding whether to use it;
-- ``MODE/no-recall``: the same forks with Recall off: what the distillations alone kept.
+- ``MODE/no-recall``: the same forks with Recall off: what the distillations alone kept;
+- ``memory`` (and ``memory/passages-only``): a new run of the same user answers from
+  durable memory alone (:mod:`loomrt.bench.qa.memory`).
 
 Every answer is appended to ``answers.jsonl`` in the output folder as soon as it exists, and
 finished replays are kept in ``runs.db`` there, so an interrupted benchmark continues
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -29,8 +32,9 @@ from typing import Any
 from loomrt.bench.core import NullProgress, Progress
 from loomrt.bench.locomo_recall import load_locomo, render_turn, replay, sample_id, turns_of
 from loomrt.bench.qa.grade import contains, gold_answer, grade
+from loomrt.bench.qa.memory import MEMORY_CONFIGS, ask_memory, banked_turns, memory_spec, remember
 from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, CachingEmbedder, Meter, Metered, QAReader
-from loomrt.bench.qa.replay import QA_INSTRUCTION, ask, qa_spec, replay_mode
+from loomrt.bench.qa.replay import QA_INSTRUCTION, Asked, ask, qa_spec, replay_mode
 from loomrt.errors import SpecError
 from loomrt.providers.base import ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
@@ -55,7 +59,7 @@ INJECT_CONFIGS = [
 ]
 """Recall injection's rows (``MODE/inject``: injection and the Recall tool; ``MODE/inject-only``:
 injection alone; ``full/inject``: the distractor guard, every answer already in the prompt)."""
-KNOWN_CONFIGS = [*DEFAULT_CONFIGS, "stateful", "stateful/no-recall", *INJECT_CONFIGS]
+KNOWN_CONFIGS = [*DEFAULT_CONFIGS, "stateful", "stateful/no-recall", *INJECT_CONFIGS, *MEMORY_CONFIGS]
 SCRIPTED = "scripted"
 """``--model scripted``: the scripted reader (:class:`~loomrt.bench.qa.parts.QAReader`), for tests."""
 
@@ -137,11 +141,15 @@ class _Session:
         self.config, self.progress = config, progress
         self.meter = Meter()
         self.answers = _Answers(config.out)
-        folder = config.out
-        if folder:
-            folder.mkdir(parents=True, exist_ok=True)
-        self.store = SQLiteStore(folder / "runs.db" if folder else ":memory:")
-        self.replays_path = folder / "replays.json" if folder else None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        if config.out:
+            config.out.mkdir(parents=True, exist_ok=True)
+            folder = config.out
+        else:  # a folder of its own: durable memory (the memory rows) lives beside a record file
+            self._scratch = tempfile.TemporaryDirectory(prefix="loomrt-qa-")
+            folder = Path(self._scratch.name)
+        self.store = SQLiteStore(folder / "runs.db")
+        self.replays_path = folder / "replays.json" if config.out else None
         self.replays: dict[str, Any] = {}
         if self.replays_path and self.replays_path.exists():
             self.replays = json.loads(self.replays_path.read_text(encoding="utf-8"))
@@ -173,6 +181,14 @@ class _Session:
             recall=recall,
             window=self.config.window if local else None,
         )
+
+    def close(self) -> None:
+        from loomrt.harvest.wiring import release
+
+        release(self.store)  # durable memory's connections, where the memory rows opened it
+        self.store.close()
+        if self._scratch is not None:
+            self._scratch.cleanup()
 
     def save_replays(self) -> None:
         if self.replays_path:
@@ -268,6 +284,55 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
     return info
 
 
+async def _ensure_memory(session: _Session, cid: str, sample: dict[str, Any]) -> dict[str, Any]:
+    """The durable memory of ``sample``'s user: its replay banked and consolidated by the
+    model (done now if it is not yet; :func:`~loomrt.bench.qa.memory.remember`)."""
+    key = f"{cid}:memory:{session.config.budget_tokens}:{session.config.model}"
+    if key in session.replays:
+        return dict(session.replays[key])
+    spec = session.spec("recap")
+    if session.config.model == SCRIPTED:
+        from loomrt.harvest.scripted import echo_extractor
+
+        extractor: ModelProvider = echo_extractor()
+    else:
+        extractor = session.provider(spec)
+    session.progress.start(f"{cid} · replay in recap, banking to memory, then consolidation", len(turns_of(sample)))
+    info = await remember(
+        session.store,
+        sample,
+        spec,
+        Acknowledging(session.provider(spec), session.meter),
+        extractor,
+        session.meter,
+        cid=cid,
+        embedder=session.embedder,
+        on_turn=session.progress.advance,
+    )
+    session.replays[key] = info
+    session.save_replays()
+    return info
+
+
+async def _ask_memory(
+    session: _Session, cid: str, sample: dict[str, Any], question: str, *, passages_only: bool
+) -> Asked:
+    """``question`` put to a new run of the user that reads only durable memory."""
+    from loomrt.harvest.wiring import memory_store
+
+    spec = memory_spec(session.spec("recap"), inject_tokens=session.config.inject_tokens, harvest=False)
+    return await ask_memory(
+        memory_store(session.store, session.embedder),
+        cid,
+        question,
+        spec,
+        Metered(session.provider(spec), session.meter),
+        embedder=session.embedder,
+        tiers=("passages",) if passages_only else ("facts", "passages"),
+        turns=banked_turns(sample),
+    )
+
+
 async def _answer_config(
     session: _Session,
     cid: str,
@@ -282,7 +347,9 @@ async def _answer_config(
     setup: dict[str, Any] | None = None
     recall_index: Any = None
     seq_dia: dict[str, str] = {}
-    if base not in ("full", "recall"):
+    if base == "memory":
+        setup = await _ensure_memory(session, cid, sample)
+    elif base not in ("full", "recall"):
         setup = await _ensure_replay(session, cid, sample, base)
         inputs = [e.seq for e in session.store.events(setup["run_id"], kinds=["user_input"])]
         seq_dia = {str(s): t.dia_id for s, t in zip(inputs, turns_of(sample), strict=False)}
@@ -315,6 +382,15 @@ async def _answer_config(
         elif base == "full":
             answer, calls = await _direct(session, FULL_SYSTEM, f"Conversation:\n{conversation}", question)
             seen["gold_in_context"] = has(conversation)
+        elif base == "memory":
+            mark = session.meter.mark()
+            asked = await _ask_memory(session, cid, sample, question, passages_only=option == "passages-only")
+            answer, calls, status = asked.answer.strip(), session.meter.since(mark), asked.status
+            evidence = {str(d) for d in q.get("evidence") or ()}
+            seen["injected_none"] = not asked.injections
+            seen["evidence_injected"] = any(d in evidence for d in asked.injected_dias)
+            seen["gold_in_injected"] = has(asked.injected_text) if asked.injected_text else None
+            seen["gold_in_context"] = False
         elif base == "recall":
             hits = recall_index.search(question, top_k=session.config.top_k)
             excerpts = "\n".join(h.text for h in hits) or "(nothing found)"
@@ -404,7 +480,7 @@ async def run_qa_async(config: QAConfig, progress: Progress | None = None) -> di
         for (cid, name, qid), r in session.answers.rows.items()
         if cid in chosen and qid in chosen[cid] and name in config.configs
     ]
-    session.store.close()
+    session.close()
     results = {
         "loomrt_bench_qa": 1,
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
