@@ -50,6 +50,7 @@ from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
+from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.visibility import private_record
 
 __all__ = [
@@ -185,7 +186,9 @@ class Consolidator:
         self.settle_s, self.part_tokens, self.max_parts = settle_s, part_tokens, max_parts
         self.batch_tokens = batch_tokens or part_tokens * max_parts
         self.retries, self.lease_s = retries, lease_s
-        self.holder = holder or f"consolidator:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.holder = holder or f"consolidator:{uuid.uuid4().hex[:6]}:{worker_name()}"
+        """Whose scope leases these are: this consolidator, in this process (its worker name, so
+        another consolidator of this machine sees at once when it is gone)."""
         self.progress = progress
 
     @property
@@ -234,9 +237,19 @@ class Consolidator:
             revived.append(letter["batch_id"])
         return revived
 
+    def _take(self, lease: str) -> bool:
+        """The scope's lease: free, expired, ours, or held by a consolidator of this machine
+        that is gone (a killed one's scope does not wait for its lease to run out)."""
+        if self.store.take_lease(lease, self.holder, self.lease_s):
+            return True
+        other = self.store.lease_holder(lease)
+        return bool(
+            other and owner_is_gone(other) and self.store.take_lease(lease, self.holder, self.lease_s, replacing=other)
+        )
+
     async def _pass(self, scope: str, report: PassReport) -> None:
         lease = f"harvest:{scope}"
-        if not self.store.take_lease(lease, self.holder, self.lease_s):
+        if not self._take(lease):
             report.busy.append(scope)
             return
         try:

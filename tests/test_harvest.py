@@ -460,3 +460,21 @@ def test_a_reply_cut_off_at_max_tokens_is_retried_asking_for_fewer_facts(store: 
     report = _consolidator(store, FunctionProvider(cut_then_fine)).run_once()
     assert report.retries == 1 and report.empty_batches == 1 and not report.held
     assert "at most 6 facts" in seen[1] and "cut off" in seen[1]
+
+
+def test_a_dead_consolidators_scope_is_taken_at_once_and_a_live_ones_is_not(store: SQLiteStore) -> None:
+    """A consolidator of this machine that died mid-pass does not hold its scope for the rest
+    of its 300 s lease: the next one sees it gone (its instance lock is free) and takes over;
+    one that still runs keeps its scope."""
+    from owners_kit import crashed_worker
+
+    from loomrt.record.owners import worker_name
+
+    bank_load(store, 2, scopes=("user:alice",))
+    store.take_lease("harvest:user:alice", f"consolidator:abc123:{worker_name()}", 300.0)  # alive: this process
+    assert _consolidator(store).run_once().busy == ["user:alice"]
+    dead = f"consolidator:def456:{crashed_worker()}"
+    store.release_lease("harvest:user:alice", f"consolidator:abc123:{worker_name()}")
+    store.take_lease("harvest:user:alice", dead, 300.0)
+    report = _consolidator(store).run_once()
+    assert report.busy == [] and report.spans == 2

@@ -295,16 +295,17 @@ class PostgresStore(InlineAsyncFace, RunReads):
             for c, d in self._select("SELECT card_id, data FROM cards WHERE card_id = ANY(%s)", [wanted])
         }
 
-    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+    def take_lease(self, name: str, holder: str, ttl_s: float, *, replacing: str | None = None) -> bool:
         """Hold lease ``name`` for ``ttl_s`` seconds of database time: True if ``holder`` has it
-        now (it was free, expired, or already its own)."""
+        now (it was free, expired, already its own, or ``replacing``'s)."""
         try:
             with self._conn() as conn:
                 row = conn.execute(
                     f"INSERT INTO leases (name, holder, expires_at) VALUES (%s, %s, {_NOW} + %s) "
                     f"ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
-                    f"WHERE leases.holder = excluded.holder OR leases.expires_at <= {_NOW} RETURNING holder",
-                    (name, holder, ttl_s),
+                    f"WHERE leases.holder = excluded.holder OR leases.holder = %s OR leases.expires_at <= {_NOW} "
+                    "RETURNING holder",
+                    (name, holder, ttl_s, replacing),
                 ).fetchone()
         except self._errors as exc:
             raise self._fail(f"cannot take lease {name}", exc) from exc

@@ -316,15 +316,16 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                 out.update({c: json.loads(d) for c, d in rows})
         return out
 
-    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+    def take_lease(self, name: str, holder: str, ttl_s: float, *, replacing: str | None = None) -> bool:
         """Hold lease ``name`` for ``ttl_s`` seconds: True if ``holder`` has it now (it was
-        free, expired, or already its own), False if another holder's has not expired."""
+        free, expired, already its own, or ``replacing``'s), False if another holder's has
+        not expired."""
         now = time.time()
         with self._lock:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 row = self._conn.execute("SELECT holder, expires_at FROM leases WHERE name = ?", (name,)).fetchone()
-                if row is not None and row[0] != holder and row[1] > now:
+                if row is not None and row[0] not in (holder, replacing) and row[1] > now:
                     self._conn.execute("ROLLBACK")
                     return False
                 self._conn.execute(

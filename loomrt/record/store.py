@@ -86,9 +86,11 @@ class Store(Protocol):
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Fold's cards by id, whichever run of the family wrote them (the ids found)."""
 
-    def take_lease(self, name: str, holder: str, ttl_s: float) -> bool:
-        """Hold lease ``name`` for ``ttl_s`` seconds (the one lease mechanism: folds now,
-        harvest and many workers later): True if ``holder`` has it."""
+    def take_lease(self, name: str, holder: str, ttl_s: float, *, replacing: str | None = None) -> bool:
+        """Hold lease ``name`` for ``ttl_s`` seconds (the one lease mechanism: folds, harvest's
+        scopes): True if ``holder`` has it. ``replacing``: a holder the caller found gone
+        (:func:`loomrt.record.owners.owner_is_gone`), whose live lease is taken over (and only
+        while that holder still has it)."""
 
     def release_lease(self, name: str, holder: str) -> None:
         """Give lease ``name`` back."""
