@@ -20,6 +20,7 @@ raised) holds the batch the same way, for ``retries`` more passes, then dead-let
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as _dt
 import os
 import time
@@ -72,6 +73,8 @@ BATCH_TOKENS = PART_TOKENS * MAX_PARTS
 """Spans are taken into a batch while their conversation fits this many tokens (at least one span)."""
 EXTRACT_MAX_TOKENS = 1024
 """The longest extraction reply (with the prompt and two parts it fits a 4,096-token window)."""
+LEASE_S = 30.0
+"""How long a consolidator's scope lease lasts without renewal (renewed every third of it)."""
 SETTLE_S = 60.0
 """A run that has not ended is consolidated once it has been quiet this long."""
 ENDED = ("done", "failed", "cancelled")
@@ -172,7 +175,7 @@ class Consolidator:
         max_parts: int = MAX_PARTS,
         batch_tokens: int | None = None,
         retries: int = 2,
-        lease_s: float = 300.0,
+        lease_s: float = LEASE_S,
         holder: str | None = None,
         db: Tables | None = None,
         memory: MemoryStore | None = None,
@@ -247,11 +250,21 @@ class Consolidator:
             other and owner_is_gone(other) and self.store.take_lease(lease, self.holder, self.lease_s, replacing=other)
         )
 
+    async def _keep(self, lease: str) -> None:
+        """Renew ``lease`` every third of its time while a pass works (an extraction on a
+        small local model takes minutes; the lease stays short, so a consolidator that stops
+        on another machine holds its scope for ``lease_s`` at most)."""
+        while True:
+            await asyncio.sleep(self.lease_s / 3)
+            with contextlib.suppress(Exception):  # a failed renewal: the claim check still guards each batch
+                self.store.take_lease(lease, self.holder, self.lease_s)
+
     async def _pass(self, scope: str, report: PassReport) -> None:
         lease = f"harvest:{scope}"
         if not self._take(lease):
             report.busy.append(scope)
             return
+        heartbeat = asyncio.create_task(self._keep(lease))
         try:
             for batch_id, spans in self.queue.claimed(scope):  # a dead worker's batches, as they were
                 if not await self._batch(scope, batch_id, spans, report):
@@ -269,6 +282,9 @@ class Consolidator:
                 if not self.store.take_lease(lease, self.holder, self.lease_s):
                     return
         finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
             self.store.release_lease(lease, self.holder)
 
     def _next_spans(self, scope: str, report: PassReport) -> list[dict[str, Any]]:

@@ -478,3 +478,26 @@ def test_a_dead_consolidators_scope_is_taken_at_once_and_a_live_ones_is_not(stor
     store.take_lease("harvest:user:alice", dead, 300.0)
     report = _consolidator(store).run_once()
     assert report.busy == [] and report.spans == 2
+
+
+def test_a_long_extraction_keeps_its_short_lease(store: SQLiteStore) -> None:
+    """The scope lease is short (a consolidator that stops elsewhere holds it that long at
+    most) and renewed while a slow extraction runs, so no other consolidator takes the scope
+    from a live one mid-batch."""
+    from loomrt.harvest.scripted import _echo
+    from loomrt.providers.base import ModelResponse
+
+    bank_load(store, 1, scopes=("user:alice",))
+    held: list[str | None] = []
+
+    class Slow:
+        model, capabilities = "scripted/slow", None
+
+        async def complete(self, request):  # three leases long: the model thinks on another thread
+            await asyncio.sleep(1.5)
+            held.append(store.lease_holder("harvest:user:alice"))
+            return ModelResponse(text=_echo(request))
+
+    worker = _consolidator(store, Slow(), lease_s=0.5)
+    assert worker.run_once().spans == 1
+    assert held == [worker.holder]
