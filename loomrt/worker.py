@@ -42,6 +42,7 @@ from loomrt.worker_life import Backoff, Stopping, hand_back, nap, until_stopped
 
 __all__ = [
     "work_once",
+    "work_once_then_stop",
     "work",
     "abandoned",
     "QUEUED",
@@ -164,6 +165,35 @@ async def work_once(
         if tell:
             tell(row)
     return rows
+
+
+def work_once_then_stop(
+    runtime: Runtime,
+    *,
+    tell: Callable[[dict[str, Any]], None] | None = None,
+    concurrency: int = 1,
+    consolidator: Any = None,
+    stopping: Stopping | None = None,
+) -> list[dict[str, Any]] | None:
+    """``loomrt worker --once``: one :func:`work_once`, stopped as :func:`work` is (on
+    SIGTERM the work in flight finishes, or is cancelled at the stop's cut-off), and every
+    run this worker still holds let go as it exits; its rows (None when it was cut off)."""
+    try:
+        return asyncio.run(
+            until_stopped(
+                work_once(
+                    runtime,
+                    tell=tell,
+                    concurrency=concurrency,
+                    consolidator=consolidator,
+                    stop=stopping or (lambda: False),
+                ),
+                stopping,
+            )
+        )
+    finally:
+        if runtime.owner is not None:
+            hand_back(runtime.store, runtime.owner)
 
 
 def work(

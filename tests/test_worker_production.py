@@ -84,6 +84,20 @@ def test_sigterm_hands_the_run_in_flight_back_and_exits_0_within_the_grace(share
     store.close()
 
 
+def test_sigterm_hands_back_a_worker_once_run_too(shared_url: str, tmp_path: Path) -> None:
+    """``worker --once`` stops as the long-running worker does: cut off at the grace, its run
+    handed back (not left held until its heartbeat ages out), exit 0."""
+    run_id = _detach(shared_url, tmp_path, [6, 6])
+    worker = _worker(shared_url, "--once", "--grace-s", "2")
+    _until(lambda: "resumed" in kinds(shared_url, run_id))
+    time.sleep(0.5)
+    code, took, rows = _stop(worker)
+    assert (code, rows) == (0, []) and took < 2.0, (code, took, worker.stderr)
+    store = default_store(shared_url)
+    assert store.get_run(run_id).status == "active" and store.run_owners() == []
+    store.close()
+
+
 def test_sigterm_lets_the_step_in_flight_finish_when_it_fits_the_grace(tmp_path: Path) -> None:
     url = f"sqlite:{tmp_path / 'record.sqlite'}"
     run_id = _detach(url, tmp_path, [2])

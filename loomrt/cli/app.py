@@ -366,7 +366,7 @@ def worker_cmd(
     """Do the background work of runs that are not playing: queued runs (`run --detach`), queued folds,
     consolidation. It waits out a database restart (looking again with a backoff), and stops on SIGTERM
     within `--grace-s`."""
-    from loomrt.worker import work, work_once
+    from loomrt.worker import work, work_once_then_stop
     from loomrt.worker_life import Stopping
 
     rt = runtime()
@@ -408,7 +408,7 @@ def worker_cmd(
     stopping = Stopping(grace_s)
     stopping.install()
     if once:
-        asyncio.run(work_once(rt, tell=tell, concurrency=concurrency, consolidator=consolidator, stop=stopping))
+        work_once_then_stop(rt, tell=tell, concurrency=concurrency, consolidator=consolidator, stopping=stopping)
         return
     if not json_output:
         err.print(f"[dim]loomrt worker {rt.owner or ''}: looking every {interval_s:g} s · Ctrl-C to stop[/dim]")
