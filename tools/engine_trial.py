@@ -30,6 +30,13 @@ to the shortest sensible liveness settings (``SETTINGS``). The tests:
   live worker's job taken from it?
 - DBOS alone, on a SQLite system database (the other two serve PostgreSQL only): ``key_lock``
   and ``kill9`` again.
+
+``--engines loomrt`` plays the same faults on the baseline, loomrt's own hand-written queue
+(:class:`Baseline`): the job is a detached run played by ``loomrt worker`` processes, and what
+happened is read from the run's record and claims, not from notes. Its extra tests are
+``kill9_apart`` (a ``TMPDIR`` per worker, as on two machines) and ``sigterm_cut`` (a turn
+longer than the grace); its ``key_lock`` sends run A's second input with ``loomrt runs
+continue`` (loomrt queues no second input); and it runs ``key_lock`` and ``kill9`` on SQLite too.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 ENGINES = ("procrastinate", "dbos", "pgqueuer")
+CANDIDATES = (*ENGINES, "loomrt")
 TESTS = ("kill9", "restart_idle", "restart_mid", "sigstop", "sigterm", "key_lock", "pidns")
 
 SETTINGS: dict[str, dict[str, Any]] = {
@@ -75,6 +83,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
         "executor_id": "w1, w2, ... (pidns: the default, 'local')",
         "application_version": "trial",
         "sigterm": "the harness's handler: DBOS.destroy(workflow_completion_timeout_sec=10), exit 0",
+    },
+    "loomrt": {
+        "worker": "python -m loomrt worker --json --interval 1 --heartbeat-timeout-s 3 --grace-s 10",
+        "claim": "renewed every 1 s while a turn plays, lapsed 3 s after its last renewal (loomrt's default: 30 s)",
+        "liveness": "the claim's heartbeat; on one machine also the worker's instance lock "
+        "($TMPDIR/loomrt-workers-UID/INSTANCE.lock, free once it died); kill9_apart: a TMPDIR per worker",
+        "job": "a detached run (loomrt run a go --detach), its scripted model replying after job_s seconds",
+        "record": "a database migrated by loomrt db migrate; on SQLite a file of its own",
     },
 }
 
@@ -199,6 +215,8 @@ def setup_engine(engine: str, dsn: str) -> None:
                 await Queries(PsycopgDriver(conn)).install()
 
         asyncio.run(go())
+    elif engine == "loomrt":
+        subprocess.run([sys.executable, "-m", "loomrt", "--db-url", dsn, "db", "migrate"], check=True)
     else:
         dbos = dbos_launch(dsn, "setup")
         dbos.destroy()
@@ -250,9 +268,24 @@ def enqueue(engine: str, dsn: str, run: str, tag: str, seconds: float) -> dict[s
 
 
 def engine_state(engine: str, dsn: str) -> list[Any]:
-    """The engine's own view of its jobs at the end of a test."""
+    """The engine's own view of its jobs at the end of a test (loomrt: each run's status, and
+    every claim, lapsed ones too)."""
     import psycopg
 
+    if engine == "loomrt":
+        from loomrt.record.sqlite import default_store
+
+        store = default_store(dsn)
+        try:
+            runs: list[Any] = [[r.run_id, r.status] for r in store.list_runs()]
+            return runs + [
+                [c["run_id"], c["owner"], c["epoch"], "released" if c["released"] else c["expires_in_s"]]
+                for c in store.run_owners(expired=True)
+            ]
+        except Exception as exc:  # noqa: BLE001 - the state is a note, not a result
+            return [f"{type(exc).__name__}: {exc}"]
+        finally:
+            store.close()
     query = {
         "procrastinate": "SELECT id, status::text, attempts FROM procrastinate_jobs ORDER BY id",
         "pgqueuer": "SELECT id, status::text, 'queue' FROM pgqueuer UNION ALL "
@@ -455,11 +488,18 @@ class Trial:
         ]
         if executor_id:
             cmd += ["--executor-id", executor_id]
+        return self.launch(cmd, test, name, pidns=pidns)
+
+    def launch(
+        self, cmd: list[str], test: str, name: str, *, env: dict[str, str] | None = None, pidns: bool = False
+    ) -> subprocess.Popen[bytes]:
+        """A worker process (in a session of its own), its output in ``logs/TEST.NAME.log``."""
         if pidns:
             cmd = ["unshare", "--pid", "--fork", "--kill-child", *cmd]
-        log = open(self.logs / f"{test.replace('/', '.')}.{name}.log", "wb")  # the child holds it
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        p.name = name  # type: ignore[attr-defined]
+        path = self.logs / f"{test.replace('/', '.')}.{name}.log"
+        log = open(path, "wb")  # the child holds it
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        p.name, p.log = name, path  # type: ignore[attr-defined]
         self.workers.append(p)
         return p
 
@@ -517,7 +557,7 @@ class Trial:
         if sqlite:
             path = self.data / f"{engine}_{test}.sqlite"
             path.unlink(missing_ok=True)
-            dsn = f"sqlite:///{path}"
+            dsn = f"sqlite:{path}" if engine == "loomrt" else f"sqlite:///{path}"
             self.setup(engine, dsn)
             return dsn
         db = f"{engine}_{test}"
@@ -656,6 +696,16 @@ def t_sigstop(t: Trial, engine: str, test: str, dsn: str) -> dict[str, Any]:
     return out
 
 
+def terminate(t: Trial, p: subprocess.Popen[bytes]) -> tuple[int | None, float | None]:
+    """SIGTERM to a worker: its exit code and the seconds it took (None, None: not within 20 s)."""
+    t.signal(p, signal.SIGTERM)
+    t0 = time.monotonic()
+    try:
+        return p.wait(20), round(time.monotonic() - t0, 2)
+    except subprocess.TimeoutExpired:
+        return None, None
+
+
 def t_sigterm(t: Trial, engine: str, test: str, dsn: str) -> dict[str, Any]:
     w1 = t.spawn(engine, dsn, test, "w1", executor_id="w1" if engine == "dbos" else "")
     t.ready(test, ["w1"])
@@ -663,13 +713,7 @@ def t_sigterm(t: Trial, engine: str, test: str, dsn: str) -> dict[str, Any]:
     if t.until(test, lambda r: any(x["event"] == "start" for x in r), 20) is None:
         return {"error": "the job never started"}
     time.sleep(1.5)
-    t.signal(w1, signal.SIGTERM)
-    t0 = time.monotonic()
-    try:
-        code = w1.wait(20)
-        exit_s: float | None = round(time.monotonic() - t0, 2)
-    except subprocess.TimeoutExpired:
-        code, exit_s = None, None
+    code, exit_s = terminate(t, w1)
     rows = t.rows(test)
     finished = any(x["event"] == "done" and x["worker"].startswith("w1/") for x in rows)
     out: dict[str, Any] = {"exit_code": code, "exit_s": exit_s, "finished_before_exit": finished}
@@ -723,12 +767,284 @@ def t_pidns(t: Trial, engine: str, test: str, dsn: str) -> dict[str, Any]:
     return out
 
 
+# ------------------------------------------------------------------ the baseline: loomrt's own queue
+
+LOOMRT_WORKER = ["-m", "loomrt", "worker", "--json", "--interval", "1", "--heartbeat-timeout-s", "3", "--grace-s", "10"]
+LOOMRT_TESTS = (*TESTS, "kill9_apart", "sigterm_cut")
+"""``kill9_apart``: kill9 with a ``TMPDIR`` per worker, so no worker sees another's instance
+lock (as on two machines: liveness from the heartbeat alone). ``sigterm_cut``: sigterm on a
+job longer than the grace's cut-off (10 s less 3.3), so the worker must hand the run back."""
+
+
+class Baseline:
+    """loomrt's own queue on the trial's server: a job is a detached run (``loomrt run a go
+    --detach``, its scripted model replying after ``job_s`` seconds) played by ``loomrt worker``
+    processes (:data:`LOOMRT_WORKER`); what happened is read from the run's record (``resumed``:
+    a worker started the turn; ``model_call``, ``final``) and its claims (``run_owners``)."""
+
+    def __init__(self, t: Trial, test: str, url: str):
+        from loomrt.record.sqlite import default_store
+
+        self.t, self.test = t, test
+        self.folder = t.data / "loomrt" / test.replace("/", ".")
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder.mkdir(parents=True)
+        self.env = {**os.environ, "LOOMRT_DB_URL": url, "XDG_RUNTIME_DIR": "/tmp"}
+        self.store = default_store(url)
+        self.by_instance: dict[str, subprocess.Popen[bytes]] = {}
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "loomrt", *args], env=self.env, capture_output=True, text=True, timeout=120
+        )
+
+    def detach(self, name: str, delays: list[float]) -> str:
+        """A queued run whose model replies after ``delays[i]`` seconds on a process's i-th call."""
+        folder = self.folder / name
+        folder.mkdir()
+        (folder / "s.yaml").write_text(
+            "turns:\n" + "".join(f"  - {{text: answer {i}, delay_s: {d}}}\n" for i, d in enumerate(delays))
+        )
+        (folder / "agents.yaml").write_text("agents:\n  a: {model: scripted/s.yaml}\n")
+        done = self.cli("run", "a", "go", "--agents", str(folder / "agents.yaml"), "--detach", "--json")
+        if done.returncode:
+            raise RuntimeError(f"run --detach failed: {done.stderr[-1000:]}")
+        return str(json.loads(done.stdout)["run_id"])
+
+    def spawn(self, name: str, *, apart: bool = False, pidns: bool = False) -> subprocess.Popen[bytes]:
+        env = dict(self.env)
+        if apart:  # instance locks of its own, as on another machine
+            (self.folder / f"tmp-{name}").mkdir()
+            env["TMPDIR"] = str(self.folder / f"tmp-{name}")
+        return self.t.launch([sys.executable, *LOOMRT_WORKER], self.test, name, env=env, pidns=pidns)
+
+    def lock_of(self, p: subprocess.Popen[bytes]) -> str | None:
+        """The worker's instance (the lock file it holds in ``loomrt-workers-UID``), once it has one."""
+        with contextlib.suppress(OSError, IndexError):
+            for fd in Path(f"/proc/{self.t.target(p)}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    link = os.readlink(fd)
+                    if "/loomrt-workers-" in link and link.endswith(".lock"):
+                        return Path(link).stem
+        return None
+
+    def ready(self, procs: list[subprocess.Popen[bytes]], limit_s: float = 60) -> None:
+        end = time.monotonic() + limit_s
+        for p in procs:
+            while (instance := self.lock_of(p)) is None:
+                if p.poll() is not None or time.monotonic() > end:
+                    raise RuntimeError(f"{self.test}: worker {p.name} never got ready (see {p.log})")  # type: ignore[attr-defined]
+                time.sleep(0.2)
+            self.by_instance[instance] = p
+        time.sleep(1.0)  # its first look at the queue
+
+    def claim(self, run: str) -> dict[str, Any] | None:
+        return next((c for c in self.store.run_owners() if c["run_id"] == run), None)
+
+    def holder(self, run: str) -> subprocess.Popen[bytes] | None:
+        claim = self.claim(run)
+        return self.by_instance.get(claim["owner"].rsplit("/", 1)[-1]) if claim else None
+
+    def starts(self, run: str) -> list[float]:
+        """When a worker (or ``runs continue``) started a turn of ``run``: its ``resumed`` events."""
+        return [e.ts for e in self.store.events(run) if e.kind == "resumed"]
+
+    def ended(self, run: str) -> bool:
+        return self.store.get_run(run).status in ("done", "failed", "cancelled")
+
+    def started(self, run: str, limit_s: float = 20) -> subprocess.Popen[bytes]:
+        """Wait until a worker plays ``run``; that worker."""
+        end = time.monotonic() + limit_s
+        while not (self.starts(run) and (p := self.holder(run))):
+            if time.monotonic() > end:
+                raise RuntimeError("the run never started")
+            time.sleep(0.1)
+        return p
+
+    def rows(self, p: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+        """What the worker printed (``--json``: a row per run looked at)."""
+        text = Path(p.log).read_text(errors="replace")  # type: ignore[attr-defined]
+        return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+    def tally(self, run: str) -> dict[str, Any]:
+        """Doubled: a ``final`` or a ``model_call`` beyond one per input; lost: the run did not
+        end done. Clean: ``loomrt runs verify`` says so."""
+        kinds = [e.kind for e in self.store.events(run)]
+        inputs, finals, calls = (kinds.count(k) for k in ("user_input", "final", "model_call"))
+        verify = self.cli("runs", "verify", run)
+        status = self.store.get_run(run).status
+        return {
+            "status": status,
+            "starts": kinds.count("resumed"),
+            "finals": finals,
+            "model_calls": calls,
+            "doubled": max(0, finals - inputs, calls - inputs),
+            "lost": int(status != "done"),
+            "verify": "clean" if verify.returncode == 0 else verify.stdout.strip().splitlines()[:3],
+        }
+
+    def timeline(self, run: str, t0: float) -> list[str]:
+        keep = ("resumed", "user_input", "model_call", "final", "error")
+        return [f"{e.kind} #{e.seq} @{e.ts - t0:+.1f}" for e in self.store.events(run) if e.kind in keep]
+
+
+def until(pred: Any, limit_s: float) -> bool:
+    end = time.monotonic() + limit_s
+    while not pred():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.2)
+    return True
+
+
+def lt_hit(b: Baseline, sig: int, after_s: float, apart: bool = False) -> tuple[dict[str, Any], str, Any, Any, float]:
+    """Two workers, one run; ``after_s`` into its turn, ``sig`` to the worker playing it. Seconds
+    until the other started the turn again (its ``resumed``; null: not within ``move_limit_s``)."""
+    w = [b.spawn(n, apart=apart) for n in ("w1", "w2")]
+    b.ready(w)
+    run = b.detach("j", [b.t.job_s] * 2)
+    victim = b.started(run)
+    time.sleep(after_s)
+    b.t.signal(victim, sig)
+    t0 = time.time()
+    out: dict[str, Any] = {"hit": victim.name, "moved_s": None}  # type: ignore[attr-defined]
+    if until(lambda: len(b.starts(run)) >= 2, b.t.move_limit_s):
+        out["moved_s"] = round(b.starts(run)[1] - t0, 2)
+        out["moved_to"] = getattr(b.holder(run), "name", None)
+    return out, run, victim, w, t0
+
+
+def lt_kill9(b: Baseline, apart: bool = False) -> dict[str, Any]:
+    out, run, *_ = lt_hit(b, signal.SIGKILL, 1.5, apart)
+    until(lambda: b.ended(run), b.t.job_s + 10)
+    time.sleep(2)
+    return {**out, **b.tally(run)}
+
+
+def lt_restart(b: Baseline, mid: bool) -> dict[str, Any]:
+    w1 = b.spawn("w1")
+    b.ready([w1])
+    if mid:
+        run = b.detach("j", [b.t.job_s] * 2)
+        b.started(run)
+        time.sleep(1.5)
+        up = b.t.restart()
+    else:
+        time.sleep(1.0)
+        up = b.t.restart()
+        time.sleep(0.5)
+        run = b.detach("j", [b.t.job_s] * 2)
+    until(lambda: b.ended(run), 30 + b.t.job_s)
+    time.sleep(3)
+    out: dict[str, Any] = {"worker_alive": w1.poll() is None, "exit_code": w1.poll(), **b.tally(run)}
+    if not mid and b.starts(run):  # the detach is a CLI process of its own: queued about 2 s after the server was up
+        queued = next(e.ts for e in b.store.events(run) if e.kind == "run_queued")
+        out["started_s_after_server_up"] = round(b.starts(run)[0] - up, 2)
+        out["started_s_after_queued"] = round(b.starts(run)[0] - queued, 2)
+    out["reconnect_rows"] = sum(r["work"] == "reconnect" for r in b.rows(w1))
+    out["rows"] = [r for r in b.rows(w1) if r["run_id"] == run]
+    out["timeline_s_from_server_up"] = b.timeline(run, up)
+    return out
+
+
+def lt_sigstop(b: Baseline) -> dict[str, Any]:
+    out, run, victim, w, t0 = lt_hit(b, signal.SIGSTOP, 1.0)
+    time.sleep(1.0)
+    b.t.signal(victim, signal.SIGCONT)
+    out["stopped_s"] = round(time.time() - t0, 2)
+    until(lambda: b.ended(run) and any(r["run_id"] == run for r in b.rows(victim)), b.t.job_s + 8)
+    time.sleep(2)
+    out.update(b.tally(run))
+    out["woken_worker_rows"] = b.rows(victim)
+    out["claims_after"] = b.store.run_owners()
+    out["timeline_s_from_sigstop"] = b.timeline(run, t0)
+    out["both_alive"] = all(p.poll() is None for p in w)
+    return out
+
+
+def lt_sigterm(b: Baseline, job_s: float) -> dict[str, Any]:
+    w1 = b.spawn("w1")
+    b.ready([w1])
+    run = b.detach("j", [job_s] * 2)
+    b.started(run)
+    time.sleep(1.5)
+    code, exit_s = terminate(b.t, w1)
+    out: dict[str, Any] = {"job_s": job_s, "exit_code": code, "exit_s": exit_s, "finished_before_exit": b.ended(run)}
+    out["handed_back"] = b.store.run_owners() == []
+    if not out["finished_before_exit"]:  # handed back: any worker takes it at once
+        w2 = b.spawn("w2")
+        t1 = time.time()
+        out["taken_by_next_worker"] = until(lambda: len(b.starts(run)) >= 2, 15)
+        if out["taken_by_next_worker"]:
+            out["taken_s_after_its_launch"] = round(b.starts(run)[1] - t1, 2)
+        until(lambda: b.ended(run), job_s + 5)
+        out["next_worker_rows"] = b.rows(w2)
+    out.update(b.tally(run))
+    return out
+
+
+def lt_key_lock(b: Baseline) -> dict[str, Any]:
+    """Runs A and B detached; A's second input (``runs continue A``, the one way to give a run
+    another turn) is sent while a worker plays A's first, and again once it ended."""
+    w = [b.spawn(n) for n in ("w1", "w2")]
+    b.ready(w)
+    a, bb = b.detach("A", [b.t.job_s, 3.0]), b.detach("B", [3.0])
+    b.started(a)
+    t0 = time.time()
+    during = b.cli("runs", "continue", a, "second", "--json")
+    said = {"A2_while_A1_plays": "played" if during.returncode == 0 else "refused"}
+    out: dict[str, Any] = {"enqueue": said, "refusal": (during.stderr.strip().splitlines() or [None])[-1]}
+    until(lambda: b.ended(a) and b.ended(bb), 30)
+    if during.returncode:
+        after = b.cli("runs", "continue", a, "second", "--json")
+        said["A2_after_A1"] = "played (in the caller's process)" if after.returncode == 0 else "refused"
+    events = list(b.store.events(a))
+    finals = [e.ts for e in events if e.kind == "final"]
+    again = [e.ts for e in events if e.kind == "resumed" and (e.data or {}).get("input") == "continue"]
+    out["same_run_overlapped"] = bool(finals and again and again[0] < finals[0])
+    b_spans = [e.ts for e in b.store.events(bb) if e.kind in ("resumed", "final")]
+    a1 = (b.starts(a)[0], finals[0]) if finals else None
+    out["other_run_ran_beside"] = bool(a1 and len(b_spans) == 2 and a1[0] < b_spans[1] and b_spans[0] < a1[1])
+    out["A"], out["B"] = b.tally(a), b.tally(bb)
+    out["A_timeline"] = b.timeline(a, t0)
+    return out
+
+
+def lt_pidns(b: Baseline) -> dict[str, Any]:
+    w = [b.spawn(n, pidns=True) for n in ("w1", "w2")]
+    b.ready(w)
+    run = b.detach("j", [b.t.job_s] * 2)
+    b.started(run)
+    owner = b.claim(run)
+    b.spawn("w3", pidns=True)  # starts mid-turn, on the same host name, as PID 1 too
+    until(lambda: b.ended(run), b.t.job_s + 10)
+    time.sleep(3)
+    out: dict[str, Any] = {"owner": owner["owner"] if owner else None, "all_alive": all(p.poll() is None for p in w)}
+    return {**out, **b.tally(run)}
+
+
+def lt_test(t: Trial, test: str, key: str, dsn: str) -> dict[str, Any]:
+    b = Baseline(t, key, dsn)
+    try:
+        if test in ("kill9", "kill9_apart"):
+            return lt_kill9(b, apart=test == "kill9_apart")
+        if test in ("restart_idle", "restart_mid"):
+            return lt_restart(b, mid=test == "restart_mid")
+        if test in ("sigterm", "sigterm_cut"):
+            return lt_sigterm(b, t.job_s if test == "sigterm" else 15.0)
+        return {"sigstop": lt_sigstop, "key_lock": lt_key_lock, "pidns": lt_pidns}[test](b)
+    finally:
+        b.store.close()
+
+
 def run_test(t: Trial, engine: str, test: str, sqlite: bool = False) -> dict[str, Any]:
     key = f"{engine}/{test}{'/sqlite' if sqlite else ''}"
     dsn = t.fresh(engine, test, sqlite)
     started = time.monotonic()
     try:
-        if test == "kill9":
+        if engine == "loomrt":
+            out = lt_test(t, test, key, dsn)
+        elif test == "kill9":
             out = t_kill9(t, engine, key, dsn)
         elif test in ("restart_idle", "restart_mid"):
             out = t_restart(t, engine, key, dsn, mid=test == "restart_mid")
@@ -761,15 +1077,17 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--name", required=True)
     w.add_argument("--executor-id", default="")
     s = sub.add_parser("setup", help="(internal) an engine's schema in a database")
-    s.add_argument("engine", choices=ENGINES)
+    s.add_argument("engine", choices=CANDIDATES)
     s.add_argument("--dsn", required=True)
-    parser.add_argument("--engines", default=",".join(ENGINES))
-    parser.add_argument("--tests", default=",".join(TESTS))
+    parser.add_argument(
+        "--engines", default=",".join(ENGINES), help=f"of {', '.join(CANDIDATES)} (loomrt: the baseline, its own queue)"
+    )
+    parser.add_argument("--tests", help=f"of {', '.join(LOOMRT_TESTS)} (default: all; the last two are loomrt's alone)")
     parser.add_argument("--data", default="/tmp/engine-trial", type=Path)
     parser.add_argument("--job-s", type=float, default=6.0, help="how long one job (a turn) works")
     parser.add_argument("--down-s", type=float, default=3.0, help="server outage; 0: pg_ctl restart -m fast")
     parser.add_argument("--move-limit-s", type=float, default=15.0, help="how long to wait for a job to move")
-    parser.add_argument("--no-sqlite", action="store_true", help="skip DBOS on SQLite")
+    parser.add_argument("--no-sqlite", action="store_true", help="skip DBOS and loomrt on SQLite")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.cmd == "worker":
@@ -792,9 +1110,12 @@ def main(argv: list[str] | None = None) -> int:
         for engine in args.engines.split(","):
             t.template(engine)
             result.setdefault("schema", {})[engine] = t.schema(engine)
-            result["engines"][engine] = {test: run_test(t, engine, test) for test in args.tests.split(",")}
-        if not args.no_sqlite and "dbos" in args.engines:
-            result["dbos_sqlite"] = {test: run_test(t, "dbos", test, sqlite=True) for test in ("key_lock", "kill9")}
+            own = LOOMRT_TESTS if engine == "loomrt" else TESTS
+            tests = [x for x in (args.tests.split(",") if args.tests else own) if x in own]
+            result["engines"][engine] = {test: run_test(t, engine, test) for test in tests}
+        for engine in ("dbos", "loomrt"):
+            if not args.no_sqlite and engine in args.engines.split(","):
+                result[f"{engine}_sqlite"] = {x: run_test(t, engine, x, sqlite=True) for x in ("key_lock", "kill9")}
     finally:
         t.stop_all()
         t.server.cleanup()
