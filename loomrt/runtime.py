@@ -343,9 +343,19 @@ class Runtime:
 
     def claim(self, run: RunState) -> None:
         """Make ``run`` this worker's to play (with an :attr:`owner`): its epoch fences every
-        append it makes; :class:`~loomrt.errors.RunOwnedError` while another worker's claim is live."""
+        append it makes; :class:`~loomrt.errors.RunOwnedError` while another worker's claim is live.
+        Without an owner (one machine, a foreground command), the run is refused all the same
+        while a worker that still runs holds it (``run --detach`` played by ``loomrt worker``)."""
         if self.owner is not None:
             run.epoch = self.store.claim_run(run.run_id, self.owner, self.claim_ttl_s)
+            return
+        for c in self.store.run_owners():
+            if c["run_id"] == run.run_id and not c["released"] and not owner_is_gone(c["owner"]):
+                raise RunOwnedError(
+                    f"run {run.run_id} is being played by worker {c['owner']} (its claim holds for "
+                    f"{c['expires_in_s']:.0f} s more). Wait for its turn to end, then send this input again "
+                    "(`loomrt workers list` shows the live claims)."
+                )
 
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""

@@ -109,3 +109,22 @@ def test_a_fenced_owner_never_reclaims_on_its_own_heartbeat(shared_url: str) -> 
         time.sleep(0.3)
     assert live.beats >= 2 and live.lost is None  # the owner's own heartbeat renews its claim
     store.close()
+
+
+def test_a_foreground_input_on_sqlite_is_refused_while_a_live_worker_plays_the_run(tmp_path) -> None:
+    """On one machine a foreground command claims nothing, but a worker does (``run --detach``):
+    ``runs continue`` of the run it plays must not play a turn beside it (it did: two turns
+    at once, and ``runs verify`` failed). A dead worker's claim does not stand in the way."""
+    from loomrt.record.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "record.sqlite")
+    rt = Runtime(store, providers=lambda s, m: ScriptedProvider(["one", "two", "three"]))
+    assert rt.owner is None
+    run = rt.start(AgentSpec(model="scripted/x"), interactive=True)
+    asyncio.run(rt.send(run, "first"))
+    epoch = store.claim_run(run.run_id, worker_name(), 30.0)  # a live worker (this process) plays it now
+    with pytest.raises(RunOwnedError, match="being played by worker"):
+        asyncio.run(rt.continue_run(run.run_id, "second"))
+    store.release_run(run.run_id, worker_name(), epoch)
+    store.claim_run(run.run_id, crashed_worker(), 30.0)  # its worker died mid-turn: the claim is nobody's
+    assert asyncio.run(rt.continue_run(run.run_id, "second")).status == "parked"
