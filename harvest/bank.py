@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from loomrt.crashpoints import reached
@@ -111,8 +112,22 @@ class Bank:
                 },
             )
 
+    def tail_seq(self) -> int:
+        """The last seq of this run's tail banked already (0: none): a settled run's tail is
+        banked before it is evicted (:func:`loomrt.harvest.sweep.tail_spans`), and what it
+        held is not banked again when a later distillation evicts it."""
+        rows = self.db.rows(
+            "SELECT max(seq_hi) FROM harvest_spans WHERE run_id = ? AND scope = ? AND distillation_seq = seq_hi",
+            (self.run_id, self.scope),
+        )
+        return int(rows[0][0] or 0) if rows else 0
+
     def bank(self, span: EvictedSpan) -> dict[str, Any]:
-        """Put ``span`` on the queue; what happened, as the ``harvest_banked`` payload."""
+        """Put ``span`` on the queue; what happened, as the ``harvest_banked`` payload. The
+        messages a banked tail held already are left out."""
+        tail = self.tail_seq()
+        if tail:
+            span = replace(span, messages=tuple(m for m in span.messages if m.seq is None or m.seq > tail))
         turns, redacted = conversation_turns(span.messages, self._private())
         seqs = [m.seq for m in span.messages if m.seq is not None]
         out: dict[str, Any] = {

@@ -77,6 +77,9 @@ LEASE_S = 30.0
 """How long a consolidator's scope lease lasts without renewal (renewed every third of it)."""
 SETTLE_S = 60.0
 """A run that has not ended is consolidated once it has been quiet this long."""
+TAIL_AFTER_S = 3600.0
+"""A run that has not ended has its tail banked (what its working context still holds, never
+evicted: a chat's last words) once it has been quiet this long; an ended run's at once."""
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -171,6 +174,7 @@ class Consolidator:
         model: str | None = None,
         embedder: EmbedderChoice = None,
         settle_s: float = SETTLE_S,
+        tail_after_s: float = TAIL_AFTER_S,
         part_tokens: int = PART_TOKENS,
         max_parts: int = MAX_PARTS,
         batch_tokens: int | None = None,
@@ -187,6 +191,7 @@ class Consolidator:
         self.memory = memory or memory_of(self.db, embedder)
         self._provider, self._model = provider, model
         self.settle_s, self.part_tokens, self.max_parts = settle_s, part_tokens, max_parts
+        self.tail_after_s = tail_after_s
         self.batch_tokens = batch_tokens or part_tokens * max_parts
         self.retries, self.lease_s = retries, lease_s
         self.holder = holder or f"consolidator:{uuid.uuid4().hex[:6]}:{worker_name()}"
@@ -209,7 +214,7 @@ class Consolidator:
     async def arun_once(self, scopes: Sequence[str] | None = None) -> PassReport:
         report = PassReport()
         try:  # spans a crash kept from the bank come from the record first
-            report.swept = sweep(self.store, self.db, self._settled)
+            report.swept = sweep(self.store, self.db, self._settled, self._tail_settled)
         except Exception as exc:  # noqa: BLE001 - the queue is drained all the same
             report.held.append(f"sweep: {type(exc).__name__}: {exc}")
         for scope in scopes if scopes is not None else self.queue.scopes():
@@ -312,8 +317,9 @@ class Consolidator:
         """Whether ``spans`` cut into parts would need more than one call's parts."""
         return parts_of(spans, part_tokens=self.part_tokens, max_parts=self.max_parts)[1] > 0
 
-    def _settled(self, run_id: str) -> bool:
-        """The run ended, or has been quiet for ``settle_s``."""
+    def _settled(self, run_id: str, quiet_s: float | None = None) -> bool:
+        """The run ended, or has been quiet for ``settle_s`` (``quiet_s``)."""
+        quiet_s = self.settle_s if quiet_s is None else quiet_s
         try:
             info = self.store.get_run(run_id)
         except Exception:  # noqa: BLE001 - a run the record does not know: its spans are all there is
@@ -321,7 +327,12 @@ class Consolidator:
         if info.status in ENDED:
             return True
         last = self.store.events(run_id, after=max(0, info.last_seq - 1))
-        return not last or time.time() - last[-1].ts >= self.settle_s
+        return not last or time.time() - last[-1].ts >= quiet_s
+
+    def _tail_settled(self, run_id: str) -> bool:
+        """Whether run ``run_id``'s tail (what its working context still holds) is banked now:
+        it ended, or has been quiet for ``tail_after_s``."""
+        return self._settled(run_id, self.tail_after_s)
 
     # ------------------------------------------------------------------ one batch
 

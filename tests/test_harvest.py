@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from harvest_kit import TALK, chat, harvest_agent, harvest_record
+from harvest_kit import TALK, chat, harvest_agent, harvest_record, padded
 
 from loomrt import Runtime
 from loomrt.bench.harvest_load import bank_load
@@ -80,7 +80,9 @@ def test_a_rejected_recap_is_never_banked(store: SQLiteStore) -> None:
 
 
 def test_resuming_and_rebuilding_recall_bank_nothing_new(store: SQLiteStore) -> None:
-    rt, run_id = chat(store, harvest_agent(), TALK, finish=False)
+    rt, run_id = chat(
+        store, harvest_agent(), TALK, finish=False, replies=[f"noted {i}. " + "ok " * 30 for i in range(10)]
+    )
     before = _banked(store)
     assert before
     run = rt.open(run_id)
@@ -384,7 +386,7 @@ def test_a_worker_killed_mid_batch_loses_and_doubles_nothing(store: SQLiteStore)
 
 
 def test_the_sweep_banks_from_the_record_what_a_crash_kept_from_the_bank(store: SQLiteStore) -> None:
-    _, run_id = chat(store, harvest_agent(), TALK)
+    _, run_id = chat(store, harvest_agent(), TALK, finish=False)  # parked: its tail is not due yet
     db = harvest_db(store)
     rows = _banked(store)
     lost = rows[1][1]
@@ -501,3 +503,59 @@ def test_a_long_extraction_keeps_its_short_lease(store: SQLiteStore) -> None:
     worker = _consolidator(store, Slow(), lease_s=0.5)
     assert worker.run_once().spans == 1
     assert held == [worker.holder]
+
+
+def test_a_quiet_runs_tail_is_banked_once_and_not_again_when_it_is_evicted(store: SQLiteStore) -> None:
+    """A run banks only what it evicts, so a chat's last words (still in its working context)
+    would never be memory: once the run has ended or been quiet for tail_after_s, the sweep
+    banks its tail; a later distillation that evicts those words does not bank them again."""
+    from loomrt.harvest.sweep import TAILED
+
+    rt, run_id = chat(
+        store, harvest_agent(), TALK, finish=False, replies=[f"noted {i}. " + "ok " * 30 for i in range(10)]
+    )
+    evicted = {s for e in store.events(run_id, kinds=["distillation"]) for s in e.data["span_seqs"]}
+    last = max(e.seq for e in store.events(run_id, kinds=["user_input"]))
+    assert last not in evicted  # the last input is in the working context
+    _consolidator(store).run_once()  # quiet for less than tail_after_s (an hour): no tail yet
+    assert all(
+        r[1] != r[2] for r in harvest_db(store).rows("SELECT run_id, distillation_seq, seq_hi FROM harvest_spans")
+    )
+    report = _consolidator(store, tail_after_s=0).run_once()
+    tails = harvest_db(store).rows("SELECT seq_lo, seq_hi, turns FROM harvest_spans WHERE distillation_seq = seq_hi")
+    assert tails and report.swept >= 1
+    tailed = {t["seq"] for *_, turns in tails for t in json.loads(turns)}
+    assert last in tailed and not tailed & evicted
+    assert harvest_db(store).rows("SELECT harvest FROM harvest_swept WHERE run_id = ?", (run_id,)) == [(TAILED,)]
+    kept = {f.statement for f in _consolidator(store).memory.facts(["user:alice"], tiers=("passages",))}
+    assert any("Rosa5" in k for k in kept)  # the last words are memory now
+
+    async def more() -> None:  # the chat goes on: the tail is evicted now
+        run = await rt.aopen(run_id)
+        for i in range(6, 10):
+            await rt.send(run, padded(f"My colleague Rosa{i} works on the search service."))
+
+    asyncio.run(more())
+    later = [
+        e.data
+        for e in store.events(run_id, kinds=["harvest_banked"])
+        if e.data["distillation_seq"] > max(s for (s,) in [(r[1],) for r in tails])
+    ]
+    assert later, "the chat went on distilling"
+    again = [
+        t["seq"]
+        for (turns,) in harvest_db(store).rows(
+            "SELECT turns FROM harvest_spans WHERE run_id = ? AND distillation_seq <> seq_hi", (run_id,)
+        )
+        for t in json.loads(turns)
+    ]
+    assert not set(again) & tailed, "a word of the banked tail was banked again"
+
+
+def test_an_ended_runs_tail_is_banked_at_the_next_pass(store: SQLiteStore) -> None:
+    _, run_id = chat(store, harvest_agent(), TALK)  # finished: the run ended
+    _consolidator(store).run_once()
+    tails = harvest_db(store).rows(
+        "SELECT turns FROM harvest_spans WHERE run_id = ? AND distillation_seq = seq_hi", (run_id,)
+    )
+    assert tails and any("Rosa5" in t["text"] for (turns,) in tails for t in json.loads(turns))

@@ -112,6 +112,7 @@ def _work(db: str, lease_s: float, batch_tokens: int, log: Path | None = None, t
         provider=_logged_extractor(log),
         embedder="hash",
         settle_s=0,
+        tail_after_s=0,  # a run's tail is banked as soon as it is quiet: the chaos harness kills there too
         lease_s=lease_s,
         batch_tokens=batch_tokens,
     )

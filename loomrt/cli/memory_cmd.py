@@ -68,6 +68,13 @@ def consolidate_cmd(
     watch: bool = typer.Option(False, "--watch", help="Pass after pass until Ctrl-C."),
     scope: list[str] | None = _SCOPE,
     settle_s: float = typer.Option(60.0, "--settle-s", min=0, help="A run still active is taken once quiet this long."),
+    tail_after_s: float = typer.Option(
+        3600.0,
+        "--tail-after-s",
+        min=0,
+        help="A run's tail (its last words, still in its working context: never evicted) is banked once the "
+        "run has ended, or been quiet this long.",
+    ),
     retry_dead: bool = typer.Option(False, "--retry-dead", help="Put the dead letters back on the queue first."),
     status: bool = typer.Option(False, "--status", help="Show the queue (per scope) and the dead letters; do nothing."),
     model: str | None = typer.Option(
@@ -87,7 +94,7 @@ def consolidate_cmd(
         if spinner is not None:
             spinner.update(f"consolidating… {plural(batches, 'batch', 'batches')}, {plural(spans, 'span')}")
 
-    worker = Consolidator(store, model=model, settle_s=settle_s, progress=progress)
+    worker = Consolidator(store, model=model, settle_s=settle_s, tail_after_s=tail_after_s, progress=progress)
     if status:
         rows, dead = worker.queue.status(), worker.queue.dead_letters()
         if json_output:

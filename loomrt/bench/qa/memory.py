@@ -11,12 +11,14 @@ which reaches it the way it reaches any run, through the runtime's recall inject
 Recall tool is not offered: the rows measure what memory gives without asking).
 ``memory/passages-only`` reads the passages alone, so the facts' own contribution shows.
 
-What memory holds is what the replay evicted: the turns still in the final working context
-were never banked (a run banks only what leaves its context), and the report says how many.
+Memory holds what the replay evicted and, once the conversation is over, its tail (the final
+working context: :func:`loomrt.harvest.sweep.tail_spans`); the setup reports any turn never
+banked (a private one, say).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -118,7 +120,14 @@ async def remember(
     )
     replayed = time.perf_counter()
     memory = memory_store(store, embedder)
-    worker = Consolidator(store, provider=Metered(extractor, meter), embedder=embedder, settle_s=0, memory=memory)
+    worker = Consolidator(
+        store,
+        provider=Metered(extractor, meter),
+        embedder=embedder,
+        settle_s=0,
+        tail_after_s=0,  # the conversation is over: its tail (the final working context) is memory too
+        memory=memory,
+    )
     totals: dict[str, Any] = {"batches": 0, "spans": 0, "facts": {}, "passages": {}, "dropped": {}, "dead_letters": 0}
     while True:
         report = (await worker.arun_once([f"user:{runtime_user}"])).to_dict()
@@ -130,14 +139,18 @@ async def remember(
             for k, v in report[key].items():
                 totals[key][k] = totals[key].get(k, 0) + v
     events = store.events(run_id)
-    evicted = {s for e in events if e.kind == "distillation" for s in e.data.get("span_seqs") or ()}
+    banked = {
+        t.get("seq")
+        for (turns,) in worker.db.rows("SELECT turns FROM harvest_spans WHERE run_id = ?", (run_id,))
+        for t in json.loads(turns)
+    }
     inputs = [e.seq for e in events if e.kind == "user_input"]
     return {
         "run_id": run_id,
         "seconds": round(time.perf_counter() - started, 1),
         "consolidation_seconds": round(time.perf_counter() - replayed, 1),
         "distillations": sum(e.kind == "distillation" for e in events),
-        "turns_never_banked": sum(s not in evicted for s in inputs),
+        "turns_never_banked": sum(s not in banked for s in inputs),
         **{k: v for k, v in totals.items()},
         **{f"distil_{k}": v for k, v in Meter.totals(meter.since(mark)).items()},
     }
