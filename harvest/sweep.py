@@ -72,7 +72,10 @@ def sweep(
         fresh = info.last_seq > swept
         if harvest == 0 or (not fresh and harvest == TAILED):
             continue
-        if not (settled(info.run_id) if fresh else tail_settled(info.run_id)):
+        if fresh and not settled(info.run_id):
+            continue
+        tailed = tail_settled(info.run_id)
+        if not fresh and not tailed:
             continue
         started = store.latest(info.run_id, "run_started")
         scope = _scope(started) if started is not None else None
@@ -107,7 +110,6 @@ def sweep(
             )
             for e in missing
         ]
-        tailed = tail_settled(info.run_id)
         if tailed:
             spans += tail_spans(info, events, messages, bank.max_tokens, bank.tail_seq())
         for span in spans:

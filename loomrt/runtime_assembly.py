@@ -73,8 +73,8 @@ async def assemble(
         watchers=list(rt.watchers),
         **lineage,
     )
-    if history is None:
-        rt.claim(run)  # a new run is this worker's from its first event
+    if history is None and rt.owner is not None:
+        rt.claim(run)  # a new run is this worker's from its first event (a foreground one has nothing to check)
     if history:
         run.view = project(history, mode=mode, store=rt.store)
     elif fork:

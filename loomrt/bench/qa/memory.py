@@ -151,7 +151,7 @@ async def remember(
         "consolidation_seconds": round(time.perf_counter() - replayed, 1),
         "distillations": sum(e.kind == "distillation" for e in events),
         "turns_never_banked": sum(s not in banked for s in inputs),
-        **{k: v for k, v in totals.items()},
+        **totals,
         **{f"distil_{k}": v for k, v in Meter.totals(meter.since(mark)).items()},
     }
 
