@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from loomrt.recall import HashEmbedder, resolve_embedder
+from loomrt.recall.embedders import CachedEmbedder
 from loomrt.recall.index import Entry, RecallIndex, chunk_text, tokenize
 
 
@@ -31,6 +32,32 @@ def test_chunks_are_verbatim_overlapping_slices() -> None:
     assert chunks[0].split()[-20:] == chunks[1].split()[:20]
     assert chunks[-1].endswith("w399")
     assert chunk_text("short text") == ["short text"]
+
+
+def test_a_cached_embedder_embeds_each_text_once_and_returns_the_same_vectors() -> None:
+    inner = HashEmbedder(64)
+    cached = CachedEmbedder(inner, max_texts=3)
+    texts = ["port 6543", "the key is ZEBA-41", "port 6543", "pepper the dog"]
+    first = cached.embed(texts)
+    assert np.array_equal(first, inner.embed(texts))  # the same vectors, in the caller's order
+    assert cached.embedded == 3  # a text repeated in one call is embedded once
+    again = cached.embed(["pepper the dog", "the key is ZEBA-41"])
+    assert cached.embedded == 3 and np.array_equal(again, first[[3, 1]])
+    cached.embed(["a new text"])  # past max_texts the least recently used goes
+    cached.embed(["port 6543"])
+    assert cached.embedded == 5
+    assert cached.embed([]).shape == (0, 64) and cached.name == "hash" and cached.dim == 64
+
+
+def test_the_bench_shares_one_cache_across_the_modes_it_plays() -> None:
+    from loomrt.bench.core import BenchConfig
+
+    config = BenchConfig(embedder="hash")
+    assert config.play_embedder() is config.play_embedder()
+    assert isinstance(config.play_embedder(), CachedEmbedder)
+    assert "_play_embedder" not in config.to_json()
+    assert BenchConfig(embedder="none").play_embedder() is False
+    assert config.make_embedder() == "hash"  # the timed measures' embedder stays uncached
 
 
 def test_hash_embedder_is_deterministic_and_normalised() -> None:

@@ -159,6 +159,18 @@ class BenchConfig:
         """The embedder to hand to the runtime: None lets recall choose its default (MiniLM)."""
         return None if self.embedder == "default" else self.embedder
 
+    def play_embedder(self) -> Any:
+        """The embedder of the workloads played in every mode (chat200, agentic, locomo): the
+        one :meth:`make_embedder` names, behind a cache of vectors this config's modes share,
+        so a chat played in fifteen modes is embedded once. Its figures are tokens and answers,
+        not seconds; a timed measure takes :meth:`make_embedder`'s, cold."""
+        if "_play_embedder" not in self.__dict__:  # not a field: to_json leaves it out
+            from loomrt.recall.embedders import NO_EMBEDDER, CachedEmbedder, resolve_embedder
+
+            inner = resolve_embedder(self.make_embedder())
+            self.__dict__["_play_embedder"] = NO_EMBEDDER if inner is None else CachedEmbedder(inner)
+        return self.__dict__["_play_embedder"]
+
 
 class Progress(Protocol):
     """Where the harness reports progress (the CLI draws a rich bar; tests pass NullProgress)."""

@@ -118,7 +118,7 @@ def locomo(config: BenchConfig, progress: Progress) -> WorkloadResult:
         result.extra[key] = evaluate_locomo(
             config.data,
             conversations=[c for c, _ in chosen],
-            embedder=config.make_embedder(),
+            embedder=config.play_embedder(),
             progress=tick,
             replies=replies,
             mode=mode,

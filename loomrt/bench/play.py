@@ -285,7 +285,7 @@ def play_mode(
         SQLiteStore(":memory:"),
         providers=lambda s, m: recorder,
         tools=tools or [],
-        embedder=config.make_embedder(),
+        embedder=config.play_embedder(),
     )
     out = ModeRun(mode=mode)
     started = time.perf_counter()
