@@ -73,11 +73,14 @@ def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200, in
     )
 
 
-async def play_chat(runtime: Any, spec: Any, progress: Progress | None = None) -> tuple[Any, list[Any]]:
-    """Play the chat through ``runtime``; the run and each turn's result."""
+async def play_chat(
+    runtime: Any, spec: Any, progress: Progress | None = None, *, questions: int | None = None
+) -> tuple[Any, list[Any]]:
+    """Play the chat through ``runtime`` (the first ``questions`` of the ten between the fact
+    and the final question; all by default); the run and each turn's result."""
     run = await runtime.astart(spec, interactive=True, name="local-chat")
     results = []
-    for text in [OPENING, FACT, *QUESTIONS, FINAL_QUESTION]:
+    for text in [OPENING, FACT, *QUESTIONS[:questions], FINAL_QUESTION]:
         results.append(await runtime.send(run, text))
         if progress is not None:
             progress.advance()

@@ -130,7 +130,7 @@ async def distil_with_prose(
     previous = "\n\n".join(m.content for m in cut.middle if m.synthetic == synthetic)
     private = run.view.private  # the summariser never sees private material: its placeholder stands in
     task = next((redact(m, private).content for m in cut.head if m.role == "user"), "")
-    max_tokens = max(256, (max_chars or 4000) // 3)
+    max_tokens = max(128, (max_chars or 4000) // 3)  # a token is about four characters: a third leaves room
     window = run.summarizer.capabilities.context_window
     room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
     parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
