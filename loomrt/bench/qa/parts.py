@@ -12,13 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from loomrt.bench.model import BenchModel
 from loomrt.providers.base import ModelProvider, ModelRequest, ModelResponse, Usage
 from loomrt.tokens import count_dicts, count_text
 
-__all__ = ["ACKNOWLEDGEMENT", "Meter", "Acknowledging", "Metered", "CachingEmbedder", "QAReader", "question_of"]
+__all__ = ["ACKNOWLEDGEMENT", "Meter", "Acknowledging", "Metered", "QAReader", "question_of"]
 
 ACKNOWLEDGEMENT = "I see."
 """What the model "says" after each replayed turn (no model call is made for it)."""
@@ -86,26 +84,6 @@ class Acknowledging(Metered):
                 usage=Usage(count_dicts(request.messages), count_text(ACKNOWLEDGEMENT), 0),
             )
         return await super().complete(request)
-
-
-class CachingEmbedder:
-    """An embedder that embeds each distinct text once: a fork rebuilds its Recall index from
-    the record, and the texts are the replay's."""
-
-    def __init__(self, inner: Any):
-        self.inner = inner
-        self.name = inner.name
-        self.dim = inner.dim
-        self._cache: dict[str, np.ndarray] = {}
-
-    def embed(self, texts: list[str]) -> np.ndarray:
-        missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
-        if missing:
-            for text, vector in zip(missing, self.inner.embed(missing), strict=True):
-                self._cache[text] = vector
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([self._cache[t] for t in texts]).astype(np.float32)
 
 
 def question_of(request: ModelRequest) -> str:

@@ -33,7 +33,7 @@ from loomrt.bench.core import NullProgress, Progress
 from loomrt.bench.locomo_recall import load_locomo, render_turn, replay, sample_id, turns_of
 from loomrt.bench.qa.grade import contains, gold_answer, grade
 from loomrt.bench.qa.memory import MEMORY_CONFIGS, ask_memory, banked_turns, memory_spec, remember
-from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, CachingEmbedder, Meter, Metered, QAReader
+from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, Meter, Metered, QAReader
 from loomrt.bench.qa.replay import QA_INSTRUCTION, Asked, ask, qa_spec, replay_mode
 from loomrt.errors import SpecError
 from loomrt.providers.base import ModelProvider, ModelRequest
@@ -153,10 +153,10 @@ class _Session:
         self.replays: dict[str, Any] = {}
         if self.replays_path and self.replays_path.exists():
             self.replays = json.loads(self.replays_path.read_text(encoding="utf-8"))
-        from loomrt.recall.embedders import resolve_embedder
+        from loomrt.recall.embedders import CachedEmbedder, resolve_embedder
 
         inner = resolve_embedder(None if config.embedder == "default" else config.embedder)
-        self.embedder: EmbedderChoice = CachingEmbedder(inner) if inner is not None else False
+        self.embedder: EmbedderChoice = CachedEmbedder(inner) if inner is not None else False
         self._providers: dict[str, ModelProvider] = {}
         self._judge: ModelProvider | None = None
 
