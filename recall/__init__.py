@@ -9,7 +9,14 @@ Heavy parts (torch, sentence-transformers, faiss) load on first use.
 
 from __future__ import annotations
 
-from loomrt.recall.embedders import NO_EMBEDDER, Embedder, HashEmbedder, MiniLMEmbedder, resolve_embedder
+from loomrt.recall.embedders import (
+    NO_EMBEDDER,
+    CachedEmbedder,
+    Embedder,
+    HashEmbedder,
+    MiniLMEmbedder,
+    resolve_embedder,
+)
 from loomrt.recall.memory import MemoryHit, MemorySource
 from loomrt.recall.run_recall import RunRecall
 from loomrt.recall.tool import RECALL_PROMPT, RecallHit
@@ -21,6 +28,7 @@ __all__ = [
     "Embedder",
     "MiniLMEmbedder",
     "HashEmbedder",
+    "CachedEmbedder",
     "NO_EMBEDDER",
     "resolve_embedder",
     "MemorySource",
