@@ -64,7 +64,7 @@ def test_questions_are_spread_over_the_list() -> None:
     sample = json.loads(MINI.read_text())[0]
     picked = select_questions(sample, 3)
     assert [i for i, _ in picked] == [0, 2, 4]
-    assert len(select_questions(sample, None)) == len(sample["qa"])
+    assert len(select_questions(sample, None)) == len(select_questions(sample, 0)) == len(sample["qa"])
 
 
 # ---------------------------------------------------------------------- the harness
@@ -255,3 +255,35 @@ def test_the_memory_rows_answer_from_durable_memory_alone(tmp_path: Path, monkey
     answerable = [c for c in ("1", "2", "3", "4") if c in broken["by_category"]]
     assert all(broken["by_category"][c]["contains"] == 0 for c in answerable)  # only the abstentions score
     assert broken["contains"] < out["summary"]["memory"]["contains"]
+
+
+def test_the_distillation_a_replay_ends_with_is_written_once_not_in_every_question(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from loomrt.bench.qa.replay import queued_distillation
+    from loomrt.record.sqlite import SQLiteStore
+    from loomrt.runtime import Runtime
+
+    # on this budget the conversation's last turn meets the watermark (checked below)
+    config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=1040, configs=["recap"], out=tmp_path)
+    real = Runtime.between_turns
+
+    async def skipped(self: Runtime, run: object) -> bool:
+        return False
+
+    monkeypatch.setattr(Runtime, "between_turns", skipped)  # a replay finished before the replay settled
+    config.questions = 1
+    first = run_qa(config)
+    run_id = first["setups"]["mini-1:recap"]["run_id"]
+    store = SQLiteStore(tmp_path / "runs.db")
+    assert queued_distillation(store, run_id), "the replay's last turn queues a recap"
+    monkeypatch.setattr(Runtime, "between_turns", real)
+    config.questions, config.configs = None, ["recap/no-recall"]
+    again = run_qa(config)
+    assert not queued_distillation(SQLiteStore(tmp_path / "runs.db"), run_id)
+    assert (
+        again["setups"]["mini-1:recap/no-recall"]["distillations"]
+        == first["setups"]["mini-1:recap"]["distillations"] + 1
+    )
+    rows = [r for r in again["answers"] if r["config"] == "recap/no-recall"]
+    assert rows and all(r["calls"] == 1 for r in rows), "a question's fork wrote the recap again"

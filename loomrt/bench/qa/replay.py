@@ -95,7 +95,26 @@ async def replay_mode(
             raise RuntimeError(f"the replay of {name} failed at {turn.dia_id}: {result.error}")
         if on_turn is not None:
             on_turn()
+    await runtime.between_turns(run)  # the conversation is over: see settle_replay
     return run.run_id
+
+
+def queued_distillation(store: SQLiteStore, run_id: str) -> bool:
+    """Whether the run's last turn queued a distillation that nothing has written yet."""
+    kinds = [
+        e.kind for e in store.events(run_id, kinds=["distillation_queued", "distillation", "distillation_declined"])
+    ]
+    return bool(kinds) and kinds[-1] == "distillation_queued"
+
+
+async def settle_replay(store: SQLiteStore, run_id: str, provider: ModelProvider, *, embedder: EmbedderChoice) -> bool:
+    """Write the distillation a finished replay's last turn queued, once, as `loomrt worker`
+    writes a closed chat's: otherwise every question's fork wrote the same one before it
+    answered (on the embedded model, minutes a question). True if one was written."""
+    if not queued_distillation(store, run_id):
+        return False
+    runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)
+    return await runtime.between_turns(await runtime.aopen(run_id))
 
 
 @dataclass

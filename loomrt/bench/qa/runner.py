@@ -34,7 +34,7 @@ from loomrt.bench.locomo_recall import load_locomo, render_turn, replay, sample_
 from loomrt.bench.qa.grade import contains, gold_answer, grade
 from loomrt.bench.qa.memory import MEMORY_CONFIGS, ask_memory, banked_turns, memory_spec, remember
 from loomrt.bench.qa.parts import QUESTION_PREFIX, Acknowledging, Meter, Metered, QAReader
-from loomrt.bench.qa.replay import QA_INSTRUCTION, Asked, ask, qa_spec, replay_mode
+from loomrt.bench.qa.replay import QA_INSTRUCTION, Asked, ask, qa_spec, queued_distillation, replay_mode, settle_replay
 from loomrt.errors import SpecError
 from loomrt.providers.base import ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
@@ -104,7 +104,7 @@ def select_questions(sample: dict[str, Any], n: int | None) -> list[tuple[int, d
     """``n`` questions of the sample, evenly spaced over its list (so the categories keep
     their proportions), each with its index in the list."""
     qa = [(i, q) for i, q in enumerate(sample["qa"]) if isinstance(q, dict) and q.get("question")]
-    if n is None or n >= len(qa):
+    if n is None or n <= 0 or n >= len(qa):  # 0 is all, as on the command line
         return qa
     step = len(qa) / n
     return [qa[int(i * step)] for i in range(n)]
@@ -255,7 +255,20 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
     """The finished replay of ``sample`` in ``mode`` (played now if there is none yet)."""
     key = f"{cid}:{mode}:{session.config.budget_tokens}:{session.config.model}"
     if key in session.replays:
-        return dict(session.replays[key])
+        info = session.replays[key]
+        if queued_distillation(session.store, info["run_id"]):  # a replay finished before settle_replay
+            mark, started = session.meter.mark(), time.perf_counter()
+            provider = Acknowledging(session.provider(session.spec(mode)), session.meter)
+            await settle_replay(session.store, info["run_id"], provider, embedder=session.embedder)
+            calls = Meter.totals(session.meter.since(mark))
+            events = session.store.events(info["run_id"])
+            info["seconds"] = round(info["seconds"] + time.perf_counter() - started, 1)
+            info["distillations"] = sum(e.kind == "distillation" for e in events)
+            info["declined"] = sum(e.kind == "distillation_declined" for e in events)
+            for k, v in calls.items():
+                info[f"distil_{k}"] = (max if k.startswith("largest") else sum)((info.get(f"distil_{k}", 0), v))
+            session.save_replays()
+        return dict(info)
     spec = session.spec(mode)
     provider = Acknowledging(session.provider(spec), session.meter)
     mark, started = session.meter.mark(), time.perf_counter()
