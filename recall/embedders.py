@@ -198,8 +198,8 @@ class CachedEmbedder:
     """Another embedder behind a bounded cache of the vectors it made, keyed by text.
 
     For a process that embeds the same texts again and again: ``loomrt bench run`` plays one
-    chat in fifteen modes, and without it embedded every evicted message fifteen times (two
-    thirds of the bench's time). Safe from several threads (the index embeds on a worker
+    chat in every mode and variant (19 by default), and without it embedded every evicted
+    message in each. Safe from several threads (the index embeds on a worker
     thread). ``embedded`` counts the texts the inner embedder was asked for.
     """
 
@@ -221,7 +221,9 @@ class CachedEmbedder:
         missing = list(dict.fromkeys(t for t in texts if t not in known))
         if missing:
             made = np.asarray(self.inner.embed(missing), dtype=np.float32)
-            fresh = {t: made[i] for i, t in enumerate(missing)}
+            if made.shape != (len(missing), self.dim):
+                raise ValueError(f"embedder returned shape {made.shape}, expected {(len(missing), self.dim)}")
+            fresh = {t: made[i].copy() for i, t in enumerate(missing)}  # a row alone, not a view of the batch
             known.update(fresh)
             with self._lock:
                 self.embedded += len(missing)

@@ -160,10 +160,10 @@ class BenchConfig:
         return None if self.embedder == "default" else self.embedder
 
     def play_embedder(self) -> Any:
-        """The embedder of the workloads played in every mode (chat200, agentic, locomo): the
-        one :meth:`make_embedder` names, behind a cache of vectors this config's modes share,
-        so a chat played in fifteen modes is embedded once. Its figures are tokens and answers,
-        not seconds; a timed measure takes :meth:`make_embedder`'s, cold."""
+        """The embedder of the workloads played in every mode (chat200, chat200_lead, agentic,
+        agentic_asked, locomo): the one :meth:`make_embedder` names, behind a cache of vectors
+        this config's modes share, so a chat played in 19 modes and variants is embedded once.
+        Their figures are tokens and answers; a timed measure takes :meth:`make_embedder`'s, cold."""
         if "_play_embedder" not in self.__dict__:  # not a field: to_json leaves it out
             from loomrt.recall.embedders import NO_EMBEDDER, CachedEmbedder, resolve_embedder
 

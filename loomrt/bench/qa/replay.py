@@ -30,7 +30,16 @@ from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.tokens import count_messages
 
-__all__ = ["QA_INSTRUCTION", "QA_SYSTEM", "qa_spec", "replay_mode", "ask", "Asked"]
+__all__ = [
+    "QA_INSTRUCTION",
+    "QA_SYSTEM",
+    "qa_spec",
+    "replay_mode",
+    "queued_distillation",
+    "settle_replay",
+    "ask",
+    "Asked",
+]
 
 QA_INSTRUCTION = (
     "Answer with a short phrase (a few words: a name, a date, a place, a number), not a "
@@ -100,17 +109,20 @@ async def replay_mode(
 
 
 def queued_distillation(store: SQLiteStore, run_id: str) -> bool:
-    """Whether the run's last turn queued a distillation that nothing has written yet."""
-    kinds = [
-        e.kind for e in store.events(run_id, kinds=["distillation_queued", "distillation", "distillation_declined"])
-    ]
-    return bool(kinds) and kinds[-1] == "distillation_queued"
+    """Whether the run has queued work for between turns that nothing has done yet (a recap
+    or compaction its last turn queued, or a fold), as ``loomrt worker`` finds it."""
+    from loomrt.worker import DISTILLATION_QUEUED, DISTILLATION_SETTLED, QUEUED, SETTLED
+
+    return any(
+        run_id in store.pending(k, s) for k, s in ((QUEUED, SETTLED), (DISTILLATION_QUEUED, DISTILLATION_SETTLED))
+    )
 
 
 async def settle_replay(store: SQLiteStore, run_id: str, provider: ModelProvider, *, embedder: EmbedderChoice) -> bool:
-    """Write the distillation a finished replay's last turn queued, once, as `loomrt worker`
-    writes a closed chat's: otherwise every question's fork wrote the same one before it
-    answered (on the embedded model, minutes a question). True if one was written."""
+    """Write the distillation a finished replay's last turn queued (a recap, a compaction, a
+    fold), once, as `loomrt worker` writes a closed chat's: otherwise every question's fork
+    wrote the same one before it answered (on the embedded model, minutes a question). True
+    if one was written."""
     if not queued_distillation(store, run_id):
         return False
     runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)

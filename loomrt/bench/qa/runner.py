@@ -265,8 +265,11 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
             info["seconds"] = round(info["seconds"] + time.perf_counter() - started, 1)
             info["distillations"] = sum(e.kind == "distillation" for e in events)
             info["declined"] = sum(e.kind == "distillation_declined" for e in events)
+            info["rejected_summaries"] = sum(e.kind == "summary_rejected" for e in events)
             for k, v in calls.items():
-                info[f"distil_{k}"] = (max if k.startswith("largest") else sum)((info.get(f"distil_{k}", 0), v))
+                info[f"distil_{k}"] = round(
+                    (max if k.startswith("largest") else sum)((info.get(f"distil_{k}", 0), v)), 2
+                )
             session.save_replays()
         return dict(info)
     spec = session.spec(mode)
