@@ -287,3 +287,13 @@ def test_the_distillation_a_replay_ends_with_is_written_once_not_in_every_questi
     )
     rows = [r for r in again["answers"] if r["config"] == "recap/no-recall"]
     assert rows and all(r["calls"] == 1 for r in rows), "a question's fork wrote the recap again"
+
+
+def test_a_replay_asked_only_in_variants_still_has_its_row(tiny: tuple[dict, Path]) -> None:
+    from loomrt.bench.qa.report import markdown
+
+    results, _ = tiny
+    variants = {k: v for k, v in results["setups"].items() if "/" in k}  # recap/no-recall, compaction/no-recall
+    text = markdown({**results, "setups": variants})
+    assert "The replays" in text
+    assert text.count("| mini-1:recap |") == 1 and text.count("| mini-1:compaction |") == 1

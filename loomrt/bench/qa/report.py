@@ -76,14 +76,18 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
         ]
         for name, m in misses:
             lines.append(f"| {name} | " + " | ".join(str(m[k]) for k in kinds) + " |")
-    replays = [(k, v) for k, v in results["setups"].items() if "run_id" in v and "/" not in k.partition(":")[2]]
+    replays: dict[str, tuple[str, dict[str, Any]]] = {}  # one row a replay, however many rows asked it
+    for k, v in results["setups"].items():
+        if "run_id" in v:
+            cid, _, config = k.partition(":")
+            replays.setdefault(v["run_id"], (f"{cid}:{config.partition('/')[0]}", v))
     if replays:
         lines += ["", "The replays (every distillation written by the model):", ""]
         lines += [
             "| replay | distillations | declined | summaries rejected | model calls | input tokens | seconds |",
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for k, v in replays:
+        for k, v in replays.values():
             lines.append(
                 f"| {k} | {v['distillations']} | {v['declined']} | {v['rejected_summaries']} | {v['distil_calls']} "
                 f"| {fmt(v['distil_input_tokens'])} | {fmt(v['seconds'], 1)} |"
