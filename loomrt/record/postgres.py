@@ -89,6 +89,11 @@ class PostgresStore(InlineAsyncFace, RunReads):
         """Where the record is, as messages name it (the URL without its password)."""
         self._errors = psycopg.Error
         try:
+            # one connection first: a server that is not there is its own error at once,
+            # where the pool would retry for its whole 30-second timeout and say only that
+            given = psycopg.conninfo.conninfo_to_dict(url)
+            probe = url if "connect_timeout" in given else psycopg.conninfo.make_conninfo(url, connect_timeout=10)
+            psycopg.connect(probe, autocommit=True).close()
             self._pool = ConnectionPool(
                 url,
                 min_size=1,
@@ -101,9 +106,10 @@ class PostgresStore(InlineAsyncFace, RunReads):
             )
             self._pool.wait(timeout=30)
         except Exception as exc:  # noqa: BLE001 - any failure to connect is one clear error
+            detail = " ".join(str(exc).split()).rstrip(".")  # libpq's message, on one line
             raise StoreError(
-                f"cannot connect to the record at {self.path}: {exc}. Check LOOMRT_DB_URL and that "
-                "the server is running."
+                f"cannot connect to the record at {self.path}: {detail}{'' if detail.endswith('?') else '.'} "
+                "Check LOOMRT_DB_URL and that the server is running."
             ) from None
         self._pinned: contextvars.ContextVar[Any] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
         self.closed = False
