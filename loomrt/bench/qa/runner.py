@@ -261,11 +261,8 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
             provider = Acknowledging(session.provider(session.spec(mode)), session.meter)
             await settle_replay(session.store, info["run_id"], provider, embedder=session.embedder)
             calls = Meter.totals(session.meter.since(mark))
-            events = session.store.events(info["run_id"])
             info["seconds"] = round(info["seconds"] + time.perf_counter() - started, 1)
-            info["distillations"] = sum(e.kind == "distillation" for e in events)
-            info["declined"] = sum(e.kind == "distillation_declined" for e in events)
-            info["rejected_summaries"] = sum(e.kind == "summary_rejected" for e in events)
+            info.update(_distilled(session.store.events(info["run_id"])))
             for k, v in calls.items():
                 info[f"distil_{k}"] = round(
                     (max if k.startswith("largest") else sum)((info.get(f"distil_{k}", 0), v)), 2
@@ -286,18 +283,25 @@ async def _ensure_replay(session: _Session, cid: str, sample: dict[str, Any], mo
         embedder=session.embedder,
         on_turn=session.progress.advance,
     )
-    events = session.store.events(run_id)
     info = {
         "run_id": run_id,
         "seconds": round(time.perf_counter() - started, 1),
-        "distillations": sum(e.kind == "distillation" for e in events),
-        "declined": sum(e.kind == "distillation_declined" for e in events),
-        "rejected_summaries": sum(e.kind == "summary_rejected" for e in events),
+        **_distilled(session.store.events(run_id)),
         **{f"distil_{k}": v for k, v in Meter.totals(session.meter.since(mark)).items()},
     }
     session.replays[key] = info
     session.save_replays()
     return info
+
+
+def _distilled(events: list[Any]) -> dict[str, int]:
+    """What a replay's record says its distillations came to."""
+    kinds = [e.kind for e in events]
+    return {
+        "distillations": kinds.count("distillation"),
+        "declined": kinds.count("distillation_declined"),
+        "rejected_summaries": kinds.count("summary_rejected"),
+    }
 
 
 async def _ensure_memory(session: _Session, cid: str, sample: dict[str, Any]) -> dict[str, Any]:
