@@ -13,6 +13,7 @@ model takes several minutes a chat.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -74,14 +75,24 @@ def chat_spec(model: str, *, max_tokens: int = 96, budget_tokens: int = 1200, in
 
 
 async def play_chat(
-    runtime: Any, spec: Any, progress: Progress | None = None, *, questions: int | None = None
+    runtime: Any,
+    spec: Any,
+    progress: Progress | None = None,
+    *,
+    questions: int | None = None,
+    turn_seconds: list[float] | None = None,
 ) -> tuple[Any, list[Any]]:
     """Play the chat through ``runtime`` (the first ``questions`` of the ten between the fact
-    and the final question; all by default); the run and each turn's result."""
+    and the final question; all by default); the run and each turn's result. ``turn_seconds``
+    gets each turn's seconds, from the input to the answer (the recaps written between turns,
+    while a user would type, are not in them)."""
     run = await runtime.astart(spec, interactive=True, name="local-chat")
     results = []
     for text in [OPENING, FACT, *QUESTIONS[:questions], FINAL_QUESTION]:
+        started = time.perf_counter()
         results.append(await runtime.send(run, text))
+        if turn_seconds is not None:
+            turn_seconds.append(time.perf_counter() - started)
         if progress is not None:
             progress.advance()
     return run, results
@@ -91,8 +102,10 @@ INJECT_TOKENS = 300
 """The chat's reserve for injected passages (context.recall_inject_tokens)."""
 
 
-def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> dict[str, Any]:
-    """What one played chat shows."""
+def chat_figures(
+    store: Any, run: Any, results: list[Any], seconds: float, turn_seconds: list[float] | None = None
+) -> dict[str, Any]:
+    """What one played chat shows (``turn_seconds``: each turn's, as :func:`play_chat` gives them)."""
     from loomrt.audit import context_as_of
 
     events = store.events(run.run_id)
@@ -116,6 +129,14 @@ def chat_figures(store: Any, run: Any, results: list[Any], seconds: float) -> di
         "last_answer": (results[-1].output or "")[:200],
         "seconds": round(seconds, 1),
         "seconds_per_turn": round(seconds / len(results), 1),
+        **(
+            {
+                "turn_seconds_median": round(statistics.median(turn_seconds), 1),
+                "turn_seconds_worst": round(max(turn_seconds), 1),
+            }
+            if turn_seconds
+            else {}
+        ),
     }
 
 
@@ -137,9 +158,11 @@ def local_chat(config: BenchConfig, progress: Progress) -> dict[str, Any]:
         progress.start(f"local chat · {model} · injection {'on' if inject else 'off'}", 2 + len(QUESTIONS) + 1)
         with tempfile.TemporaryDirectory() as tmp:
             runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
-            started = time.perf_counter()
-            run, results = asyncio.run(play_chat(runtime, chat_spec(model, inject=inject), progress))
+            started, turns = time.perf_counter(), []
+            run, results = asyncio.run(
+                play_chat(runtime, chat_spec(model, inject=inject), progress, turn_seconds=turns)
+            )
             out["inject" if inject else "no_inject"] = chat_figures(
-                runtime.store, run, results, time.perf_counter() - started
+                runtime.store, run, results, time.perf_counter() - started, turns
             )
     return out
