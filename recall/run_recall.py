@@ -15,7 +15,7 @@ import asyncio
 import re
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -122,6 +122,9 @@ class RunRecall:
         self._backlog: list[Entry] = []
         """Entries evicted (or rebuilt from the record) and not yet indexed."""
         self._draining: asyncio.Task[None] | None = None
+        self._embedding: tuple[list[Entry], Future[np.ndarray]] | None = None
+        """The slice the background drain is embedding now, and its vectors to come: a query
+        that arrives meanwhile waits for them instead of embedding the same entries again."""
         try:
             resolved = resolve_embedder(embedder)
         except TypeError as exc:
@@ -323,21 +326,25 @@ class RunRecall:
             batch = self._backlog[:_SLICE]
             vectors: np.ndarray | BaseException | None = None
             if self._index.dense and getattr(self._index.embedder, "releases_gil", False):
+                future = _embedding_thread().submit(self._index.embed, batch)
+                self._embedding = (batch, future)
                 try:
-                    vectors = await asyncio.get_running_loop().run_in_executor(
-                        _embedding_thread(), self._index.embed, batch
-                    )
+                    vectors = await asyncio.wrap_future(future)
+                except asyncio.CancelledError:
+                    if not future.cancelled():
+                        raise
+                    continue  # a query took the slice over before the thread reached it
                 except Exception as exc:  # noqa: BLE001 - handled where the entries are added
                     vectors = exc
+                finally:
+                    if self._embedding is not None and self._embedding[1] is future:
+                        self._embedding = None
             else:
                 await asyncio.sleep(0)  # the turn that evicted them goes on first
             if not self._backlog or self._backlog[0] is not batch[0]:
                 continue  # a query indexed them meanwhile
             del self._backlog[: len(batch)]
-            try:
-                self._add(batch, vectors)
-            except Exception as exc:  # noqa: BLE001 - indexing never fails a run
-                self._record("callback_error", {"callback": "recall.index", "error": f"{type(exc).__name__}: {exc}"})
+            self._index_now(batch, vectors)
 
     def rebuild(self, history: Sequence[Event]) -> int:
         """Queue every span the record's distillation events evicted, in order, for indexing
@@ -361,9 +368,26 @@ class RunRecall:
         run to inspect it costs nothing)."""
         if not self._backlog:
             return
+        embedding, self._embedding = self._embedding, None
+        if embedding is not None and embedding[0][0] is self._backlog[0] and not embedding[1].cancel():
+            # the background thread is embedding the oldest slice now: take its vectors when
+            # they come rather than embed the same entries a second time beside it
+            batch, future = embedding
+            vectors: np.ndarray | BaseException
+            try:
+                vectors = future.result()
+            except Exception as exc:  # noqa: BLE001 - handled where the entries are added
+                vectors = exc
+            del self._backlog[: len(batch)]
+            self._index_now(batch, vectors)
         drafts, self._backlog = self._backlog, []
+        if drafts:
+            self._index_now(drafts)
+
+    def _index_now(self, drafts: list[Entry], vectors: np.ndarray | BaseException | None = None) -> None:
+        """:meth:`_add`, its failure an event (indexing never fails a run)."""
         try:
-            self._add(drafts)
+            self._add(drafts, vectors)
         except Exception as exc:  # noqa: BLE001 - indexing never fails a run
             self._record("callback_error", {"callback": "recall.index", "error": f"{type(exc).__name__}: {exc}"})
 

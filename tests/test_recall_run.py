@@ -435,3 +435,57 @@ def test_searches_of_the_history_are_not_indexed() -> None:
     assert set(texts) == {2, 5}
     assert "Recall" not in texts[5] and question not in texts[5] and "cat door.txt" in texts[5]
     assert [h.seq for h in recall.search(question, top_k=5)] == [2, 5]
+
+
+class SlowEmbedder(HashEmbedder):
+    """A hash embedder that takes its time off the GIL, as MiniLM does, and counts what it embeds."""
+
+    releases_gil = True
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.texts = seconds, 0
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        import time
+
+        self.texts += len(texts)
+        time.sleep(self.seconds)
+        return super().embed(texts)
+
+
+def test_a_query_while_the_background_embeds_a_span_waits_for_it_instead_of_embedding_it_again() -> None:
+    from loomrt.messages import EvictedSpan, Message
+
+    embedder = SlowEmbedder(0.3)
+    recall = RunRecall(run_id="r", embedder=embedder)
+    span = tuple(Message(role="user", content=f"line {i}: the {w} job failed", seq=i) for i, w in enumerate("abcdefgh"))
+
+    async def go() -> list[str]:
+        recall.on_evicted(EvictedSpan("r", "agent", "compaction", 9, span))
+        await asyncio.sleep(0.05)  # the next model call: the thread is still embedding the span
+        hits = recall.search("which job failed, the c job?", top_k=3)
+        await asyncio.sleep(0.05)  # the drain hears that the query took its slice
+        return [h.text for h in hits]
+
+    texts = asyncio.run(go())
+    assert recall.backlog == 0 and recall.size() == 8
+    assert embedder.texts == 8 + 1  # the span once (not twice) and the query
+    assert any("the c job" in t for t in texts)
+
+
+def test_a_query_before_the_thread_reaches_the_span_embeds_it_itself_once() -> None:
+    from loomrt.messages import EvictedSpan, Message
+
+    embedder = SlowEmbedder(0.0)
+    recall = RunRecall(run_id="r", embedder=embedder)
+    span = tuple(Message(role="user", content=f"entry {i} about the {w} host", seq=i) for i, w in enumerate("abcd"))
+
+    async def go() -> None:
+        recall.on_evicted(EvictedSpan("r", "agent", "compaction", 5, span))
+        recall.search("the b host", top_k=2)  # before the loop has run the drain at all
+        await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    assert recall.backlog == 0 and recall.size() == 4
+    assert embedder.texts == 4 + 1

@@ -15,6 +15,7 @@ the sabotage it is known to catch.
 | harvest paraphrase rows, facts kept apart | placement merges into the nearest fact, whatever it says | ``test_harvest_paraphrase_reports_facts_merged_together`` |
 | fold "0 invented values" in cards (``fold/sloppy``, invented values in cards) | the verified-card check disabled | ``test_fold_sloppy_sees_invented_values_reach_cards_without_the_check`` |
 | Recall latency, the first query after an eviction (entries it indexed itself) | the background index never drains | ``test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_itself`` |
+| Recall latency, the first query after an eviction (entries it embedded itself, entries it waited for) | the query embeds again what the background thread is embedding | ``test_recall_latency_sees_the_first_query_embed_again_what_the_background_is_embedding`` |
 | fanout "Σ rows do not grow with H" (the ledger child) | no Σ budget (``state_max_tokens`` never enforced) | ``test_fanout_sees_ledger_rows_grow_without_the_sigma_budget`` |
 | chat200_lead ``MODE/no-recall`` answered (what the summaries keep) | the reducer writes the block without its summary | ``test_chat200_lead_no_recall_falls_when_summaries_keep_nothing`` |
 | ``fold/cards-only`` answered (what the cards alone keep) | cards lose their values | ``test_fold_cards_only_falls_when_cards_lose_their_values`` |
@@ -242,6 +243,31 @@ def test_recall_latency_sees_the_first_query_after_an_eviction_index_its_span_it
     monkeypatch.setattr("loomrt.recall.run_recall.RunRecall._drain", never)
     broken = recall_latency(256, 12, embedder="hash")
     assert broken["after_eviction_inline_entries"] == 8 and broken["after_eviction_inline_share"] == 1, broken
+
+
+def test_recall_latency_sees_the_first_query_embed_again_what_the_background_is_embedding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A query that arrives while the background thread embeds the evicted span waits for its
+    vectors (the span embedded once). With that wait taken out (the query embeds the whole
+    backlog itself, beside the thread), the figure counts the span's entries embedded on the
+    query's thread (work, not seconds)."""
+    from test_recall_run import SlowEmbedder
+
+    from loomrt.bench.recall_targets import recall_latency
+    from loomrt.recall.run_recall import RunRecall
+
+    honest = recall_latency(64, 8, embedder=SlowEmbedder(0.3))
+    assert honest["after_eviction_inline_entries"] == 0 and honest["after_eviction_waited_entries"] == 8, honest
+
+    def embed_it_all_again(self: RunRecall) -> None:
+        drafts, self._backlog = self._backlog, []
+        if drafts:
+            self._index_now(drafts)
+
+    monkeypatch.setattr(RunRecall, "_catch_up", embed_it_all_again)
+    broken = recall_latency(64, 8, embedder=SlowEmbedder(0.3))
+    assert broken["after_eviction_inline_entries"] == 8 and broken["after_eviction_waited_entries"] == 0, broken
 
 
 # ---------------------------------------------------------------- chat200_lead: what the summaries and the cards keep

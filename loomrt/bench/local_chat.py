@@ -158,7 +158,8 @@ def local_chat(config: BenchConfig, progress: Progress) -> dict[str, Any]:
         progress.start(f"local chat · {model} · injection {'on' if inject else 'off'}", 2 + len(QUESTIONS) + 1)
         with tempfile.TemporaryDirectory() as tmp:
             runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
-            started, turns = time.perf_counter(), []
+            turns: list[float] = []
+            started = time.perf_counter()
             run, results = asyncio.run(
                 play_chat(runtime, chat_spec(model, inject=inject), progress, turn_seconds=turns)
             )

@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import statistics
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -243,7 +244,7 @@ def recall_latency(
     times.sort()
     size = recall.size()
     # the first query after each new eviction, as a run meets it (:func:`_after_evictions`)
-    after, inline = asyncio.run(_after_evictions(recall, rng, seq, qs, max(1, queries // 4), gap_ms / 1000))
+    after, inline, waited = asyncio.run(_after_evictions(recall, rng, seq, qs, max(1, queries // 4), gap_ms / 1000))
     after.sort()
     return {
         "entries": size,
@@ -256,19 +257,44 @@ def recall_latency(
         "after_eviction_gap_ms": gap_ms,
         "after_eviction_inline_entries": round(statistics.mean(inline), 2),
         "after_eviction_inline_share": round(sum(n > 0 for n in inline) / len(inline), 3),
+        "after_eviction_waited_entries": round(statistics.mean(waited), 2),
         "build_s": round(build_s, 1),
     }
 
 
+class _ThreadCount:
+    """An embedder as it is, counting the texts it embeds on the thread that asks for them
+    (the query being searched, ``query``, left out)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.dim, self.texts, self.query = inner, inner.dim, 0, ""
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.releases_gil = getattr(inner, "releases_gil", False)
+        self.thread = threading.get_ident()
+
+    def embed(self, texts: list[str]) -> Any:
+        if threading.get_ident() == self.thread:
+            self.texts += sum(t != self.query for t in texts)
+        return self.inner.embed(texts)
+
+
 async def _after_evictions(
     recall: RunRecall, rng: random.Random, seq: int, qs: list[str], n: int, gap_s: float
-) -> tuple[list[float], list[int]]:
+) -> tuple[list[float], list[int], list[int]]:
     """The first query after each of ``n`` new evictions, as a run meets it: inside the
     running event loop, where the evicted span goes to the background index, ``gap_s``
-    after the boundary (the run's next model call). The query meets whatever is indexed and
-    indexes the rest itself: its time, and the entries it indexed inside the timed call."""
+    after the boundary (the run's next model call). The query meets whatever is indexed,
+    waits for the slice the background thread is embedding, and embeds the rest itself: its
+    time, the span's entries it embedded inside the timed call (counted work: texts handed
+    to the embedder on the loop's thread, the query's own left out), and the entries it
+    waited for."""
     times: list[float] = []
     inline: list[int] = []
+    waited: list[int] = []
+    counted = None
+    if recall.index.dense and recall.index.embedder is not None:
+        counted = _ThreadCount(recall.index.embedder)
+        recall.index.embedder = counted
     for i in range(n):
         span = tuple(
             Message(role="user", content=agentic_filler(rng, seq + j), seq=seq + j, ts=time.time()) for j in range(8)
@@ -276,12 +302,19 @@ async def _after_evictions(
         seq += 8
         recall.on_evicted(EvictedSpan("bench", "bench", "compaction", seq, span))
         await asyncio.sleep(gap_s)
-        waiting = recall.backlog
+        waiting, embedded, query = recall.backlog, counted.texts if counted else 0, qs[i % len(qs)]
+        if counted is not None:
+            counted.query = query
         t0 = time.perf_counter()
-        recall.tool.fn(query=qs[i % len(qs)], top_k=5)
+        recall.tool.fn(query=query, top_k=5)
         times.append((time.perf_counter() - t0) * 1000)
-        inline.append(waiting - recall.backlog)
-    return times, inline
+        taken = waiting - recall.backlog  # entries the call indexed, its own vectors or the thread's
+        own = (counted.texts - embedded) if counted else taken
+        inline.append(own)
+        waited.append(taken - own)
+    if counted is not None:
+        recall.index.embedder = counted.inner
+    return times, inline, waited
 
 
 def _p95(sorted_times: list[float]) -> float:

@@ -100,10 +100,16 @@ def _inline(r: dict[str, Any]) -> str:
     loop, a model call after the boundary): the entries of the span it indexed itself."""
     if "after_eviction_inline_entries" not in r:
         return ""
+    waited = (
+        f", waited for the background thread's vectors of {r['after_eviction_waited_entries']:g}"
+        if "after_eviction_waited_entries" in r
+        else ""
+    )
     return (
         f" Measured in the running event loop, {r['after_eviction_gap_ms']:g} ms (a model call) after the "
-        f"boundary: the query indexed {r['after_eviction_inline_entries']:g} of the span's 8 entries itself "
-        f"(mean; {r['after_eviction_inline_share']:.0%} of queries indexed any), the background index the rest."
+        f"boundary: the query embedded {r['after_eviction_inline_entries']:g} of the span's 8 entries itself "
+        f"(mean; {r['after_eviction_inline_share']:.0%} of queries embedded any){waited}; the background index "
+        "the rest."
     )
 
 
