@@ -270,3 +270,27 @@ def test_an_explicit_sqlite_url_in_a_missing_folder_is_refused_not_created(tmp_p
     store = default_store()  # a path the program chooses itself is still created
     assert store.path.parent.is_dir()
     store.close()
+
+
+def test_events_of_some_kinds_are_the_same_whichever_way_the_store_reads_them(store):
+    """A few events of a long run are read kind by kind down the kind index, many by walking
+    the range: both give exactly the events a filter over the whole run gives, in seq order."""
+    new_run(store, "r")
+    store.append("r", "run_started", {"task": "t"})
+    for i in range(300):
+        store.append("r", "user_input", {"content": f"u{i}"})
+        store.append("r", "assistant_message", {"message": {"role": "assistant", "content": f"a{i}"}})
+        if i % 50 == 7:
+            store.append("r", "mark_private", {"seq": 2 * i + 2, "by": "operator"})
+        if i % 90 == 3:
+            store.append("r", "declassify", {"seq": 2 * i + 2, "by": "operator"})
+    every = store.events("r")
+    for wanted in (
+        ["mark_private", "declassify"],
+        ["declassify", "run_started", "mark_private"],
+        ["user_input", "mark_private"],
+    ):
+        for after, until in ((0, None), (40, 400), (250, 251), (700, None)):
+            want = [e for e in every if e.kind in wanted and e.seq > after and (until is None or e.seq <= until)]
+            assert store.events("r", kinds=wanted, after=after, until=until) == want
+    assert store.events("nobody", kinds=["mark_private", "declassify"]) == []
