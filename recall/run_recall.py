@@ -331,8 +331,9 @@ class RunRecall:
                 try:
                     vectors = await asyncio.wrap_future(future)
                 except asyncio.CancelledError:
-                    if not future.cancelled():
-                        raise
+                    task = asyncio.current_task()
+                    if not future.cancelled() or (task is not None and task.cancelling()):
+                        raise  # the drain itself was cancelled (a loop closing), not the slice
                     continue  # a query took the slice over before the thread reached it
                 except Exception as exc:  # noqa: BLE001 - handled where the entries are added
                     vectors = exc

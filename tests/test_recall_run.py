@@ -489,3 +489,48 @@ def test_a_query_before_the_thread_reaches_the_span_embeds_it_itself_once() -> N
     asyncio.run(go())
     assert recall.backlog == 0 and recall.size() == 4
     assert embedder.texts == 4 + 1
+
+
+def test_a_query_cancels_a_slice_still_queued_behind_another_runs_and_a_cancelled_drain_stops() -> None:
+    """The embedding thread is one for every run of the process. A query whose slice still
+    waits behind another run's takes it back and embeds it itself, once; and a drain that is
+    cancelled (its loop closing) stops, its backlog left to the next query."""
+    import threading
+
+    from loomrt.messages import EvictedSpan, Message
+    from loomrt.recall.run_recall import _embedding_thread
+
+    def span(seq: int) -> tuple[Message, ...]:
+        return tuple(
+            Message(role="user", content=f"entry {seq + i} about the {w} host", seq=seq + i)
+            for i, w in enumerate("abcd")
+        )
+
+    async def go(recall: RunRecall, query: bool) -> asyncio.Task[None] | None:
+        gate = threading.Event()
+        _embedding_thread().submit(gate.wait, 5)  # another run's slice, holding the thread
+        recall.on_evicted(EvictedSpan("r", "agent", "compaction", 5, span(1)))
+        await asyncio.sleep(0.02)  # the drain has submitted its slice, queued behind it
+        drain = recall._draining
+        if query:
+            recall.search("the b host", top_k=2)
+        else:
+            assert drain is not None
+            drain.cancel()
+        await asyncio.sleep(0.02)
+        gate.set()
+        if drain is not None:
+            await asyncio.gather(drain, return_exceptions=True)
+        return drain
+
+    embedder = SlowEmbedder(0.0)
+    taken = RunRecall(run_id="r", embedder=embedder)
+    drain = asyncio.run(go(taken, query=True))
+    assert drain is not None and drain.done() and not drain.cancelled() and drain.exception() is None
+    assert taken.backlog == 0 and taken.size() == 4 and embedder.texts == 4 + 1
+
+    embedder = SlowEmbedder(0.0)
+    stopped = RunRecall(run_id="r", embedder=embedder)
+    drain = asyncio.run(go(stopped, query=False))
+    assert drain is not None and drain.cancelled()
+    assert stopped.backlog == 4 and embedder.texts == 0  # nothing embedded after the cancel

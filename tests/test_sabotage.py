@@ -257,7 +257,8 @@ def test_recall_latency_sees_the_first_query_embed_again_what_the_background_is_
     from loomrt.bench.recall_targets import recall_latency
     from loomrt.recall.run_recall import RunRecall
 
-    honest = recall_latency(64, 8, embedder=SlowEmbedder(0.3))
+    # the thread takes 0.6 s a slice; the query comes 0.2 s after the boundary, mid-slice
+    honest = recall_latency(64, 8, embedder=SlowEmbedder(0.6), gap_ms=200)
     assert honest["after_eviction_inline_entries"] == 0 and honest["after_eviction_waited_entries"] == 8, honest
 
     def embed_it_all_again(self: RunRecall) -> None:
@@ -266,7 +267,7 @@ def test_recall_latency_sees_the_first_query_embed_again_what_the_background_is_
             self._index_now(drafts)
 
     monkeypatch.setattr(RunRecall, "_catch_up", embed_it_all_again)
-    broken = recall_latency(64, 8, embedder=SlowEmbedder(0.3))
+    broken = recall_latency(64, 8, embedder=SlowEmbedder(0.6), gap_ms=200)
     assert broken["after_eviction_inline_entries"] == 8 and broken["after_eviction_waited_entries"] == 0, broken
 
 

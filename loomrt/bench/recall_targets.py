@@ -262,22 +262,6 @@ def recall_latency(
     }
 
 
-class _ThreadCount:
-    """An embedder as it is, counting the texts it embeds on the thread that asks for them
-    (the query being searched, ``query``, left out)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner, self.dim, self.texts, self.query = inner, inner.dim, 0, ""
-        self.name = getattr(inner, "name", type(inner).__name__)
-        self.releases_gil = getattr(inner, "releases_gil", False)
-        self.thread = threading.get_ident()
-
-    def embed(self, texts: list[str]) -> Any:
-        if threading.get_ident() == self.thread:
-            self.texts += sum(t != self.query for t in texts)
-        return self.inner.embed(texts)
-
-
 async def _after_evictions(
     recall: RunRecall, rng: random.Random, seq: int, qs: list[str], n: int, gap_s: float
 ) -> tuple[list[float], list[int], list[int]]:
@@ -285,35 +269,39 @@ async def _after_evictions(
     running event loop, where the evicted span goes to the background index, ``gap_s``
     after the boundary (the run's next model call). The query meets whatever is indexed,
     waits for the slice the background thread is embedding, and embeds the rest itself: its
-    time, the span's entries it embedded inside the timed call (counted work: texts handed
-    to the embedder on the loop's thread, the query's own left out), and the entries it
-    waited for."""
+    time, the span's entries it embedded inside the timed call (counted work: entries handed
+    to the index's embedding on the loop's thread), and the entries it waited for."""
     times: list[float] = []
     inline: list[int] = []
     waited: list[int] = []
-    counted = None
-    if recall.index.dense and recall.index.embedder is not None:
-        counted = _ThreadCount(recall.index.embedder)
-        recall.index.embedder = counted
-    for i in range(n):
-        span = tuple(
-            Message(role="user", content=agentic_filler(rng, seq + j), seq=seq + j, ts=time.time()) for j in range(8)
-        )
-        seq += 8
-        recall.on_evicted(EvictedSpan("bench", "bench", "compaction", seq, span))
-        await asyncio.sleep(gap_s)
-        waiting, embedded, query = recall.backlog, counted.texts if counted else 0, qs[i % len(qs)]
-        if counted is not None:
-            counted.query = query
-        t0 = time.perf_counter()
-        recall.tool.fn(query=query, top_k=5)
-        times.append((time.perf_counter() - t0) * 1000)
-        taken = waiting - recall.backlog  # entries the call indexed, its own vectors or the thread's
-        own = (counted.texts - embedded) if counted else taken
-        inline.append(own)
-        waited.append(taken - own)
-    if counted is not None:
-        recall.index.embedder = counted.inner
+    index, loop_thread, embedded = recall.index, threading.get_ident(), [0]
+    embed = index.embed
+
+    def counted(drafts: Any) -> Any:
+        if threading.get_ident() == loop_thread:
+            embedded[0] += len(drafts)
+        return embed(drafts)
+
+    index.embed = counted  # type: ignore[method-assign]
+    try:
+        for i in range(n):
+            span = tuple(
+                Message(role="user", content=agentic_filler(rng, seq + j), seq=seq + j, ts=time.time())
+                for j in range(8)
+            )
+            seq += 8
+            recall.on_evicted(EvictedSpan("bench", "bench", "compaction", seq, span))
+            await asyncio.sleep(gap_s)
+            waiting, before = recall.backlog, embedded[0]
+            t0 = time.perf_counter()
+            recall.tool.fn(query=qs[i % len(qs)], top_k=5)
+            times.append((time.perf_counter() - t0) * 1000)
+            taken = waiting - recall.backlog  # entries the call indexed, its own vectors or the thread's
+            own = embedded[0] - before if index.dense else taken
+            inline.append(own)
+            waited.append(taken - own)
+    finally:
+        del index.embed  # the class's method again
     return times, inline, waited
 
 

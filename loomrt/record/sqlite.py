@@ -284,12 +284,15 @@ class SQLiteStore(InlineAsyncFace, RunReads):
             args.append(until)
         kinds = list(dict.fromkeys(kinds or []))
         with self._lock:
-            if len(kinds) > 1 and self._few_of(run_id, kinds, after, until):
+            top = self._few_up_to(run_id, kinds, after, until) if len(kinds) > 1 else None
+            if top is not None:
                 # one read per kind down the (run_id, kind, seq) index, merged in seq order:
                 # for a few events of a long run (the private marks of a fork's history) the
-                # planner would walk every event of the range, whatever their kind
-                one = sql.replace("seq > ?", "kind = ? AND seq > ?", 1) + " ORDER BY seq"
-                parts = [self._conn.execute(one, [run_id, k, *args[1:]]).fetchall() for k in kinds]
+                # planner would walk every event of the range, whatever their kind. Each read
+                # stops at the seq last counted, so an append from another process between
+                # them cannot show in one kind's read and be missing from another's.
+                one = "SELECT seq, kind, ts, data, hash FROM events WHERE run_id = ? AND kind = ? AND seq > ? AND seq <= ? ORDER BY seq"
+                parts = [self._conn.execute(one, (run_id, k, after, top)).fetchall() for k in kinds]
                 rows = list(heapq.merge(*parts))  # a run's seqs are unique: only seq is compared
             else:
                 if kinds:
@@ -298,22 +301,23 @@ class SQLiteStore(InlineAsyncFace, RunReads):
                 rows = self._conn.execute(sql + " ORDER BY seq", args).fetchall()
         return [Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h) for s, k, t, d, h in rows]
 
-    def _few_of(self, run_id: str, kinds: list[str], after: int, until: int | None) -> bool:
-        """Whether the events of ``kinds`` are under a quarter of the run's seqs in the range
-        (counted in the kind index alone, which holds the seq): then reading each kind apart
-        beats walking the range."""
-        if until is None:
-            (until,) = self._conn.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
-            if until is None:
-                return False
+    def _few_up_to(self, run_id: str, kinds: list[str], after: int, until: int | None) -> int | None:
+        """The seq to read ``kinds`` up to kind by kind (``until``, or the run's last seq when
+        that is lower), when their events are under a quarter of the run's seqs in the range
+        (counted in the kind index alone, which holds the seq); None when walking the range
+        is as cheap."""
+        (last,) = self._conn.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
+        if last is None:
+            return None
+        top = int(last) if until is None else min(until, int(last))
         found = 0
         for kind in kinds:
             (n,) = self._conn.execute(
                 "SELECT COUNT(*) FROM events WHERE run_id = ? AND kind = ? AND seq > ? AND seq <= ?",
-                (run_id, kind, after, until),
+                (run_id, kind, after, top),
             ).fetchone()
             found += n
-        return found * 4 < until - after
+        return top if found * 4 < top - after else None
 
     def latest(self, run_id: str, kind: str, *, until: int | None = None) -> Event | None:
         """The run's last event of ``kind`` (at or before ``until``), or None."""
