@@ -297,3 +297,15 @@ def test_a_replay_asked_only_in_variants_still_has_its_row(tiny: tuple[dict, Pat
     text = markdown({**results, "setups": variants})
     assert "The replays" in text
     assert text.count("| mini-1:recap |") == 1 and text.count("| mini-1:compaction |") == 1
+
+
+def test_a_full_context_row_with_a_block_counts_a_gold_no_text_holds_as_not_verbatim() -> None:
+    """``full/inject`` sees the whole conversation, as ``full`` does: a gold answer the
+    conversation does not hold word for word is "not verbatim anywhere", never "not in
+    context, Recall not called" (which only a distilling mode can say)."""
+    from loomrt.bench.qa.summary import _misses
+
+    row = {"category": 2, "contains": False, "gold_in_context": False, "recall_calls": 0}
+    for config in ("full", "full/inject", "recall"):
+        assert _misses([{**row, "config": config}])["not verbatim anywhere"] == 1
+    assert _misses([{**row, "config": "recap/inject-only"}])["not in context, Recall not called"] == 1

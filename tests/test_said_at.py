@@ -51,3 +51,30 @@ def test_a_locomo_session_date_is_when_its_turns_were_said() -> None:
     turn = Turn(dia_id="D1:1", speaker="Caroline", text="Hi!", date="1:56 pm on 8 May, 2023", session=1)
     assert said_at(turn) == MAY_8
     assert said_at(Turn(dia_id="D1:2", speaker="Mel", text="Hey", date="sometime in May", session=1)) is None
+
+
+def test_the_locomo_replay_indexes_each_turn_at_its_session_date() -> None:
+    """The index ``bench qa``'s ``recall`` and ``full/inject`` rows read: a passage injected
+    from it is dated when the turn was said (it once said the day of the replay, and the
+    model answered temporal questions with that day)."""
+    from loomrt.bench.locomo_recall import replay
+
+    sample = {
+        "sample_id": "conv-t",
+        "conversation": {
+            "speaker_a": "Ana",
+            "speaker_b": "Ben",
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [
+                {"speaker": "Ana", "dia_id": "D1:1", "text": f"I adopted a grey cat called Pixel, line {i}."}
+                for i in range(1)
+            ]
+            + [
+                {"speaker": "Ben", "dia_id": f"D1:{i}", "text": f"filler talk about the weather {i}"}
+                for i in range(2, 30)
+            ],
+        },
+    }
+    _, run, _ = asyncio.run(replay(sample, embedder=False))
+    hits = run.toolset.recall.search("grey cat Pixel", top_k=3)
+    assert hits and hits[0].ts == MAY_8

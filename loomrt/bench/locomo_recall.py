@@ -212,7 +212,7 @@ async def replay(
     run = rt.start(spec, interactive=True, name=sample_id(sample, 0))
     for i, turn in enumerate(turns):
         force["next"] = i == len(turns) - 1
-        result = await rt.send(run, render_turn(turn))
+        result = await rt.send(run, render_turn(turn), said_at=said_at(turn))
         if result.status == "failed":
             raise RuntimeError(f"the replay run failed at {turn.dia_id}: {result.error}")
         if on_turn:

@@ -40,7 +40,7 @@ def _misses(rows: list[dict[str, Any]]) -> dict[str, int]:
             out["Recall found it, answered wrongly"] += 1
         elif r["recall_calls"] and in_recall is False:
             out["Recall called, results missed it"] += 1
-        elif not r["recall_calls"] and in_context is False and r["config"] not in ("full", "recall"):
+        elif not r["recall_calls"] and in_context is False and r["config"].partition("/")[0] not in ("full", "recall"):
             out["not in context, Recall not called"] += 1
         else:
             out["not verbatim anywhere"] += 1
