@@ -100,6 +100,11 @@ _NEW_CARD = (
 is left as it is; any other insert of an existing id is refused by a trigger."""
 
 
+_WALK_CHEAP = 1024
+"""A range of fewer seqs than this is walked in one read: counting its kinds first would
+cost more than the walk (a turn's reads of a short run)."""
+
+
 class SQLiteStore(InlineAsyncFace, RunReads):
     """Append-only record in one SQLite file. Safe to share between threads of one process."""
 
@@ -305,11 +310,13 @@ class SQLiteStore(InlineAsyncFace, RunReads):
         """The seq to read ``kinds`` up to kind by kind (``until``, or the run's last seq when
         that is lower), when their events are under a quarter of the run's seqs in the range
         (counted in the kind index alone, which holds the seq); None when walking the range
-        is as cheap."""
+        is as cheap (a short range is walked without counting)."""
         (last,) = self._conn.execute("SELECT MAX(seq) FROM events WHERE run_id = ?", (run_id,)).fetchone()
         if last is None:
             return None
         top = int(last) if until is None else min(until, int(last))
+        if top - after < _WALK_CHEAP:
+            return None
         found = 0
         for kind in kinds:
             (n,) = self._conn.execute(
