@@ -36,6 +36,7 @@ from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
+from loomrt.record.inline import completing_inline
 from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, owner_is_gone, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
@@ -58,17 +59,20 @@ a process that dies holding it blocks no one for longer."""
 def drive(coro: Coroutine[Any, Any, T]) -> T:
     """Run ``coro`` to completion from code that is not async (``start``, ``finish``).
 
-    With a store whose writes complete inline (SQLite), the coroutine never suspends, so
-    this works inside or outside an event loop. A store that must wait (a network
-    database) makes it suspend: then the caller is told to use the async method instead.
+    It runs inline, inside :func:`~loomrt.record.inline.completing_inline`: a store that waits
+    on I/O (PostgreSQL) completes each call before returning, as SQLite's always does, so the
+    coroutine never suspends and this works inside or outside an event loop (inside one, it
+    blocks that loop for the call, as any sync call does: async code awaits ``astart``,
+    ``aopen`` and ``afinish`` instead). A coroutine that suspends on anything else is refused.
     """
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
+    with completing_inline():
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
     coro.close()
     raise StoreError(
-        "this store waits on I/O, so this call cannot complete synchronously: "
+        "this call waited on something it cannot wait for synchronously: "
         "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
     )
 
@@ -304,7 +308,7 @@ class Runtime:
         run = await self.aopen(run_id)
         if run.view.status != "queued":
             return None
-        self.claim(run)
+        await self.aclaim(run)
         if self.store.get_run(run_id).last_seq != run.last_seq:  # taken and played meanwhile
             if self.owner is not None and run.epoch is not None:
                 self.store.release_run(run_id, self.owner, run.epoch)
@@ -357,6 +361,15 @@ class Runtime:
                     "(`loomrt workers list` shows the live claims)."
                 )
 
+    async def aclaim(self, run: RunState) -> None:
+        """:meth:`claim` from async code: on a store that waits on I/O (``aclaim_run``), the
+        claim is awaited, never blocking the event loop the other runs play on."""
+        claim = getattr(self.store, "aclaim_run", None)
+        if self.owner is not None and claim is not None:
+            run.epoch = await claim(run.run_id, self.owner, self.claim_ttl_s)
+            return
+        self.claim(run)
+
     async def resume(self, run_id: str) -> RunResult:
         """Pick up a run that stopped mid-turn (a crash, a provider error) from its record."""
         run = await self.aopen(run_id)
@@ -364,7 +377,7 @@ class Runtime:
             run.view.status == "parked" and not run.view.parked_after_error
         ):
             return self.result(run)
-        self.claim(run)
+        await self.aclaim(run)
         await run.add("resumed", {"from_seq": run.last_seq})
         await close_interrupted_calls(run)
         return await self._play(run)
@@ -378,7 +391,7 @@ class Runtime:
         run = await self.aopen(run_id)
         if interactive is not None:
             run.interactive = interactive
-        self.claim(run)
+        await self.aclaim(run)
         await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         await close_interrupted_calls(run)
         return run

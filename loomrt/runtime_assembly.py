@@ -74,7 +74,7 @@ async def assemble(
         **lineage,
     )
     if history is None and rt.owner is not None:
-        rt.claim(run)  # a new run is this worker's from its first event (a foreground one has nothing to check)
+        await rt.aclaim(run)  # a new run is this worker's from its first event (a foreground one has nothing to check)
     if history:
         run.view = project(history, mode=mode, store=rt.store)
     elif fork:

@@ -279,7 +279,49 @@ def _store(s: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
-    return lines + [""] + _memory_search(s.get("memory") or {}) + _queue(s.get("queue") or {})
+    return (
+        lines
+        + [""]
+        + _memory_search(s.get("memory") or {})
+        + _queue(s.get("queue") or {})
+        + _concurrency(s.get("concurrency") or {})
+    )
+
+
+def _concurrency(c: dict[str, Any]) -> list[str]:
+    """Chats played at once in one process on each backend, and issue 46's goal."""
+    if not c or "skipped" in c:
+        return [f"Runs at once: skipped ({c['skipped']}).", ""] if c else []
+    counts = sorted({int(k.rsplit("_", 1)[1]) for k in c if k.startswith(("sqlite_", "postgres_"))})
+    rows = [
+        [
+            b,
+            str(n),
+            f"{f['turn_ms_median']:.2f}",
+            f"{f['wall_ms_per_turn']:.2f}",
+            f"{f['writes_per_turn']:.2f}",
+            f"{f['loop_stalls_per_turn']:.2f}",
+        ]
+        for n in counts
+        for b in ("sqlite", "postgres")
+        if (f := c.get(f"{b}_{n}"))
+    ]
+    goal = c["goal"]
+    return [
+        "Chats played at once in one process (a model that answers at once, append mode): a turn's "
+        "median latency, wall time over every turn played, the store writes a turn makes, and the "
+        "store calls that blocked the event loop.",
+        "",
+        *md_table(
+            ["backend", "runs at once", "turn ms (median)", "wall ms / turn", "writes / turn", "loop stalls / turn"],
+            rows,
+        ),
+        "",
+        f"Goal at {goal['runs']} runs: PostgreSQL's wall ms per turn ≤ (SQLite's + writes per turn × the median "
+        f"round trip, {c['round_trip_ms']:.3f} ms) + 10% = {goal['bound_ms']:.2f} ms; measured "
+        f"{goal['postgres_wall_ms_per_turn']:.2f} ms: **{'met' if goal['met'] else 'missed'}**.",
+        "",
+    ]
 
 
 def _queue(q: dict[str, Any]) -> list[str]:

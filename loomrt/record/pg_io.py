@@ -1,0 +1,113 @@
+"""The PostgreSQL store's I/O loop: psycopg's async connections, on an event loop of their own.
+
+An async connection pool belongs to the event loop it was opened on, and the store is used
+from any loop (a worker's, an MCP server's, a test's ``asyncio.run``) and from code with
+none (the CLI's reads). So its pool lives on a loop of its own, on a daemon thread:
+
+- an **async** caller awaits the query there (:meth:`IOLoop.wait`) without blocking its own
+  loop, whose other runs go on meanwhile;
+- a **sync** caller waits for it (:meth:`IOLoop.call`). On a thread whose event loop is
+  running, that wait blocks every task of that loop: each is counted as a **stall**
+  (:attr:`IOLoop.stalls`), the figure the store measure publishes and its sabotage test
+  breaks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections.abc import Coroutine, Iterable
+from typing import Any, TypeVar
+
+__all__ = ["IOLoop", "on_running_loop", "rows_of", "changed", "Conn", "DB_NOW"]
+
+T = TypeVar("T")
+Conn = Any
+"""A psycopg ``AsyncConnection`` (autocommit)."""
+DB_NOW = "extract(epoch from clock_timestamp())"
+"""The database's clock, epoch seconds: claims and leases expire by it on every machine."""
+
+
+async def rows_of(conn: Conn, sql: str, args: Iterable[Any]) -> list[tuple[Any, ...]]:
+    """Run one query on ``conn``: its rows."""
+    cur = await conn.execute(sql, list(args))
+    return list(await cur.fetchall())
+
+
+async def changed(conn: Conn, sql: str, args: Iterable[Any]) -> int:
+    """Run one statement on ``conn``: the rows it changed."""
+    cur = await conn.execute(sql, list(args))
+    return int(cur.rowcount)
+
+
+def on_running_loop() -> bool:
+    """Whether this thread is inside a running event loop's task."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+class IOLoop:
+    """An event loop on a daemon thread, for one store's connections."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self.stalls = 0
+        """Sync calls made from a thread whose own event loop was running (each blocked it)."""
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the I/O loop and wait for its result (a sync caller)."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("the store's I/O loop cannot wait on itself")
+        if on_running_loop():
+            self.stalls += 1
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def wait(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
+        """Await ``coro`` on the I/O loop from the caller's loop, which goes on meanwhile.
+
+        A ``write`` in flight is never cut in half by the caller's cancellation: it completes
+        (committed, and its events returned to the caller, whose view of the run stays the
+        record's, as with SQLite's inline write), and the cancellation is delivered at the
+        caller's next await."""
+        done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+        if not write:
+            return await done
+        cancels = 0
+        while True:
+            try:
+                result = await asyncio.shield(done)
+                break
+            except asyncio.CancelledError:
+                if done.cancelled():
+                    raise
+                cancels += 1
+        if cancels:
+            task = asyncio.current_task()
+            if task is not None:  # delivered again, the count of requests unchanged
+                task.uncancel()
+                task.cancel()
+        return result
+
+    def close(self, coro: Coroutine[Any, Any, Any] | None = None) -> None:
+        """Run ``coro`` (closing the pool) if given, then stop the loop and its thread."""
+        if self.loop.is_closed():
+            if coro is not None:
+                coro.close()
+            return
+        if coro is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+            except (concurrent.futures.TimeoutError, Exception):  # noqa: BLE001 - closing goes on
+                pass
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self.loop.close()

@@ -1,0 +1,151 @@
+"""The PostgreSQL store is async for real: an append awaited on an event loop leaves that loop
+free for the other runs (psycopg's async connections, on the store's own I/O loop), the sync
+entry points still complete, and a write in flight is never cut in half by a cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+
+from loomrt.bench.store_concurrency import concurrent_turns
+from loomrt.events import RunInfo
+from loomrt.record.postgres import PostgresStore
+from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
+
+
+def _run(store: PostgresStore, run_id: str = "r1") -> None:
+    store.create_run(RunInfo(run_id=run_id, agent="a", def_hash="h", mode="append", model="m"))
+
+
+def test_chats_played_at_once_never_block_the_loop_on_the_record(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    try:
+        figures = asyncio.run(concurrent_turns(store, runs=4, turns=2))
+    finally:
+        store.close()
+    assert figures["turns"] == 8
+    assert figures["writes_per_turn"] >= 3  # the input, the answer, the park
+    assert figures["loop_stalls_per_turn"] == 0  # claims, appends, reads: all awaited
+
+
+def test_sabotage_one_append_made_synchronous_again_shows_as_a_stall_every_turn(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    awaited = PostgresStore.write_many
+
+    async def user_input_blocks(self: PostgresStore, run_id: str, items: list[Any], **kw: Any) -> Any:
+        if any(kind == "user_input" for kind, _ in items):
+            return self.append_many(run_id, items, **kw)  # the sync face, on the loop
+        return await awaited(self, run_id, items, **kw)
+
+    monkeypatch.setattr(PostgresStore, "write_many", user_input_blocks)
+    store = PostgresStore(postgres_url)
+    try:
+        figures = asyncio.run(concurrent_turns(store, runs=4, turns=2))
+    finally:
+        store.close()
+    assert figures["loop_stalls_per_turn"] >= 1
+
+
+def test_the_loop_goes_on_while_an_append_waits_on_the_database(postgres_url: str) -> None:
+    """Another connection holds the run's append lock for half a second: the append waits in
+    the database, and the loop's other task ticks meanwhile."""
+    store = PostgresStore(postgres_url)
+    _run(store)
+    holder = psycopg.connect(postgres_url)  # a transaction: the lock holds until it ends
+    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
+    threading.Timer(0.5, holder.commit).start()
+
+    async def main() -> tuple[int, float]:
+        ticks = 0
+        done = False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0.01)
+
+        tick = asyncio.create_task(ticker())
+        started = time.perf_counter()
+        await store.write("r1", "notice", {"message": "after the lock"})
+        waited = time.perf_counter() - started
+        done = True
+        await tick
+        return ticks, waited
+
+    try:
+        ticks, waited = asyncio.run(main())
+    finally:
+        holder.close()
+        store.close()
+    assert waited >= 0.4  # it did wait for the lock
+    assert ticks >= 10  # and the loop was free all the while (a blocking append: 1 tick)
+
+
+def test_the_sync_entry_points_complete_outside_and_inside_an_event_loop(postgres_url: str) -> None:
+    from loomrt.providers.scripted import FunctionProvider
+
+    store = PostgresStore(postgres_url)
+    rt = Runtime(store, providers=lambda spec, model: FunctionProvider(lambda r: "ok"))
+    spec = AgentSpec(model="function/inline", context={"mode": "append"})
+    try:
+        outside = rt.start(spec)
+
+        async def inside() -> str:
+            return rt.start(spec).run_id  # a sync call from async code: completes, blocking the loop
+
+        within = asyncio.run(inside())
+        assert store.latest(outside.run_id, "run_started") is not None
+        assert store.latest(within, "run_started") is not None
+        assert store.stalls >= 1  # the call from inside the loop is counted as what it is
+    finally:
+        store.close()
+
+
+def test_a_write_cancelled_in_flight_completes_and_the_cancellation_follows(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+    holder = psycopg.connect(postgres_url)
+    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
+    threading.Timer(0.6, holder.commit).start()  # then the lock goes, and the append completes
+
+    async def main() -> asyncio.Task[Any]:
+        task = asyncio.create_task(store.write("r1", "notice", {"message": "in flight"}))
+        await asyncio.sleep(0.2)  # the append waits on the lock, in the database
+        task.cancel()
+        await asyncio.sleep(0.1)
+        assert not task.done()  # it is not cut off mid-write
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return task
+
+    try:
+        asyncio.run(main())
+        assert [e.data["message"] for e in store.events("r1", kinds=["notice"])] == ["in flight"]
+    finally:
+        holder.close()
+        store.close()
+
+
+def test_the_store_measure_reports_runs_at_once_and_the_goal(postgres_url: str, tmp_path: Any) -> None:
+    from loomrt.bench.render import _concurrency
+    from loomrt.bench.store_concurrency import concurrency_figures
+
+    figures = concurrency_figures(str(tmp_path / "c.sqlite"), postgres_url, counts=(1, 3), turns_total=9)
+    assert figures["sqlite_3"]["turns"] == figures["postgres_3"]["turns"] == 9
+    assert figures["postgres_3"]["loop_stalls_per_turn"] == 0
+    goal = figures["goal"]
+    bound = (
+        figures["sqlite_3"]["wall_ms_per_turn"] + figures["postgres_3"]["writes_per_turn"] * figures["round_trip_ms"]
+    ) * 1.1
+    assert goal["runs"] == 3 and abs(goal["bound_ms"] - bound) < 0.01
+    assert goal["met"] == (goal["postgres_wall_ms_per_turn"] <= goal["bound_ms"])
+    text = "\n".join(_concurrency(figures))
+    assert "loop stalls / turn" in text and ("**met**" in text or "**missed**" in text)
