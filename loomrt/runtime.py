@@ -224,7 +224,9 @@ class Runtime:
             if run.view.status != "parked":  # the run ended (or failed): its tool sources stop
                 await run.toolset.close_sources()
             if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
-                self.store.release_run(run.run_id, self.owner, run.epoch)  # an ended run holds no worker
+                await self._off_loop(
+                    self.store.release_run, run.run_id, self.owner, run.epoch
+                )  # an ended run holds no worker
                 run.epoch = None
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
@@ -482,7 +484,7 @@ class Runtime:
             return False
         lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
         try:
-            if not self._take_distil_lease(lease, holder):
+            if not await self._off_loop(self._take_distil_lease, lease, holder):
                 return False  # another process (a `loomrt worker`) is on it
             return await maybe_distil(run, force=True)
         except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
@@ -503,7 +505,15 @@ class Runtime:
             return False
         finally:
             with contextlib.suppress(StoreError):
-                self.store.release_lease(lease, holder)
+                await self._off_loop(self.store.release_lease, lease, holder)
+
+    async def _off_loop(self, call: Callable[..., T], *args: Any) -> T:
+        """A sync store call from async code: on a store that waits on I/O (shared: PostgreSQL)
+        made on a worker thread, so the event loop the other runs play on is never blocked;
+        on SQLite, inline (a local file: a thread hop would cost more than the call)."""
+        if getattr(self.store, "shared", False):
+            return await asyncio.to_thread(call, *args)
+        return call(*args)
 
     def _take_distil_lease(self, lease: str, holder: str) -> bool:
         """Take the run's distillation lease: free, expired, or held by a process of this
