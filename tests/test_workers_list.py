@@ -60,3 +60,40 @@ def test_live_lapsed_and_released_claims(url: str) -> None:
     text = CliRunner().invoke(app, ["--db-url", url, "workers", "list"]).output
     assert "far-host/12/abc123  live (process: elsewhere)" in text
     assert f"plays run {lapsed} (helper, done): claim lapsed" in text and "not live (process: gone)" in text
+
+
+def test_the_queue_block_counts_what_waits_how_long_it_waited_and_the_retries(url: str) -> None:
+    import asyncio
+
+    from loomrt.queue_metrics import queue_metrics
+
+    store = default_store(url)
+    rt = Runtime(store, providers=lambda spec, model: ScriptedProvider(["ok"] * 4))
+    spec = AgentSpec.model_validate({"model": "scripted/none.yaml"})
+
+    async def detach_two() -> list[str]:
+        return [(await rt.detach(spec, f"job {i}", name="helper")).run_id for i in range(2)]
+
+    try:
+        first, second = asyncio.run(detach_two())
+        time.sleep(0.3)
+        before = queue_metrics(store)
+        assert (before["runs_queued"], before["taken"], before["latency_s_median"]) == (2, 0, None)
+        assert before["oldest_queued_s"] >= 0.3
+        assert asyncio.run(rt.take(first)) is not None  # a worker takes one
+        after = queue_metrics(store)
+        assert (after["runs_queued"], after["taken"], after["retries"]) == (1, 1, 0)
+        assert after["latency_s_median"] >= 0.3  # it waited in the queue that long
+        store.append(first, "resumed", {"from_seq": store.get_run(first).last_seq})  # as a worker's resume records it
+        assert queue_metrics(store)["retries"] == 1
+    finally:
+        store.close()
+    result = CliRunner().invoke(app, ["--db-url", url, "workers", "list", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["queue"]["runs_queued"] == 1
+    text = CliRunner().invoke(app, ["--db-url", url, "workers", "list"]).output
+    assert (
+        "queue: 1 run waiting (the oldest for" in text
+        and "queued to taken (1 run of the 200 newest)" in text
+        and "1 retry" in text
+    )

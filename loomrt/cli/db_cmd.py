@@ -237,17 +237,20 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
     """The workers holding claims on this record's runs: each worker (HOST/PID/INSTANCE), whether it
     is live, the runs it plays now (agent, status, epoch) and how long ago it last renewed each
     claim (its heartbeat); and workers that stopped without letting their runs go (lapsed
-    claims: any `loomrt worker` resumes those runs)."""
+    claims: any `loomrt worker` resumes those runs). Then the queue: runs and distillations
+    waiting for a worker, the oldest wait, job latency (queued to taken) and retries."""
+    from loomrt.queue_metrics import queue_metrics
     from loomrt.record.sqlite import default_store
 
     store = default_store()
     try:
         claims = store.run_owners() + [c for c in store.run_owners(expired=True) if not c["released"]]
         workers = _workers(store, claims)
+        queue = queue_metrics(store)
     finally:
         store.close()
     if json_output:
-        print_json({"workers": workers})
+        print_json({"workers": workers, "queue": queue})
         return
     if not workers:
         out.print("no live claims (no worker is playing a run of this record)", highlight=False)
@@ -267,6 +270,25 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
                     f"expires in {r['expires_in_s']:.0f} s",
                     highlight=False,
                 )
+    _say_queue(queue)
+
+
+def _say_queue(q: dict[str, Any]) -> None:
+    """The queue block: what waits for a worker, and how fast the queue moved lately."""
+    oldest = f" (the oldest for {q['oldest_queued_s']:.0f} s)" if q["oldest_queued_s"] is not None else ""
+    out.print(
+        f"queue: {plural(q['runs_queued'], 'run')} waiting{oldest}, "
+        f"{plural(q['distillations_queued'], 'distillation')} queued, "
+        f"{plural(q['runs_resumable'], 'run')} to resume",
+        highlight=False,
+    )
+    if q["taken"]:
+        out.print(
+            f"  queued to taken ({plural(q['taken'], 'run')} of the {q['recent']} newest): median "
+            f"{q['latency_s_median']:.1f} s, worst {q['latency_s_worst']:.1f} s; "
+            f"{plural(q['retries'], 'retry', 'retries')}",
+            highlight=False,
+        )
 
 
 def _workers(store: Any, claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
