@@ -31,7 +31,7 @@ class PgClaims:
 
     if TYPE_CHECKING:  # what the store itself defines
 
-        def _sync(self, op: Callable[[Conn], Awaitable[T]], fail: str) -> T: ...
+        def _sync(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T: ...
 
         async def _async(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T: ...
 
@@ -50,6 +50,7 @@ class PgClaims:
                 (name, holder, ttl_s, replacing),
             ),
             f"cannot take lease {name}",
+            write=True,
         )
         return bool(rows)
 
@@ -61,13 +62,14 @@ class PgClaims:
         self._sync(
             lambda conn: changed(conn, "DELETE FROM leases WHERE name = %s AND holder = %s", (name, holder)),
             f"cannot release lease {name}",
+            write=True,
         )
 
     def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
         """Own run ``run_id`` for ``ttl_s`` seconds of database time (renewed by each fenced
         append): its epoch. Refused (:class:`RunOwnedError`) while another owner's claim is live;
         of two workers racing for one run, one wins."""
-        return self._sync(self._claim_op(run_id, owner, ttl_s), f"cannot claim run {run_id}")
+        return self._sync(self._claim_op(run_id, owner, ttl_s), f"cannot claim run {run_id}", write=True)
 
     async def aclaim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
         """:meth:`claim_run`, awaited (a run started on an event loop never blocks it)."""
@@ -104,12 +106,14 @@ class PgClaims:
             f"WHERE run_id = %s AND owner = %s AND epoch = %s AND expires_at > 0 AND {FENCE}"
         )
         args = (ttl_s, ttl_s, run_id, owner, epoch)
-        return bool(self._sync(lambda conn: changed(conn, sql, args), f"cannot renew the claim on run {run_id}"))
+        return bool(
+            self._sync(lambda conn: changed(conn, sql, args), f"cannot renew the claim on run {run_id}", write=True)
+        )
 
     def release_run(self, run_id: str, owner: str, epoch: int) -> None:
         """Let the run go (its lease expires now; its epoch stays)."""
         sql = "UPDATE run_owners SET expires_at = 0 WHERE run_id = %s AND owner = %s AND epoch = %s"
-        self._sync(lambda conn: changed(conn, sql, (run_id, owner, epoch)), f"cannot release run {run_id}")
+        self._sync(lambda conn: changed(conn, sql, (run_id, owner, epoch)), f"cannot release run {run_id}", write=True)
 
     def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
         """The live claims (with ``expired``: the lapsed ones, released or not): run id, owner,

@@ -28,6 +28,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
@@ -71,6 +72,20 @@ def redact_url(url: str) -> str:
     auth, host = rest.rsplit("@", 1)
     user = auth.split(":", 1)[0]
     return f"{scheme}://{user}{':***' if ':' in auth else ''}@{host}"
+
+
+FRESH_S = 2.0
+"""A pooled connection that answered within this many seconds is handed out unchecked."""
+
+
+@dataclass
+class _Pin:
+    """The connection a :meth:`PostgresStore.transaction` block holds, and whether its
+    transaction has begun (with the block's first write: a block that writes nothing costs
+    no round trip)."""
+
+    conn: Conn
+    begun: bool = False
 
 
 def _pool_size() -> int:
@@ -133,18 +148,22 @@ class PostgresStore(PgClaims, RunReads):
                 timeout=30,
                 kwargs={"autocommit": True},
                 name="loomrt-record",
-                check=AsyncConnectionPool.check_connection,  # a server restart leaves no dead connection to hand out
+                check=self._check_idle,  # a server restart leaves no dead connection to hand out
             )
             await pool.open(wait=True, timeout=30)
             return pool
 
+        self._used: dict[int, float] = {}
+        """When each pooled connection (by id) last answered a query (:meth:`_check_idle`)."""
+        self._pinned: contextvars.ContextVar[_Pin | None] = contextvars.ContextVar(
+            f"loomrt-pg-{id(self)}", default=None
+        )
         self._io = IOLoop("loomrt-record-io")
         try:
             self._pool = self._io.call(open_pool())
         except Exception as exc:  # noqa: BLE001 - as above
             self._io.close()
             raise self._unreachable(exc) from None
-        self._pinned: contextvars.ContextVar[Any] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
         self.closed = False
         self._listener: Any = None
         """The connection that LISTENs for work (:meth:`wait_for_work`), opened on first use."""
@@ -161,31 +180,48 @@ class PostgresStore(PgClaims, RunReads):
         """Store calls that blocked a running event loop (sync calls made from async code)."""
         return self._io.stalls
 
+    async def _check_idle(self, conn: Conn) -> None:
+        """The pool's check before it hands a connection out: one that answered a query in the
+        last :data:`FRESH_S` seconds is handed out as it is (a round trip saved on every call
+        of a busy process); one idle longer is asked first, so a server restart is found
+        before a caller meets it."""
+        if time.monotonic() - self._used.get(id(conn), 0.0) < FRESH_S:
+            return
+        from psycopg_pool import AsyncConnectionPool
+
+        await AsyncConnectionPool.check_connection(conn)
+
     def _fail(self, what: str, exc: BaseException) -> StoreError:
         return StoreError(f"{what} at {self.path}: {str(exc).strip()}")
 
     # ------------------------------------------------------------ the two ways in
 
-    def _on(self, op: Callable[[Conn], Awaitable[T]]) -> Coroutine[Any, Any, T]:
+    def _on(self, op: Callable[[Conn], Awaitable[T]], *, writes: bool = False) -> Coroutine[Any, Any, T]:
         """``op`` on a connection: the task's pinned one inside :meth:`transaction` (read here,
-        in the caller's context), else a pooled one."""
-        pinned = self._pinned.get()
+        in the caller's context; a write there begins its transaction first), else a pooled one."""
+        pin = self._pinned.get()
 
         async def run() -> T:
-            if pinned is not None:
-                return await op(pinned)
+            if pin is not None:
+                if writes and not pin.begun:
+                    pin.begun = True
+                    await pin.conn.execute("BEGIN")
+                return await op(pin.conn)
             async with self._pool.connection() as conn:
-                return await op(conn)
+                out = await op(conn)
+                self._used[id(conn)] = time.monotonic()
+                return out
 
         return run()
 
-    def _sync(self, op: Callable[[Conn], Awaitable[T]], fail: str) -> T:
-        """The sync face: run ``op`` on the I/O loop and wait for it."""
-        return self._wait(lambda: self._on(op), fail)
+    def _sync(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T:
+        """The sync face: run ``op`` on the I/O loop and wait for it (``write``: it writes)."""
+        return self._wait(lambda: self._on(op, writes=write), fail)
 
     async def _async(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T:
-        """The async face: await ``op`` on the I/O loop."""
-        return await self._await(lambda: self._on(op), fail, write=write)
+        """The async face: await ``op`` on the I/O loop (``write``: it writes, and a cancelled
+        caller waits for it to complete)."""
+        return await self._await(lambda: self._on(op, writes=write), fail, write=write)
 
     def _wait(self, work: Callable[[], Coroutine[Any, Any, T]], fail: str) -> T:
         try:
@@ -222,10 +258,8 @@ class PostgresStore(PgClaims, RunReads):
         after: int | None = None,
         epoch: int | None = None,
     ) -> list[Event]:
-        return await self._async(
-            lambda conn: self._append_op(conn, run_id, items, after, epoch),
-            f"cannot append to the record of run {run_id}",
-            write=True,
+        return await self._await(
+            self._appending(run_id, items, after, epoch), f"cannot append to the record of run {run_id}", write=True
         )
 
     async def read(
@@ -244,33 +278,28 @@ class PostgresStore(PgClaims, RunReads):
             yield
             return
 
-        async def begin() -> Conn:  # a connection of its own, held until the commit
-            conn = await self._pool.getconn()
+        async def end(pin: _Pin) -> None:
             try:
-                await conn.execute("BEGIN")
-            except BaseException:
-                await self._pool.putconn(conn)
-                raise
-            return conn
-
-        async def commit(conn: Conn) -> None:
-            try:
-                await conn.execute("COMMIT")
+                if pin.begun:
+                    await pin.conn.execute("COMMIT")
+                    self._used[id(pin.conn)] = time.monotonic()
             finally:
-                await self._pool.putconn(conn)
+                await self._pool.putconn(pin.conn)
 
-        conn = await self._await(begin, "cannot begin a transaction on the record")
-        token = self._pinned.set(conn)
+        # a connection of its own until the end; BEGIN goes with the block's first write
+        conn = await self._await(self._pool.getconn, "cannot begin a transaction on the record")
+        pin = _Pin(conn)
+        token = self._pinned.set(pin)
         try:
             yield
         finally:
             self._pinned.reset(token)
-            await self._await(lambda: commit(conn), "cannot commit to the record", write=True)
+            await self._await(lambda: end(pin), "cannot commit to the record", write=True)
 
     # ------------------------------------------------------------ the sync face
 
     def create_run(self, info: RunInfo) -> None:
-        self._sync(self._create_run_op(info), f"cannot record run {info.run_id}")
+        self._sync(self._create_run_op(info), f"cannot record run {info.run_id}", write=True)
 
     def _create_run_op(self, info: RunInfo) -> Callable[[Conn], Awaitable[None]]:
         import psycopg.errors
@@ -300,55 +329,92 @@ class PostgresStore(PgClaims, RunReads):
         With ``after``, only if the run's last seq is still ``after`` (else :class:`MovedOnError`);
         with ``epoch``, only while that claim is the run's newest (else :class:`FencedError`),
         renewing it."""
-        return self._sync(
-            lambda conn: self._append_op(conn, run_id, items, after, epoch),
-            f"cannot append to the record of run {run_id}",
-        )
+        return self._wait(self._appending(run_id, items, after, epoch), f"cannot append to the record of run {run_id}")
+
+    def _appending(
+        self, run_id: str, items: list[tuple[str, dict[str, Any]]], after: int | None, epoch: int | None
+    ) -> Callable[[], Coroutine[Any, Any, list[Event]]]:
+        """The append as work for the I/O loop: on the pinned connection inside
+        :meth:`transaction` (beginning it, in the append's first round trip, if nothing was
+        written yet), else on a pooled one in a transaction of its own."""
+        pin = self._pinned.get()
+
+        async def run() -> list[Event]:
+            if pin is None:
+                async with self._pool.connection() as conn:
+                    out = await self._append_op(conn, run_id, items, after, epoch, opening=["BEGIN"])
+                    self._used[id(conn)] = time.monotonic()
+                    return out
+            opening = [*([] if pin.begun else ["BEGIN"]), "SAVEPOINT loomrt_append"]
+            pin.begun = True
+            return await self._append_op(pin.conn, run_id, items, after, epoch, opening=opening)
+
+        return run
 
     async def _append_op(
-        self, conn: Conn, run_id: str, items: list[tuple[str, dict[str, Any]]], after: int | None, epoch: int | None
+        self,
+        conn: Conn,
+        run_id: str,
+        items: list[tuple[str, dict[str, Any]]],
+        after: int | None,
+        epoch: int | None,
+        *,
+        opening: list[str],
     ) -> list[Event]:
-        async with conn.pipeline(), conn.transaction():
-            # one writer per run at a time, on any machine (released at commit); then, in the
-            # same round trip, the time, the run's last seq and hash, where a fork's seqs start
-            # (a snapshot taken after the lock: every earlier append shows), and the fence
-            await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
-            head = await conn.execute(
-                f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain FROM "
-                "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
-                "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s",
-                (run_id, run_id),
-            )
-            fence = None
-            if epoch is not None:
-                fence = await conn.execute(
-                    f"UPDATE run_owners SET expires_at = {_NOW} + ttl_s WHERE run_id = %s AND epoch = %s AND {FENCE}",
-                    (run_id, epoch),
+        """Two round trips, each one pipeline: ``opening`` (BEGIN, or a savepoint inside the
+        pinned transaction), the run's lock, its head and its fence; then the rows, the head
+        anchor and the commit (or the savepoint's release). Anything raised undoes it all."""
+        nested = opening[-1].startswith("SAVEPOINT")
+        try:
+            async with conn.pipeline():
+                for sql in opening:
+                    await conn.execute(sql)
+                # one writer per run at a time, on any machine (released at commit); then the
+                # time, the run's last seq and hash, where a fork's seqs start (a snapshot taken
+                # after the lock: every earlier append shows), and the fence
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
+                head = await conn.execute(
+                    f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain FROM "
+                    "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
+                    "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s",
+                    (run_id, run_id),
                 )
-            now, last, last_hash, fork_seq, chain = await head.fetchone()
-            ts = float(now)
-            key = chain_key(run_id, chain, self.ledger_key)
-            if last is not None:
-                seq, prev = int(last), last_hash or ""
-            else:  # a fork's first event continues after the seq it was forked at
-                seq, prev = int(fork_seq or 0), (chain_start(await self._run_on(conn, run_id), key) if key else "")
-            if after is not None and seq != after:
-                raise MovedOnError(
-                    f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
-                    f"{after}): the write is refused"
-                )
-            if epoch is not None and fence is not None and fence.rowcount == 0:
-                raise FencedError(fenced(run_id, epoch, await owner_row(conn, run_id)))
-            rows, cards, out = chained(run_id, seq, prev, ts, items, key)
-            async with conn.cursor() as cur:
-                if len(rows) == 1:
-                    await cur.execute(_INSERT_EVENT, rows[0])
-                elif rows:
-                    await cur.executemany(_INSERT_EVENT, rows)
-                if cards:
-                    await cur.executemany(_INSERT_CARD, cards)
-                if rows:
-                    await _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
+                fence = None
+                if epoch is not None:
+                    fence = await conn.execute(
+                        f"UPDATE run_owners SET expires_at = {_NOW} + ttl_s "
+                        f"WHERE run_id = %s AND epoch = %s AND {FENCE}",
+                        (run_id, epoch),
+                    )
+                now, last, last_hash, fork_seq, chain = await head.fetchone()
+                key = chain_key(run_id, chain, self.ledger_key)
+                if last is not None:
+                    seq, prev = int(last), last_hash or ""
+                else:  # a fork's first event continues after the seq it was forked at
+                    seq = int(fork_seq or 0)
+                    prev = chain_start(await self._run_on(conn, run_id), key) if key else ""
+                if after is not None and seq != after:
+                    raise MovedOnError(
+                        f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
+                        f"{after}): the write is refused"
+                    )
+                if epoch is not None and fence is not None and fence.rowcount == 0:
+                    raise FencedError(fenced(run_id, epoch, await owner_row(conn, run_id)))
+                rows, cards, out = chained(run_id, seq, prev, float(now), items, key)
+                async with conn.cursor() as cur:
+                    if len(rows) == 1:
+                        await cur.execute(_INSERT_EVENT, rows[0])
+                    elif rows:
+                        await cur.executemany(_INSERT_EVENT, rows)
+                    if cards:
+                        await cur.executemany(_INSERT_CARD, cards)
+                    if rows:
+                        await _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
+                await conn.execute("RELEASE SAVEPOINT loomrt_append" if nested else "COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.execute("ROLLBACK TO SAVEPOINT loomrt_append" if nested else "ROLLBACK")
+            raise
         return out
 
     async def _run_on(self, conn: Conn, run_id: str) -> RunInfo:
@@ -459,7 +525,7 @@ def import_run(
             if events:
                 await _move_head(cur, info.run_id, events[-1].seq, events[-1].hash, None)
 
-    store._sync(op, f"cannot copy run {info.run_id}")
+    store._sync(op, f"cannot copy run {info.run_id}", write=True)
 
 
 def _events_sql(run_id: str, after: int, kinds: Iterable[str] | None, until: int | None) -> tuple[str, list[Any]]:
