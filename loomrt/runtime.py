@@ -224,9 +224,8 @@ class Runtime:
             if run.view.status != "parked":  # the run ended (or failed): its tool sources stop
                 await run.toolset.close_sources()
             if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
-                await self._off_loop(
-                    self.store.release_run, run.run_id, self.owner, run.epoch
-                )  # an ended run holds no worker
+                # an ended run holds no worker
+                await self._off_loop(self.store.release_run, run.run_id, self.owner, run.epoch)
                 run.epoch = None
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
