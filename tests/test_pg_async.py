@@ -149,3 +149,18 @@ def test_the_store_measure_reports_runs_at_once_and_the_goal(postgres_url: str, 
     assert goal["met"] == (goal["postgres_wall_ms_per_turn"] <= goal["bound_ms"])
     text = "\n".join(_concurrency(figures))
     assert "loop stalls / turn" in text and ("**met**" in text or "**missed**" in text)
+
+
+def test_a_forked_child_is_told_to_open_the_store_again(postgres_url: str) -> None:
+    import os
+
+    from loomrt.errors import StoreError
+
+    store = PostgresStore(postgres_url)
+    try:
+        store._io._pid = os.getpid() + 1  # what a forked child sees: the thread stayed in its parent
+        with pytest.raises(StoreError, match="open the store again in this process"):
+            store.events("r1")
+    finally:
+        store._io._pid = os.getpid()
+        store.close()

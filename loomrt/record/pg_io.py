@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Coroutine, Iterable
 from typing import Any, TypeVar
+
+from loomrt.errors import StoreError
 
 __all__ = ["IOLoop", "on_running_loop", "rows_of", "changed", "Conn", "DB_NOW"]
 
@@ -55,6 +58,7 @@ class IOLoop:
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
+        self._pid = os.getpid()
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
         self.stalls = 0
@@ -62,6 +66,7 @@ class IOLoop:
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the I/O loop and wait for its result (a sync caller)."""
+        self._here(coro)
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("the store's I/O loop cannot wait on itself")
@@ -76,6 +81,7 @@ class IOLoop:
         (committed, and its events returned to the caller, whose view of the run stays the
         record's, as with SQLite's inline write), and the cancellation is delivered at the
         caller's next await."""
+        self._here(coro)
         done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
         if not write:
             return await done
@@ -94,6 +100,15 @@ class IOLoop:
                 task.uncancel()
                 task.cancel()
         return result
+
+    def _here(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """A forked child has the store but not its thread: one clear error, never a hang."""
+        if os.getpid() != self._pid:
+            coro.close()
+            raise StoreError(
+                "this PostgreSQL store was opened in another process (this one was forked from it): "
+                "open the store again in this process"
+            )
 
     def close(self, coro: Coroutine[Any, Any, Any] | None = None) -> None:
         """Run ``coro`` (closing the pool) if given, then stop the loop and its thread."""
