@@ -164,3 +164,34 @@ def test_a_forked_child_is_told_to_open_the_store_again(postgres_url: str) -> No
     finally:
         store._io._pid = os.getpid()
         store.close()
+
+
+def test_a_connection_idle_past_the_fresh_window_is_checked_before_it_is_handed_out(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that dropped the pool's connections (a restart) is met by the pool's check,
+    not by a caller; inside the fresh window the check is skipped, and a caller meets it once,
+    as the record's error (which the run loop waits out)."""
+    import loomrt.record.postgres as pg
+    from loomrt.errors import StoreError
+
+    def drop_connections() -> None:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+
+    store = PostgresStore(postgres_url, pool_size=1)
+    try:
+        _run(store)
+        drop_connections()
+        monkeypatch.setattr(pg, "FRESH_S", 0.0)  # every connection counts as idle: checked
+        assert store.events("r1") == []
+        drop_connections()
+        monkeypatch.setattr(pg, "FRESH_S", 3600.0)  # none does: handed out unchecked
+        with pytest.raises(StoreError, match="cannot read the record"):
+            store.events("r1")
+        assert store.events("r1") == []  # the broken one was thrown away
+    finally:
+        store.close()
