@@ -1,15 +1,18 @@
 """What the work queue holds and how fast it moves: the queue block of ``loomrt workers list``.
 
 Until the queue moves onto a job engine (issue 45's decision record, docs/deploy.md), its
-figures come from the record itself, on either store, in a bounded number of queries:
+figures come from the record itself, on either store (a query for each waiting run and for
+each of the ``recent`` newest runs, besides the pending and claim queries):
 
 - **queued runs** (``loomrt run --detach``) no worker has taken yet, and how long the
   oldest has waited;
-- **queued distillations** (a fold; a chat's recap or compaction) waiting for a worker;
+- **queued distillations**: the runs with a fold, or a chat's recap or compaction, queued
+  for a worker;
 - **resumable runs**: active runs whose worker stopped (claim lapsed), which the next
   worker's round retries;
 - **job latency**: from ``run_queued`` to the worker's first ``resumed``, median and worst,
-  over the queued runs among the ``recent`` newest;
+  over the queued runs among the ``recent`` newest (both times the record's: on PostgreSQL
+  the database's clock; the oldest wait is measured against this machine's);
 - **retries**: among those runs, how often a worker resumed one mid-work (a ``resumed``
   without an input, after the take: a crash, a lapsed claim, an outage).
 

@@ -36,7 +36,7 @@ from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
-from loomrt.record.inline import completing_inline
+from loomrt.record.inline import completing_inline, inline_wanted
 from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, owner_is_gone, worker_name
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
@@ -169,7 +169,7 @@ class Runtime:
                 "depth": parent.depth + 1,
             }
         if parent is not None and user is None:  # a sub-agent works for its parent's user
-            started = self.store.latest(parent.run_id, "run_started")
+            started = await self._off_loop(self.store.latest, parent.run_id, "run_started")
             user = started.data.get("user") if started is not None else None
         identity = {
             k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v
@@ -295,11 +295,11 @@ class Runtime:
         run = await self.astart(agent, **kw)
         await add_user_input(run, prompt)
         await run.add("run_queued", {"by": self.owner or worker_name()})
-        if self.owner is not None and run.epoch is not None:
-            self.store.release_run(run.run_id, self.owner, run.epoch)  # any worker may take it now
+        if self.owner is not None and run.epoch is not None:  # any worker may take it now
+            await self._off_loop(self.store.release_run, run.run_id, self.owner, run.epoch)
         announce = getattr(self.store, "announce", None)
         if callable(announce):
-            announce(run.run_id)
+            await self._off_loop(announce, run.run_id)
         return run
 
     async def take(self, run_id: str) -> RunResult | None:
@@ -310,9 +310,9 @@ class Runtime:
         if run.view.status != "queued":
             return None
         await self.aclaim(run)
-        if self.store.get_run(run_id).last_seq != run.last_seq:  # taken and played meanwhile
+        if (await self._off_loop(self.store.get_run, run_id)).last_seq != run.last_seq:  # taken and played meanwhile
             if self.owner is not None and run.epoch is not None:
-                self.store.release_run(run_id, self.owner, run.epoch)
+                await self._off_loop(self.store.release_run, run_id, self.owner, run.epoch)
             return None
         await run.add("resumed", {"from_seq": run.last_seq})
         await close_interrupted_calls(run)
@@ -510,7 +510,7 @@ class Runtime:
         """A sync store call from async code: on a store that waits on I/O (shared: PostgreSQL)
         made on a worker thread, so the event loop the other runs play on is never blocked;
         on SQLite, inline (a local file: a thread hop would cost more than the call)."""
-        if getattr(self.store, "shared", False):
+        if getattr(self.store, "shared", False) and not inline_wanted():  # drive(): no loop to leave
             return await asyncio.to_thread(call, *args)
         return call(*args)
 

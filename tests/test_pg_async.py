@@ -195,3 +195,84 @@ def test_a_connection_idle_past_the_fresh_window_is_checked_before_it_is_handed_
         assert store.events("r1") == []  # the broken one was thrown away
     finally:
         store.close()
+
+
+def test_a_failed_write_inside_a_step_leaves_the_steps_other_writes_whole(postgres_url: str) -> None:
+    """A statement that fails inside a transaction block (a duplicate run id) is undone alone
+    (a savepoint); the block's append before it is committed with the block."""
+    from loomrt.errors import StoreError
+
+    store = PostgresStore(postgres_url)
+    _run(store)
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write("r1", "notice", {"message": "kept"})
+            with pytest.raises(StoreError, match="already exists"):
+                await store.write_run(RunInfo(run_id="r1", agent="a", def_hash="h", mode="append", model="m"))
+
+    try:
+        asyncio.run(step())
+        assert [e.data["message"] for e in store.events("r1", kinds=["notice"])] == ["kept"]
+    finally:
+        store.close()
+
+
+def test_a_timeout_during_a_write_is_the_timeouts_error_once_the_write_is_done(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+    holder = psycopg.connect(postgres_url)
+    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
+    threading.Timer(0.4, holder.commit).start()
+
+    async def main() -> str:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await store.write("r1", "notice", {"message": "late"})
+        await asyncio.sleep(0.01)  # no cancellation is left pending for what comes next
+        return "went on"
+
+    try:
+        assert asyncio.run(main()) == "went on"
+        assert [e.data["message"] for e in store.events("r1", kinds=["notice"])] == ["late"]
+    finally:
+        holder.close()
+        store.close()
+
+
+def test_a_write_that_fails_after_its_caller_was_cancelled_still_ends_the_caller(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+    holder = psycopg.connect(postgres_url)
+    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
+    threading.Timer(0.4, holder.commit).start()
+
+    async def main() -> list[str]:
+        reached: list[str] = []
+
+        async def writer() -> None:
+            await store.write_many("r1", [("notice", {"message": "x"})], after=99)  # refused: the run is at 0
+            reached.append("after the write")
+
+        task = asyncio.create_task(writer())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return reached
+
+    try:
+        assert asyncio.run(main()) == []
+    finally:
+        holder.close()
+        store.close()
+
+
+def test_a_closed_store_says_so(postgres_url: str) -> None:
+    from loomrt.errors import StoreError
+
+    store = PostgresStore(postgres_url)
+    store.close()
+    with pytest.raises(StoreError, match="store is closed"):
+        store.events("r1")
+    store.close()  # twice is fine

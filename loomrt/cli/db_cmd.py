@@ -246,7 +246,10 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
     try:
         claims = store.run_owners() + [c for c in store.run_owners(expired=True) if not c["released"]]
         workers = _workers(store, claims)
-        queue = queue_metrics(store)
+        try:
+            queue = queue_metrics(store)
+        except StoreError as exc:  # the workers are shown all the same
+            queue = {"error": str(exc)}
     finally:
         store.close()
     if json_output:
@@ -275,6 +278,9 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
 
 def _say_queue(q: dict[str, Any]) -> None:
     """The queue block: what waits for a worker, and how fast the queue moved lately."""
+    if "error" in q:
+        err.print(f"queue: cannot be read: {q['error']}", highlight=False)
+        return
     oldest = f" (the oldest for {q['oldest_queued_s']:.0f} s)" if q["oldest_queued_s"] is not None else ""
     out.print(
         f"queue: {plural(q['runs_queued'], 'run')} waiting{oldest}, "

@@ -18,7 +18,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 from loomrt.errors import StoreError
@@ -74,35 +74,45 @@ class IOLoop:
             self.stalls += 1
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    async def wait(self, coro: Coroutine[Any, Any, T], *, write: bool = False) -> T:
+    async def wait(
+        self,
+        coro: Coroutine[Any, Any, T],
+        *,
+        write: bool = False,
+        undo: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
+    ) -> T:
         """Await ``coro`` on the I/O loop from the caller's loop, which goes on meanwhile.
 
-        A ``write`` in flight is never cut in half by the caller's cancellation: it completes
-        (committed, and its events returned to the caller, whose view of the run stays the
-        record's, as with SQLite's inline write), and the cancellation is delivered at the
-        caller's next await."""
+        A ``write`` in flight is never cut in half by the caller's cancellation: the caller
+        waits for it to complete (committed or failed), then the cancellation is raised (a run's
+        view catches up from the record at its next write). ``undo`` takes back what a
+        cancelled caller will not use (a connection taken from the pool)."""
         self._here(coro)
         done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
         if not write:
             return await done
-        cancels = 0
-        while True:
+        cancelled = False
+        while not done.done():
             try:
-                result = await asyncio.shield(done)
-                break
+                await asyncio.shield(done)
             except asyncio.CancelledError:
                 if done.cancelled():
                     raise
-                cancels += 1
-        if cancels:
-            task = asyncio.current_task()
-            if task is not None:  # delivered again, the count of requests unchanged
-                task.uncancel()
-                task.cancel()
-        return result
+                cancelled = True
+            except BaseException:  # noqa: BLE001 - the write's own failure: raised below
+                break
+        if cancelled:
+            if undo is not None and done.exception() is None:
+                asyncio.run_coroutine_threadsafe(undo(done.result()), self.loop)
+            raise asyncio.CancelledError
+        return done.result()
 
     def _here(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """A forked child has the store but not its thread: one clear error, never a hang."""
+        """A forked child has the store but not its thread, a closed store has neither: one
+        clear error, never a hang."""
+        if self.loop.is_closed() or not self._thread.is_alive():
+            coro.close()
+            raise StoreError("this PostgreSQL store is closed: open it again")
         if os.getpid() != self._pid:
             coro.close()
             raise StoreError(
@@ -111,8 +121,9 @@ class IOLoop:
             )
 
     def close(self, coro: Coroutine[Any, Any, Any] | None = None) -> None:
-        """Run ``coro`` (closing the pool) if given, then stop the loop and its thread."""
-        if self.loop.is_closed():
+        """Run ``coro`` (closing the pool) if given, then stop the loop and its thread (in a
+        forked child, which has no such thread, only forget them)."""
+        if self.loop.is_closed() or os.getpid() != self._pid:
             if coro is not None:
                 coro.close()
             return

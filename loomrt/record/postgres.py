@@ -22,13 +22,14 @@ and a psycopg-pool connection pool. What differs:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
@@ -82,10 +83,31 @@ FRESH_S = 2.0
 class _Pin:
     """The connection a :meth:`PostgresStore.transaction` block holds, and whether its
     transaction has begun (with the block's first write: a block that writes nothing costs
-    no round trip)."""
+    no round trip). Its operations take turns (tasks of the block share it), and none runs
+    once the block has ended."""
 
     conn: Conn
     begun: bool = False
+    ended: bool = False
+    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+def _open(pin: _Pin) -> None:
+    if pin.ended:
+        raise StoreError("a task used the record's transaction block after the block ended")
+
+
+async def _commit(conn: Conn) -> None:
+    """COMMIT the block's transaction; one that failed (a statement in it failed: PostgreSQL
+    would answer COMMIT with ROLLBACK) is rolled back and said, never silently lost."""
+    from psycopg.pq import TransactionStatus
+
+    if conn.info.transaction_status == TransactionStatus.INERROR:
+        await conn.execute("ROLLBACK")
+        raise StoreError("a statement in this step's transaction failed, so nothing of the step was recorded")
+    cur = await conn.execute("COMMIT")
+    if cur.statusmessage == "ROLLBACK":
+        raise StoreError("the database rolled this step's transaction back: nothing of the step was recorded")
 
 
 def _pool_size() -> int:
@@ -203,10 +225,15 @@ class PostgresStore(PgClaims, RunReads):
 
         async def run() -> T:
             if pin is not None:
-                if writes and not pin.begun:
-                    pin.begun = True
-                    await pin.conn.execute("BEGIN")
-                return await op(pin.conn)
+                async with pin.turn:
+                    _open(pin)
+                    if not writes:
+                        return await op(pin.conn)
+                    if not pin.begun:
+                        pin.begun = True
+                        await pin.conn.execute("BEGIN")
+                    async with pin.conn.transaction():  # a savepoint: a failed write leaves the block whole
+                        return await op(pin.conn)
             async with self._pool.connection() as conn:
                 out = await op(conn)
                 self._used[id(conn)] = time.monotonic()
@@ -219,9 +246,11 @@ class PostgresStore(PgClaims, RunReads):
         return self._wait(lambda: self._on(op, writes=write), fail)
 
     async def _async(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T:
-        """The async face: await ``op`` on the I/O loop (``write``: it writes, and a cancelled
-        caller waits for it to complete)."""
-        return await self._await(lambda: self._on(op, writes=write), fail, write=write)
+        """The async face: await ``op`` on the I/O loop (``write``: it writes). A cancelled
+        caller waits for a write, or any call inside a transaction block (a query cancelled
+        there would fail the block's transaction), to complete."""
+        shield = write or self._pinned.get() is not None
+        return await self._await(lambda: self._on(op, writes=write), fail, write=shield)
 
     def _wait(self, work: Callable[[], Coroutine[Any, Any, T]], fail: str) -> T:
         try:
@@ -229,13 +258,20 @@ class PostgresStore(PgClaims, RunReads):
         except self._errors as exc:
             raise self._fail(fail, exc) from exc
 
-    async def _await(self, work: Callable[[], Coroutine[Any, Any, T]], fail: str, *, write: bool = False) -> T:
+    async def _await(
+        self,
+        work: Callable[[], Coroutine[Any, Any, T]],
+        fail: str,
+        *,
+        write: bool = False,
+        undo: Callable[[T], Coroutine[Any, Any, Any]] | None = None,
+    ) -> T:
         """``work()`` on the I/O loop, awaited (inline where the caller cannot wait:
         :func:`~loomrt.record.inline.inline_wanted`)."""
         if inline_wanted():
             return self._wait(work, fail)
         try:
-            return await self._io.wait(work(), write=write)
+            return await self._io.wait(work(), write=write, undo=undo)
         except self._errors as exc:
             raise self._fail(fail, exc) from exc
 
@@ -279,15 +315,19 @@ class PostgresStore(PgClaims, RunReads):
             return
 
         async def end(pin: _Pin) -> None:
-            try:
-                if pin.begun:
-                    await pin.conn.execute("COMMIT")
-                    self._used[id(pin.conn)] = time.monotonic()
-            finally:
-                await self._pool.putconn(pin.conn)
+            async with pin.turn:
+                pin.ended = True
+                try:
+                    if pin.begun:
+                        await _commit(pin.conn)
+                        self._used[id(pin.conn)] = time.monotonic()
+                finally:
+                    await self._pool.putconn(pin.conn)
 
         # a connection of its own until the end; BEGIN goes with the block's first write
-        conn = await self._await(self._pool.getconn, "cannot begin a transaction on the record")
+        conn = await self._await(
+            self._pool.getconn, "cannot begin a transaction on the record", write=True, undo=self._pool.putconn
+        )
         pin = _Pin(conn)
         token = self._pinned.set(pin)
         try:
@@ -345,9 +385,11 @@ class PostgresStore(PgClaims, RunReads):
                     out = await self._append_op(conn, run_id, items, after, epoch, opening=["BEGIN"])
                     self._used[id(conn)] = time.monotonic()
                     return out
-            opening = [*([] if pin.begun else ["BEGIN"]), "SAVEPOINT loomrt_append"]
-            pin.begun = True
-            return await self._append_op(pin.conn, run_id, items, after, epoch, opening=opening)
+            async with pin.turn:
+                _open(pin)
+                opening = [*([] if pin.begun else ["BEGIN"]), "SAVEPOINT loomrt_append"]
+                pin.begun = True
+                return await self._append_op(pin.conn, run_id, items, after, epoch, opening=opening)
 
         return run
 
