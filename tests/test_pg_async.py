@@ -23,6 +23,15 @@ def _run(store: PostgresStore, run_id: str = "r1") -> None:
     store.create_run(RunInfo(run_id=run_id, agent="a", def_hash="h", mode="append", model="m"))
 
 
+def _lock_run(url: str, for_s: float) -> Any:
+    """Another connection takes run r1's append lock and lets it go after ``for_s`` seconds
+    (a transaction: the lock holds until it ends); close it after."""
+    holder = psycopg.connect(url)
+    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
+    threading.Timer(for_s, holder.commit).start()
+    return holder
+
+
 def test_chats_played_at_once_never_block_the_loop_on_the_record(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     try:
@@ -58,9 +67,7 @@ def test_the_loop_goes_on_while_an_append_waits_on_the_database(postgres_url: st
     the database, and the loop's other task ticks meanwhile."""
     store = PostgresStore(postgres_url)
     _run(store)
-    holder = psycopg.connect(postgres_url)  # a transaction: the lock holds until it ends
-    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
-    threading.Timer(0.5, holder.commit).start()
+    holder = _lock_run(postgres_url, 0.5)
 
     async def main() -> tuple[int, float]:
         ticks = 0
@@ -112,9 +119,7 @@ def test_the_sync_entry_points_complete_outside_and_inside_an_event_loop(postgre
 def test_a_write_cancelled_in_flight_completes_and_the_cancellation_follows(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     _run(store)
-    holder = psycopg.connect(postgres_url)
-    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
-    threading.Timer(0.6, holder.commit).start()  # then the lock goes, and the append completes
+    holder = _lock_run(postgres_url, 0.6)
 
     async def main() -> asyncio.Task[Any]:
         task = asyncio.create_task(store.write("r1", "notice", {"message": "in flight"}))
@@ -221,9 +226,7 @@ def test_a_failed_write_inside_a_step_leaves_the_steps_other_writes_whole(postgr
 def test_a_timeout_during_a_write_is_the_timeouts_error_once_the_write_is_done(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     _run(store)
-    holder = psycopg.connect(postgres_url)
-    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
-    threading.Timer(0.4, holder.commit).start()
+    holder = _lock_run(postgres_url, 0.4)
 
     async def main() -> str:
         with pytest.raises(TimeoutError):
@@ -243,9 +246,7 @@ def test_a_timeout_during_a_write_is_the_timeouts_error_once_the_write_is_done(p
 def test_a_write_that_fails_after_its_caller_was_cancelled_still_ends_the_caller(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     _run(store)
-    holder = psycopg.connect(postgres_url)
-    holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", ("r1",))
-    threading.Timer(0.4, holder.commit).start()
+    holder = _lock_run(postgres_url, 0.4)
 
     async def main() -> list[str]:
         reached: list[str] = []
