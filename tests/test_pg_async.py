@@ -277,3 +277,16 @@ def test_a_closed_store_says_so(postgres_url: str) -> None:
     with pytest.raises(StoreError, match="store is closed"):
         store.events("r1")
     store.close()  # twice is fine
+
+
+def test_a_recap_chat_distils_between_turns_without_blocking_the_loop(postgres_url: str) -> None:
+    """The between-turns recap takes and gives back its lease off the loop (a worker thread)."""
+    store = PostgresStore(postgres_url)
+    spec = AgentSpec(model="function/inline", context={"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
+    try:
+        figures = asyncio.run(concurrent_turns(store, runs=2, turns=14, spec=spec))
+        distilled = sum(len(store.events(r.run_id, kinds=["distillation"])) for r in store.list_runs())
+    finally:
+        store.close()
+    assert distilled >= 2  # the chats did distil
+    assert figures["loop_stalls_per_turn"] == 0

@@ -31,9 +31,10 @@ def _spec() -> Any:
     return AgentSpec(model="function/inline", context={"mode": "append"})
 
 
-async def concurrent_turns(store: Any, *, runs: int, turns: int) -> dict[str, Any]:
-    """Play ``runs`` chats of ``turns`` turns at once on ``store``: seconds per turn, the
-    store writes per turn, and (PostgreSQL) the store calls that blocked the loop."""
+async def concurrent_turns(store: Any, *, runs: int, turns: int, spec: Any = None) -> dict[str, Any]:
+    """Play ``runs`` chats of ``turns`` turns at once on ``store`` (of ``spec``, else an append
+    agent): seconds per turn, the store writes per turn, and (PostgreSQL) the store calls that
+    blocked the loop."""
     from loomrt.providers.scripted import FunctionProvider
     from loomrt.runtime import Runtime
 
@@ -51,7 +52,7 @@ async def concurrent_turns(store: Any, *, runs: int, turns: int) -> dict[str, An
     latencies: list[float] = []
 
     async def chat(i: int) -> None:
-        run = await runtime.astart(_spec(), interactive=True)
+        run = await runtime.astart(spec or _spec(), interactive=True)
         for t in range(turns):
             started = time.perf_counter()
             result = await runtime.send(run, f"Turn {t} of chat {i}: please note it.")
