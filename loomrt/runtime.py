@@ -37,7 +37,14 @@ from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.inline import completing_inline, inline_wanted
-from loomrt.record.owners import RUN_LEASE_S, Heartbeat, append_out_of_band, owner_is_gone, worker_name
+from loomrt.record.owners import (
+    RUN_LEASE_S,
+    Heartbeat,
+    Heartbeats,
+    append_out_of_band,
+    owner_is_gone,
+    worker_name,
+)
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
 from loomrt.run.distil import maybe_distil
@@ -117,6 +124,8 @@ class Runtime:
         """How long a claim holds without an append or a heartbeat."""
         self.heartbeat_s = RUN_LEASE_S / 3
         """How often a playing turn renews its run's claim (apart from its appends)."""
+        self._heartbeats: Heartbeats | None = None
+        """The one thread that renews the claims of the turns playing now (started on first use)."""
         self.providers = providers or (lambda spec, model: resolve_provider(spec, model))
         self.tools = {t.name: t for t in tools} if isinstance(tools, list) else dict(tools or {})
         self.callbacks = list(callbacks or [])
@@ -212,7 +221,7 @@ class Runtime:
     async def _play(self, run: RunState) -> RunResult:
         log = get_logger(run_id=run.run_id, agent=run.agent, mode=run.mode.name)
         try:
-            with self._heartbeat(run):
+            with self._turn_heartbeat(run):
                 await play_turn(run)
         except LoomError as exc:
             log.info("turn failed", error=str(exc), last_seq=run.last_seq)
@@ -324,6 +333,18 @@ class Runtime:
         if self.owner is None or run.epoch is None:
             return contextlib.nullcontext()
         return Heartbeat(
+            self.store, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
+        )
+
+    def _turn_heartbeat(self, run: RunState) -> contextlib.AbstractContextManager[Any]:
+        """:meth:`_heartbeat` for a turn played on the event loop: the claim is held by the
+        runtime's one heartbeat thread (:class:`~loomrt.record.owners.Heartbeats`), so a turn
+        starts and joins no thread of its own."""
+        if self.owner is None or run.epoch is None:
+            return contextlib.nullcontext()
+        if self._heartbeats is None:
+            self._heartbeats = Heartbeats()
+        return self._heartbeats.hold(
             self.store, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
         )
 

@@ -128,3 +128,35 @@ def test_a_foreground_input_on_sqlite_is_refused_while_a_live_worker_plays_the_r
     store.release_run(run.run_id, worker_name(), epoch)
     store.claim_run(run.run_id, crashed_worker(), 30.0)  # its worker died mid-turn: the claim is nobody's
     assert asyncio.run(rt.continue_run(run.run_id, "second")).status == "parked"
+
+
+def test_one_thread_renews_every_turns_claim_and_a_turn_starts_no_thread(shared_url: str) -> None:
+    """The runtime's heartbeats: the turns playing at once hold their claims in one thread,
+    which renews each, stops a claim that is not the run's any more, and is started once."""
+    import threading
+
+    from loomrt.record.owners import Heartbeats
+
+    first, second = _active_run(shared_url), _active_run(shared_url)
+    store = default_store(shared_url)
+    e1 = store.claim_run(first, "host-a/1/a", 0.3)
+    e2 = store.claim_run(second, "host-a/1/a", 0.3)
+    beats = Heartbeats()
+    with (
+        beats.hold(store, first, "host-a/1/a", e1, ttl_s=0.3, every_s=0.05) as one,
+        beats.hold(store, second, "host-a/1/a", e2, ttl_s=0.3, every_s=0.05) as two,
+    ):
+        time.sleep(0.6)  # twice the claims' ttl: alive only by the beats
+        assert {c["run_id"] for c in store.run_owners()} == {first, second}
+    assert one.beats >= 3 and two.beats >= 3 and one.lost is None and two.lost is None
+    threads = threading.active_count()
+    for _ in range(5):  # five more turns: no thread started for any of them
+        with beats.hold(store, first, "host-a/1/a", e1, ttl_s=0.3, every_s=0.05):
+            pass
+    assert threading.active_count() == threads
+    time.sleep(0.4)
+    assert store.claim_run(first, "host-b/2/b", 60.0) == e1 + 1  # lapsed once let go; b takes it
+    with beats.hold(store, first, "host-a/1/a", e1, ttl_s=0.3, every_s=0.05) as fenced_out:
+        time.sleep(0.3)
+    assert fenced_out.beats == 0 and f"claim (epoch {e1}) is no longer the run's" in (fenced_out.lost or "")
+    store.close()

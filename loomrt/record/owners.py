@@ -32,12 +32,16 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from loomrt.errors import FencedError, RunOwnedError, StoreError
 
 __all__ = [
+    "Heartbeats",
+    "Beat",
     "worker_name",
     "owner_is_gone",
     "owner_state",
@@ -243,6 +247,79 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+
+@dataclass
+class Beat:
+    """One claim :class:`Heartbeats` renews: how often, how many times so far, and why it
+    stopped early (:attr:`lost`: the claim is not the run's any more), else None."""
+
+    store: Any
+    run_id: str
+    owner: str
+    epoch: int
+    ttl_s: float
+    every_s: float
+    next_at: float
+    beats: int = 0
+    lost: str | None = None
+
+
+class Heartbeats:
+    """One thread that renews the claims of every turn this process plays (:meth:`hold`, a
+    ``with`` block around the turn), by :class:`Heartbeat`'s rules: it only renews that claim,
+    stops with :attr:`Beat.lost` once the claim is not the run's, beats again after a store
+    error. A turn starts and joins no thread of its own (which would block the event loop the
+    other runs play on, each turn); the thread is started once and renews whatever is held
+    while the loop is busy, or blocked (a provider that does not yield)."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, Beat] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def hold(self, store: Any, run_id: str, owner: str, epoch: int, *, ttl_s: float, every_s: float) -> Iterator[Beat]:
+        beat = Beat(store, run_id, owner, epoch, ttl_s, every_s, next_at=time.monotonic() + every_s)
+        with self._lock:
+            self._held[id(beat)] = beat
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="loomrt-heartbeats", daemon=True)
+                self._thread.start()
+        self._wake.set()  # the thread looks at its next beat again
+        try:
+            yield beat
+        finally:
+            with self._lock:
+                self._held.pop(id(beat), None)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                held = list(self._held.values())
+            now = time.monotonic()
+            for beat in held:
+                if beat.next_at > now:
+                    continue
+                beat.next_at = now + beat.every_s
+                try:
+                    renewed = beat.store.renew_run(beat.run_id, beat.owner, beat.epoch, beat.ttl_s)
+                except Exception:  # noqa: BLE001 - a store hiccup: the claim has the rest of its ttl; beat again
+                    continue
+                if not renewed:
+                    beat.lost = (
+                        f"run {beat.run_id}: this worker's claim (epoch {beat.epoch}) is no longer the run's; "
+                        "its heartbeat stopped and claimed nothing"
+                    )
+                    with self._lock:
+                        self._held.pop(id(beat), None)
+                else:
+                    beat.beats += 1
+            with self._lock:
+                due = [b.next_at for b in self._held.values()]
+            self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else None)
+            self._wake.clear()
 
 
 def append_out_of_band(store: Any, run_id: str, kind: str, data: dict[str, Any]) -> Any:
