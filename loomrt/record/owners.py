@@ -42,6 +42,7 @@ from loomrt.errors import FencedError, RunOwnedError, StoreError
 __all__ = [
     "Heartbeats",
     "Beat",
+    "beat_once",
     "worker_name",
     "owner_is_gone",
     "owner_state",
@@ -224,17 +225,8 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.every_s):
-            try:
-                renewed = self.store.renew_run(self.run_id, self.owner, self.epoch, self.ttl_s)
-            except Exception:  # noqa: BLE001 - a store hiccup: the claim has the rest of its ttl; beat again
-                continue
-            if not renewed:
-                self.lost = (
-                    f"run {self.run_id}: this worker's claim (epoch {self.epoch}) is no longer the run's; "
-                    "its heartbeat stopped and claimed nothing"
-                )
+            if not beat_once(self):
                 return
-            self.beats += 1
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -247,6 +239,24 @@ class Heartbeat:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+
+def beat_once(beat: Heartbeat | Beat) -> bool:
+    """Renew ``beat``'s claim once: False when the claim is not the run's any more (then
+    :attr:`lost` says so and nothing was claimed); a store hiccup is True (the claim has the
+    rest of its ttl: beat again)."""
+    try:
+        renewed = beat.store.renew_run(beat.run_id, beat.owner, beat.epoch, beat.ttl_s)
+    except Exception:  # noqa: BLE001 - a store hiccup: beat again
+        return True
+    if not renewed:
+        beat.lost = (
+            f"run {beat.run_id}: this worker's claim (epoch {beat.epoch}) is no longer the run's; "
+            "its heartbeat stopped and claimed nothing"
+        )
+        return False
+    beat.beats += 1
+    return True
 
 
 @dataclass
@@ -303,19 +313,9 @@ class Heartbeats:
                 if beat.next_at > now:
                     continue
                 beat.next_at = now + beat.every_s
-                try:
-                    renewed = beat.store.renew_run(beat.run_id, beat.owner, beat.epoch, beat.ttl_s)
-                except Exception:  # noqa: BLE001 - a store hiccup: the claim has the rest of its ttl; beat again
-                    continue
-                if not renewed:
-                    beat.lost = (
-                        f"run {beat.run_id}: this worker's claim (epoch {beat.epoch}) is no longer the run's; "
-                        "its heartbeat stopped and claimed nothing"
-                    )
+                if not beat_once(beat):
                     with self._lock:
                         self._held.pop(id(beat), None)
-                else:
-                    beat.beats += 1
             with self._lock:
                 due = [b.next_at for b in self._held.values()]
             self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else None)
