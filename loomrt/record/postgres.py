@@ -92,6 +92,32 @@ class _Pin:
     turn: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+_LAST = (
+    "FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
+    "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s"
+)
+_HEAD = f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain, NULL {_LAST}"
+"""The time, the run's last seq and hash, where a fork's seqs start, and its chain."""
+_FENCED_HEAD = (
+    f"WITH fence AS (UPDATE run_owners SET expires_at = {_NOW} + ttl_s "
+    f"WHERE run_id = %s AND epoch = %s AND {FENCE} RETURNING 1) "
+    f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain, EXISTS (SELECT 1 FROM fence) {_LAST}"
+)
+""":data:`_HEAD`, and the fence: the claim at that epoch renewed while it is the run's newest."""
+
+
+def _head_args(run_id: str, epoch: int | None) -> tuple[Any, ...]:
+    return (run_id, run_id) if epoch is None else (run_id, epoch, run_id, run_id)
+
+
+def _events_and_head(run_id: str, rows: list[tuple[Any, ...]], epoch: int | None) -> tuple[str, list[Any]]:
+    """One statement: insert ``rows`` (events) and move the run's head anchor to the last."""
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
+    sql = f"WITH added AS (INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES {values}) " + _MOVE_HEAD
+    last = rows[-1]
+    return sql, [*(v for row in rows for v in row), run_id, last[1], last[5], epoch or 0]
+
+
 def _open(pin: _Pin) -> None:
     if pin.ended:
         raise StoreError("a task used the record's transaction block after the block ended")
@@ -415,20 +441,8 @@ class PostgresStore(PgClaims, RunReads):
                 # time, the run's last seq and hash, where a fork's seqs start (a snapshot taken
                 # after the lock: every earlier append shows), and the fence
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
-                head = await conn.execute(
-                    f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain FROM "
-                    "(SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
-                    "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s",
-                    (run_id, run_id),
-                )
-                fence = None
-                if epoch is not None:
-                    fence = await conn.execute(
-                        f"UPDATE run_owners SET expires_at = {_NOW} + ttl_s "
-                        f"WHERE run_id = %s AND epoch = %s AND {FENCE}",
-                        (run_id, epoch),
-                    )
-                now, last, last_hash, fork_seq, chain = await head.fetchone()
+                head = await conn.execute(_HEAD if epoch is None else _FENCED_HEAD, _head_args(run_id, epoch))
+                now, last, last_hash, fork_seq, chain, renewed = await head.fetchone()
                 key = chain_key(run_id, chain, self.ledger_key)
                 if last is not None:
                     seq, prev = int(last), last_hash or ""
@@ -440,18 +454,14 @@ class PostgresStore(PgClaims, RunReads):
                         f"run {run_id} moved on (its record is at seq {seq}, this writer read it to "
                         f"{after}): the write is refused"
                     )
-                if epoch is not None and fence is not None and fence.rowcount == 0:
+                if epoch is not None and not renewed:
                     raise FencedError(fenced(run_id, epoch, await owner_row(conn, run_id)))
                 rows, cards, out = chained(run_id, seq, prev, float(now), items, key)
-                async with conn.cursor() as cur:
-                    if len(rows) == 1:
-                        await cur.execute(_INSERT_EVENT, rows[0])
-                    elif rows:
-                        await cur.executemany(_INSERT_EVENT, rows)
-                    if cards:
+                if rows:  # the events and the head anchor in one statement
+                    await conn.execute(*_events_and_head(run_id, rows, epoch))
+                if cards:
+                    async with conn.cursor() as cur:
                         await cur.executemany(_INSERT_CARD, cards)
-                    if rows:
-                        await _move_head(cur, run_id, rows[-1][1], rows[-1][5], epoch)
                 await conn.execute("RELEASE SAVEPOINT loomrt_append" if nested else "COMMIT")
         except BaseException:
             with contextlib.suppress(Exception):
@@ -587,13 +597,15 @@ def _events(run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
     return [Event(run_id=run_id, seq=s, kind=k, ts=t, data=json.loads(d), hash=h) for s, k, t, d, h in rows]
 
 
+_MOVE_HEAD = (
+    "INSERT INTO run_heads (run_id, seq, hash, epoch) VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE "
+    "SET seq = excluded.seq, hash = excluded.hash, epoch = GREATEST(run_heads.epoch, excluded.epoch)"
+)
+
+
 async def _move_head(cur: Any, run_id: str, seq: int, hash_: str | None, epoch: int | None) -> None:
     """Move the run's head anchor to its new last event (inside the append's transaction)."""
-    await cur.execute(
-        "INSERT INTO run_heads (run_id, seq, hash, epoch) VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE "
-        "SET seq = excluded.seq, hash = excluded.hash, epoch = GREATEST(run_heads.epoch, excluded.epoch)",
-        (run_id, seq, hash_, epoch or 0),
-    )
+    await cur.execute(_MOVE_HEAD, (run_id, seq, hash_, epoch or 0))
 
 
 def run_cards(store: PostgresStore, run_id: str) -> list[tuple[str, int, int, str]]:
