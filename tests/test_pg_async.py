@@ -290,3 +290,25 @@ def test_a_recap_chat_distils_between_turns_without_blocking_the_loop(postgres_u
         store.close()
     assert distilled >= 2  # the chats did distil
     assert figures["loop_stalls_per_turn"] == 0
+
+
+def test_a_blocks_first_append_refused_leaves_the_block_usable(postgres_url: str) -> None:
+    """The first write of a step begins its transaction in the same round trip; refused (the
+    run moved on), it is rolled back, and the step's next append begins it again."""
+    from loomrt.errors import MovedOnError
+
+    store = PostgresStore(postgres_url)
+    _run(store)
+
+    async def step() -> None:
+        async with store.transaction():
+            with pytest.raises(MovedOnError):
+                await store.write_many("r1", [("notice", {"message": "refused"})], after=5)
+            await store.write("r1", "notice", {"message": "kept"})
+            await store.write("r1", "notice", {"message": "also kept"})
+
+    try:
+        asyncio.run(step())
+        assert [e.data["message"] for e in store.events("r1", kinds=["notice"])] == ["kept", "also kept"]
+    finally:
+        store.close()

@@ -92,6 +92,12 @@ class _Pin:
     turn: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+_OWN = ("BEGIN", "COMMIT", "ROLLBACK")
+"""An append in a transaction of its own (opening, closing, undo)."""
+_FIRST = ("BEGIN", None, "ROLLBACK")
+"""A block's first write: it begins the block's transaction and leaves it open."""
+_NESTED = ("SAVEPOINT loomrt_append", "RELEASE SAVEPOINT loomrt_append", "ROLLBACK TO SAVEPOINT loomrt_append")
+"""A later write of a block: undone alone if it fails."""
 _LAST = (
     "FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
     "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s"
@@ -406,16 +412,21 @@ class PostgresStore(PgClaims, RunReads):
         pin = self._pinned.get()
 
         async def run() -> list[Event]:
-            if pin is None:
+            if pin is None:  # a transaction of its own
                 async with self._pool.connection() as conn:
-                    out = await self._append_op(conn, run_id, items, after, epoch, opening=["BEGIN"])
+                    out = await self._append_op(conn, run_id, items, after, epoch, around=_OWN)
                     self._used[id(conn)] = time.monotonic()
                     return out
             async with pin.turn:
                 _open(pin)
-                opening = [*([] if pin.begun else ["BEGIN"]), "SAVEPOINT loomrt_append"]
-                pin.begun = True
-                return await self._append_op(pin.conn, run_id, items, after, epoch, opening=opening)
+                if pin.begun:  # a savepoint: a failed append leaves the block's other writes whole
+                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=_NESTED)
+                pin.begun = True  # the block's first write begins its transaction, left open
+                try:
+                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=_FIRST)
+                except BaseException:
+                    pin.begun = False  # rolled back: nothing of the block was written yet
+                    raise
 
         return run
 
@@ -427,16 +438,16 @@ class PostgresStore(PgClaims, RunReads):
         after: int | None,
         epoch: int | None,
         *,
-        opening: list[str],
+        around: tuple[str, str | None, str],
     ) -> list[Event]:
-        """Two round trips, each one pipeline: ``opening`` (BEGIN, or a savepoint inside the
-        pinned transaction), the run's lock, its head and its fence; then the rows, the head
-        anchor and the commit (or the savepoint's release). Anything raised undoes it all."""
-        nested = opening[-1].startswith("SAVEPOINT")
+        """Two round trips, each one pipeline: ``around``'s opening (BEGIN, or a savepoint inside
+        the pinned transaction), the run's lock, its head and its fence; then the rows with the
+        head anchor, and ``around``'s closing (the commit, the savepoint's release, or none: the
+        block's transaction stays open). Anything raised is undone by ``around``'s undo."""
+        opening, closing, undo = around
         try:
             async with conn.pipeline():
-                for sql in opening:
-                    await conn.execute(sql)
+                await conn.execute(opening)
                 # one writer per run at a time, on any machine (released at commit); then the
                 # time, the run's last seq and hash, where a fork's seqs start (a snapshot taken
                 # after the lock: every earlier append shows), and the fence
@@ -462,10 +473,11 @@ class PostgresStore(PgClaims, RunReads):
                 if cards:
                     async with conn.cursor() as cur:
                         await cur.executemany(_INSERT_CARD, cards)
-                await conn.execute("RELEASE SAVEPOINT loomrt_append" if nested else "COMMIT")
+                if closing is not None:
+                    await conn.execute(closing)
         except BaseException:
             with contextlib.suppress(Exception):
-                await conn.execute("ROLLBACK TO SAVEPOINT loomrt_append" if nested else "ROLLBACK")
+                await conn.execute(undo)
             raise
         return out
 
