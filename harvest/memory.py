@@ -564,6 +564,12 @@ class ScopedMemory:
         self.granted = list(granted)
         self._by_kind = dict(zip(kinds, granted, strict=False))
 
+    @property
+    def shared(self) -> bool:
+        """Whether the memory lives in a shared database (PostgreSQL): a read waits on the
+        network and the server's locks, so async callers make it off their event loop."""
+        return bool(getattr(self.store, "shared", False))
+
     def search(self, query: str, top_k: int, scopes: Sequence[str] | None = None) -> list[MemoryHit]:
         """Facts of ``scopes`` (kinds like ``user`` or keys like ``user:alice``; default all
         granted); :class:`~loomrt.harvest.scopes.ScopeError` for one not granted."""

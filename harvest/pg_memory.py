@@ -52,6 +52,8 @@ class PgMemoryStore(MemoryStore):
     """Durable memory in a PostgreSQL database (a :class:`~loomrt.harvest.pg.PgHarvestDB`)."""
 
     db: PgHarvestDB
+    shared = True
+    """A read waits on the server: async callers make it off their event loop (:class:`ScopedMemory`)."""
 
     def __init__(self, db: PgHarvestDB, *, embedder: EmbedderChoice = None):
         super().__init__(db, embedder=embedder)

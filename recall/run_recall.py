@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from loomrt.crashpoints import reached
+from loomrt.driving import inline_wanted
 from loomrt.events import Event, message_of
 from loomrt.messages import SEARCH_TOOLS, EvictedSpan, Message
 from loomrt.recall.embedders import EmbedderChoice, resolve_embedder
@@ -394,12 +395,40 @@ class RunRecall:
 
     # ------------------------------------------------------------------ searching
 
-    def search(self, query: str, top_k: int = 5, source: str = "all", *, catch_up: bool = True) -> list[RecallHit]:
+    def memory_waits(self) -> bool:
+        """Whether durable memory is read on a worker thread: it lives in a shared database
+        (PostgreSQL: a round trip, and a wait on its locks) and the caller is on a running
+        event loop, whose other runs must not wait for it (a sync reader, or ``drive()``,
+        reads it inline)."""
+        return self.memory is not None and bool(getattr(self.memory, "shared", False)) and not inline_wanted()
+
+    async def asearch(
+        self, query: str, top_k: int = 5, source: str = "all", *, catch_up: bool = True
+    ) -> list[RecallHit]:
+        """:meth:`search` from async code: durable memory on a shared database is read on a
+        worker thread (:meth:`memory_waits`) while the loop plays on; the run's own index,
+        in memory, is searched on the loop."""
+        if source in ("all", "memory", "operator") and self.memory_waits():
+            author = OPERATOR if source == "operator" else None
+            read = await asyncio.to_thread(self._memory_read, query, top_k, author)
+            return self.search(query, top_k, source, catch_up=catch_up, memory_read=read)
+        return self.search(query, top_k, source, catch_up=catch_up)
+
+    def search(
+        self,
+        query: str,
+        top_k: int = 5,
+        source: str = "all",
+        *,
+        catch_up: bool = True,
+        memory_read: Sequence[Any] | BaseException | None = None,
+    ) -> list[RecallHit]:
         """The best ``top_k`` hits for ``query`` from this run's evicted spans, a fork's
         shared history and durable memory (``source``: run, family, memory, operator: the
         durable memory an operator wrote by hand, or all), merged by score, best first (no token cap: the tool applies it). A hit the run may not see
         (:attr:`visible`) comes back as its placeholder. Without ``catch_up`` a large backlog
-        is not indexed first (:meth:`index_as_is`)."""
+        is not indexed first (:meth:`index_as_is`). ``memory_read``: what durable memory
+        already answered (:meth:`asearch` reads it off the loop), else it is read here."""
         if source not in SOURCES:
             raise ValueError(f"unknown recall source {source!r}: expected one of {', '.join(SOURCES)}")
         hits: list[RecallHit] = []
@@ -441,7 +470,9 @@ class RunRecall:
                 )
             )
         if source in ("all", "memory", "operator"):
-            hits.extend(self._memory_hits(query, top_k, author=OPERATOR if source == "operator" else None))
+            author = OPERATOR if source == "operator" else None
+            read = self._memory_read(query, top_k, author) if memory_read is None else memory_read
+            hits.extend(self._memory_hits(read, top_k, author=author))
         hits.sort(key=lambda h: -h.score)
         return [self._seen(h) for h in hits[:top_k]]
 
@@ -482,15 +513,23 @@ class RunRecall:
         )
         return [self._seen(hit)]
 
-    def _memory_hits(self, query: str, top_k: int, *, author: str | None = None) -> list[RecallHit]:
-        """Durable memory's best ``top_k`` (only ``author``'s, from a wider pool, when given),
-        each tagged with its scope, id, author and provenance."""
+    def _memory_read(self, query: str, top_k: int, author: str | None) -> Sequence[Any] | BaseException:
+        """Durable memory's answer for ``query`` (a wider pool when only ``author``'s is
+        wanted), or the error it raised: safe on any thread (nothing is recorded here)."""
         if self.memory is None:
             return []
         try:
-            raw = self.memory.search(query, top_k if author is None else max(8 * top_k, 40), self.scopes)
+            return self.memory.search(query, top_k if author is None else max(8 * top_k, 40), self.scopes)
         except Exception as exc:  # noqa: BLE001 - durable memory is optional
-            self._notice(f"recall could not read durable memory ({type(exc).__name__}: {exc})")
+            return exc
+
+    def _memory_hits(
+        self, raw: Sequence[Any] | BaseException, top_k: int, *, author: str | None = None
+    ) -> list[RecallHit]:
+        """Durable memory's best ``top_k`` of what it answered (``raw``; only ``author``'s
+        when given), each tagged with its scope, id, author and provenance."""
+        if isinstance(raw, BaseException):
+            self._notice(f"recall could not read durable memory ({type(raw).__name__}: {raw})")
             return []
         out = []
         for item in raw:

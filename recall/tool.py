@@ -8,6 +8,7 @@ recall can never blow the working context.
 from __future__ import annotations
 
 import datetime as _dt
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -160,7 +161,7 @@ def make_recall_tool(recall: RunRecall) -> Tool:
 
     def run_recall(
         query: str | None = None, top_k: int = 5, seq: int | None = None, source: str = "all"
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Coroutine[Any, Any, dict[str, Any]]:
         top_k = max(1, min(int(top_k), 20))
         if seq is not None:
             hits = recall.at_seq(int(seq))
@@ -174,20 +175,28 @@ def make_recall_tool(recall: RunRecall) -> Tool:
             return found
         if not query or not str(query).strip():
             raise ValueError("Recall needs a query (the words you expect in the original) or a seq ([#seq] pointer)")
-        hits = recall.search(query, top_k=top_k, source=source)
+        if recall.memory_waits():  # durable memory on a shared database: read off the event loop
+
+            async def answered_later() -> dict[str, Any]:
+                return answer(query, await recall.asearch(query, top_k=top_k, source=source))
+
+            return answered_later()  # Tool.call awaits it
+        return answer(query, recall.search(query, top_k=top_k, source=source))
+
+    def answer(query: str, hits: list[RecallHit]) -> dict[str, Any]:
         results, left_out = cap_results(hits, recall.max_tokens)
-        answer: dict[str, Any] = {"query": query, "results": results}
+        out: dict[str, Any] = {"query": query, "results": results}
         if left_out:
-            answer["note"] = (
+            out["note"] = (
                 f"{left_out} more result(s) left out to stay within {recall.max_tokens} tokens; narrow the query"
             )
         elif not results:
-            answer["note"] = (
+            out["note"] = (
                 "nothing matched"
                 if recall.size()
                 else "nothing has been evicted yet: everything is still in your context"
             )
-        return answer
+        return out
 
     return Tool(
         name="Recall",

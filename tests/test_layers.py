@@ -116,6 +116,7 @@ def test_recall_stands_on_the_bottom_floor() -> None:
         "loomrt.tools",
         "loomrt.crashpoints",
         "loomrt.visibility",
+        "loomrt.driving",
     }
 
 

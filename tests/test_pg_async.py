@@ -312,3 +312,91 @@ def test_a_blocks_first_append_refused_leaves_the_block_usable(postgres_url: str
         assert [e.data["message"] for e in store.events("r1", kinds=["notice"])] == ["kept", "also kept"]
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("off_loop", [True, False], ids=["off-the-loop", "sabotaged-read-on-the-loop"])
+def test_durable_memory_on_postgresql_is_read_off_the_loop(
+    postgres_url: str, off_loop: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recall injection and the Recall tool read durable memory on PostgreSQL on a worker
+    thread: while another connection locks the memory table for half a second, each waits
+    for it and the loop's other task goes on ticking. Sabotaged (the read made on the loop
+    again), the loop falls silent for the whole wait."""
+    from loomrt.harvest.backends import memory_of
+    from loomrt.harvest.db import harvest_db
+    from loomrt.harvest.wiring import release
+    from loomrt.providers.scripted import FunctionProvider
+    from loomrt.recall.embedders import HashEmbedder
+    from loomrt.recall.run_recall import RunRecall
+
+    if not off_loop:
+        monkeypatch.setattr(RunRecall, "memory_waits", lambda self: False)
+    embedder = HashEmbedder(dim=384)
+    memory_of(harvest_db(postgres_url), embedder).import_facts(
+        [("user:alice", "The staging database listens on port 6543.")]
+    )
+    store = PostgresStore(postgres_url)
+    provider = FunctionProvider(lambda request: "Noted.")
+    runtime = Runtime(store, providers=lambda spec, model: provider, embedder=embedder, user="alice")
+    spec = AgentSpec(
+        model="function/inline",
+        context={
+            "mode": "compaction",
+            "budget_tokens": 600,
+            "recall": True,
+            "recall_inject": "on",
+            "recall_inject_tokens": 150,
+            "memory_scopes": ["user"],
+            "harvest_to_memory": False,
+        },
+    )
+
+    async def longest_silence(work: Any) -> tuple[float, float, Any]:
+        """``work`` awaited while the memory table is locked for 0.5 s: the seconds it took,
+        the loop's longest gap between ticks, and what it returned."""
+        holder = psycopg.connect(postgres_url)  # let go by a timer thread: a blocked loop could not
+        holder.execute("LOCK TABLE memory_facts IN ACCESS EXCLUSIVE MODE")
+        gaps, done = [0.0], False
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        timer = threading.Timer(0.5, holder.commit)
+        timer.start()
+        started = time.perf_counter()
+        out = await work
+        took = time.perf_counter() - started
+        done = True
+        await tick
+        timer.join()
+        holder.close()
+        return took, max(gaps), out
+
+    async def main() -> list[tuple[float, float, Any]]:
+        run = await runtime.astart(spec, interactive=True)
+        await runtime.send(run, "Hello, a first turn loads what every later one reuses.")
+        injected = await longest_silence(runtime.send(run, "Which port does the staging database listen on?"))
+        recall = run.toolset.tools["Recall"]
+        asked = await longest_silence(recall.call({"query": "staging database port", "source": "memory"}))
+        return [injected, asked]
+
+    try:
+        (took_injected, gap_injected, _), (took_asked, gap_asked, answer) = asyncio.run(main())
+        block = store.events(store.list_runs()[0].run_id, kinds=["recall_injected"])[-1].data
+    finally:
+        store.close()
+        release(postgres_url)
+    assert "port 6543" in " ".join(p["text"] for p in block["passages"])  # memory was read, and injected
+    assert "port 6543" in answer
+    assert took_injected >= 0.35 and took_asked >= 0.35  # each did wait for the lock
+    if off_loop:
+        assert gap_injected < 0.3 and gap_asked < 0.3  # the loop ticked all the while
+    else:
+        assert gap_injected >= 0.3 and gap_asked >= 0.3  # a read on the loop stops it for the wait

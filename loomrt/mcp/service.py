@@ -333,7 +333,7 @@ class RunService:
         recall = run.toolset.recall
         if recall is None:
             raise ServiceError(f"run {run_id}'s agent {run.agent!r} has recall off (context.recall: false)")
-        hits = recall.search(query, top_k)
+        hits = await recall.asearch(query, top_k)
         rows = [_hit_row(h) for h in hits]
         if not include_private:
             for row in rows:

@@ -5,49 +5,13 @@ tells a store that waits on I/O (PostgreSQL's) to complete its async calls inlin
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from loomrt.driving import completing_inline, inline_wanted
 from loomrt.events import Event, RunInfo
 
 __all__ = ["InlineAsyncFace", "completing_inline", "inline_wanted"]
-
-_DRIVEN: contextvars.ContextVar[object | None] = contextvars.ContextVar("loomrt-driven", default=None)
-"""Who :func:`completing_inline` is for: the task that called it (or :data:`_NO_LOOP`)."""
-_NO_LOOP = object()
-
-
-def _current() -> object:
-    try:
-        return asyncio.current_task() or _NO_LOOP
-    except RuntimeError:  # no event loop in this thread
-        return _NO_LOOP
-
-
-@contextlib.contextmanager
-def completing_inline() -> Iterator[None]:
-    """Inside: the store's async calls complete before they return, never suspending (a sync
-    entry point drives a coroutine with no event loop to wait in). It holds for the calling
-    task only: a task started meanwhile (which copies the context) awaits as usual."""
-    token = _DRIVEN.set(_current())
-    try:
-        yield
-    finally:
-        _DRIVEN.reset(token)
-
-
-def inline_wanted() -> bool:
-    """Whether an async store call must complete inline: under :func:`completing_inline` (in
-    the task that called it), or with no event loop running in this thread."""
-    driver = _DRIVEN.get()
-    if driver is not None and driver is _current():
-        return True
-    from loomrt.record.pg_io import on_running_loop
-
-    return not on_running_loop()
 
 
 class InlineAsyncFace:

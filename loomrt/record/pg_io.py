@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
+from loomrt.driving import on_running_loop
 from loomrt.errors import StoreError
 
 __all__ = ["IOLoop", "on_running_loop", "rows_of", "changed", "Conn", "DB_NOW"]
@@ -42,15 +43,6 @@ async def changed(conn: Conn, sql: str, args: Iterable[Any]) -> int:
     """Run one statement on ``conn``: the rows it changed."""
     cur = await conn.execute(sql, list(args))
     return int(cur.rowcount)
-
-
-def on_running_loop() -> bool:
-    """Whether this thread is inside a running event loop's task."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 class IOLoop:

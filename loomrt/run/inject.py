@@ -239,7 +239,7 @@ async def inject_recall(run: RunState) -> Injected | None:
     run.show(Activity(run.run_id, "recalling"))
     try:  # optional, as recall is: a search that fails sends the call without a block
         await recall.caught_up()
-        hits = recall.search(query, top_k=TOP_K, catch_up=False)
+        hits = await recall.asearch(query, top_k=TOP_K, catch_up=False)
         passages = _choose(run, hits, room)
     except Exception as exc:  # noqa: BLE001 - recall never fails a run
         await run.add("callback_error", {"callback": "recall.inject", "error": f"{type(exc).__name__}: {exc}"})
