@@ -284,7 +284,7 @@ class Runtime:
 
     async def aopen(self, run_id: str) -> RunState:
         """Rebuild a run from its record alone (definition, mode, context, Σ, recall index)."""
-        info = self.store.get_run(run_id)
+        info = await self._off_loop(self.store.get_run, run_id)
         events = await self.store.read(run_id)
         if not events or events[0].kind != "run_started":
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")

@@ -400,3 +400,42 @@ def test_durable_memory_on_postgresql_is_read_off_the_loop(
         assert gap_injected < 0.3 and gap_asked < 0.3  # the loop ticked all the while
     else:
         assert gap_injected >= 0.3 and gap_asked >= 0.3  # a read on the loop stops it for the wait
+
+
+def test_one_append_of_more_events_than_a_statement_has_parameters(postgres_url: str) -> None:
+    """An append's events go in as one array a column: 12,000 events in one call (six
+    parameters each would pass PostgreSQL's 65,535) are written whole and chained."""
+    from loomrt.record.ledger import verify_chain
+
+    store = PostgresStore(postgres_url)
+    _run(store)
+    try:
+        store.append_many("r1", [("notice", {"message": f"event {i}"}) for i in range(12_000)])
+        events = store.events("r1")
+        assert [e.data["message"] for e in events] == [f"event {i}" for i in range(12_000)]
+        assert [e.seq for e in events] == list(range(1, 12_001))
+        assert verify_chain(events) == []
+        assert (store.head("r1") or (0,))[0] == 12_000  # the head anchor moved to the last
+    finally:
+        store.close()
+
+
+def test_reopening_a_run_on_a_running_loop_does_not_block_it(postgres_url: str) -> None:
+    """``aopen`` (MCP's recall and read tools reopen runs) reads the run's row off the loop."""
+    from loomrt.providers.scripted import FunctionProvider
+
+    store = PostgresStore(postgres_url)
+    provider = FunctionProvider(lambda request: "Noted.")
+    runtime = Runtime(store, providers=lambda spec, model: provider)
+
+    async def main() -> int:
+        run = await runtime.astart(AgentSpec(model="function/inline"), interactive=True)
+        await runtime.send(run, "hello")
+        before = store.stalls
+        await runtime.aopen(run.run_id)
+        return store.stalls - before
+
+    try:
+        assert asyncio.run(main()) == 0
+    finally:
+        store.close()
