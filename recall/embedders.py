@@ -51,7 +51,12 @@ class Embedder(Protocol):
     """The vector dimension."""
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        """An array of shape ``(len(texts), dim)``, float32, each row of norm 1 (or 0)."""
+        """An array of shape ``(len(texts), dim)``, float32, each row of norm 1 (or 0).
+
+        It may be called from several threads at once: the event loop's, the background
+        thread that indexes evicted spans, and the threads that read durable memory in a
+        shared database (its query is embedded there). The built-in embedders lock what
+        must not run twice at once (a fast tokenizer); an embedder of your own must too."""
         ...
 
 

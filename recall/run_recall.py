@@ -57,6 +57,22 @@ def _embedding_thread() -> ThreadPoolExecutor:
         return _embedding
 
 
+_MEMORY_READERS = 2
+"""Durable-memory reads made off the event loop at once (:meth:`RunRecall.asearch`): fewer
+than harvest's pool has connections (4), so a wait on the memory table never holds every
+connection while a write that needs one (banking an evicted span) waits on the loop."""
+_memory_reading: ThreadPoolExecutor | None = None
+
+
+def _memory_readers() -> ThreadPoolExecutor:
+    """The threads that read durable memory in a shared database for every run of the process."""
+    global _memory_reading
+    with _embedding_lock:
+        if _memory_reading is None:
+            _memory_reading = ThreadPoolExecutor(max_workers=_MEMORY_READERS, thread_name_prefix="loomrt-memory-read")
+        return _memory_reading
+
+
 def _said_before(history: Sequence[Event]) -> set[str]:
     """The recall notices a record already holds (each is said once per run)."""
     return {
@@ -410,7 +426,8 @@ class RunRecall:
         in memory, is searched on the loop."""
         if source in ("all", "memory", "operator") and self.memory_waits():
             author = OPERATOR if source == "operator" else None
-            read = await asyncio.to_thread(self._memory_read, query, top_k, author)
+            loop = asyncio.get_running_loop()
+            read = await loop.run_in_executor(_memory_readers(), self._memory_read, query, top_k, author)
             return self.search(query, top_k, source, catch_up=catch_up, memory_read=read)
         return self.search(query, top_k, source, catch_up=catch_up)
 
