@@ -160,3 +160,35 @@ def test_one_thread_renews_every_turns_claim_and_a_turn_starts_no_thread(shared_
         time.sleep(0.3)
     assert fenced_out.beats == 0 and f"claim (epoch {e1}) is no longer the run's" in (fenced_out.lost or "")
     store.close()
+
+
+def test_a_renewal_that_waits_holds_up_no_other_claims_renewal(shared_url: str) -> None:
+    """One claim's renewal waits a second (the row locked by another connection's step, a
+    saturated pool): the other claim held beside it goes on being renewed meanwhile."""
+    from loomrt.record.owners import Heartbeats
+
+    slow, quick = _active_run(shared_url), _active_run(shared_url)
+    store = default_store(shared_url)
+    renew = store.renew_run
+
+    def renew_waiting(run_id: str, *args: object, **kw: object) -> object:
+        if run_id == slow:
+            time.sleep(1.0)
+        return renew(run_id, *args, **kw)
+
+    store.renew_run = renew_waiting
+    e1 = store.claim_run(slow, "host-a/1/a", 5.0)
+    e2 = store.claim_run(quick, "host-a/1/a", 0.3)
+    beats = Heartbeats()
+    try:
+        with (
+            beats.hold(store, slow, "host-a/1/a", e1, ttl_s=5.0, every_s=0.05) as waiting,
+            beats.hold(store, quick, "host-a/1/a", e2, ttl_s=0.3, every_s=0.05) as other,
+        ):
+            time.sleep(0.8)  # the slow renewal is still waiting
+            assert waiting.beats == 0
+            assert other.beats >= 5  # renewed all the while (one at a time: 0, behind the wait)
+            assert quick in {c["run_id"] for c in store.run_owners()}  # past its 0.3 s ttl: alive by the beats
+    finally:
+        time.sleep(1.1)  # the waiting renewal ends before the store closes
+        store.close()

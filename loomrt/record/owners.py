@@ -33,6 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -273,6 +274,13 @@ class Beat:
     next_at: float
     beats: int = 0
     lost: str | None = None
+    renewing: bool = False
+    """A renewal of this claim is under way (on :data:`RENEWERS`'s threads)."""
+
+
+RENEWERS = 4
+"""Claims :class:`Heartbeats` renews at once: a renewal that waits (on the pool, on the row's
+lock while the run's own step holds it, on a stalled network) delays no other claim's."""
 
 
 class Heartbeats:
@@ -281,13 +289,15 @@ class Heartbeats:
     stops with :attr:`Beat.lost` once the claim is not the run's, beats again after a store
     error. A turn starts and joins no thread of its own (which would block the event loop the
     other runs play on, each turn); the thread is started once and renews whatever is held
-    while the loop is busy, or blocked (a provider that does not yield)."""
+    while the loop is busy, or blocked (a provider that does not yield). The renewals
+    themselves run on a few threads of their own, so one that waits holds up no other."""
 
     def __init__(self) -> None:
         self._held: dict[int, Beat] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._renewing: ThreadPoolExecutor | None = None
 
     @contextlib.contextmanager
     def hold(self, store: Any, run_id: str, owner: str, epoch: int, *, ttl_s: float, every_s: float) -> Iterator[Beat]:
@@ -295,6 +305,8 @@ class Heartbeats:
         with self._lock:
             self._held[id(beat)] = beat
             if self._thread is None or not self._thread.is_alive():
+                if self._renewing is None:
+                    self._renewing = ThreadPoolExecutor(max_workers=RENEWERS, thread_name_prefix="loomrt-renew")
                 self._thread = threading.Thread(target=self._run, name="loomrt-heartbeats", daemon=True)
                 self._thread.start()
         self._wake.set()  # the thread looks at its next beat again
@@ -310,16 +322,24 @@ class Heartbeats:
                 held = list(self._held.values())
             now = time.monotonic()
             for beat in held:
-                if beat.next_at > now:
+                if beat.next_at > now or beat.renewing:
                     continue
-                beat.next_at = now + beat.every_s
-                if not beat_once(beat):
-                    with self._lock:
-                        self._held.pop(id(beat), None)
+                beat.next_at, beat.renewing = now + beat.every_s, True
+                assert self._renewing is not None
+                self._renewing.submit(self._renew, beat)
             with self._lock:
                 due = [b.next_at for b in self._held.values()]
             self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else None)
             self._wake.clear()
+
+    def _renew(self, beat: Beat) -> None:
+        try:
+            kept = beat_once(beat)
+        finally:
+            beat.renewing = False
+        if not kept:
+            with self._lock:
+                self._held.pop(id(beat), None)
 
 
 def append_out_of_band(store: Any, run_id: str, kind: str, data: dict[str, Any]) -> Any:
