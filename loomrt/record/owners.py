@@ -326,7 +326,10 @@ class Heartbeats:
                     continue
                 beat.next_at, beat.renewing = now + beat.every_s, True
                 assert self._renewing is not None
-                self._renewing.submit(self._renew, beat)
+                try:
+                    self._renewing.submit(self._renew, beat)
+                except RuntimeError:  # the interpreter is exiting: nothing more to renew
+                    return
             with self._lock:
                 due = [b.next_at for b in self._held.values()]
             self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else None)
