@@ -1,7 +1,7 @@
 """Who is driving a coroutine: an event loop, or a sync entry point that runs it inline.
 
 The run core is async. Its sync entry points (``Runtime.start``, ``finish``) drive a coroutine
-with no event loop to wait in (:func:`loomrt.runtime.drive`), inside :func:`completing_inline`:
+with no event loop to wait in (:func:`drive`), inside :func:`completing_inline`:
 then whatever would wait on I/O off the loop (a PostgreSQL store's queries, durable memory in
 a shared database) completes inline instead. A bottom-floor module: recall reads it too.
 """
@@ -11,9 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
-__all__ = ["completing_inline", "inline_wanted", "on_running_loop"]
+from loomrt.errors import StoreError
+
+__all__ = ["completing_inline", "drive", "inline_wanted", "on_running_loop"]
+
+T = TypeVar("T")
 
 
 def on_running_loop() -> bool:
@@ -56,3 +61,24 @@ def inline_wanted() -> bool:
     if driver is not None and driver is _current():
         return True
     return not on_running_loop()
+
+
+def drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion from code that is not async (``start``, ``finish``).
+
+    It runs inline, inside :func:`~loomrt.record.inline.completing_inline`: a store that waits
+    on I/O (PostgreSQL) completes each call before returning, as SQLite's always does, so the
+    coroutine never suspends and this works inside or outside an event loop (inside one, it
+    blocks that loop for the call, as any sync call does: async code awaits ``astart``,
+    ``aopen`` and ``afinish`` instead). A coroutine that suspends on anything else is refused.
+    """
+    with completing_inline():
+        try:
+            coro.send(None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+    coro.close()
+    raise StoreError(
+        "this call waited on something it cannot wait for synchronously: "
+        "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
+    )

@@ -15,13 +15,14 @@ import asyncio
 import contextlib
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from loomrt._log import get_logger
 from loomrt.activity import Watcher
+from loomrt.driving import drive, inline_wanted
 from loomrt.errors import (
     FencedError,
     LoomError,
@@ -36,7 +37,6 @@ from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
-from loomrt.record.inline import completing_inline, inline_wanted
 from loomrt.record.owners import (
     RUN_LEASE_S,
     Heartbeat,
@@ -61,27 +61,6 @@ __all__ = ["Runtime", "drive"]
 LEASE_S = 600.0
 """How long a between-turns distillation holds its run's lease (``distil:RUN_ID``) at most:
 a process that dies holding it blocks no one for longer."""
-
-
-def drive(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to completion from code that is not async (``start``, ``finish``).
-
-    It runs inline, inside :func:`~loomrt.record.inline.completing_inline`: a store that waits
-    on I/O (PostgreSQL) completes each call before returning, as SQLite's always does, so the
-    coroutine never suspends and this works inside or outside an event loop (inside one, it
-    blocks that loop for the call, as any sync call does: async code awaits ``astart``,
-    ``aopen`` and ``afinish`` instead). A coroutine that suspends on anything else is refused.
-    """
-    with completing_inline():
-        try:
-            coro.send(None)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-    coro.close()
-    raise StoreError(
-        "this call waited on something it cannot wait for synchronously: "
-        "use the async form (await runtime.astart(...), runtime.aopen(...), runtime.afinish(run))"
-    )
 
 
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]

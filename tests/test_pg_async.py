@@ -140,7 +140,7 @@ def test_a_write_cancelled_in_flight_completes_and_the_cancellation_follows(post
 
 
 def test_the_store_measure_reports_runs_at_once_and_the_goal(postgres_url: str, tmp_path: Any) -> None:
-    from loomrt.bench.render import _concurrency
+    from loomrt.bench.render_store import _concurrency
     from loomrt.bench.store_concurrency import concurrency_figures
 
     figures = concurrency_figures(str(tmp_path / "c.sqlite"), postgres_url, counts=(1, 3), turns_total=9)

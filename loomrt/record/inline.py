@@ -1,6 +1,6 @@
 """The async face of a store whose calls complete inline (SQLite's): each async method is
 its sync twin, called at once. The run core awaits these; its sync entry points drive them
-without an event loop (:func:`loomrt.runtime.drive`), inside :func:`completing_inline`, which
+without an event loop (:func:`loomrt.driving.drive`), inside :func:`completing_inline`, which
 tells a store that waits on I/O (PostgreSQL's) to complete its async calls inline too."""
 
 from __future__ import annotations

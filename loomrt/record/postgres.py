@@ -39,7 +39,8 @@ from loomrt.events import Event, RunInfo
 from loomrt.record import pg_migrations
 from loomrt.record.inline import inline_wanted
 from loomrt.record.ledger import canonical, ledger_key
-from loomrt.record.owners import FENCE, fenced
+from loomrt.record.owners import fenced
+from loomrt.record.pg_append_sql import FENCED_HEAD, FIRST, HEAD, MOVE_HEAD, NESTED, OWN, events_and_head, head_args
 from loomrt.record.pg_claims import PgClaims, owner_row
 from loomrt.record.pg_io import DB_NOW as _NOW
 from loomrt.record.pg_io import Conn, IOLoop, rows_of
@@ -92,60 +93,6 @@ class _Pin:
     begun: bool = False
     ended: bool = False
     turn: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-_OWN = ("BEGIN", "COMMIT", "ROLLBACK")
-"""An append in a transaction of its own (opening, closing, undo)."""
-_FIRST = ("BEGIN", None, "ROLLBACK")
-"""A block's first write: it begins the block's transaction and leaves it open."""
-_NESTED = ("SAVEPOINT loomrt_append", "RELEASE SAVEPOINT loomrt_append", "ROLLBACK TO SAVEPOINT loomrt_append")
-"""A later write of a block: undone alone if it fails."""
-_LAST = (
-    "FROM (SELECT 1) one LEFT JOIN LATERAL (SELECT seq, hash FROM events WHERE run_id = %s "
-    "ORDER BY seq DESC LIMIT 1) last ON true LEFT JOIN runs r ON r.run_id = %s"
-)
-_HEAD = f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain, NULL {_LAST}"
-"""The time, the run's last seq and hash, where a fork's seqs start, and its chain."""
-_FENCED_HEAD = (
-    f"WITH fence AS (UPDATE run_owners SET expires_at = {_NOW} + ttl_s "
-    f"WHERE run_id = %s AND epoch = %s AND {FENCE} RETURNING 1) "
-    f"SELECT {_NOW}, last.seq, last.hash, r.fork_seq, r.chain, EXISTS (SELECT 1 FROM fence) {_LAST}"
-)
-""":data:`_HEAD`, and the fence: the claim at that epoch renewed while it is the run's newest."""
-
-
-def _head_args(run_id: str, epoch: int | None) -> tuple[Any, ...]:
-    return (run_id, run_id) if epoch is None else (run_id, epoch, run_id, run_id)
-
-
-_MOVE_HEAD = (
-    "INSERT INTO run_heads (run_id, seq, hash, epoch) VALUES (%s, %s, %s, %s) ON CONFLICT (run_id) DO UPDATE "
-    "SET seq = excluded.seq, hash = excluded.hash, epoch = GREATEST(run_heads.epoch, excluded.epoch)"
-)
-
-_EVENTS_AND_HEAD = (
-    "WITH added AS (INSERT INTO events (run_id, seq, kind, ts, data, hash) "
-    "SELECT %s, s, k, t, d, h FROM unnest(%s::bigint[], %s::text[], %s::float8[], %s::text[], %s::text[]) "
-    "AS x(s, k, t, d, h)) " + _MOVE_HEAD
-)
-"""Insert a large append's events (one array a column: six parameters whatever the number of
-events) and move the run's head anchor to the last."""
-_VALUES_UP_TO = 64
-"""Up to this many events an append lists them as a VALUES list (a turn's one to four: 0.15
-ms of client CPU an append less than the arrays' adaptation); more go as arrays, since a
-statement takes at most 65,535 parameters (six an event)."""
-
-
-def _events_and_head(run_id: str, rows: list[tuple[Any, ...]], epoch: int | None) -> tuple[str, list[Any]]:
-    """One statement: insert ``rows`` (events of ``run_id``) and move its head anchor to the last."""
-    last = rows[-1]
-    head = [run_id, last[1], last[5], epoch or 0]
-    if len(rows) <= _VALUES_UP_TO:
-        values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-        sql = f"WITH added AS (INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES {values}) " + _MOVE_HEAD
-        return sql, [*(v for row in rows for v in row), *head]
-    _, seqs, kinds, stamps, data, hashes = (list(column) for column in zip(*rows, strict=True))
-    return _EVENTS_AND_HEAD, [run_id, seqs, kinds, stamps, data, hashes, *head]
 
 
 def _open(pin: _Pin) -> None:
@@ -438,16 +385,16 @@ class PostgresStore(PgClaims, RunReads):
         async def run() -> list[Event]:
             if pin is None:  # a transaction of its own
                 async with self._pool.connection() as conn:
-                    out = await self._append_op(conn, run_id, items, after, epoch, around=_OWN)
+                    out = await self._append_op(conn, run_id, items, after, epoch, around=OWN)
                     self._used[id(conn)] = time.monotonic()
                     return out
             async with pin.turn:
                 _open(pin)
                 if pin.begun:  # a savepoint: a failed append leaves the block's other writes whole
-                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=_NESTED)
+                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=NESTED)
                 pin.begun = True  # the block's first write begins its transaction, left open
                 try:
-                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=_FIRST)
+                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=FIRST)
                 except BaseException:
                     pin.begun = False  # rolled back: nothing of the block was written yet
                     raise
@@ -476,7 +423,7 @@ class PostgresStore(PgClaims, RunReads):
                 # time, the run's last seq and hash, where a fork's seqs start (a snapshot taken
                 # after the lock: every earlier append shows), and the fence
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
-                head = await conn.execute(_HEAD if epoch is None else _FENCED_HEAD, _head_args(run_id, epoch))
+                head = await conn.execute(HEAD if epoch is None else FENCED_HEAD, head_args(run_id, epoch))
                 now, last, last_hash, fork_seq, chain, renewed = await head.fetchone()
                 key = chain_key(run_id, chain, self.ledger_key)
                 if last is not None:
@@ -493,7 +440,7 @@ class PostgresStore(PgClaims, RunReads):
                     raise FencedError(fenced(run_id, epoch, await owner_row(conn, run_id)))
                 rows, cards, out = chained(run_id, seq, prev, float(now), items, key)
                 if rows:  # the events and the head anchor in one statement
-                    await conn.execute(*_events_and_head(run_id, rows, epoch))
+                    await conn.execute(*events_and_head(run_id, rows, epoch))
                 if cards:
                     async with conn.cursor() as cur:
                         await cur.executemany(_INSERT_CARD, cards)
@@ -635,7 +582,7 @@ def _events(run_id: str, rows: list[tuple[Any, ...]]) -> list[Event]:
 
 async def _move_head(cur: Any, run_id: str, seq: int, hash_: str | None, epoch: int | None) -> None:
     """Move the run's head anchor to its new last event (inside the append's transaction)."""
-    await cur.execute(_MOVE_HEAD, (run_id, seq, hash_, epoch or 0))
+    await cur.execute(MOVE_HEAD, (run_id, seq, hash_, epoch or 0))
 
 
 def run_cards(store: PostgresStore, run_id: str) -> list[tuple[str, int, int, str]]:
