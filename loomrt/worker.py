@@ -42,6 +42,10 @@ from loomrt.worker_life import Backoff, Stopping, hand_back, nap, until_stopped
 
 __all__ = [
     "work_once",
+    "play_row",
+    "distil_row",
+    "consolidate_row",
+    "queued_distillations",
     "work_once_then_stop",
     "work",
     "abandoned",
@@ -64,6 +68,21 @@ PLAYED = ("resumed", "final", "error", "cancelled")
 """A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
 
 
+async def play_row(runtime: Runtime, work: str, run_id: str) -> dict[str, Any]:
+    """Play one queued run (``work="play"``: :meth:`Runtime.take`) or resume one a worker
+    left (``"resume"``); its row. Cancelled (a stop's cut-off), it says nothing."""
+    step: Callable[[str], Awaitable[RunResult | None]] = runtime.take if work == "play" else runtime.resume
+    try:
+        result = await step(run_id)
+    except RunOwnedError:
+        return {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
+    except LoomError as exc:
+        return {"run_id": run_id, "work": work, "done": False, "reason": f"{type(exc).__name__}: {exc}"}
+    if result is None:
+        return {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
+    return {"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": result.error}
+
+
 async def _play_queued(
     runtime: Runtime, concurrency: int, tell: Callable[[dict[str, Any]], None] | None, stop: Callable[[], bool]
 ) -> list[dict[str, Any]]:
@@ -72,28 +91,18 @@ async def _play_queued(
     gate = asyncio.Semaphore(concurrency)
     rows: list[dict[str, Any]] = []
 
-    async def do(work: str, run_id: str, step: Callable[[str], Awaitable[RunResult | None]]) -> None:
+    async def do(work: str, run_id: str) -> None:
         async with gate:
             if stop():
                 return
-            try:
-                result = await step(run_id)
-                row = (
-                    {"run_id": run_id, "work": work, "done": True, "status": result.status, "reason": result.error}
-                    if result is not None
-                    else {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
-                )
-            except RunOwnedError:
-                row = {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
-            except LoomError as exc:
-                row = {"run_id": run_id, "work": work, "done": False, "reason": f"{type(exc).__name__}: {exc}"}
+            row = await play_row(runtime, work, run_id)
         rows.append(row)
         if tell:
             tell(row)
 
     await asyncio.gather(
-        *(do("play", r, runtime.take) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
-        *(do("resume", r, runtime.resume) for r in abandoned(runtime.store, runtime.owner)),
+        *(do("play", r) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
+        *(do("resume", r) for r in abandoned(runtime.store, runtime.owner)),
     )
     return rows
 
@@ -106,6 +115,51 @@ def abandoned(store: Any, me: str | None = None) -> list[str]:
     runs were ever played: the live claims (the runs playing now) and one for the rest."""
     gone = [c["owner"] for c in store.run_owners() if owner_is_gone(c["owner"])]
     return [r.run_id for r in store.stalled_runs([*gone, *([me] if me else [])])]
+
+
+def queued_distillations(store: Any) -> list[tuple[str, str]]:
+    """The runs with a distillation queued and not yet settled, each with its work (``fold``
+    or ``distil``); one query per kind."""
+    folds = store.pending(QUEUED, SETTLED)
+    rest = [r for r in store.pending(DISTILLATION_QUEUED, DISTILLATION_SETTLED) if r not in folds]
+    return [(r, "fold") for r in folds] + [(r, "distil") for r in rest]
+
+
+async def distil_row(runtime: Runtime, run_id: str, work: str) -> dict[str, Any]:
+    """Do one run's queued distillation, under its lease and through its claim; its row (a
+    run playing now is left to its own process)."""
+    info = runtime.store.get_run(run_id)
+    if info.status == "active":
+        return {"run_id": run_id, "work": work, "done": False, "reason": "playing now: its own process distils it"}
+    run = await runtime.aopen(run_id)
+    run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
+    before = run.estimate()
+    try:
+        with runtime.holding(run):  # through the run's claim: fenced like its owner's appends
+            done = await runtime.between_turns(run)
+        reason = None if done else "declined, or another worker holds its lease"
+    except (RunOwnedError, FencedError) as exc:  # taken, or taken over meanwhile: it is theirs
+        done, reason = False, f"another worker has it ({exc})"
+    return {
+        "run_id": run_id,
+        "work": work,
+        "done": done,
+        "tokens_before": before,
+        "tokens_after": run.estimate(),
+        "reason": reason,
+    }
+
+
+async def consolidate_row(consolidator: Any, scopes: list[str] | None = None) -> dict[str, Any]:
+    """One consolidation pass (over ``scopes``, or every scope with work); its row."""
+    report = (await consolidator.arun_once(scopes)).to_dict()
+    return {
+        "run_id": None,
+        "work": "consolidate",
+        "done": bool(report["batches"]),
+        **report,
+        "reason": None if report["batches"] else "nothing settled, or other workers hold its scopes",
+    }
 
 
 async def work_once(
@@ -124,43 +178,13 @@ async def work_once(
     rows = await _play_queued(runtime, concurrency, tell, stop)
     if stop():
         return rows
-    folds = runtime.store.pending(QUEUED, SETTLED)
-    queued = folds + [r for r in runtime.store.pending(DISTILLATION_QUEUED, DISTILLATION_SETTLED) if r not in folds]
-    for run_id in queued:
-        work = "fold" if run_id in folds else "distil"
-        info = runtime.store.get_run(run_id)
-        if info.status == "active":
-            row = {"run_id": run_id, "work": work, "done": False, "reason": "playing now: its own process distils it"}
-        else:
-            run = await runtime.aopen(run_id)
-            run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
-            before = run.estimate()
-            try:
-                with runtime.holding(run):  # through the run's claim: fenced like its owner's appends
-                    done = await runtime.between_turns(run)
-                reason = None if done else "declined, or another worker holds its lease"
-            except (RunOwnedError, FencedError) as exc:  # taken, or taken over meanwhile: it is theirs
-                done, reason = False, f"another worker has it ({exc})"
-            row = {
-                "run_id": run_id,
-                "work": work,
-                "done": done,
-                "tokens_before": before,
-                "tokens_after": run.estimate(),
-                "reason": reason,
-            }
+    for run_id, work in queued_distillations(runtime.store):
+        row = await distil_row(runtime, run_id, work)
         rows.append(row)
         if tell:
             tell(row)
     if consolidator is not None and consolidator.queue.scopes():
-        report = (await consolidator.arun_once()).to_dict()
-        row = {
-            "run_id": None,
-            "work": "consolidate",
-            "done": bool(report["batches"]),
-            **report,
-            "reason": None if report["batches"] else "nothing settled, or other workers hold its scopes",
-        }
+        row = await consolidate_row(consolidator)
         rows.append(row)
         if tell:
             tell(row)

@@ -407,6 +407,25 @@ def worker_cmd(
 
     stopping = Stopping(grace_s)
     stopping.install()
+    from loomrt.record.postgres import PostgresStore
+
+    if isinstance(rt.store, PostgresStore):  # the queue is procrastinate's there (loomrt.jobs)
+        from loomrt.jobs.engine import serve
+
+        if not (once or json_output):
+            err.print(f"[dim]loomrt worker {rt.owner or ''}: waiting for jobs · Ctrl-C to stop[/dim]")
+        with contextlib.suppress(KeyboardInterrupt):
+            serve(
+                rt,
+                tell=tell,
+                concurrency=concurrency,
+                consolidator=consolidator,
+                interval_s=interval_s,
+                heartbeat_timeout_s=heartbeat_timeout_s,
+                stopping=stopping,
+                once=once,
+            )
+        return
     if once:
         work_once_then_stop(rt, tell=tell, concurrency=concurrency, consolidator=consolidator, stopping=stopping)
         return
