@@ -279,15 +279,13 @@ class Runtime:
 
     async def detach(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunState:
         """Start a run with ``prompt`` as its input and queue it (``run_queued``) for any
-        ``loomrt worker`` on this record to claim and play; nothing is played here."""
+        ``loomrt worker`` on this record to claim and play; nothing is played here (on
+        PostgreSQL the event makes the run's job, :mod:`loomrt.jobs`, and wakes the workers)."""
         run = await self.astart(agent, **kw)
         await add_user_input(run, prompt)
         await run.add("run_queued", {"by": self.owner or worker_name()})
         if self.owner is not None and run.epoch is not None:  # any worker may take it now
             await self._off_loop(self.store.release_run, run.run_id, self.owner, run.epoch)
-        announce = getattr(self.store, "announce", None)
-        if callable(announce):
-            await self._off_loop(announce, run.run_id)
         return run
 
     async def take(self, run_id: str) -> RunResult | None:

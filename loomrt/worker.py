@@ -22,9 +22,11 @@ Two kinds of work, queued on the record:
   does; of several workers each takes the scopes no other holds, and a claim locks its
   spans, so none is taken twice.
 
-On PostgreSQL an idle worker waits on ``LISTEN loomrt_work`` (a detached run's NOTIFY
-carries its id only) and looks again at once; when that connection drops it falls back to
-looking every ``interval_s`` seconds.
+This is the queue on SQLite, where the record itself is the queue: an idle worker looks
+every ``interval_s`` seconds. On PostgreSQL the queue is procrastinate's
+(:mod:`loomrt.jobs`): ``loomrt worker`` runs :mod:`loomrt.jobs.engine` there, whose jobs do
+one item each with the steps below (:func:`play_row`, :func:`distil_row`,
+:func:`consolidate_row`). :func:`work_once` still serves one pass on either record.
 """
 
 from __future__ import annotations
@@ -230,12 +232,11 @@ def work(
     consolidator: Any = None,
     stopping: Stopping | None = None,
 ) -> None:
-    """:func:`work_once`, then wait for more (a NOTIFY where the store has them, else
-    ``interval_s`` seconds), until ``stop()`` (Ctrl-C on the CLI) or ``stopping`` (SIGTERM:
+    """:func:`work_once`, then wait ``interval_s`` seconds for more (the SQLite record's
+    queue), until ``stop()`` (Ctrl-C on the CLI) or ``stopping`` (SIGTERM:
     the work in flight finishes, or is handed back at the stop's cut-off). A record that
     cannot be reached (a database restart) is waited out with a backoff, told as a
     ``reconnect`` row; the runs this worker holds are let go as it stops."""
-    wait = getattr(runtime.store, "wait_for_work", None)
 
     def halted() -> bool:
         return stop() or (stopping is not None and stopping())
@@ -268,11 +269,7 @@ def work(
                 continue  # stopped mid-round, or more of the queue may be waiting
             end = time.monotonic() + interval_s
             while not halted() and (left := end - time.monotonic()) > 0:  # a stop is seen within a second
-                if callable(wait):
-                    if wait(min(1.0, left)):
-                        break
-                else:
-                    time.sleep(min(1.0, left))
+                time.sleep(min(1.0, left))
     finally:
         if runtime.owner is not None:
             hand_back(runtime.store, runtime.owner)

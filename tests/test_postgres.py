@@ -33,10 +33,12 @@ def _fresh_database(postgres_server: Any, name: str) -> str:
 
 def test_the_postgres_migrations_are_the_one_lists_names_in_its_order() -> None:
     from loomrt.harvest import db, pg
+    from loomrt.jobs import schema
 
     assert list(pg_migrations.POSTGRES_SQL) == [name for name, _ in MIGRATIONS]
     assert list(pg.POSTGRES_SQL) == [name for name, _ in db.MIGRATIONS]
-    assert pg_migrations.names() == [*pg_migrations.POSTGRES_SQL, *pg.POSTGRES_SQL]
+    assert list(schema.POSTGRES_SQL) == [name for name, _ in schema.MIGRATIONS]
+    assert pg_migrations.names() == [*pg_migrations.POSTGRES_SQL, *pg.POSTGRES_SQL, *schema.POSTGRES_SQL]
 
 
 def test_a_schema_behind_is_refused_with_the_command_and_a_newer_one_is_accepted(postgres_server: Any) -> None:

@@ -379,10 +379,13 @@ async def run_chaos_async(
     backend: str = "sqlite",
     postgres: str | None = None,
     points: list[str] | None = None,
+    workers: bool = True,
 ) -> dict[str, Any]:
     """Plan and carry out the kills; per point: kills made, kills that landed, violations,
     model calls repeated by design. ``scenarios`` and ``points``: only these (default: all);
-    ``backend``: where the records live, ``sqlite`` or ``postgres`` (see the module's text)."""
+    ``backend``: where the records live, ``sqlite`` or ``postgres`` (see the module's text).
+    On PostgreSQL, with ``workers``, detached runs' workers also meet a server restart, a
+    kill and a stall (:mod:`loomrt.bench.chaos_workers`: its figures under ``workers``)."""
     started = time.perf_counter()
     scenarios = scenarios or SCENARIOS
     unknown = [p for p in points or () if p not in POINTS]
@@ -393,7 +396,18 @@ async def run_chaos_async(
         write_scenarios(work)
         records = _Records(work, backend, postgres)
         try:
-            return await _run(work, records, per_point, scenarios, progress, started, list(points or POINTS))
+            result = await _run(work, records, per_point, scenarios, progress, started, list(points or POINTS))
+            if backend == "postgres" and workers:
+                if records._server is None:
+                    result["workers"] = {"skipped": "a server given by URL is not restarted: start none to measure it"}
+                else:
+                    from loomrt.bench.chaos_workers import play_faults
+
+                    result["workers"] = await asyncio.to_thread(
+                        play_faults, lambda name: str(records.new(name)), records._server, work
+                    )
+                result["seconds"] = round(time.perf_counter() - started, 1)
+            return result
         finally:
             records.close()
 

@@ -336,7 +336,10 @@ app.command("ui")(ui_cmd)
 def worker_cmd(
     once: bool = typer.Option(False, "--once", help="Do what is queued now, then exit."),
     interval_s: float = typer.Option(
-        5.0, "--interval", help="Seconds between looks at the queue (on PostgreSQL, a NOTIFY wakes it sooner).", min=0.1
+        5.0,
+        "--interval",
+        help="Seconds between looks at the queue (on PostgreSQL, a new job wakes it sooner).",
+        min=0.1,
     ),
     concurrency: int = typer.Option(1, "--concurrency", help="Runs played at once.", min=1),
     consolidate: bool = typer.Option(

@@ -250,6 +250,15 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
             queue = queue_metrics(store)
         except StoreError as exc:  # the workers are shown all the same
             queue = {"error": str(exc)}
+        from loomrt.record.postgres import PostgresStore
+
+        if isinstance(store, PostgresStore) and "error" not in queue:  # the job engine's own figures
+            from loomrt.jobs.status import engine_status
+
+            try:
+                queue["engine"] = engine_status(store.url)
+            except Exception as exc:  # noqa: BLE001 - psycopg's: the rest is shown all the same
+                queue["engine"] = {"error": " ".join(str(exc).split())}
     finally:
         store.close()
     if json_output:
@@ -288,6 +297,17 @@ def _say_queue(q: dict[str, Any]) -> None:
         f"{plural(q['runs_resumable'], 'run')} to resume",
         highlight=False,
     )
+    engine = q.get("engine")
+    if engine and "error" in engine:
+        err.print(f"  the job engine cannot be read: {engine['error']}", highlight=False)
+    elif engine:
+        states = ", ".join(f"{n} {state}" for state, n in sorted(engine["jobs"].items())) or "none"
+        beats = ", ".join(f"{w['heartbeat_age_s']:.0f} s" for w in engine["workers"])
+        out.print(
+            f"  jobs (procrastinate): {states}; {plural(len(engine['workers']), 'worker')} registered"
+            + (f" (heartbeats {beats} ago)" if beats else ""),
+            highlight=False,
+        )
     if q["taken"]:
         out.print(
             f"  queued to taken ({plural(q['taken'], 'run')} of the {q['recent']} newest): median "

@@ -190,8 +190,6 @@ class PostgresStore(PgClaims, RunReads):
             self._io.close()
             raise self._unreachable(exc) from None
         self.closed = False
-        self._listener: Any = None
-        """The connection that LISTENs for work (:meth:`wait_for_work`), opened on first use."""
 
     def _unreachable(self, exc: BaseException) -> StoreError:
         detail = " ".join(str(exc).split()).rstrip(".")  # libpq's message, on one line
@@ -509,38 +507,11 @@ class PostgresStore(PgClaims, RunReads):
     def _runs(self, where: str, args: list[Any], limit: int) -> list[RunInfo]:
         return [run_info(r) for r in self._select(runs_sql(where, self._mark), [*args, limit])]
 
-    def announce(self, run_id: str) -> None:
-        """Wake the idle workers: ``NOTIFY loomrt_work, 'run:RUN_ID'`` (ids only, never content)."""
-        with contextlib.suppress(StoreError):  # a worker that misses it finds the run when it next looks
-            self._select("SELECT pg_notify('loomrt_work', %s)", (f"run:{run_id}",))
-
-    def wait_for_work(self, timeout_s: float) -> bool:
-        """Wait for a NOTIFY on ``loomrt_work`` for at most ``timeout_s`` seconds: True if one
-        came. On a listening connection that drops, sleep out the time instead (polling) and
-        listen again next time."""
-        import psycopg
-
-        try:
-            if self._listener is None:
-                self._listener = psycopg.connect(self.url, autocommit=True)
-                self._listener.execute("LISTEN loomrt_work")
-            return any(True for _ in self._listener.notifies(timeout=timeout_s, stop_after=1))
-        except psycopg.Error:
-            if self._listener is not None:
-                with contextlib.suppress(psycopg.Error):
-                    self._listener.close()
-            self._listener = None
-            time.sleep(timeout_s)
-            return False
-
     def close(self) -> None:
-        """Close the pool's connections (and the listening one), and stop the I/O loop."""
+        """Close the pool's connections, and stop the I/O loop."""
         if self.closed:
             return
         self.closed = True
-        if self._listener is not None:
-            with contextlib.suppress(Exception):
-                self._listener.close()
         self._io.close(self._pool.close())
 
 

@@ -1,0 +1,142 @@
+"""The work queue on PostgreSQL is procrastinate's (issue 45): queued work and its job are one
+transaction, the engine's worker plays the job and forgets it, a job a dead worker left
+``doing`` goes back to the queue, and ``workers list`` shows the engine's own figures. Real
+server, real worker processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from spine_kit import write
+from typer.testing import CliRunner
+
+from loomrt.cli import app
+from loomrt.record.sqlite import default_store
+
+runner = CliRunner()
+
+
+def _agents(folder: Path) -> Path:
+    write(folder, "s.yaml", "turns:\n" + "".join(f"  - {{text: answer {i}}}\n" for i in range(8)))
+    return write(folder, "agents.yaml", "agents:\n  a: {model: scripted/s.yaml}\n")
+
+
+def _detach(url: str, agents: Path) -> str:
+    done = runner.invoke(app, ["--db-url", url, "run", "a", "go", "--agents", str(agents), "--detach", "--json"])
+    assert done.exit_code == 0, done.output
+    return str(json.loads(done.stdout)["run_id"])
+
+
+def _jobs(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(
+            "SELECT task_name, queueing_lock, status::text, args->>'run_id' FROM procrastinate_jobs ORDER BY id"
+        ).fetchall()
+
+
+def _worker(url: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "loomrt", "worker", "--json", "--interval", "1", *args],
+        env={**os.environ, "LOOMRT_DB_URL": url},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _until(what: Any, timeout_s: float = 30.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if what():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_a_detached_run_and_its_job_are_written_in_one_transaction(postgres_url: str, tmp_path: Path) -> None:
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    assert _jobs(postgres_url) == [("loomrt.play", f"play:{run_id}", "todo", run_id)]
+    with psycopg.connect(postgres_url) as conn:  # queued work whose transaction is rolled back: no job either
+        seq = conn.execute("SELECT max(seq) + 1 FROM events WHERE run_id = %s", (run_id,)).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, 'fold_queued', 0, '{}', 'x')",
+            (run_id, seq),
+        )
+        assert len(_jobs(postgres_url)) == 1  # not committed: not seen
+        conn.rollback()
+    assert _jobs(postgres_url) == [("loomrt.play", f"play:{run_id}", "todo", run_id)]
+
+
+def test_the_same_work_queued_twice_has_one_job_waiting(postgres_url: str, tmp_path: Path) -> None:
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # the trigger lets the engine's refusal pass
+        seq = conn.execute("SELECT max(seq) + 1 FROM events WHERE run_id = %s", (run_id,)).fetchone()[0]  # type: ignore[index]
+        conn.execute(
+            "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, 'run_queued', 0, '{}', 'x')",
+            (run_id, seq),
+        )
+    assert [j[1] for j in _jobs(postgres_url)] == [f"play:{run_id}"]
+
+
+def test_the_engines_worker_plays_the_job_and_forgets_it(postgres_url: str, tmp_path: Path) -> None:
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    done = runner.invoke(app, ["--db-url", postgres_url, "worker", "--once", "--json"])
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [
+        {"run_id": run_id, "work": "play", "done": True, "status": "done", "reason": None}
+    ]
+    assert _jobs(postgres_url) == []  # succeeded: deleted
+    listed = runner.invoke(app, ["--db-url", postgres_url, "workers", "list", "--json"])
+    engine = json.loads(listed.stdout)["queue"]["engine"]
+    assert engine == {"jobs": {}, "tasks": {}, "workers": []}, engine  # --once unregistered itself
+    text = runner.invoke(app, ["--db-url", postgres_url, "workers", "list"])
+    assert "jobs (procrastinate): none; 0 workers registered" in text.stdout
+
+
+@pytest.mark.parametrize("trigger", [True, False], ids=["trigger", "sabotaged-no-trigger"])
+def test_a_running_worker_plays_what_is_queued_after_it_started(
+    postgres_url: str, tmp_path: Path, trigger: bool
+) -> None:
+    """The record's trigger is what hands a long-running worker new work: without it (the
+    sabotage) a run queued after the worker's first look waits forever."""
+    if not trigger:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER events_defer_work ON events")
+    agents = _agents(tmp_path)
+    worker = _worker(postgres_url, "--interval", "60")
+    try:
+        time.sleep(5)  # it has looked once and waits
+        run_id = _detach(postgres_url, agents)
+        store = default_store(postgres_url)
+        played = _until(lambda: store.get_run(run_id).status == "done", timeout_s=20 if trigger else 8)
+        store.close()
+        assert played is trigger
+    finally:
+        worker.kill()
+        worker.communicate()
+
+
+def test_a_job_a_dead_worker_left_doing_goes_back_to_the_queue(postgres_url: str, tmp_path: Path) -> None:
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # a worker took it, then stopped beating an hour ago
+        dead = conn.execute(
+            "INSERT INTO procrastinate_workers (last_heartbeat) VALUES (now() - interval '1 hour') RETURNING id"
+        ).fetchone()[0]  # type: ignore[index]
+        conn.execute("UPDATE procrastinate_jobs SET status = 'doing', worker_id = %s", (dead,))
+    worker = _worker(postgres_url, "--heartbeat-timeout-s", "3")
+    try:
+        assert _until(lambda: _jobs(postgres_url) == [], timeout_s=30), _jobs(postgres_url)
+    finally:
+        worker.kill()
+        worker.communicate()
+    store = default_store(postgres_url)
+    kinds = [e.kind for e in store.events(run_id)]
+    assert (store.get_run(run_id).status, kinds.count("resumed"), kinds.count("final")) == ("done", 1, 1), kinds
+    store.close()
