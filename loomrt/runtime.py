@@ -37,6 +37,7 @@ from loomrt.messages import EvictedSpanCallback
 from loomrt.providers import resolve_provider
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
+from loomrt.record.coordination import Coordination
 from loomrt.record.owners import (
     RUN_LEASE_S,
     Heartbeat,
@@ -67,6 +68,13 @@ ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
 T = TypeVar("T")
 
 
+def _coordination_of(store: Store) -> Coordination:
+    """The store's own leases and claims; a store without them is one clear error."""
+    if not isinstance(store, Coordination):
+        raise TypeError(f"{type(store).__name__} keeps no leases or run claims: pass Runtime(coordination=...)")
+    return store
+
+
 class Runtime:
     """Runs agents against a store.
 
@@ -93,8 +101,12 @@ class Runtime:
         watchers: list[Watcher] | None = None,
         user: str | None = None,
         owner: str | None = None,
+        coordination: Coordination | None = None,
     ):
         self.store = store or default_store()
+        self.coordination: Coordination = coordination or _coordination_of(self.store)
+        """Leases and run claims (:mod:`loomrt.record.coordination`): the store's own by default
+        (both stores keep them beside the log, in the same database)."""
         self.owner = owner or (worker_name() if getattr(self.store, "shared", False) else None)
         """The worker name this runtime claims the runs it plays under (:mod:`loomrt.record.owners`):
         ``owner``, else this process's on a store that several machines share (PostgreSQL),
@@ -157,7 +169,7 @@ class Runtime:
                 "depth": parent.depth + 1,
             }
         if parent is not None and user is None:  # a sub-agent works for its parent's user
-            started = await self._off_loop(self.store.latest, parent.run_id, "run_started")
+            started = await self.off_loop(self.store.latest, parent.run_id, "run_started")
             user = started.data.get("user") if started is not None else None
         identity = {
             k: v for k, v in (("user", user or self.user), ("project", agents.project if agents else None)) if v
@@ -213,7 +225,7 @@ class Runtime:
                 await run.toolset.close_sources()
             if self.owner is not None and run.epoch is not None and run.view.status in ("done", "failed", "cancelled"):
                 # an ended run holds no worker
-                await self._off_loop(self.store.release_run, run.run_id, self.owner, run.epoch)
+                await self.off_loop(self.coordination.release_run, run.run_id, self.owner, run.epoch)
                 run.epoch = None
         log.info("turn done", model_calls=run.model_calls, distillations=run.distillations)
         return self.result(run)
@@ -263,7 +275,7 @@ class Runtime:
 
     async def aopen(self, run_id: str) -> RunState:
         """Rebuild a run from its record alone (definition, mode, context, Σ, recall index)."""
-        info = await self._off_loop(self.store.get_run, run_id)
+        info = await self.off_loop(self.store.get_run, run_id)
         events = await self.store.read(run_id)
         if not events or events[0].kind != "run_started":
             raise NotFoundError(f"run {run_id} has no run_started event; its record is incomplete")
@@ -277,40 +289,13 @@ class Runtime:
                 advance(run.view.turn_calls, run.view.summary_calls)
         return run
 
-    async def detach(self, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunState:
-        """Start a run with ``prompt`` as its input and queue it (``run_queued``) for any
-        ``loomrt worker`` on this record to claim and play; nothing is played here (on
-        PostgreSQL the event makes the run's job, :mod:`loomrt.jobs`, and wakes the workers)."""
-        run = await self.astart(agent, **kw)
-        await add_user_input(run, prompt)
-        await run.add("run_queued", {"by": self.owner or worker_name()})
-        if self.owner is not None and run.epoch is not None:  # any worker may take it now
-            await self._off_loop(self.store.release_run, run.run_id, self.owner, run.epoch)
-        return run
-
-    async def take(self, run_id: str) -> RunResult | None:
-        """Claim a queued run (``loomrt run --detach``) and play it; None when it is not queued
-        any more (another worker took it). :class:`~loomrt.errors.RunOwnedError` while another
-        worker's claim on it is live."""
-        run = await self.aopen(run_id)
-        if run.view.status != "queued":
-            return None
-        await self.aclaim(run)
-        if (await self._off_loop(self.store.get_run, run_id)).last_seq != run.last_seq:  # taken and played meanwhile
-            if self.owner is not None and run.epoch is not None:
-                await self._off_loop(self.store.release_run, run_id, self.owner, run.epoch)
-            return None
-        await run.add("resumed", {"from_seq": run.last_seq})
-        await close_interrupted_calls(run)
-        return await self._play(run)
-
     def _heartbeat(self, run: RunState) -> contextlib.AbstractContextManager[Any]:
         """While a turn of a claimed run plays, its claim is renewed apart from its appends
         (a model call longer than the claim's ttl keeps the run)."""
         if self.owner is None or run.epoch is None:
             return contextlib.nullcontext()
         return Heartbeat(
-            self.store, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
+            self.coordination, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
         )
 
     def _turn_heartbeat(self, run: RunState) -> contextlib.AbstractContextManager[Any]:
@@ -322,7 +307,7 @@ class Runtime:
         if self._heartbeats is None:
             self._heartbeats = Heartbeats()
         return self._heartbeats.hold(
-            self.store, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
+            self.coordination, run.run_id, self.owner, run.epoch, ttl_s=self.claim_ttl_s, every_s=self.heartbeat_s
         )
 
     @contextlib.contextmanager
@@ -334,14 +319,14 @@ class Runtime:
         if self.owner is None or run.epoch is not None:
             yield
             return
-        held = any(c["run_id"] == run.run_id and c["owner"] == self.owner for c in self.store.run_owners())
+        held = any(c["run_id"] == run.run_id and c["owner"] == self.owner for c in self.coordination.run_owners())
         self.claim(run)
         try:
             with self._heartbeat(run):  # a summary longer than the claim's ttl keeps the run
                 yield
         finally:
             if not held and run.epoch is not None:
-                self.store.release_run(run.run_id, self.owner, run.epoch)
+                self.coordination.release_run(run.run_id, self.owner, run.epoch)
                 run.epoch = None
 
     def claim(self, run: RunState) -> None:
@@ -350,9 +335,9 @@ class Runtime:
         Without an owner (one machine, a foreground command), the run is refused all the same
         while a worker that still runs holds it (``run --detach`` played by ``loomrt worker``)."""
         if self.owner is not None:
-            run.epoch = self.store.claim_run(run.run_id, self.owner, self.claim_ttl_s)
+            run.epoch = self.coordination.claim_run(run.run_id, self.owner, self.claim_ttl_s)
             return
-        for c in self.store.run_owners():
+        for c in self.coordination.run_owners():
             if c["run_id"] == run.run_id and not c["released"] and not owner_is_gone(c["owner"]):
                 raise RunOwnedError(
                     f"run {run.run_id} is being played by worker {c['owner']} (its claim holds for "
@@ -363,7 +348,7 @@ class Runtime:
     async def aclaim(self, run: RunState) -> None:
         """:meth:`claim` from async code: on a store that waits on I/O (``aclaim_run``), the
         claim is awaited, never blocking the event loop the other runs play on."""
-        claim = getattr(self.store, "aclaim_run", None)
+        claim = getattr(self.coordination, "aclaim_run", None)
         if self.owner is not None and claim is not None:
             run.epoch = await claim(run.run_id, self.owner, self.claim_ttl_s)
             return
@@ -377,6 +362,11 @@ class Runtime:
         ):
             return self.result(run)
         await self.aclaim(run)
+        return await self.play_resumed(run)
+
+    async def play_resumed(self, run: RunState) -> RunResult:
+        """Play a claimed run on from where its record stopped: ``resumed`` is recorded, the
+        tool calls a stop interrupted are closed, and the turn plays (a resume, a worker's take)."""
         await run.add("resumed", {"from_seq": run.last_seq})
         await close_interrupted_calls(run)
         return await self._play(run)
@@ -481,7 +471,7 @@ class Runtime:
             return False
         lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
         try:
-            if not await self._off_loop(self._take_distil_lease, lease, holder):
+            if not await self.off_loop(self._take_distil_lease, lease, holder):
                 return False  # another process (a `loomrt worker`) is on it
             return await maybe_distil(run, force=True)
         except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
@@ -502,9 +492,9 @@ class Runtime:
             return False
         finally:
             with contextlib.suppress(StoreError):
-                await self._off_loop(self.store.release_lease, lease, holder)
+                await self.off_loop(self.coordination.release_lease, lease, holder)
 
-    async def _off_loop(self, call: Callable[..., T], *args: Any) -> T:
+    async def off_loop(self, call: Callable[..., T], *args: Any) -> T:
         """A sync store call from async code: on a store that waits on I/O (shared: PostgreSQL)
         made on a worker thread, so the event loop the other runs play on is never blocked;
         on SQLite, inline (a local file: a thread hop would cost more than the call)."""
@@ -515,13 +505,13 @@ class Runtime:
     def _take_distil_lease(self, lease: str, holder: str) -> bool:
         """Take the run's distillation lease: free, expired, or held by a process of this
         host that died (a chat killed while it distilled)."""
-        if self.store.take_lease(lease, holder, LEASE_S):
+        if self.coordination.take_lease(lease, holder, LEASE_S):
             return True
-        stale = self.store.lease_holder(lease)
+        stale = self.coordination.lease_holder(lease)
         if stale is None or not owner_is_gone(stale.rpartition(":")[0]):
             return False
-        self.store.release_lease(lease, stale)
-        return self.store.take_lease(lease, holder, LEASE_S)
+        self.coordination.release_lease(lease, stale)
+        return self.coordination.take_lease(lease, holder, LEASE_S)
 
     async def compact(self, run_id: str) -> dict[str, Any]:
         """Distil a run that is not playing now, whatever its pressure: the tokens of its

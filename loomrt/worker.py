@@ -1,5 +1,11 @@
 """``loomrt worker``: the background work of runs that are not playing, off any user's path.
 
+The execution layer's one place: queueing a run (:func:`detach`, ``loomrt run --detach``),
+taking it (:func:`take`), and the steps that play, resume, distil or consolidate one item
+(:func:`play_row`, :func:`distil_row`, :func:`consolidate_row`), which both queues use. The
+:class:`~loomrt.Runtime` plays runs; who may append to one is
+:class:`~loomrt.record.coordination.Coordination`'s (the runtime's ``coordination``).
+
 Two kinds of work, queued on the record:
 
 - **queued runs** (``run_queued``: ``loomrt run --detach``): the worker claims the run
@@ -33,17 +39,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from loomrt.errors import FencedError, LoomError, RunOwnedError, StoreError
 from loomrt.record.owners import owner_is_gone, worker_name
-from loomrt.run.state import RunResult
+from loomrt.run.loop import add_user_input
+from loomrt.run.state import RunResult, RunState
 from loomrt.runtime import Runtime
+from loomrt.spec import AgentSpec
 from loomrt.worker_life import Backoff, Stopping, hand_back, nap, until_stopped
 
 __all__ = [
     "work_once",
+    "detach",
+    "take",
     "play_row",
     "distil_row",
     "consolidate_row",
@@ -70,12 +80,39 @@ PLAYED = ("resumed", "final", "error", "cancelled")
 """A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
 
 
+async def detach(runtime: Runtime, agent: AgentSpec | str, prompt: str, **kw: Any) -> RunState:
+    """Start a run with ``prompt`` as its input and queue it (``run_queued``) for any
+    ``loomrt worker`` on this record to claim and play; nothing is played here (on
+    PostgreSQL the event makes the run's job, :mod:`loomrt.jobs`, and wakes the workers).
+    Keyword arguments as :meth:`Runtime.astart`'s."""
+    run = await runtime.astart(agent, **kw)
+    await add_user_input(run, prompt)
+    await run.add(RUN_QUEUED, {"by": runtime.owner or worker_name()})
+    if runtime.owner is not None and run.epoch is not None:  # any worker may take it now
+        await runtime.off_loop(runtime.coordination.release_run, run.run_id, runtime.owner, run.epoch)
+    return run
+
+
+async def take(runtime: Runtime, run_id: str) -> RunResult | None:
+    """Claim a queued run (``loomrt run --detach``) and play it; None when it is not queued
+    any more (another worker took it). :class:`~loomrt.errors.RunOwnedError` while another
+    worker's claim on it is live."""
+    run = await runtime.aopen(run_id)
+    if run.view.status != "queued":
+        return None
+    await runtime.aclaim(run)
+    if (await runtime.off_loop(runtime.store.get_run, run_id)).last_seq != run.last_seq:  # taken and played meanwhile
+        if runtime.owner is not None and run.epoch is not None:
+            await runtime.off_loop(runtime.coordination.release_run, run_id, runtime.owner, run.epoch)
+        return None
+    return await runtime.play_resumed(run)
+
+
 async def play_row(runtime: Runtime, work: str, run_id: str) -> dict[str, Any]:
-    """Play one queued run (``work="play"``: :meth:`Runtime.take`) or resume one a worker
+    """Play one queued run (``work="play"``: :func:`take`) or resume one a worker
     left (``"resume"``); its row. Cancelled (a stop's cut-off), it says nothing."""
-    step: Callable[[str], Awaitable[RunResult | None]] = runtime.take if work == "play" else runtime.resume
     try:
-        result = await step(run_id)
+        result = await (take(runtime, run_id) if work == "play" else runtime.resume(run_id))
     except RunOwnedError:
         return {"run_id": run_id, "work": work, "done": False, "reason": "another worker has it"}
     except LoomError as exc:
@@ -104,7 +141,7 @@ async def _play_queued(
 
     await asyncio.gather(
         *(do("play", r) for r in runtime.store.pending(RUN_QUEUED, PLAYED)),
-        *(do("resume", r) for r in abandoned(runtime.store, runtime.owner)),
+        *(do("resume", r) for r in abandoned(runtime.coordination, runtime.owner)),
     )
     return rows
 
@@ -219,7 +256,7 @@ def work_once_then_stop(
         )
     finally:
         if runtime.owner is not None:
-            hand_back(runtime.store, runtime.owner)
+            hand_back(runtime.coordination, runtime.owner)
 
 
 def work(
@@ -272,4 +309,4 @@ def work(
                 time.sleep(min(1.0, left))
     finally:
         if runtime.owner is not None:
-            hand_back(runtime.store, runtime.owner)
+            hand_back(runtime.coordination, runtime.owner)

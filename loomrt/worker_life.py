@@ -25,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from loomrt.errors import StoreError
-from loomrt.record.store import Store
+from loomrt.record.coordination import Coordination
 
 __all__ = ["Stopping", "Backoff", "hand_back", "until_stopped", "nap"]
 
@@ -105,10 +105,10 @@ async def until_stopped(work: Coroutine[Any, Any, T], stopping: Stopping | None)
     return task.result()
 
 
-def hand_back(store: Store, owner: str) -> list[str]:
+def hand_back(store: Coordination, owner: str) -> list[str]:
     """Let every claim ``owner`` holds lapse now (a worker that stops): any worker resumes
     those runs at once (a lapsed claim on an active run is what an idle worker looks for,
-    :meth:`~loomrt.record.store.Store.stalled_runs`; one let go is not). The run ids handed
+    :meth:`~loomrt.record.coordination.Coordination.stalled_runs`; one let go is not). The run ids handed
     back; a record that cannot be reached hands none back (their claims lapse in time)."""
     done = []
     try:

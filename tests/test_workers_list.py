@@ -16,6 +16,7 @@ from loomrt.record.sqlite import default_store
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import ScriptedProvider
+from loomrt.worker import detach, take
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -72,7 +73,7 @@ def test_the_queue_block_counts_what_waits_how_long_it_waited_and_the_retries(ur
     spec = AgentSpec.model_validate({"model": "scripted/none.yaml"})
 
     async def detach_two() -> list[str]:
-        return [(await rt.detach(spec, f"job {i}", name="helper")).run_id for i in range(2)]
+        return [(await detach(rt, spec, f"job {i}", name="helper")).run_id for i in range(2)]
 
     try:
         first, second = asyncio.run(detach_two())
@@ -80,7 +81,7 @@ def test_the_queue_block_counts_what_waits_how_long_it_waited_and_the_retries(ur
         before = queue_metrics(store)
         assert (before["runs_queued"], before["taken"], before["latency_s_median"]) == (2, 0, None)
         assert before["oldest_queued_s"] >= 0.3
-        assert asyncio.run(rt.take(first)) is not None  # a worker takes one
+        assert asyncio.run(take(rt, first)) is not None  # a worker takes one
         after = queue_metrics(store)
         assert (after["runs_queued"], after["taken"], after["retries"]) == (1, 1, 0)
         assert after["latency_s_median"] >= 0.3  # it waited in the queue that long

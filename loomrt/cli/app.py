@@ -135,7 +135,9 @@ def run_cmd(
     screen = Screen(stream=terminal(sys.stdout), status=True) if live else None
     rt = runtime(show_events=not (json_output or quiet or live), user=user, screen=screen)
     if detach:
-        queued = asyncio.run(rt.detach(agent, prompt, agents=defs, mode=mode, agents_file=str(path.resolve())))
+        from loomrt.worker import detach as queue_run
+
+        queued = asyncio.run(queue_run(rt, agent, prompt, agents=defs, mode=mode, agents_file=str(path.resolve())))
         if json_output:
             print_json({"run_id": queued.run_id, "status": "queued"})
         else:

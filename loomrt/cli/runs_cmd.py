@@ -466,7 +466,7 @@ def cancel_cmd(
             f"run {run_id} has already ended ({status}): there is nothing to cancel. "
             f"`loomrt runs show {run_id}` shows how it ended; `loomrt runs continue {run_id} ...` gives it a new input."
         )
-    unclaimed = status == "active" and not any(c["run_id"] == run_id for c in rt.store.run_owners())
+    unclaimed = status == "active" and not any(c["run_id"] == run_id for c in rt.coordination.run_owners())
     if unclaimed and not force:  # a foreground run checks no one's cancel: it would play on after it
         raise SpecError(
             f"run {run_id} is active and no worker claims it: it plays in a foreground process "

@@ -2,7 +2,7 @@
 
 Three jobs (their task names in :mod:`loomrt.jobs.schema`):
 
-- ``loomrt.play`` (``run_id``): a queued run is claimed and played (:meth:`Runtime.take`,
+- ``loomrt.play`` (``run_id``): a queued run is claimed and played (:func:`loomrt.worker.take`,
   row ``play``); a run a worker left (still active, its claim lapsed, handed back, or held by
   a dead worker) is resumed (row ``resume``); a run that is neither is left alone, silently
   (a job the engine hands out again after it was done);
@@ -130,7 +130,7 @@ class JobWorker:
 
     def _left(self) -> list[str]:
         """The runs a worker left (this one's too, but not those it plays now)."""
-        return [r for r in abandoned(self.runtime.store, self.runtime.owner) if r not in self.playing]
+        return [r for r in abandoned(self.runtime.coordination, self.runtime.owner) if r not in self.playing]
 
     async def _defer(self, task: str, lock: str, **args: Any) -> None:
         from procrastinate.exceptions import AlreadyEnqueued
@@ -257,7 +257,7 @@ class JobWorker:
                         await asyncio.sleep(0.2)
                     continue
         finally:
-            await asyncio.to_thread(hand_back, self.runtime.store, str(self.runtime.owner))
+            await asyncio.to_thread(hand_back, self.runtime.coordination, str(self.runtime.owner))
         return self.rows
 
 

@@ -15,6 +15,11 @@ append on a local file takes tens of microseconds, which a thread hop would only
 PostgreSQL implements both over psycopg's async connections (:mod:`.postgres`, on an I/O
 loop of its own: :mod:`.pg_io`), so an awaited append never blocks the caller's loop. Which
 store a process uses is chosen in one place, :func:`loomrt.record.open_store`.
+
+The store is the log alone. Who may append to a run, and who holds a piece of out-of-band
+work, is :class:`~loomrt.record.coordination.Coordination`, a protocol beside it: both stores
+implement it too (its rows live in the same database, so a claim and the appends it fences
+commit together), and the runtime reaches it through :attr:`loomrt.Runtime.coordination`.
 """
 
 from __future__ import annotations
@@ -86,37 +91,6 @@ class Store(Protocol):
 
     def cards(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Fold's cards by id, whichever run of the family wrote them (the ids found)."""
-
-    def take_lease(self, name: str, holder: str, ttl_s: float, *, replacing: str | None = None) -> bool:
-        """Hold lease ``name`` for ``ttl_s`` seconds (the one lease mechanism: folds, harvest's
-        scopes): True if ``holder`` has it. ``replacing``: a holder the caller found gone
-        (:func:`loomrt.record.owners.owner_is_gone`), whose live lease is taken over (and only
-        while that holder still has it)."""
-
-    def release_lease(self, name: str, holder: str) -> None:
-        """Give lease ``name`` back."""
-
-    def lease_holder(self, name: str) -> str | None:
-        """Who holds lease ``name`` now, if anyone."""
-
-    def claim_run(self, run_id: str, owner: str, ttl_s: float) -> int:
-        """Own run ``run_id`` for ``ttl_s`` seconds, renewed by each fenced append, and return
-        its epoch; :class:`~loomrt.errors.RunOwnedError` while another owner's claim is live
-        (see :mod:`loomrt.record.owners`)."""
-
-    def renew_run(self, run_id: str, owner: str, epoch: int, ttl_s: float) -> bool:
-        """A heartbeat: ``owner``'s claim at ``epoch`` holds ``ttl_s`` seconds more. False when
-        that claim is no longer the run's (taken over, or let go): nothing is claimed then."""
-
-    def release_run(self, run_id: str, owner: str, epoch: int) -> None:
-        """Let a claimed run go: its lease expires now, its epoch stays."""
-
-    def run_owners(self, *, expired: bool = False) -> list[dict[str, Any]]:
-        """The live claims (``loomrt workers list``); with ``expired``, the lapsed ones."""
-
-    def stalled_runs(self, owners: Iterable[str] = ()) -> list[RunInfo]:
-        """The active runs whose claim lapsed (not one let go), or is held by one of ``owners``:
-        one query, however many runs were ever played."""
 
     def pending(self, kind: str, settled_by: Iterable[str]) -> list[str]:
         """The runs with a ``kind`` event after their last ``settled_by`` one."""

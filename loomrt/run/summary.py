@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from loomrt.events import Event, RunInfo
+from loomrt.record.coordination import Coordination
 from loomrt.record.store import Store
 from loomrt.run.projection import project
 
@@ -41,7 +42,7 @@ def run_summary(info: RunInfo, events: list[Event], store: Store | None = None) 
     }
     mode_state = view.mode.status(view)
     if mode_state is not None:  # fold: pending, running, failures, last success, last failure, cards
-        if store is not None:
+        if isinstance(store, Coordination):  # who distils it now: the run's distillation lease
             mode_state["running"] = store.lease_holder(f"distil:{info.run_id}") is not None
         summary["mode_state"] = mode_state
     if store is not None:
