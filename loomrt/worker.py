@@ -167,7 +167,7 @@ def queued_distillations(store: Any) -> list[tuple[str, str]]:
 async def distil_row(runtime: Runtime, run_id: str, work: str) -> dict[str, Any]:
     """Do one run's queued distillation, under its lease and through its claim; its row (a
     run playing now is left to its own process)."""
-    info = runtime.store.get_run(run_id)
+    info = await runtime.off_loop(runtime.store.get_run, run_id)
     if info.status == "active":
         return {"run_id": run_id, "work": work, "done": False, "reason": "playing now: its own process distils it"}
     run = await runtime.aopen(run_id)

@@ -42,14 +42,29 @@ def _jobs(url: str) -> list[tuple[Any, ...]]:
         ).fetchall()
 
 
-def _worker(url: str, *args: str) -> subprocess.Popen[str]:
+def _worker(url: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "loomrt", "worker", "--json", "--interval", "1", *args],
-        env={**os.environ, "LOOMRT_DB_URL": url},
+        env={**os.environ, "LOOMRT_DB_URL": url, **(env or {})},
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
+
+
+def _tried(url: str) -> bool:
+    """The engine has tried every job once: none waits untried (a spent job is deleted, a job
+    tried again later counts its attempt)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE attempts = 0").fetchone()
+    return row is not None and row[0] == 0
+
+
+def _sabotage(folder: Path, line: str) -> Path:
+    """A folder whose ``sitecustomize`` breaks the worker processes started with it on PYTHONPATH."""
+    (folder / "sabotage").mkdir(exist_ok=True)
+    (folder / "sabotage" / "sitecustomize.py").write_text(f"import loomrt.jobs.engine\n{line}\n", encoding="utf-8")
+    return folder / "sabotage"
 
 
 def _until(what: Any, timeout_s: float = 30.0) -> bool:
@@ -64,13 +79,15 @@ def _until(what: Any, timeout_s: float = 30.0) -> bool:
 def test_a_detached_run_and_its_job_are_written_in_one_transaction(postgres_url: str, tmp_path: Path) -> None:
     run_id = _detach(postgres_url, _agents(tmp_path))
     assert _jobs(postgres_url) == [("loomrt.play", f"play:{run_id}", "todo", run_id)]
-    with psycopg.connect(postgres_url) as conn:  # queued work whose transaction is rolled back: no job either
+    with psycopg.connect(postgres_url) as conn:  # a queued fold: its job is in the same transaction, or nowhere
         seq = conn.execute("SELECT max(seq) + 1 FROM events WHERE run_id = %s", (run_id,)).fetchone()[0]  # type: ignore[index]
         conn.execute(
             "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, 'fold_queued', 0, '{}', 'x')",
             (run_id, seq),
         )
-        assert len(_jobs(postgres_url)) == 1  # not committed: not seen
+        inside = conn.execute("SELECT task_name, queueing_lock FROM procrastinate_jobs ORDER BY id").fetchall()
+        assert inside == [("loomrt.play", f"play:{run_id}"), ("loomrt.distil", f"distil:{run_id}")]
+        assert len(_jobs(postgres_url)) == 1  # not committed: not seen from elsewhere
         conn.rollback()
     assert _jobs(postgres_url) == [("loomrt.play", f"play:{run_id}", "todo", run_id)]
 
@@ -140,3 +157,104 @@ def test_a_job_a_dead_worker_left_doing_goes_back_to_the_queue(postgres_url: str
     kinds = [e.kind for e in store.events(run_id)]
     assert (store.get_run(run_id).status, kinds.count("resumed"), kinds.count("final")) == ("done", 1, 1), kinds
     store.close()
+
+
+def test_a_parked_chats_queued_fold_is_done_by_its_distil_job(postgres_url: str, tmp_path: Path) -> None:
+    import asyncio
+    import random
+
+    from fold_kit import said, spec
+
+    from loomrt.runtime import Runtime
+
+    script = tmp_path / "chat.yaml"
+    script.write_text(json.dumps({"turns": [{"text": "Noted."}] * 60, "summaries": [{"extractive": 300}]}))
+    store = default_store(postgres_url)
+    rt = Runtime(store)
+    run = rt.start(spec(soft_pct=40, cache_idle_s=0).clone(model=f"scripted/{script}"), interactive=True)
+    rng = random.Random(11)
+
+    async def until_queued() -> None:
+        for text in [said(i, rng) for i in range(60)]:
+            await rt.send(run, text)
+            if run.mode.queued(run.view):
+                return
+
+    asyncio.run(until_queued())
+    assert ("loomrt.distil", f"distil:{run.run_id}") in [(j[0], j[1]) for j in _jobs(postgres_url)]
+    rt.coordination.release_run(run.run_id, str(rt.owner), int(run.epoch or 0))  # the chat closed
+    done = runner.invoke(app, ["--db-url", postgres_url, "worker", "--once", "--json"])
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["run_id"], r["work"], r["done"]) for r in rows] == [(run.run_id, "fold", True)], rows
+    assert rows[0]["tokens_after"] < rows[0]["tokens_before"]
+    assert store.pending("fold_queued", ("distillation", "fold_skipped")) == []
+    store.close()
+
+
+SPEND = """
+engine = loomrt.jobs.engine
+tried = engine.JobWorker._play
+
+
+async def spent(self, *args, **kw):  # the sabotage: a job that finds its run held is spent, not tried again
+    try:
+        await tried(self, *args, **kw)
+    except engine.WorkWaits:
+        pass
+
+
+engine.JobWorker._play = spent
+"""
+
+
+@pytest.mark.parametrize("retried", [True, False], ids=["retried", "sabotaged-not-retried"])
+def test_a_job_that_comes_before_its_queuer_let_the_run_go_is_tried_again(
+    postgres_url: str, tmp_path: Path, retried: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The play job can run before ``run --detach`` let its claim go (the event and its job
+    commit first): the job is tried again a second later, not spent. The sabotage spends it."""
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    store = default_store(postgres_url)
+    epoch = store.claim_run(run_id, "queuer/1/slow", 60)  # the queuer still holds it
+    env = {} if retried else {"PYTHONPATH": str(_sabotage(tmp_path, SPEND))}
+    worker = _worker(postgres_url, "--interval", "60", env=env)
+    try:
+        assert _until(lambda: _tried(postgres_url), timeout_s=30)  # the job ran, and found the run held
+        time.sleep(1)
+        store.release_run(run_id, "queuer/1/slow", epoch)
+        played = _until(lambda: store.get_run(run_id).status == "done", timeout_s=15 if retried else 6)
+        assert played is retried
+    finally:
+        worker.kill()
+        worker.communicate()
+        store.close()
+
+
+def test_a_worker_the_database_refuses_says_why_once_and_stops(postgres_url: str, tmp_path: Path) -> None:
+    from conftest import app_login
+
+    _detach(postgres_url, _agents(tmp_path))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("REVOKE SELECT ON procrastinate_workers FROM loomrt_app")
+    started = time.monotonic()
+    done = runner.invoke(app, ["--db-url", app_login(postgres_url, "refused_worker"), "worker", "--once", "--json"])
+    assert done.exit_code != 0 and time.monotonic() - started < 20
+    assert "permission denied" in done.output and "reconnect" not in done.output, done.output
+
+
+def test_a_database_with_procrastinate_of_its_own_is_refused_by_migrate(postgres_server: Any) -> None:
+    from importlib.resources import files
+
+    from loomrt.errors import StoreError
+    from loomrt.record import pg_migrations
+
+    base = postgres_server.get_uri()  # type: ignore[attr-defined]
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS theirs")
+        conn.execute("CREATE DATABASE theirs")
+    url = base.replace("/postgres?", "/theirs?")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute((files("procrastinate.sql") / "schema.sql").read_text(encoding="utf-8"))  # another app's
+        with pytest.raises(StoreError, match="has a procrastinate schema already.*a database of its own"):
+            pg_migrations.migrate(conn)
+        assert "jobs_0001_procrastinate_3_10" not in pg_migrations.applied(conn)

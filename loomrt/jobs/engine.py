@@ -30,11 +30,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from loomrt.errors import StoreError
-from loomrt.jobs.schema import CONSOLIDATE, DISTIL, PLAY, QUEUE
+from loomrt.jobs.schema import CONSOLIDATE, CONSOLIDATE_QUEUE, DISTIL, PLAY, QUEUE
 from loomrt.record.owners import worker_name
 from loomrt.runtime import Runtime
 from loomrt.worker import (
@@ -48,7 +48,13 @@ from loomrt.worker import (
 )
 from loomrt.worker_life import Backoff, Stopping, hand_back
 
-__all__ = ["JobWorker", "serve"]
+__all__ = ["JobWorker", "serve", "WorkWaits", "fatal"]
+
+
+class WorkWaits(Exception):
+    """A job whose work is not ready for it yet (a detached run its queuer still holds): the
+    engine runs it again a second later (at most 30 times; then the next look makes it again)."""
+
 
 Tell = Callable[[dict[str, Any]], None]
 
@@ -77,8 +83,9 @@ class JobWorker:
         self.stopping, self.stop, self.once = stopping, stop, once
         self._tell = tell
         self.rows: list[dict[str, Any]] = []
-        self.playing: dict[str, asyncio.Task[Any]] = {}
-        """The runs this process plays now (their jobs' tasks): never resumed by its own look."""
+        self.working: dict[str, asyncio.Task[Any]] = {}
+        """What this process's jobs work on now (a run id, ``scope:SCOPE``), and each job's task:
+        never resumed by its own look, cancelled at a stop's cut-off."""
         self.app = self._app()
         self._backoff = Backoff()
 
@@ -90,9 +97,10 @@ class JobWorker:
         url = str(getattr(self.runtime.store, "url", ""))
         connector = procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=self.concurrency + 3)
         app = procrastinate.App(connector=connector)
-        app.task(name=PLAY, queue=QUEUE)(self._play)
+        later = procrastinate.RetryStrategy(max_attempts=30, wait=1, retry_exceptions={WorkWaits})
+        app.task(name=PLAY, queue=QUEUE, retry=later)(self._play)
         app.task(name=DISTIL, queue=QUEUE)(self._distil)
-        app.task(name=CONSOLIDATE, queue=QUEUE)(self._consolidate)
+        app.task(name=CONSOLIDATE, queue=CONSOLIDATE_QUEUE)(self._consolidate)
         return app
 
     def tell(self, row: dict[str, Any]) -> None:
@@ -100,69 +108,109 @@ class JobWorker:
         if self._tell:
             self._tell(row)
 
-    async def _play(self, run_id: str, kind: str = RUN_QUEUED) -> None:
-        store = self.runtime.store
-        info = await asyncio.to_thread(store.get_run, run_id)
-        if info.status == "queued":
-            work = "play"
-        elif run_id in await asyncio.to_thread(self._left):
-            work = "resume"
-        else:
-            return  # played, or playing elsewhere: nothing for this job to do
-        self.playing[run_id] = asyncio.current_task()  # type: ignore[assignment]
+    @contextlib.contextmanager
+    def _job(self, key: str) -> Iterator[bool]:
+        """This job's turn at ``key`` (a run, a scope): False when another job of this process
+        has it now (checked and taken with no await between: one process never plays one run
+        twice at once, whatever the engine hands out); the job's task is cancelled at a stop's
+        cut-off."""
+        if key in self.working:
+            yield False
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        self.working[key] = task
         try:
-            row = await play_row(self.runtime, work, run_id)
+            yield True
         finally:
-            self.playing.pop(run_id, None)
+            if self.working.get(key) is task:
+                del self.working[key]
+
+    async def _play(self, run_id: str, kind: str = RUN_QUEUED) -> None:
+        with self._job(run_id) as mine:
+            if not mine:
+                return
+            info = await self.runtime.off_loop(self.runtime.store.get_run, run_id)
+            if info.status == "queued":
+                work = "play"
+            elif run_id in await asyncio.to_thread(self._left, run_id):
+                work = "resume"
+            else:
+                return  # played, or playing elsewhere: nothing for this job to do
+            row = await play_row(self.runtime, work, run_id)
+            if work == "play" and not row["done"] and row["reason"] == "another worker has it":
+                still = await self.runtime.off_loop(self.runtime.store.get_run, run_id)
+                if still.status == "queued":  # its queuer has not let it go yet: again in a second
+                    raise WorkWaits(run_id)
         self.tell(row)
 
     async def _distil(self, run_id: str, kind: str = "") -> None:
-        queued = dict(await asyncio.to_thread(queued_distillations, self.runtime.store))
-        if run_id not in queued:
-            return  # settled meanwhile
-        self.tell(await distil_row(self.runtime, run_id, queued[run_id]))
+        with self._job(run_id) as mine:
+            if not mine:
+                return
+            queued = dict(await self.runtime.off_loop(queued_distillations, self.runtime.store))
+            if run_id not in queued:
+                return  # settled meanwhile
+            info = await self.runtime.off_loop(self.runtime.store.get_run, run_id)
+            if info.status == "active":
+                return  # playing now: its own process distils it, else the next look queues it again
+            row = await distil_row(self.runtime, run_id, queued[run_id])
+        self.tell(row)
 
     async def _consolidate(self, scope: str) -> None:
-        if self.consolidator is not None:
-            self.tell(await consolidate_row(self.consolidator, [scope]))
+        with self._job(f"scope:{scope}") as mine:
+            if not mine or self.consolidator is None:
+                return
+            row = await consolidate_row(self.consolidator, [scope])
+        self.tell(row)
 
     # ------------------------------------------------------------------ the look
 
-    def _left(self) -> list[str]:
-        """The runs a worker left (this one's too, but not those it plays now)."""
-        return [r for r in abandoned(self.runtime.coordination, self.runtime.owner) if r not in self.playing]
+    def _left(self, also: str | None = None) -> list[str]:
+        """The runs a worker left (this one's too, but not those it plays now, except ``also``)."""
+        return [
+            r for r in abandoned(self.runtime.coordination, self.runtime.owner) if r == also or r not in self.working
+        ]
 
     async def _defer(self, task: str, lock: str, **args: Any) -> None:
         from procrastinate.exceptions import AlreadyEnqueued
 
+        queue = CONSOLIDATE_QUEUE if task == CONSOLIDATE else QUEUE
         with contextlib.suppress(AlreadyEnqueued):  # its job waits already
-            await self.app.configure_task(task, queue=QUEUE, queueing_lock=lock).defer_async(**args)
+            await self.app.configure_task(task, queue=queue, queueing_lock=lock).defer_async(**args)
 
-    async def look(self, *, starting: bool = False) -> None:
-        """Make the jobs the record's trigger cannot: runs a worker left, and scopes to
-        consolidate; at the start also the work queued before the engine's schema existed.
-        Then hand the jobs of workers that stopped beating back to the queue."""
+    async def look(self) -> None:
+        """Make the jobs no job is waiting for: queued runs and distillations (the record's
+        trigger made theirs; a job that found its work not ready yet, or one queued before the
+        engine's schema existed, is made again), runs a worker left, and scopes to
+        consolidate. Then hand the jobs of workers that stopped beating back to the queue. A
+        constant number of queries, however many runs were ever played."""
         store = self.runtime.store
-        if starting:
-            for run_id in await asyncio.to_thread(store.pending, RUN_QUEUED, PLAYED):
-                await self._defer(PLAY, f"play:{run_id}", run_id=run_id, kind=RUN_QUEUED)
-            for run_id, _ in await asyncio.to_thread(queued_distillations, store):
-                await self._defer(DISTIL, f"distil:{run_id}", run_id=run_id)
+        for run_id in await asyncio.to_thread(store.pending, RUN_QUEUED, PLAYED):
+            await self._defer(PLAY, f"play:{run_id}", run_id=run_id, kind=RUN_QUEUED)
+        for run_id, _ in await asyncio.to_thread(queued_distillations, store):
+            await self._defer(DISTIL, f"distil:{run_id}", run_id=run_id)
         for run_id in await asyncio.to_thread(self._left):
             await self._defer(PLAY, f"play:{run_id}", run_id=run_id, kind="abandoned")
         if self.consolidator is not None:
             for scope in await asyncio.to_thread(self.consolidator.queue.scopes):
                 await self._defer(CONSOLIDATE, f"consolidate:{scope}", scope=scope)
-        if not starting:
-            await self._requeue_stalled()
+        await self._requeue_stalled()
 
     async def _requeue_stalled(self) -> None:
         """Jobs left ``doing`` by a worker whose heartbeat is older than the timeout go back
-        to the queue (what they find then: a run to resume, or nothing)."""
+        to the queue (what they find then: a run to resume, or nothing). One whose work has a
+        job waiting already cannot (the queueing lock): it stays, and finds nothing to do
+        once that job has done the work."""
+        import psycopg
+
         manager = self.app.job_manager
         for job in await manager.get_stalled_jobs(seconds_since_heartbeat=self.heartbeat_timeout_s):
-            with contextlib.suppress(Exception):  # its work has a job waiting already: this one can go
+            try:
                 await manager.retry_job(job)
+            except Exception as exc:
+                if not any(isinstance(e, psycopg.errors.UniqueViolation) for e in _causes(exc)):
+                    raise
 
     # ------------------------------------------------------------------ the worker
 
@@ -174,11 +222,11 @@ class JobWorker:
 
         return Worker(
             app=self.app,
-            queues=[QUEUE],
+            queues=[QUEUE, CONSOLIDATE_QUEUE] if self.consolidator is not None else [QUEUE],
             name=self.runtime.owner,
             concurrency=self.concurrency,
             wait=not self.once,
-            fetch_job_polling_interval=self.interval_s,
+            fetch_job_polling_interval=min(1.0, self.interval_s),  # a job retried later is due without a NOTIFY
             listen_notify=True,
             install_signal_handlers=False,  # a stop is ours (Stopping): its cut-off hands runs back
             update_heartbeat_interval=self.heartbeat_timeout_s / 3,
@@ -191,14 +239,15 @@ class JobWorker:
         True when this round ended by a stop or ``once``, False when the worker stopped of
         itself (the database went away)."""
         async with self.app.open_async():
-            await self.look(starting=True)
-            self._backoff.reset()  # the record answers again
+            await self.look()
             worker = self._worker()
             running = asyncio.create_task(worker.run())
             looking = asyncio.create_task(self._keep_looking())
             try:
                 while not running.done():
                     await asyncio.wait({running}, timeout=0.2)
+                    if worker.worker_id is not None:
+                        self._backoff.reset()  # registered: the database answers again
                     if self.halted():
                         worker.stop()  # no new job; those in flight finish, or are cut off
                         self._cut_off()
@@ -213,7 +262,7 @@ class JobWorker:
     def _cut_off(self) -> None:
         cutoff = self.stopping.cutoff() if self.stopping is not None else None
         if cutoff is not None and time.monotonic() >= cutoff:
-            for task in list(self.playing.values()):
+            for task in list(self.working.values()):
                 task.cancel()
 
     async def _keep_looking(self) -> None:
@@ -223,7 +272,9 @@ class JobWorker:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.look()
-            except (StoreError, OSError, Exception) as exc:  # noqa: BLE001 - the server may be down: look again
+            except Exception as exc:  # noqa: BLE001 - the server may be down: look again
+                if fatal(exc):
+                    raise
                 self._reconnecting(exc, self.interval_s)
 
     def _reconnecting(self, exc: BaseException, delay: float) -> None:
@@ -232,14 +283,16 @@ class JobWorker:
                 "run_id": None,
                 "work": "reconnect",
                 "done": False,
-                "reason": f"the record cannot be reached ({type(exc).__name__}: {exc}); looking again in {delay:g} s",
+                "reason": f"the record cannot be reached ({_said(exc)}); looking again in {delay:g} s",
             }
         )
 
     async def serve(self) -> list[dict[str, Any]]:
         """Work until stopped (``once``: until no job is left), waiting out a database that
         cannot be reached with a backoff, each wait told as a ``reconnect`` row; the runs
-        this worker still holds are let go as it stops. Its rows."""
+        this worker still holds are let go as it stops. Its rows. An error no wait mends (a
+        privilege the role lacks, a table missing: :func:`fatal`), or any error of a
+        ``once`` worker, is one :class:`StoreError`."""
         backoff = self._backoff = Backoff()
         try:
             while not self.halted():
@@ -250,15 +303,39 @@ class JobWorker:
                 except Exception as exc:  # noqa: BLE001 - psycopg's, procrastinate's or the store's: wait, try again
                     if self.halted():
                         break
+                    if fatal(exc) or self.once:
+                        where = getattr(self.runtime.store, "path", "the record")
+                        raise StoreError(f"loomrt worker cannot work on {where}: {_said(exc)}") from None
                     delay = backoff.next()
                     self._reconnecting(exc, delay)
                     end = asyncio.get_running_loop().time() + delay
                     while not self.halted() and asyncio.get_running_loop().time() < end:
                         await asyncio.sleep(0.2)
-                    continue
         finally:
             await asyncio.to_thread(hand_back, self.runtime.coordination, str(self.runtime.owner))
         return self.rows
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        yield at
+        at = at.__cause__ or at.__context__
+
+
+def fatal(exc: BaseException) -> bool:
+    """An error no wait mends: the database refused the role (SQLSTATE class 28), it does
+    not exist (3D), or a table, function or privilege is missing (42: run ``loomrt db
+    migrate``, or grant what it names). A lost connection or a server shutting down is not."""
+    return any(str(getattr(e, "sqlstate", "") or "")[:2] in ("28", "3D", "42") for e in _causes(exc))
+
+
+def _said(exc: BaseException) -> str:
+    """The deepest error's own words, on one line (procrastinate wraps psycopg's)."""
+    last = list(_causes(exc))[-1]
+    return f"{type(last).__name__}: {' '.join(str(last).split())}"
 
 
 def serve(runtime: Runtime, **kw: Any) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ the trigger that turns queued work in the record into jobs:
   another for the same work is not made (the trigger lets the refusal pass).
 
 A newer procrastinate's schema changes come as migrations of this part (procrastinate ships
-them as ``procrastinate/sql/migrations``): pin its minor version (``postgres`` extra).
+them as ``procrastinate/sql/migrations``): pin its minor version (``postgres`` extra: ``==3.10.0``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ from importlib.resources import files
 
 from loomrt.record.pg_migrations import APP_ROLE
 
-__all__ = ["PART", "MIGRATIONS", "POSTGRES_SQL", "QUEUE", "PLAY", "DISTIL", "CONSOLIDATE"]
+__all__ = ["PART", "MIGRATIONS", "POSTGRES_SQL", "QUEUE", "CONSOLIDATE_QUEUE", "PLAY", "DISTIL", "CONSOLIDATE"]
 
 QUEUE = "loomrt"
-"""The procrastinate queue every loomrt job goes to."""
+"""The procrastinate queue runs' jobs go to (play, distil)."""
+CONSOLIDATE_QUEUE = "loomrt-consolidate"
+"""Consolidation's queue: only workers with a consolidator (``--consolidate``) take from it."""
 PLAY, DISTIL, CONSOLIDATE = "loomrt.play", "loomrt.distil", "loomrt.consolidate"
 """The jobs' task names."""
 
@@ -69,7 +71,20 @@ MIGRATIONS: list[tuple[str, str]] = [("jobs_0001_procrastinate_3_10", "")]
 """This part's one list (PostgreSQL only: on SQLite the record is the queue, so the SQLite
 side of each is empty)."""
 
-POSTGRES_SQL: dict[str, str] = {"jobs_0001_procrastinate_3_10": _procrastinate_schema() + _DEFER_WORK + _GRANTS}
+_NOT_TWICE = """
+    DO $$
+    BEGIN
+        IF to_regclass('procrastinate_jobs') IS NOT NULL THEN
+            RAISE EXCEPTION 'this database has a procrastinate schema already (another application''s?)'
+                USING HINT = 'loomrt installs its own: give loomrt a database of its own',
+                      ERRCODE = 'duplicate_object';
+        END IF;
+    END $$;
+"""
+
+POSTGRES_SQL: dict[str, str] = {
+    "jobs_0001_procrastinate_3_10": _NOT_TWICE + _procrastinate_schema() + _DEFER_WORK + _GRANTS
+}
 
 PART = (MIGRATIONS, POSTGRES_SQL)
 """(the ordered list of names, the PostgreSQL SQL by name): see :mod:`loomrt.record.pg_migrations`."""

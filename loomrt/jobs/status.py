@@ -1,11 +1,11 @@
 """The job engine's own figures for ``loomrt workers list`` on PostgreSQL: procrastinate's jobs
-of loomrt's queue by state and task, and its registered workers with their heartbeat ages."""
+of loomrt's queues by state and task, and its registered workers with their heartbeat ages."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from loomrt.jobs.schema import QUEUE
+from loomrt.jobs.schema import CONSOLIDATE_QUEUE, QUEUE
 
 __all__ = ["engine_status"]
 
@@ -18,9 +18,9 @@ def engine_status(url: str) -> dict[str, Any]:
 
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE queue_name = %s "
+            "SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE queue_name = ANY(%s) "
             "GROUP BY task_name, status",
-            (QUEUE,),
+            ([QUEUE, CONSOLIDATE_QUEUE],),
         ).fetchall()
         workers = conn.execute(
             "SELECT id, extract(epoch FROM now() - last_heartbeat) FROM procrastinate_workers ORDER BY id"

@@ -260,6 +260,10 @@ def migrate(conn: Any, *, dry_run: bool = False) -> list[str]:
                     conn.execute("INSERT INTO _migrations VALUES (%s, extract(epoch from clock_timestamp()))", (name,))
             except psycopg.errors.InsufficientPrivilege as exc:
                 raise StoreError(_lacking(conn, name, exc)) from None
+            except psycopg.Error as exc:  # whole or not at all: nothing of it was applied
+                hint = f" {exc.diag.message_hint}" if exc.diag.message_hint else ""
+                why = " ".join(str(exc).strip().splitlines()[0].split())
+                raise StoreError(f"migration {name} failed, and nothing of it was applied: {why}.{hint}") from None
             done.append(name)
         for part in _parts():
             if len(part) > 2:
