@@ -121,8 +121,8 @@ def test_the_engines_worker_plays_the_job_and_forgets_it(postgres_url: str, tmp_
 def test_a_running_worker_plays_what_is_queued_after_it_started(
     postgres_url: str, tmp_path: Path, trigger: bool
 ) -> None:
-    """The record's trigger is what hands a long-running worker new work: without it (the
-    sabotage) a run queued after the worker's first look waits forever."""
+    """The record's trigger is what hands a long-running worker new work at once: without it
+    (the sabotage) a run queued after the worker's first look waits for its next (a minute)."""
     if not trigger:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute("DROP TRIGGER events_defer_work ON events")
