@@ -309,3 +309,20 @@ def test_a_full_context_row_with_a_block_counts_a_gold_no_text_holds_as_not_verb
     for config in ("full", "full/inject", "recall"):
         assert _misses([{**row, "config": config}])["not verbatim anywhere"] == 1
     assert _misses([{**row, "config": "recap/inject-only"}])["not in context, Recall not called"] == 1
+
+
+def test_one_call_turns_reaches_the_asked_agents_model_and_only_the_embedded_one(tmp_path: Path) -> None:
+    from loomrt.bench.core import NullProgress
+    from loomrt.bench.qa.runner import QAConfig, _Session
+
+    for model, wanted in (("local/qwen2.5-coder-1.5b", True), ("openai/gpt-4o-mini", False)):
+        session = _Session(QAConfig(data=tmp_path / "x.json", model=model, one_call_turns=True), NullProgress())
+        try:
+            assert bool(session.spec("recap").capabilities.one_call_turns) is wanted
+        finally:
+            session.close()
+    session = _Session(QAConfig(data=tmp_path / "x.json"), NullProgress())
+    try:
+        assert not session.spec("recap").capabilities.one_call_turns  # two calls unless asked
+    finally:
+        session.close()

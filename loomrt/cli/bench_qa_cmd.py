@@ -66,6 +66,14 @@ def qa_cmd(
         typer.Option("--out", help="Folder for report.md, results.json, qa.png, and the answer cache (resumes)."),
     ] = None,
     docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the QA block of this Markdown page.")] = None,
+    one_call_turns: Annotated[
+        bool,
+        typer.Option(
+            "--one-call-turns",
+            help="On the embedded model: where Recall is offered, decide and answer in one generation "
+            "(capabilities.one_call_turns) instead of deciding, then answering in a second call.",
+        ),
+    ] = False,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Replay LoCoMo conversations through real runs and let the model answer their questions in each configuration."""
@@ -90,6 +98,7 @@ def qa_cmd(
         embedder=embedder,
         judge=judge,
         out=out,
+        one_call_turns=one_call_turns,
     )
     if configs:
         config.configs = _split(configs)

@@ -52,15 +52,21 @@ QA_SYSTEM = (
 )
 
 
-def qa_spec(model: str, mode: str, *, budget_tokens: int, recall: bool, window: int | None) -> AgentSpec:
-    """The agent of a replay: ``mode`` on ``budget_tokens``, Recall on or off."""
+def qa_spec(
+    model: str, mode: str, *, budget_tokens: int, recall: bool, window: int | None, one_call_turns: bool = False
+) -> AgentSpec:
+    """The agent of a replay: ``mode`` on ``budget_tokens``, Recall on or off; on the embedded
+    model, ``one_call_turns`` decides and answers in one generation where a tool is offered."""
+    capabilities: dict[str, Any] = {"context_window": window} if window else {}
+    if one_call_turns:
+        capabilities["one_call_turns"] = True
     return AgentSpec(
         model=model,
         system_prompt=QA_SYSTEM,
         max_tokens=64,
         temperature=0,
         max_iterations=4,
-        capabilities={"context_window": window} if window else {},
+        capabilities=capabilities,
         context={
             "mode": mode,
             "budget_tokens": budget_tokens,

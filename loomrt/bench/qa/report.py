@@ -24,7 +24,12 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
         "",
         f"Model {cfg['model']}, replay budget {cfg['budget_tokens']:,} tokens, Recall top {cfg['top_k']} for "
         f"`recall`, window {cfg['window']:,}; conversations (estimated tokens): {sizes}; "
-        f"{cfg['questions'] or 'all'} questions per conversation.",
+        f"{cfg['questions'] or 'all'} questions per conversation"
+        + (
+            "; where Recall is offered, one generation decides and answers (`--one-call-turns`)."
+            if cfg.get("one_call_turns")
+            else "."
+        ),
         "",
         "| configuration | questions | F1 | contains | judge | folded size | input tokens / q | s / q "
         "| Recall calls / q | abstained | failed |",

@@ -93,6 +93,9 @@ class QAConfig:
     embedder: str = "default"
     judge: str | None = None
     out: Path | None = None
+    one_call_turns: bool = False
+    """On the embedded model, a question whose run offers a tool (Recall) is decided and
+    answered in one generation (``capabilities.one_call_turns``) instead of two calls."""
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -180,6 +183,7 @@ class _Session:
             budget_tokens=self.config.budget_tokens,
             recall=recall,
             window=self.config.window if local else None,
+            one_call_turns=self.config.one_call_turns and local,
         )
 
     def close(self) -> None:
