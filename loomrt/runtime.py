@@ -24,13 +24,10 @@ from loomrt._log import get_logger
 from loomrt.activity import Watcher
 from loomrt.driving import drive, inline_wanted
 from loomrt.errors import (
-    FencedError,
     LoomError,
-    MovedOnError,
     NotFoundError,
     RunOwnedError,
     SpecError,
-    StoreError,
 )
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback
@@ -48,6 +45,7 @@ from loomrt.record.owners import (
 )
 from loomrt.record.sqlite import default_store
 from loomrt.record.store import Store
+from loomrt.run.between_turns import between_turns
 from loomrt.run.distil import maybe_distil
 from loomrt.run.loop import add_user_input, close_interrupted_calls, play_turn
 from loomrt.run.modes import mode_for
@@ -58,11 +56,6 @@ from loomrt.tools import Tool
 from loomrt.visibility import withhold
 
 __all__ = ["Runtime", "drive"]
-
-LEASE_S = 600.0
-"""How long a between-turns distillation holds its run's lease (``distil:RUN_ID``) at most:
-a process that dies holding it blocks no one for longer."""
-
 
 ProviderFactory = Callable[[AgentSpec, str], ModelProvider]
 T = TypeVar("T")
@@ -205,7 +198,7 @@ class Runtime:
         if run.view.status in ("done", "failed", "cancelled"):
             await run.add("resumed", {"from_seq": run.last_seq, "input": "continue"})
         if run.mode.between_turns and run.mode.queued(run.view):  # no chat wrote it while the user typed
-            await self.between_turns(run)
+            await between_turns(run, self.coordination)
         await add_user_input(run, text, said_at=said_at)
         return await self._play(run)
 
@@ -461,39 +454,6 @@ class Runtime:
             "reason": None if changed else (declined.data.get("reason") if declined else "no card to refold"),
         }
 
-    async def between_turns(self, run: RunState) -> bool:
-        """Make the distillation the run's mode queued for between turns (fold's soft
-        watermark; a chat's recap or compaction), off the path where a user waits: the chat
-        calls this while it reads the next input. True if the context was reduced; a failure
-        is an event, never raised. A record that cannot be written (a full disk) is left to
-        the next turn, which says so in one error; losing the run's claim is raised."""
-        if not run.mode.queued(run.view):
-            return False
-        lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
-        try:
-            if not await self.off_loop(self._take_distil_lease, lease, holder):
-                return False  # another process (a `loomrt worker`) is on it
-            return await maybe_distil(run, force=True)
-        except MovedOnError:  # a worker's fold, and the run's own process wrote meanwhile: it folds itself
-            return False
-        except (RunOwnedError, FencedError):
-            raise
-        except StoreError:
-            return False
-        except Exception as exc:  # noqa: BLE001 - an optional part never fails the run
-            with contextlib.suppress(StoreError):
-                await run.add(
-                    "notice",
-                    {
-                        "message": f"the queued {run.mode.name} failed: {type(exc).__name__}: {exc}",
-                        "source": run.mode.name,
-                    },
-                )
-            return False
-        finally:
-            with contextlib.suppress(StoreError):
-                await self.off_loop(self.coordination.release_lease, lease, holder)
-
     async def off_loop(self, call: Callable[..., T], *args: Any) -> T:
         """A sync store call from async code: on a store that waits on I/O (shared: PostgreSQL)
         made on a worker thread, so the event loop the other runs play on is never blocked;
@@ -501,17 +461,6 @@ class Runtime:
         if getattr(self.store, "shared", False) and not inline_wanted():  # drive(): no loop to leave
             return await asyncio.to_thread(call, *args)
         return call(*args)
-
-    def _take_distil_lease(self, lease: str, holder: str) -> bool:
-        """Take the run's distillation lease: free, expired, or held by a process of this
-        host that died (a chat killed while it distilled)."""
-        if self.coordination.take_lease(lease, holder, LEASE_S):
-            return True
-        stale = self.coordination.lease_holder(lease)
-        if stale is None or not owner_is_gone(stale.rpartition(":")[0]):
-            return False
-        self.coordination.release_lease(lease, stale)
-        return self.coordination.take_lease(lease, holder, LEASE_S)
 
     async def compact(self, run_id: str) -> dict[str, Any]:
         """Distil a run that is not playing now, whatever its pressure: the tokens of its

@@ -44,6 +44,7 @@ from typing import Any
 
 from loomrt.errors import FencedError, LoomError, RunOwnedError, StoreError
 from loomrt.record.owners import owner_is_gone, worker_name
+from loomrt.run.between_turns import between_turns
 from loomrt.run.loop import add_user_input
 from loomrt.run.state import RunResult, RunState
 from loomrt.runtime import Runtime
@@ -175,7 +176,7 @@ async def distil_row(runtime: Runtime, run_id: str, work: str) -> dict[str, Any]
     before = run.estimate()
     try:
         with runtime.holding(run):  # through the run's claim: fenced like its owner's appends
-            done = await runtime.between_turns(run)
+            done = await between_turns(run, runtime.coordination)
         reason = None if done else "declined, or another worker holds its lease"
     except (RunOwnedError, FencedError) as exc:  # taken, or taken over meanwhile: it is theirs
         done, reason = False, f"another worker has it ({exc})"

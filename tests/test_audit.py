@@ -14,6 +14,7 @@ from loomrt.audit import Marker, context_as_of, prompt_problems, to_jsonl, to_ma
 from loomrt.cli.app import app
 from loomrt.events import Event
 from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.run.between_turns import between_turns
 from loomrt.run.pin_record import pin_in_record, unpin_in_record
 from loomrt.run.pins import PinError
 from loomrt.run.projection import project
@@ -208,7 +209,7 @@ def test_the_cli_pins_shows_exports_and_verifies(tmp_path, monkeypatch):
         run = await rt.astart(chat_spec("recap"), interactive=True, name="planner")
         for text in ["Plan the launch with me.", DECISION, *FILLER[:6]]:
             await rt.send(run, text)
-        await rt.between_turns(run)  # the recap due at the watermark, written while the user types
+        await between_turns(run, rt.coordination)  # the recap due at the watermark, written while the user types
         return run
 
     run = asyncio.run(play())

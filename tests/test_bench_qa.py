@@ -262,22 +262,23 @@ def test_the_distillation_a_replay_ends_with_is_written_once_not_in_every_questi
 ) -> None:
     from loomrt.bench.qa.replay import queued_distillation
     from loomrt.record.sqlite import SQLiteStore
-    from loomrt.runtime import Runtime
 
     # on this budget the conversation's last turn meets the watermark (checked below)
     config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=1040, configs=["recap"], out=tmp_path)
-    real = Runtime.between_turns
+    import loomrt.bench.qa.replay as replay
 
-    async def skipped(self: Runtime, run: object) -> bool:
+    real = replay.between_turns
+
+    async def skipped(run: object, coordination: object) -> bool:
         return False
 
-    monkeypatch.setattr(Runtime, "between_turns", skipped)  # a replay finished before the replay settled
+    monkeypatch.setattr(replay, "between_turns", skipped)  # a replay finished before the replay settled
     config.questions = 1
     first = run_qa(config)
     run_id = first["setups"]["mini-1:recap"]["run_id"]
     store = SQLiteStore(tmp_path / "runs.db")
     assert queued_distillation(store, run_id), "the replay's last turn queues a recap"
-    monkeypatch.setattr(Runtime, "between_turns", real)
+    monkeypatch.setattr(replay, "between_turns", real)
     config.questions, config.configs = None, ["recap/no-recall"]
     again = run_qa(config)
     assert not queued_distillation(SQLiteStore(tmp_path / "runs.db"), run_id)

@@ -13,6 +13,7 @@ from spine_kit import runtime
 from loomrt.events import Event
 from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.record.owners import worker_name
+from loomrt.run.between_turns import between_turns
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider, extractive_summary
 from loomrt.worker import work_once
@@ -44,7 +45,7 @@ def play(rt, mode: str, inputs: list[str], *, interactive: bool = True, between:
         for text in inputs:
             await rt.send(run, text)
             if between:
-                await rt.between_turns(run)  # what the chat does while the user types
+                await between_turns(run, rt.coordination)  # what the chat does while the user types
         return run
 
     return asyncio.run(go())
@@ -127,7 +128,7 @@ def test_a_recap_left_by_a_chat_that_died_is_written_by_the_next_one(tmp_path):
     lease = f"distil:{run.run_id}"
     dead = f"{crashed_worker()}:1"  # a worker of this machine that ended holding it
     assert rt.store.take_lease(lease, dead, 600)
-    assert asyncio.run(rt.between_turns(run))
+    assert asyncio.run(between_turns(run, rt.coordination))
     assert not run.view.distillation_queued
 
 
@@ -138,7 +139,7 @@ def test_a_recap_nothing_wrote_between_turns_is_written_at_the_next_turn(tmp_pat
         asyncio.run(rt.send(run, NOTES[8]))
     queued = run.view.queued_at
     assert rt.store.take_lease(f"distil:{run.run_id}", f"{worker_name()}:0", 600)  # a live process holds it
-    assert not asyncio.run(rt.between_turns(run))
+    assert not asyncio.run(between_turns(run, rt.coordination))
     asyncio.run(rt.send(run, NOTES[9]))
     events = rt.store.events(run.run_id)
     answered = max(e.seq for e in events if e.kind == "parked")

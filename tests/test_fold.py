@@ -16,6 +16,7 @@ import pytest
 from fold_kit import WORDS, coverage, said, spec
 
 from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.run.between_turns import between_turns
 from loomrt.run.cards import CARD_BLOCK, Card
 from loomrt.run.projection import project
 from loomrt.run.reducers.fold.verify import invented
@@ -348,7 +349,7 @@ def test_a_small_budget_never_sticks_the_fold() -> None:
     # a prompt is the working context (within the budget less injection's reserve) and a block
     assert max(sizes) <= run.budget + run.inject_reserve == 1536, max(sizes)
     # at rest, a chat's due fold is written between turns (as the chat does while the user types)
-    asyncio.run(rt.between_turns(run))
+    asyncio.run(between_turns(run, rt.coordination))
     assert run.estimate() <= run.budget
 
 
@@ -368,7 +369,7 @@ def test_a_fold_goes_on_to_its_target_not_just_under_the_soft_watermark() -> Non
         for i in range(55):
             await rt.send(run, said(100 + i, rng))
             folds = len(rt.store.events(run.run_id, kinds=["distillation"]))
-            await rt.between_turns(run)
+            await between_turns(run, rt.coordination)
             if len(rt.store.events(run.run_id, kinds=["distillation"])) > folds:
                 size = count_messages(run.context) + count_tools(run.mode.offered_tools(run))
                 left = next_step(run.context, run.view.cards, fold, run.budget, pressing=True, critical=False)
@@ -454,7 +455,7 @@ def test_a_fold_reads_its_sizes_in_the_providers_tokens(factor: float) -> None:
     async def go() -> None:
         for i in range(30):
             await rt.send(run, said(1000 + i, rng))
-            await rt.between_turns(run)
+            await between_turns(run, rt.coordination)
 
     asyncio.run(go())
     # the scale says how the provider counts, so it outlives the folds that emptied the context

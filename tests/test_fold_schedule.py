@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fold_kit import said, spec
 
+from loomrt.run.between_turns import between_turns
 from loomrt.run.cards import CARD_BLOCK
 from loomrt.run.projection import project
 from loomrt.runtime import Runtime
@@ -30,7 +31,7 @@ def test_the_soft_watermark_queues_a_fold_that_runs_between_turns() -> None:
     async def go() -> None:
         for i in range(40):
             await rt.send(run, said(100 + i, rng))
-            await rt.between_turns(run)
+            await between_turns(run, rt.coordination)
 
     asyncio.run(go())
     events = rt.store.events(run.run_id)
@@ -90,7 +91,7 @@ def test_cache_idle_deferral_and_its_pressure_escape() -> None:
     assert first["reason"].startswith("pressure at 85%"), "a warm cache defers the fold until 85%"
     assert first["pressure"] * 100 >= 85 * run.budget
     assert not rt.store.events(run.run_id, kinds=["distillation"]), "deferred from 40% to 85%: nothing folded"
-    asyncio.run(rt.between_turns(run))
+    asyncio.run(between_turns(run, rt.coordination))
     assert not mode.queued(run.view)
 
     # after the fold, an idle cache queues at the soft watermark at once
@@ -192,7 +193,7 @@ def test_a_workers_fold_gives_way_when_the_run_moves_on() -> None:
     worker.guarded = True
     asyncio.run(run.add("user_input", {"content": "the user types first"}))  # the run's own process moves on
     last = rt.store.get_run(run.run_id).last_seq
-    assert asyncio.run(rt.between_turns(worker)) is False
+    assert asyncio.run(between_turns(worker, rt.coordination)) is False
     assert rt.store.get_run(run.run_id).last_seq == last, "nothing of the worker's fold was written"
     with pytest.raises(MovedOnError):
         asyncio.run(worker.add("notice", {"message": "late"}))

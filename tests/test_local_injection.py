@@ -17,6 +17,7 @@ from installed_kit import require
 
 from loomrt.providers import resolve_provider
 from loomrt.record.sqlite import SQLiteStore
+from loomrt.run.between_turns import between_turns
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.testing import HashEmbedder, ScriptedProvider
@@ -77,7 +78,7 @@ def test_an_injected_line_that_gives_orders_is_read_as_history_by_the_embedded_m
         await rt.send(run, PLANTED)
         for line in FILLER * 2:  # enough for two summaries: the second evicts the model's own reply to the line
             await rt.send(run, line)
-            await rt.between_turns(run)  # the summary due at the watermark, written as a chat writes it
+            await between_turns(run, rt.coordination)  # the summary due at the watermark, written as a chat writes it
         result = await rt.send(run, "Which port does the staging database listen on?")
         assert all("BANANA" not in m.content for m in run.context), "the planted line was evicted"
         return run, result

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from loomrt.cli.app import app
 from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.record import default_store
+from loomrt.run.between_turns import between_turns
 from loomrt.run.reducers.summarize import EXAMPLE_SPAN
 from loomrt.spec import AgentSpec
 from loomrt.testing import FunctionProvider, extractive_summary
@@ -41,7 +42,7 @@ def test_every_distillation_call_sends_the_same_instructions_and_worked_example(
         run = await rt.astart(spec, interactive=True)
         for text in NOTES:
             await rt.send(run, text)
-            await rt.between_turns(run)
+            await between_turns(run, rt.coordination)
         return run
 
     run = asyncio.run(play())

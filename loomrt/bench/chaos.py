@@ -58,6 +58,7 @@ from loomrt.bench.chaos_checks import (
 from loomrt.bench.chaos_scenarios import CHAT_INPUTS, SCENARIOS, TASK, Scenario, write_scenarios
 from loomrt.crashpoints import CRASH_AT_ENV, CRASH_TRACE_ENV, POINTS
 from loomrt.integrity import verify_run
+from loomrt.run.between_turns import between_turns
 
 __all__ = [
     "Scenario",
@@ -226,14 +227,15 @@ async def _finish(rt: Any, run_id: str, inputs: tuple[str, ...], *, chat: bool =
     if live is None and remaining:
         live = await rt.aopen(run_id)  # a process the user starts to send the next input
     if chat and live is not None:
-        await rt.between_turns(live)
+        await between_turns(live, rt.coordination)
     for text in remaining:
+        assert live is not None  # opened above whenever inputs remain
         await rt.send(live, text)
         if chat:
-            await rt.between_turns(live)
+            await between_turns(live, rt.coordination)
     if chat and live is None and run.mode.queued(run.view):
         live = run
-        await rt.between_turns(live)
+        await between_turns(live, rt.coordination)
     return live
 
 

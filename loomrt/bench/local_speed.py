@@ -9,7 +9,7 @@ the seconds, the floor, their ratio, the seconds to the first answer token, the 
 input tokens llama.cpp served from its prefix cache, and the model calls.
 
 The chat is played as ``loomrt chat`` plays it: a recap due at the watermark is written
-between turns (``Runtime.between_turns``), timed apart, since the user is typing then.
+between turns (:func:`loomrt.run.between_turns.between_turns`), timed apart, since the user is typing then.
 
 Run only when named (`loomrt bench run local_speed`): on 2 cores the default model takes
 several minutes. It plays the chat twice: a turn that decides, then answers (two model
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
 from loomrt.bench.local_chat import QUESTIONS
+from loomrt.run.between_turns import between_turns
 
 if TYPE_CHECKING:
     from loomrt.activity import Activity, AnswerText
@@ -112,8 +113,7 @@ async def play_timed(
         result = await runtime.send(run, text)
         took = time.perf_counter() - started
         between = time.perf_counter()
-        if hasattr(runtime, "between_turns"):
-            await runtime.between_turns(run)
+        await between_turns(run, runtime.coordination)
         turns.append(
             {
                 "from_seq": first_seq,

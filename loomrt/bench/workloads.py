@@ -19,6 +19,7 @@ from loomrt.bench.play import bench_spec, play_mode
 from loomrt.bench.reader import lines_of, value_after_key
 from loomrt.bench.textgen import make_facts, prose, system_prompt
 from loomrt.providers.base import ModelRequest, ModelResponse
+from loomrt.run.between_turns import between_turns
 from loomrt.run.state import RunState
 from loomrt.runtime import Runtime
 from loomrt.tokens import count_text
@@ -216,7 +217,7 @@ def play_chat(
             if t.asks is not None:  # graded here, against the gold value the workload keeps
                 out.answered.append(t.asks.value in (res.output or ""))
             if t is not script[-1]:  # as `loomrt chat` does while the next input is typed
-                await runtime.between_turns(run)
+                await between_turns(run, runtime.coordination)
 
     for mode in with_append(config.modes):
         progress.start(f"{label} · {mode}", len(script))

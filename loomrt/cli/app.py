@@ -219,9 +219,11 @@ def chat_cmd(
     failed = 0
     failed_between: list[BaseException] = []
 
+    from loomrt.run.between_turns import between_turns
+
     def distil_between() -> None:
         try:
-            asyncio.run(rt.between_turns(run))
+            asyncio.run(between_turns(run, rt.coordination))
         except BaseException as exc:  # noqa: BLE001 - raised after the join, in the chat's own thread
             failed_between.append(exc)
 

@@ -26,6 +26,7 @@ from loomrt.events import RunInfo
 from loomrt.providers.base import ModelProvider
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.sqlite import SQLiteStore
+from loomrt.run.between_turns import between_turns
 from loomrt.runtime import Runtime
 from loomrt.spec import AgentSpec
 from loomrt.tokens import count_messages
@@ -110,7 +111,7 @@ async def replay_mode(
             raise RuntimeError(f"the replay of {name} failed at {turn.dia_id}: {result.error}")
         if on_turn is not None:
             on_turn()
-    await runtime.between_turns(run)  # the conversation is over: see settle_replay
+    await between_turns(run, runtime.coordination)  # the conversation is over: see settle_replay
     return run.run_id
 
 
@@ -132,7 +133,7 @@ async def settle_replay(store: SQLiteStore, run_id: str, provider: ModelProvider
     if not queued_distillation(store, run_id):
         return False
     runtime = Runtime(store, providers=lambda s, m: provider, embedder=embedder)
-    return await runtime.between_turns(await runtime.aopen(run_id))
+    return await between_turns(await runtime.aopen(run_id), runtime.coordination)
 
 
 @dataclass
