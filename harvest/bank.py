@@ -16,13 +16,15 @@ the run goes on.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from loomrt.crashpoints import reached
+from loomrt.driving import inline_wanted
 from loomrt.harvest.db import Tables
 from loomrt.harvest.redact import redact_secrets
 from loomrt.messages import EvictedSpan, Message
@@ -96,21 +98,37 @@ class Bank:
         self._record = record
         self.counts = {"banked": 0, "empty": 0, "refused": 0}
 
-    def on_evicted(self, span: EvictedSpan) -> None:
-        """The callback: bank ``span``. Never raises (a failure is a ``callback_error`` event)."""
+    def on_evicted(self, span: EvictedSpan) -> Awaitable[None] | None:
+        """The callback: bank ``span``. Never raises (a failure is a ``callback_error`` event).
+        On PostgreSQL (a network database, whose write may wait on a lock or the pool) it
+        returns a coroutine that writes on a worker thread, so the event loop other runs play
+        on is never blocked; on SQLite it banks inline (a local file)."""
         if span.run_id != self.run_id:
-            return
+            return None
+        if self.db.dialect == "postgres" and not inline_wanted():
+            return self._bank_off_loop(span)
         try:
             self._record("harvest_banked", self.bank(span))
         except Exception as exc:  # noqa: BLE001 - banking never fails a run
-            self._record(
-                "callback_error",
-                {
-                    "callback": "harvest.bank",
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "distillation_seq": span.distillation_seq,
-                },
-            )
+            self._failed(span, exc)
+        return None
+
+    async def _bank_off_loop(self, span: EvictedSpan) -> None:
+        private = self._private()  # the run's view is read here, on its own loop
+        try:
+            self._record("harvest_banked", await asyncio.to_thread(self.bank, span, private))
+        except Exception as exc:  # noqa: BLE001 - banking never fails a run
+            self._failed(span, exc)
+
+    def _failed(self, span: EvictedSpan, exc: Exception) -> None:
+        self._record(
+            "callback_error",
+            {
+                "callback": "harvest.bank",
+                "error": f"{type(exc).__name__}: {exc}",
+                "distillation_seq": span.distillation_seq,
+            },
+        )
 
     def tail_seq(self) -> int:
         """The last seq of this run's tail banked already (0: none): a settled run's tail is
@@ -122,13 +140,14 @@ class Bank:
         )
         return int(rows[0][0] or 0) if rows else 0
 
-    def bank(self, span: EvictedSpan) -> dict[str, Any]:
+    def bank(self, span: EvictedSpan, private: set[int] | None = None) -> dict[str, Any]:
         """Put ``span`` on the queue; what happened, as the ``harvest_banked`` payload. The
-        messages a banked tail held already are left out."""
+        messages a banked tail held already are left out. ``private``: the run's private seqs
+        (read now when not given)."""
         tail = self.tail_seq()
         if tail:
             span = replace(span, messages=tuple(m for m in span.messages if m.seq is None or m.seq > tail))
-        turns, redacted = conversation_turns(span.messages, self._private())
+        turns, redacted = conversation_turns(span.messages, self._private() if private is None else private)
         seqs = [m.seq for m in span.messages if m.seq is not None]
         out: dict[str, Any] = {
             "distillation_seq": span.distillation_seq,

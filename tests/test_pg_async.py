@@ -439,3 +439,77 @@ def test_reopening_a_run_on_a_running_loop_does_not_block_it(postgres_url: str) 
         assert asyncio.run(main()) == 0
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("off_loop", [True, False], ids=["off-the-loop", "sabotaged-banked-on-the-loop"])
+def test_banking_an_evicted_span_on_postgresql_waits_off_the_loop(
+    postgres_url: str, off_loop: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Banking a span for durable memory writes on a worker thread on PostgreSQL: while
+    another connection locks the span queue for half a second, the bank waits for it and the
+    loop's other task goes on ticking. Sabotaged (banked inline), the loop falls silent."""
+    import loomrt.harvest.bank as bank_module
+    from loomrt.harvest.bank import Bank
+    from loomrt.harvest.db import harvest_db
+    from loomrt.harvest.wiring import release
+    from loomrt.messages import EvictedSpan, Message
+
+    if not off_loop:
+        monkeypatch.setattr(bank_module, "inline_wanted", lambda: True)
+    recorded: list[tuple[str, dict[str, Any]]] = []
+    bank = Bank(
+        harvest_db(postgres_url),
+        run_id="r1",
+        agent="a",
+        def_hash="h",
+        scope="user:alice",
+        max_tokens=8000,
+        private=set,
+        record=lambda kind, data: recorded.append((kind, data)),
+    )
+    span = EvictedSpan(
+        "r1",
+        "a",
+        "compaction",
+        9,
+        (
+            Message(role="user", content="The staging database listens on port 6543.", seq=3, ts=1.0),
+            Message(role="assistant", content="Noted.", seq=4, ts=2.0),
+        ),
+    )
+
+    async def main() -> float:
+        holder = psycopg.connect(postgres_url)  # let go by a timer thread: a blocked loop could not
+        holder.execute("LOCK TABLE harvest_spans IN ACCESS EXCLUSIVE MODE")
+        gaps, done = [0.0], False
+
+        async def ticker() -> None:
+            last = time.perf_counter()
+            while not done:
+                await asyncio.sleep(0.01)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        tick = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        timer = threading.Timer(0.5, holder.commit)
+        timer.start()
+        out = bank.on_evicted(span)
+        if out is not None:
+            await out
+        done = True
+        await tick
+        timer.join()
+        holder.close()
+        return max(gaps)
+
+    try:
+        gap = asyncio.run(main())
+    finally:
+        release(postgres_url)
+    assert [(kind, data["outcome"]) for kind, data in recorded] == [("harvest_banked", "banked")]
+    if off_loop:
+        assert gap < 0.3  # the loop ticked all the while
+    else:
+        assert gap >= 0.3  # a write on the loop stops it for the wait
