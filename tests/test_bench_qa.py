@@ -327,3 +327,16 @@ def test_one_call_turns_reaches_the_asked_agents_model_and_only_the_embedded_one
         assert not session.spec("recap").capabilities.one_call_turns  # two calls unless asked
     finally:
         session.close()
+
+
+def test_an_answer_asked_the_other_way_is_asked_again(tmp_path: Path) -> None:
+    from loomrt.bench.qa.runner import _Answers
+
+    two_calls = _Answers(tmp_path)
+    two_calls.add({"conversation": "c", "config": "recap/inject", "qid": 1, "answer": "a sentence."})
+    assert _Answers(tmp_path).has("c", "recap/inject", 1)
+    assert not _Answers(tmp_path, one_call_turns=True).has("c", "recap/inject", 1)  # --one-call-turns asks again
+    one_call = _Answers(tmp_path, one_call_turns=True)
+    one_call.add({"conversation": "c", "config": "recap/inject", "qid": 1, "answer": "a phrase"})
+    assert _Answers(tmp_path, one_call_turns=True).rows[("c", "recap/inject", 1)]["answer"] == "a phrase"
+    assert _Answers(tmp_path).rows[("c", "recap/inject", 1)]["answer"] == "a sentence."

@@ -53,10 +53,10 @@ def _worker(url: str, *args: str, env: dict[str, str] | None = None) -> subproce
 
 
 def _tried(url: str) -> bool:
-    """The engine has tried every job once: none waits untried (a spent job is deleted, a job
-    tried again later counts its attempt)."""
+    """The engine has taken every job: none waits (a job waiting for its run is ``doing``, a
+    spent one is deleted)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE attempts = 0").fetchone()
+        row = conn.execute("SELECT count(*) FROM procrastinate_jobs WHERE status = 'todo'").fetchone()
     return row is not None and row[0] == 0
 
 
@@ -192,18 +192,7 @@ def test_a_parked_chats_queued_fold_is_done_by_its_distil_job(postgres_url: str,
 
 
 SPEND = """
-engine = loomrt.jobs.engine
-tried = engine.JobWorker._play
-
-
-async def spent(self, *args, **kw):  # the sabotage: a job that finds its run held is spent, not tried again
-    try:
-        await tried(self, *args, **kw)
-    except engine.WorkWaits:
-        pass
-
-
-engine.JobWorker._play = spent
+loomrt.jobs.engine.LET_GO_S = 0.0  # the sabotage: a job that finds its run held is spent at once
 """
 
 
@@ -212,7 +201,8 @@ def test_a_job_that_comes_before_its_queuer_let_the_run_go_is_tried_again(
     postgres_url: str, tmp_path: Path, retried: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The play job can run before ``run --detach`` let its claim go (the event and its job
-    commit first): the job is tried again a second later, not spent. The sabotage spends it."""
+    commit first): the job waits for it to be let go, and plays it. The sabotage spends the
+    job at once: the run waits for the next look (a minute here)."""
     run_id = _detach(postgres_url, _agents(tmp_path))
     store = default_store(postgres_url)
     epoch = store.claim_run(run_id, "queuer/1/slow", 60)  # the queuer still holds it
@@ -230,16 +220,69 @@ def test_a_job_that_comes_before_its_queuer_let_the_run_go_is_tried_again(
         store.close()
 
 
-def test_a_worker_the_database_refuses_says_why_once_and_stops(postgres_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("once", [False, True], ids=["worker", "worker-once"])
+def test_a_worker_the_database_refuses_says_why_once_and_stops(postgres_url: str, tmp_path: Path, once: bool) -> None:
     from conftest import app_login
 
     _detach(postgres_url, _agents(tmp_path))
     with psycopg.connect(postgres_url, autocommit=True) as conn:
         conn.execute("REVOKE SELECT ON procrastinate_workers FROM loomrt_app")
+    login = app_login(postgres_url, "refused_worker")
+    worker = _worker(login, *(["--once"] if once else []))
+    out, err = worker.communicate(timeout=60)  # it ends by itself: no waiting out what no wait mends
+    assert worker.returncode != 0 and "permission denied" in err, (worker.returncode, err[-800:])
+    assert "reconnect" not in out, out
+
+
+def test_what_no_wait_mends_is_told_from_what_a_wait_does() -> None:
+    from procrastinate.exceptions import ConnectorException
+
+    from loomrt.jobs.engine import fatal
+
+    def wrapped(inner: BaseException) -> BaseException:
+        try:
+            try:
+                raise inner
+            except BaseException as exc:
+                raise ConnectorException("Database error.") from exc
+        except ConnectorException as outer:
+            return outer
+
+    assert fatal(wrapped(psycopg.errors.UndefinedTable("no procrastinate_jobs")))
+    assert fatal(wrapped(psycopg.errors.InsufficientPrivilege("permission denied")))
+    assert not fatal(wrapped(psycopg.errors.AdminShutdown("terminating connection")))
+    assert not fatal(wrapped(psycopg.OperationalError("connection refused")))
+    assert not fatal(OSError("network unreachable"))
+
+
+def test_a_look_the_database_refuses_stops_the_worker_with_it(postgres_url: str) -> None:
+    """A later look that meets an error no wait mends ends the worker with that error (not a
+    worker that goes on taking jobs and never looks again)."""
+    import asyncio
+
+    from loomrt.errors import StoreError
+    from loomrt.jobs.engine import JobWorker
+    from loomrt.runtime import Runtime
+
+    store = default_store(postgres_url)
+    worker = JobWorker(Runtime(store), interval_s=0.3)
+    looked = [0]
+    real = worker.look
+
+    async def look() -> None:
+        looked[0] += 1
+        if looked[0] >= 2:
+            raise psycopg.errors.InsufficientPrivilege("permission denied for table procrastinate_jobs")
+        await real()
+
+    worker.look = look  # type: ignore[method-assign]
     started = time.monotonic()
-    done = runner.invoke(app, ["--db-url", app_login(postgres_url, "refused_worker"), "worker", "--once", "--json"])
-    assert done.exit_code != 0 and time.monotonic() - started < 20
-    assert "permission denied" in done.output and "reconnect" not in done.output, done.output
+    try:
+        with pytest.raises(StoreError, match="permission denied"):
+            asyncio.run(asyncio.wait_for(worker.serve(), timeout=30))
+    finally:
+        store.close()
+    assert looked[0] == 2 and time.monotonic() - started < 15
 
 
 def test_a_database_with_procrastinate_of_its_own_is_refused_by_migrate(postgres_server: Any) -> None:
@@ -258,3 +301,54 @@ def test_a_database_with_procrastinate_of_its_own_is_refused_by_migrate(postgres
         with pytest.raises(StoreError, match="has a procrastinate schema already.*a database of its own"):
             pg_migrations.migrate(conn)
         assert "jobs_0001_procrastinate_3_10" not in pg_migrations.applied(conn)
+
+
+def test_one_process_never_plays_one_run_twice_at_once(postgres_url: str, tmp_path: Path) -> None:
+    """A second job for a run this process works on now leaves it (the engine may hand out
+    two: the look's and the trigger's)."""
+    import asyncio
+
+    from loomrt.jobs.engine import JobWorker
+    from loomrt.runtime import Runtime
+
+    run_id = _detach(postgres_url, _agents(tmp_path))
+    store = default_store(postgres_url)
+    worker = JobWorker(Runtime(store))
+
+    async def main() -> None:
+        worker.working[run_id] = asyncio.current_task()  # type: ignore[assignment]  # another job has it
+        await worker._play(run_id)
+        assert store.get_run(run_id).status == "queued" and worker.rows == []
+        del worker.working[run_id]
+        await worker._play(run_id)
+
+    try:
+        asyncio.run(main())
+        assert store.get_run(run_id).status == "done" and [r["work"] for r in worker.rows] == ["play"]
+    finally:
+        store.close()
+
+
+def test_consolidation_jobs_go_to_a_queue_only_consolidating_workers_take(postgres_url: str) -> None:
+    import asyncio
+
+    from loomrt.jobs.engine import JobWorker
+    from loomrt.jobs.schema import CONSOLIDATE, CONSOLIDATE_QUEUE, QUEUE
+    from loomrt.runtime import Runtime
+
+    store = default_store(postgres_url)
+    try:
+        plain, consolidating = JobWorker(Runtime(store)), JobWorker(Runtime(store), consolidator=object())
+        assert plain._worker().queues == [QUEUE]
+        assert consolidating._worker().queues == [QUEUE, CONSOLIDATE_QUEUE]
+
+        async def defer() -> None:
+            async with plain.app.open_async():
+                await plain._defer(CONSOLIDATE, "consolidate:user:alice", scope="user:alice")
+
+        asyncio.run(defer())
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            queues = conn.execute("SELECT queue_name FROM procrastinate_jobs WHERE task_name = %s", (CONSOLIDATE,))
+            assert [q for (q,) in queues.fetchall()] == [CONSOLIDATE_QUEUE]
+    finally:
+        store.close()

@@ -48,12 +48,13 @@ from loomrt.worker import (
 )
 from loomrt.worker_life import Backoff, Stopping, hand_back
 
-__all__ = ["JobWorker", "serve", "WorkWaits", "fatal"]
+__all__ = ["JobWorker", "serve", "fatal", "LET_GO_S"]
 
 
-class WorkWaits(Exception):
-    """A job whose work is not ready for it yet (a detached run its queuer still holds): the
-    engine runs it again a second later (at most 30 times; then the next look makes it again)."""
+LET_GO_S = 10.0
+"""How long a play job waits for the process that queued its run to let the run go (it does
+as soon as its ``run_queued`` event is written: milliseconds); past it the job ends, and the
+next look makes the job again."""
 
 
 Tell = Callable[[dict[str, Any]], None]
@@ -97,8 +98,7 @@ class JobWorker:
         url = str(getattr(self.runtime.store, "url", ""))
         connector = procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=self.concurrency + 3)
         app = procrastinate.App(connector=connector)
-        later = procrastinate.RetryStrategy(max_attempts=30, wait=1, retry_exceptions={WorkWaits})
-        app.task(name=PLAY, queue=QUEUE, retry=later)(self._play)
+        app.task(name=PLAY, queue=QUEUE)(self._play)
         app.task(name=DISTIL, queue=QUEUE)(self._distil)
         app.task(name=CONSOLIDATE, queue=CONSOLIDATE_QUEUE)(self._consolidate)
         return app
@@ -137,12 +137,21 @@ class JobWorker:
                 work = "resume"
             else:
                 return  # played, or playing elsewhere: nothing for this job to do
-            row = await play_row(self.runtime, work, run_id)
-            if work == "play" and not row["done"] and row["reason"] == "another worker has it":
-                still = await self.runtime.off_loop(self.runtime.store.get_run, run_id)
-                if still.status == "queued":  # its queuer has not let it go yet: again in a second
-                    raise WorkWaits(run_id)
+            row, waited = await play_row(self.runtime, work, run_id), 0.0
+            while await self._held_by_its_queuer(work, row, run_id):
+                if waited >= LET_GO_S:
+                    return  # held all this while (its queuer died holding it): the next look makes the job again
+                await asyncio.sleep(0.5)  # its queuer lets it go as soon as its event is written
+                waited += 0.5
+                row = await play_row(self.runtime, work, run_id)
         self.tell(row)
+
+    async def _held_by_its_queuer(self, work: str, row: dict[str, Any], run_id: str) -> bool:
+        """The play was refused and the run is still queued: the process that queued it
+        (``run --detach``) has not let its claim go yet (its event, and so this job, came first)."""
+        if work != "play" or row["done"] or row["reason"] != "another worker has it":
+            return False
+        return bool((await self.runtime.off_loop(self.runtime.store.get_run, run_id)).status == "queued")
 
     async def _distil(self, run_id: str, kind: str = "") -> None:
         with self._job(run_id) as mine:
@@ -245,7 +254,13 @@ class JobWorker:
             looking = asyncio.create_task(self._keep_looking())
             try:
                 while not running.done():
-                    await asyncio.wait({running}, timeout=0.2)
+                    watched = {running} if looking.done() else {running, looking}
+                    await asyncio.wait(watched, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
+                    if looking.done() and not looking.cancelled() and looking.exception() is not None:
+                        worker.stop()  # an error no wait mends, met by a look: the worker stops with it
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await running
+                        raise looking.exception()  # type: ignore[misc]
                     if worker.worker_id is not None:
                         self._backoff.reset()  # registered: the database answers again
                     if self.halted():
@@ -326,10 +341,11 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
 
 
 def fatal(exc: BaseException) -> bool:
-    """An error no wait mends: the database refused the role (SQLSTATE class 28), it does
-    not exist (3D), or a table, function or privilege is missing (42: run ``loomrt db
-    migrate``, or grant what it names). A lost connection or a server shutting down is not."""
-    return any(str(getattr(e, "sqlstate", "") or "")[:2] in ("28", "3D", "42") for e in _causes(exc))
+    """An error no wait mends: a table, function or privilege is missing (SQLSTATE class 42:
+    run ``loomrt db migrate``, or grant what it names). A lost connection or a server
+    shutting down (57P01) is not. (A role or database the server refuses fails the worker
+    before this: opening the record says so.)"""
+    return any(str(getattr(e, "sqlstate", "") or "")[:2] == "42" for e in _causes(exc))
 
 
 def _said(exc: BaseException) -> str:

@@ -114,10 +114,13 @@ def select_questions(sample: dict[str, Any], n: int | None) -> list[tuple[int, d
 
 
 class _Answers:
-    """The answers so far, appended to ``answers.jsonl`` (kept in memory without ``--out``)."""
+    """The answers so far, appended to ``answers.jsonl`` (kept in memory without ``--out``).
+    An answer asked another way (``--one-call-turns`` or not) is not this run's: it is asked
+    again."""
 
-    def __init__(self, folder: Path | None):
+    def __init__(self, folder: Path | None, *, one_call_turns: bool = False):
         self.path = folder / "answers.jsonl" if folder else None
+        self.one_call_turns = one_call_turns
         self.rows: dict[tuple[str, str, int], dict[str, Any]] = {}
         if self.path and self.path.exists():
             for line in self.path.read_text(encoding="utf-8").splitlines():
@@ -125,12 +128,15 @@ class _Answers:
                     row = json.loads(line)
                 except ValueError:
                     continue  # a line cut by an interruption: that answer is asked again
-                self.rows[(row["conversation"], row["config"], row["qid"])] = row
+                if bool(row.get("one_call_turns", False)) == one_call_turns:
+                    self.rows[(row["conversation"], row["config"], row["qid"])] = row
 
     def has(self, cid: str, config: str, qid: int) -> bool:
         return (cid, config, qid) in self.rows
 
     def add(self, row: dict[str, Any]) -> None:
+        if self.one_call_turns:
+            row = {**row, "one_call_turns": True}
         self.rows[(row["conversation"], row["config"], row["qid"])] = row
         if self.path:
             with self.path.open("a", encoding="utf-8") as f:
@@ -143,7 +149,7 @@ class _Session:
     def __init__(self, config: QAConfig, progress: Progress):
         self.config, self.progress = config, progress
         self.meter = Meter()
-        self.answers = _Answers(config.out)
+        self.answers = _Answers(config.out, one_call_turns=config.one_call_turns)
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         if config.out:
             config.out.mkdir(parents=True, exist_ok=True)
