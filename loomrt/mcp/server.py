@@ -7,6 +7,7 @@ is an MCP tool error with one message; the server keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Annotated, Any, NotRequired
@@ -307,7 +308,7 @@ def build_server(service: RunService) -> LoomMCPServer:
         return await service.recall(run_id, query, top_k, include_private)  # type: ignore[return-value]
 
     @server.tool()
-    def add_memory(
+    async def add_memory(
         scope: str,
         statement: str,
         fact_class: str = "fact",
@@ -320,7 +321,9 @@ def build_server(service: RunService) -> LoomMCPServer:
         and "user" names it). FACT_CLASS: preference, fact, decision, identity, constraint or correction.
         SUBJECT (whom it is about) lets it merge into or supersede stored facts about them.
         Returns the outcome (new, merged, superseded, already) and the fact."""
-        return service.add_memory(scope, statement, fact_class, subject)
+        # embedding it and writing it (PostgreSQL: a network round trip, a lock) leave the event
+        # loop the server's other clients are served on; the client's user goes along (contextvars)
+        return await asyncio.to_thread(service.add_memory, scope, statement, fact_class, subject)
 
     @server.resource(
         "loomrt://runs/{run_id}",
