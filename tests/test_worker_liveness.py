@@ -192,3 +192,34 @@ def test_a_renewal_that_waits_holds_up_no_other_claims_renewal(shared_url: str) 
     finally:
         time.sleep(1.1)  # the waiting renewal ends before the store closes
         store.close()
+
+
+def test_the_heartbeat_thread_stops_once_nothing_is_held_and_starts_again(
+    shared_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runtime's one heartbeat thread (and its renewers) stops when no claim is held for
+    a while, and the next claim held starts it again and is renewed."""
+    import threading
+
+    from loomrt.record import owners
+    from loomrt.record.owners import Heartbeats
+
+    monkeypatch.setattr(owners, "HEARTBEATS_IDLE_S", 0.2)
+    run_id = _active_run(shared_url)
+    store = default_store(shared_url)
+    epoch = store.claim_run(run_id, "host-a/1/a", 5.0)
+    beats = Heartbeats()
+
+    try:
+        with beats.hold(store, run_id, "host-a/1/a", epoch, ttl_s=5.0, every_s=0.05) as first:
+            time.sleep(0.3)
+            thread, renewers = beats._thread, beats._renewing
+        assert first.beats >= 2 and thread is not None and renewers is not None and thread.is_alive()
+        time.sleep(0.8)  # nothing held past the idle time: the thread and its renewers end
+        assert not thread.is_alive() and beats._renewing is None
+        assert not [t for t in threading.enumerate() if t in getattr(renewers, "_threads", ())]
+        with beats.hold(store, run_id, "host-a/1/a", epoch, ttl_s=5.0, every_s=0.05) as again:
+            time.sleep(0.3)
+        assert again.beats >= 2  # started again, and renewing
+    finally:
+        store.close()

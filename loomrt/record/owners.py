@@ -283,6 +283,11 @@ RENEWERS = 4
 lock while the run's own step holds it, on a stalled network) delays no other claim's."""
 
 
+HEARTBEATS_IDLE_S = 30.0
+"""How long the heartbeat thread (and its renewers) lingers with nothing to renew before it
+stops; the next turn of a claimed run starts it again."""
+
+
 class Heartbeats:
     """One thread that renews the claims of every turn this process plays (:meth:`hold`, a
     ``with`` block around the turn), by :class:`Heartbeat`'s rules: it only renews that claim,
@@ -304,9 +309,9 @@ class Heartbeats:
         beat = Beat(store, run_id, owner, epoch, ttl_s, every_s, next_at=time.monotonic() + every_s)
         with self._lock:
             self._held[id(beat)] = beat
+            if self._renewing is None:
+                self._renewing = ThreadPoolExecutor(max_workers=RENEWERS, thread_name_prefix="loomrt-renew")
             if self._thread is None or not self._thread.is_alive():
-                if self._renewing is None:
-                    self._renewing = ThreadPoolExecutor(max_workers=RENEWERS, thread_name_prefix="loomrt-renew")
                 self._thread = threading.Thread(target=self._run, name="loomrt-heartbeats", daemon=True)
                 self._thread.start()
         self._wake.set()  # the thread looks at its next beat again
@@ -317,9 +322,20 @@ class Heartbeats:
                 self._held.pop(id(beat), None)
 
     def _run(self) -> None:
+        idle_since: float | None = None
         while True:
             with self._lock:
                 held = list(self._held.values())
+                if held:
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since >= HEARTBEATS_IDLE_S:  # nothing held a while: stop
+                    self._thread = None
+                    if self._renewing is not None:
+                        self._renewing.shutdown(wait=False)
+                        self._renewing = None
+                    return
             now = time.monotonic()
             for beat in held:
                 if beat.next_at > now or beat.renewing:
@@ -332,7 +348,7 @@ class Heartbeats:
                     return
             with self._lock:
                 due = [b.next_at for b in self._held.values()]
-            self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else None)
+            self._wake.wait(max(0.0, min(due) - time.monotonic()) if due else HEARTBEATS_IDLE_S)
             self._wake.clear()
 
     def _renew(self, beat: Beat) -> None:
