@@ -352,3 +352,41 @@ def test_consolidation_jobs_go_to_a_queue_only_consolidating_workers_take(postgr
             assert [q for (q,) in queues.fetchall()] == [CONSOLIDATE_QUEUE]
     finally:
         store.close()
+
+
+def test_an_idle_look_costs_the_same_queries_after_three_runs_or_twelve(postgres_url: str, tmp_path: Path) -> None:
+    """The look a worker makes every interval is a constant number of record queries, however
+    many runs were ever played (issue 45 point 7)."""
+    import asyncio
+
+    from loomrt.jobs.engine import JobWorker
+    from loomrt.runtime import Runtime
+
+    agents = _agents(tmp_path)
+    store = default_store(postgres_url)
+    worker = JobWorker(Runtime(store))
+    counted: list[str] = []
+    select = store._select  # type: ignore[attr-defined]
+
+    def counting(sql: str, args: Any) -> Any:
+        counted.append(sql)
+        return select(sql, args)
+
+    store._select = counting  # type: ignore[attr-defined]
+
+    async def look() -> int:
+        counted.clear()
+        async with worker.app.open_async():
+            await worker.look()
+        return len(counted)
+
+    try:
+        costs = []
+        for total in (3, 12):
+            while len(store.list_runs(limit=100)) < total:
+                _detach(postgres_url, agents)
+            runner.invoke(app, ["--db-url", postgres_url, "worker", "--once", "--json"])  # all played
+            costs.append(asyncio.run(look()))
+        assert costs[0] == costs[1] and costs[0] <= 8, costs
+    finally:
+        store.close()
