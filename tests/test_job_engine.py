@@ -318,7 +318,7 @@ def test_one_process_never_plays_one_run_twice_at_once(postgres_url: str, tmp_pa
     async def main() -> None:
         worker.working[run_id] = asyncio.current_task()  # type: ignore[assignment]  # another job has it
         await worker._play(run_id)
-        assert store.get_run(run_id).status == "queued" and worker.rows == []
+        assert store.get_run(run_id).status == "queued" and list(worker.rows) == []
         del worker.working[run_id]
         await worker._play(run_id)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,7 +84,8 @@ class JobWorker:
         self.concurrency, self.interval_s, self.heartbeat_timeout_s = concurrency, interval_s, heartbeat_timeout_s
         self.stopping, self.stop, self.once = stopping, stop, once
         self._tell = tell
-        self.rows: list[dict[str, Any]] = []
+        self.rows: deque[dict[str, Any]] = deque(maxlen=1000)
+        """The newest rows told (a worker runs for months: older ones are only in its output)."""
         self.working: dict[str, asyncio.Task[Any]] = {}
         """What this process's jobs work on now (a run id, ``scope:SCOPE``), and each job's task:
         never resumed by its own look, cancelled at a stop's cut-off."""
@@ -328,7 +330,7 @@ class JobWorker:
                         await asyncio.sleep(0.2)
         finally:
             await asyncio.to_thread(hand_back, self.runtime.coordination, str(self.runtime.owner))
-        return self.rows
+        return list(self.rows)
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:
