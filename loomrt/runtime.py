@@ -64,7 +64,7 @@ T = TypeVar("T")
 def _coordination_of(store: Store) -> Coordination:
     """The store's own leases and claims (both stores keep them). A store of your own without
     them still plays runs that nothing claims: a claim or a lease on it is what fails."""
-    return store if isinstance(store, Coordination) else cast(Coordination, store)
+    return cast(Coordination, store)
 
 
 class Runtime:
