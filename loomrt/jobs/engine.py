@@ -237,7 +237,7 @@ class JobWorker:
             name=self.runtime.owner,
             concurrency=self.concurrency,
             wait=not self.once,
-            fetch_job_polling_interval=min(1.0, self.interval_s),  # a job retried later is due without a NOTIFY
+            fetch_job_polling_interval=min(1.0, self.interval_s),  # a NOTIFY missed while its listener reconnects
             listen_notify=True,
             install_signal_handlers=False,  # a stop is ours (Stopping): its cut-off hands runs back
             update_heartbeat_interval=self.heartbeat_timeout_s / 3,
