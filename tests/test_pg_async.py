@@ -352,32 +352,7 @@ def test_durable_memory_on_postgresql_is_read_off_the_loop(
     )
 
     async def longest_silence(work: Any) -> tuple[float, float, Any]:
-        """``work`` awaited while the memory table is locked for 0.5 s: the seconds it took,
-        the loop's longest gap between ticks, and what it returned."""
-        holder = psycopg.connect(postgres_url)  # let go by a timer thread: a blocked loop could not
-        holder.execute("LOCK TABLE memory_facts IN ACCESS EXCLUSIVE MODE")
-        gaps, done = [0.0], False
-
-        async def ticker() -> None:
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.02)
-        timer = threading.Timer(0.5, holder.commit)
-        timer.start()
-        started = time.perf_counter()
-        out = await work
-        took = time.perf_counter() - started
-        done = True
-        await tick
-        timer.join()
-        holder.close()
-        return took, max(gaps), out
+        return await _while_locked(postgres_url, "memory_facts", work)
 
     async def main() -> list[tuple[float, float, Any]]:
         run = await runtime.astart(spec, interactive=True)
@@ -478,31 +453,13 @@ def test_banking_an_evicted_span_on_postgresql_waits_off_the_loop(
         ),
     )
 
-    async def main() -> float:
-        holder = psycopg.connect(postgres_url)  # let go by a timer thread: a blocked loop could not
-        holder.execute("LOCK TABLE harvest_spans IN ACCESS EXCLUSIVE MODE")
-        gaps, done = [0.0], False
-
-        async def ticker() -> None:
-            last = time.perf_counter()
-            while not done:
-                await asyncio.sleep(0.01)
-                now = time.perf_counter()
-                gaps.append(now - last)
-                last = now
-
-        tick = asyncio.create_task(ticker())
-        await asyncio.sleep(0.02)
-        timer = threading.Timer(0.5, holder.commit)
-        timer.start()
+    async def banked() -> None:
         out = bank.on_evicted(span)
         if out is not None:
             await out
-        done = True
-        await tick
-        timer.join()
-        holder.close()
-        return max(gaps)
+
+    async def main() -> float:
+        return (await _while_locked(postgres_url, "harvest_spans", banked()))[1]
 
     try:
         gap = asyncio.run(main())
@@ -513,3 +470,32 @@ def test_banking_an_evicted_span_on_postgresql_waits_off_the_loop(
         assert gap < 0.3  # the loop ticked all the while
     else:
         assert gap >= 0.3  # a write on the loop stops it for the wait
+
+
+async def _while_locked(url: str, table: str, work: Any) -> tuple[float, float, Any]:
+    """``work`` awaited while ``table`` is locked by another connection for 0.5 s: the seconds
+    it took, the event loop's longest gap between ticks meanwhile, and what it returned."""
+    holder = psycopg.connect(url)  # let go by a timer thread: a blocked loop could not
+    holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+    gaps, done = [0.0], False
+
+    async def ticker() -> None:
+        last = time.perf_counter()
+        while not done:
+            await asyncio.sleep(0.01)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0.02)
+    timer = threading.Timer(0.5, holder.commit)
+    timer.start()
+    started = time.perf_counter()
+    out = await work
+    took = time.perf_counter() - started
+    done = True
+    await tick
+    timer.join()
+    holder.close()
+    return took, max(gaps), out

