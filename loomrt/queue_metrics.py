@@ -1,8 +1,8 @@
 """What the work queue holds and how fast it moves: the queue block of ``loomrt workers list``.
 
-Until the queue moves onto a job engine (issue 45's decision record, docs/deploy.md), its
-figures come from the record itself, on either store (a query for each waiting run and for
-each of the ``recent`` newest runs, besides the pending and claim queries):
+Its figures come from the record itself, on either store (a query for each waiting run and
+for each of the ``recent`` newest runs, besides the pending and claim queries); on PostgreSQL
+``loomrt workers list`` shows the job engine's own beside them (:mod:`loomrt.jobs.status`):
 
 - **queued runs** (``loomrt run --detach``) no worker has taken yet, and how long the
   oldest has waited;

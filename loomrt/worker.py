@@ -53,6 +53,7 @@ from loomrt.worker_life import Backoff, Stopping, hand_back, nap, until_stopped
 
 __all__ = [
     "work_once",
+    "PLAYING_NOW",
     "detach",
     "take",
     "play_row",
@@ -76,6 +77,8 @@ SETTLED = ("distillation", "fold_skipped")
 DISTILLATION_QUEUED = "distillation_queued"
 DISTILLATION_SETTLED = ("distillation", "distillation_declined")
 """A recap or compaction queued in a chat is settled by the distillation, or by a decline."""
+PLAYING_NOW = "playing now: its own process distils it"
+"""Why a queued distillation of a run that is playing is left alone."""
 RUN_QUEUED = "run_queued"
 PLAYED = ("resumed", "final", "error", "cancelled")
 """A queued run is taken once a worker records ``resumed`` on it (or it ended otherwise)."""
@@ -170,7 +173,7 @@ async def distil_row(runtime: Runtime, run_id: str, work: str) -> dict[str, Any]
     run playing now is left to its own process)."""
     info = await runtime.off_loop(runtime.store.get_run, run_id)
     if info.status == "active":
-        return {"run_id": run_id, "work": work, "done": False, "reason": "playing now: its own process distils it"}
+        return {"run_id": run_id, "work": work, "done": False, "reason": PLAYING_NOW}
     run = await runtime.aopen(run_id)
     run.guarded = True  # its own process may start a turn meanwhile: then this fold gives way
     before = run.estimate()

@@ -40,6 +40,7 @@ from loomrt.record.owners import worker_name
 from loomrt.runtime import Runtime
 from loomrt.worker import (
     PLAYED,
+    PLAYING_NOW,
     RUN_QUEUED,
     abandoned,
     consolidate_row,
@@ -162,10 +163,9 @@ class JobWorker:
             queued = dict(await self.runtime.off_loop(queued_distillations, self.runtime.store))
             if run_id not in queued:
                 return  # settled meanwhile
-            info = await self.runtime.off_loop(self.runtime.store.get_run, run_id)
-            if info.status == "active":
-                return  # playing now: its own process distils it, else the next look queues it again
             row = await distil_row(self.runtime, run_id, queued[run_id])
+        if row["reason"] == PLAYING_NOW:
+            return  # its own process distils it, else the next look queues it again: nothing to tell
         self.tell(row)
 
     async def _consolidate(self, scope: str) -> None:
