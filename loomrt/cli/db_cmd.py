@@ -256,9 +256,9 @@ def workers_list_cmd(json_output: bool = _JSON) -> None:
             from loomrt.jobs.status import engine_status
 
             try:
-                queue["engine"] = engine_status(store.url)
-            except Exception as exc:  # noqa: BLE001 - psycopg's: the rest is shown all the same
-                queue["engine"] = {"error": " ".join(str(exc).split())}
+                queue["engine"] = engine_status(store)
+            except StoreError as exc:  # the rest is shown all the same
+                queue["engine"] = {"error": str(exc)}
     finally:
         store.close()
     if json_output:

@@ -10,21 +10,19 @@ from loomrt.jobs.schema import CONSOLIDATE_QUEUE, QUEUE
 __all__ = ["engine_status"]
 
 
-def engine_status(url: str) -> dict[str, Any]:
+def engine_status(store: Any) -> dict[str, Any]:
     """``{"jobs": {STATE: n}, "tasks": {TASK: {STATE: n}}, "workers": [{"id", "heartbeat_age_s"}]}``
-    from the database at ``url`` (finished jobs that succeeded are deleted by the worker, so
-    ``succeeded`` counts none; ``failed`` and ``aborted`` stay until someone clears them)."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE queue_name = ANY(%s) "
-            "GROUP BY task_name, status",
-            ([QUEUE, CONSOLIDATE_QUEUE],),
-        ).fetchall()
-        workers = conn.execute(
-            "SELECT id, extract(epoch FROM now() - last_heartbeat) FROM procrastinate_workers ORDER BY id"
-        ).fetchall()
+    read through the PostgreSQL ``store``'s own connections (finished jobs that succeeded are
+    deleted by the worker, so ``succeeded`` counts none; ``failed`` and ``aborted`` stay until
+    someone clears them)."""
+    rows = store._select(
+        "SELECT task_name, status::text, count(*) FROM procrastinate_jobs WHERE queue_name = ANY(%s) "
+        "GROUP BY task_name, status",
+        ([QUEUE, CONSOLIDATE_QUEUE],),
+    )
+    workers = store._select(
+        "SELECT id, extract(epoch FROM now() - last_heartbeat) FROM procrastinate_workers ORDER BY id", ()
+    )
     jobs: dict[str, int] = {}
     tasks: dict[str, dict[str, int]] = {}
     for task, state, n in rows:
