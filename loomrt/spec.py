@@ -207,7 +207,7 @@ class Capabilities(_Strict):
     """The model honours a JSON Schema response_format."""
     one_call_turns: bool | None = None
     """The embedded model decides and answers in one generation (a grammar allows a
-    tool-call object or plain text); else (the default) it decides, then answers in a
+    tool-call object or plain text), its default; false: it decides, then answers in a
     second call."""
 
 

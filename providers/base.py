@@ -149,7 +149,7 @@ class Capabilities:
     one_call_turns: bool = False
     """A model without native tool calls decides and answers in one generation: a grammar
     lets it open a tool-call JSON object or write the answer as text (the embedded model
-    only). False: it decides first, then writes the answer in a second call."""
+    only, and its default). False: it decides first, then writes the answer in a second call."""
 
 
 @runtime_checkable

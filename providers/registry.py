@@ -125,7 +125,11 @@ def capabilities_for(model: str, *, api_base: str | None = None, declared: Any =
     local = runs_locally(model, api_base)
     if model in CATALOGUE:
         facts = Capabilities(
-            local=True, context_window=CATALOGUE[model].context_window, tool_calling=False, structured_output=True
+            local=True,
+            context_window=CATALOGUE[model].context_window,
+            tool_calling=False,
+            structured_output=True,
+            one_call_turns=True,  # issue 43: as good or better answers, at about half the input (docs/providers.md)
         )
     elif is_scripted(model):
         facts = Capabilities(local=True, context_window=32768, tool_calling=True, structured_output=True)

@@ -313,20 +313,26 @@ def test_a_full_context_row_with_a_block_counts_a_gold_no_text_holds_as_not_verb
 
 
 def test_one_call_turns_reaches_the_asked_agents_model_and_only_the_embedded_one(tmp_path: Path) -> None:
+    """The embedded model decides and answers in one generation unless ``--two-call-turns``
+    asks for two calls; another model is never given the grammar, whatever is asked."""
     from loomrt.bench.core import NullProgress
     from loomrt.bench.qa.runner import QAConfig, _Session
 
-    for model, wanted in (("local/qwen2.5-coder-1.5b", True), ("openai/gpt-4o-mini", False)):
-        session = _Session(QAConfig(data=tmp_path / "x.json", model=model, one_call_turns=True), NullProgress())
+    qwen, hosted = "local/qwen2.5-coder-1.5b", "openai/gpt-4o-mini"
+    for model, asked, wanted in (
+        (qwen, None, True),
+        (qwen, True, True),
+        (qwen, False, False),
+        (hosted, True, False),
+        (hosted, None, False),
+    ):
+        config = QAConfig(data=tmp_path / "x.json", model=model, one_call_turns=asked)
+        session = _Session(config, NullProgress())
         try:
-            assert bool(session.spec("recap").capabilities.one_call_turns) is wanted
+            assert bool(session.spec("recap").capabilities.one_call_turns) is wanted, (model, asked)
+            assert session.answers.one_call_turns is wanted and config.to_json()["one_call_turns"] is wanted
         finally:
             session.close()
-    session = _Session(QAConfig(data=tmp_path / "x.json"), NullProgress())
-    try:
-        assert not session.spec("recap").capabilities.one_call_turns  # two calls unless asked
-    finally:
-        session.close()
 
 
 def test_an_answer_asked_the_other_way_is_asked_again(tmp_path: Path) -> None:

@@ -67,13 +67,13 @@ def qa_cmd(
     ] = None,
     docs: Annotated[Path | None, typer.Option("--docs", help="Rewrite the QA block of this Markdown page.")] = None,
     one_call_turns: Annotated[
-        bool,
+        bool | None,
         typer.Option(
-            "--one-call-turns",
-            help="On the embedded model: where Recall is offered, decide and answer in one generation "
-            "(capabilities.one_call_turns) instead of deciding, then answering in a second call.",
+            "--one-call-turns/--two-call-turns",
+            help="On the embedded model, where a tool is offered: decide and answer in one generation "
+            "(capabilities.one_call_turns, the embedded model's default), or decide, then answer in a second call.",
         ),
-    ] = False,
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Replay LoCoMo conversations through real runs and let the model answer their questions in each configuration."""

@@ -54,13 +54,20 @@ QA_SYSTEM = (
 
 
 def qa_spec(
-    model: str, mode: str, *, budget_tokens: int, recall: bool, window: int | None, one_call_turns: bool = False
+    model: str,
+    mode: str,
+    *,
+    budget_tokens: int,
+    recall: bool,
+    window: int | None,
+    one_call_turns: bool | None = None,
 ) -> AgentSpec:
     """The agent of a replay: ``mode`` on ``budget_tokens``, Recall on or off; on the embedded
-    model, ``one_call_turns`` decides and answers in one generation where a tool is offered."""
+    model, ``one_call_turns`` decides and answers in one generation where a tool is offered
+    (or, False, in two calls; None: the model's default)."""
     capabilities: dict[str, Any] = {"context_window": window} if window else {}
-    if one_call_turns:
-        capabilities["one_call_turns"] = True
+    if one_call_turns is not None:
+        capabilities["one_call_turns"] = one_call_turns
     return AgentSpec(
         model=model,
         system_prompt=QA_SYSTEM,

@@ -93,13 +93,26 @@ class QAConfig:
     embedder: str = "default"
     judge: str | None = None
     out: Path | None = None
-    one_call_turns: bool = False
+    one_call_turns: bool | None = None
     """On the embedded model, a question whose run offers a tool (Recall) is decided and
-    answered in one generation (``capabilities.one_call_turns``) instead of two calls."""
+    answered in one generation (``capabilities.one_call_turns``), or in two calls; None is
+    the model's own default (one generation on the embedded model)."""
+
+    def one_call(self) -> bool:
+        """Whether the asked model decides and answers in one generation (only the embedded
+        model has the grammar for it)."""
+        if not self.model.startswith("local/"):
+            return False
+        if self.one_call_turns is not None:
+            return self.one_call_turns
+        from loomrt.providers.registry import capabilities_for
+
+        return capabilities_for(self.model).one_call_turns
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["data"], out["out"] = str(self.data), str(self.out) if self.out else None
+        out["one_call_turns"] = self.one_call()
         return out
 
 
@@ -115,7 +128,7 @@ def select_questions(sample: dict[str, Any], n: int | None) -> list[tuple[int, d
 
 class _Answers:
     """The answers so far, appended to ``answers.jsonl`` (kept in memory without ``--out``).
-    An answer asked another way (``--one-call-turns`` or not) is not this run's: it is asked
+    An answer asked another way (one generation or two calls) is not this run's: it is asked
     again."""
 
     def __init__(self, folder: Path | None, *, one_call_turns: bool = False):
@@ -149,7 +162,7 @@ class _Session:
     def __init__(self, config: QAConfig, progress: Progress):
         self.config, self.progress = config, progress
         self.meter = Meter()
-        self.answers = _Answers(config.out, one_call_turns=config.one_call_turns)
+        self.answers = _Answers(config.out, one_call_turns=config.one_call())
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         if config.out:
             config.out.mkdir(parents=True, exist_ok=True)
@@ -189,7 +202,7 @@ class _Session:
             budget_tokens=self.config.budget_tokens,
             recall=recall,
             window=self.config.window if local else None,
-            one_call_turns=self.config.one_call_turns and local,
+            one_call_turns=self.config.one_call() if local else None,
         )
 
     def close(self) -> None:
