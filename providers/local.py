@@ -200,6 +200,17 @@ TOOL_OR_TEXT = "tool_or_text"
 ``schema`` (a tool call), or plain text that does not start with ``{`` (the answer)."""
 
 
+@dataclass(frozen=True)
+class ToolOrText:
+    """The grammar of a one-call turn (:data:`TOOL_OR_TEXT`). Only the first token needs it:
+    once that token is not ``{`` the grammar's answer branch allows any text, so
+    :func:`generate` samples the rest without it. llama.cpp checks every token of the
+    vocabulary against a grammar at every step (151,936 on Qwen2.5), which costs about as
+    much as the decode itself."""
+
+    grammar: Any
+
+
 @lru_cache(maxsize=32)
 def _tool_or_text(schema_json: str) -> Any:
     from llama_cpp.llama_grammar import LlamaGrammar, json_schema_to_gbnf
@@ -216,7 +227,7 @@ def grammar_for(response_format: dict[str, Any] | None) -> Any:
     kind = response_format.get("type")
     if kind == TOOL_OR_TEXT:
         try:
-            return _tool_or_text(json.dumps(response_format.get("schema"), sort_keys=True))
+            return ToolOrText(_tool_or_text(json.dumps(response_format.get("schema"), sort_keys=True)))
         except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
             raise LocalError(400, f"cannot turn the tool-call schema into a grammar: {exc}") from exc
     if kind == "json_schema":
@@ -272,6 +283,10 @@ def generate(
         cached = llama_cpp.Llama.longest_token_prefix(llama._input_ids.tolist(), tokens[:-1])
         aborted: list[str] = []
         streamed = _Streamed(llama, tokens, on_text)
+        lifts = isinstance(grammar, ToolOrText)
+        first: list[int] = []  # a one-call turn's first token, once sampled (ToolOrText)
+        answer: list[bool] = []  # it began the answer: the grammar's work is done
+        rest: list[bool] = []  # sampling the rest of the answer, without the grammar
 
         def should_stop(input_ids: Any, logits: Any) -> bool:
             streamed.hear(input_ids)
@@ -279,31 +294,60 @@ def generate(
                 aborted.append("cancelled")
             elif deadline is not None and time.monotonic() > deadline:
                 aborted.append("timed out")
-            return bool(aborted)
+            elif lifts and not first and len(input_ids) > len(tokens):
+                first.extend(int(t) for t in input_ids[len(tokens) :])
+                answer.append(_answer_begins(llama.detokenize(first, prev_tokens=tokens)))
+            return bool(aborted) or (any(answer) and not rest)  # (llama.cpp asks again once stopped)
 
         criteria = llama_cpp.StoppingCriteriaList([should_stop, *(formatted.stopping_criteria or [])])
+        sampling = {"temperature": _DEFAULT_TEMPERATURE if temperature is None else temperature, **_SAMPLING}
         out = llama.create_completion(
             prompt=tokens,
             max_tokens=max_tokens,
             stop=formatted.stop,
             stopping_criteria=criteria,
-            temperature=_DEFAULT_TEMPERATURE if temperature is None else temperature,
-            grammar=grammar,
-            **_SAMPLING,
+            grammar=grammar.grammar if lifts else grammar,
+            **sampling,
         )
+        choice, usage = out["choices"][0], out["usage"]
+        text, finish, completion = choice["text"], choice.get("finish_reason") or "stop", usage["completion_tokens"]
+        if any(answer) and not aborted:  # the answer began: the rest is free text
+            if completion >= max_tokens:
+                finish = "length"
+            else:
+                rest.append(True)
+                more = llama.create_completion(
+                    prompt=tokens + first,
+                    max_tokens=max_tokens - completion,
+                    stop=formatted.stop,
+                    stopping_criteria=criteria,
+                    **sampling,
+                )
+                text += more["choices"][0]["text"]
+                finish = more["choices"][0].get("finish_reason") or "stop"
+                completion += more["usage"]["completion_tokens"]
     finally:
         loaded.lock.release()
     if aborted:
         raise LocalError(408, f"the embedded model {aborted[0]} while generating")
-    choice, usage = out["choices"][0], out["usage"]
-    streamed.end(choice["text"])
+    streamed.end(text)
     return Generation(
-        text=choice["text"],
-        finish_reason=choice.get("finish_reason") or "stop",
+        text=text,
+        finish_reason=finish,
         prompt_tokens=usage["prompt_tokens"],
-        completion_tokens=usage["completion_tokens"],
+        completion_tokens=completion,
         cached_tokens=cached,
     )
+
+
+def _answer_begins(said: bytes) -> bool:
+    """Whether a one-call turn's first token took the grammar's answer branch: whole
+    characters that do not open a JSON object (a token that ends inside a character keeps
+    the grammar, so no character is ever split across the two generations)."""
+    try:
+        return bool(said) and not said.decode("utf-8").startswith("{")
+    except UnicodeDecodeError:
+        return False
 
 
 class _Streamed:

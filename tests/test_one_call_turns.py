@@ -76,13 +76,16 @@ def test_an_answer_cut_off_by_its_limit_says_so_as_the_two_step_answer_does(monk
     assert "cut off at max_tokens=40" in response.text
 
 
-def test_one_call_is_declared_per_agent_and_the_two_step_path_stays_the_default() -> None:
-    """Issue 43: one call a turn is opt-in until a paired measure of answer quality says
-    otherwise (docs/providers.md)."""
+def test_one_call_is_the_embedded_models_default_and_an_agent_may_keep_two() -> None:
+    """Issue 43: the embedded models decide and answer in one generation unless an agent
+    declares ``one_call_turns: false`` (the paired measures are in docs/providers.md); no
+    other model is given the grammar."""
     from loomrt.providers.registry import CATALOGUE, capabilities_for
 
-    assert not any(capabilities_for(model).one_call_turns for model in CATALOGUE)
-    assert capabilities_for(SMOL, declared={"one_call_turns": True}).one_call_turns
+    assert all(capabilities_for(model).one_call_turns for model in CATALOGUE)
+    assert not capabilities_for(SMOL, declared={"one_call_turns": False}).one_call_turns
+    assert not capabilities_for("openai/gpt-4o-mini").one_call_turns
+    assert not capabilities_for("ollama/llama3").one_call_turns
 
 
 def test_the_grammar_is_built_and_a_bad_schema_is_a_clear_error() -> None:
@@ -124,3 +127,48 @@ def test_the_embedded_model_decides_and_answers_in_one_generation() -> None:
         else:
             assert response.text and not response.text.lstrip().startswith("{")
             assert "".join(heard).strip() == response.text
+
+
+@pytest.mark.slow
+def test_only_the_first_token_is_sampled_under_the_grammar() -> None:
+    """llama.cpp checks the whole vocabulary against a grammar at every token, so an answer
+    sampled under the tool-or-text grammar decodes at a fraction of the model's speed. Once
+    the first token has begun the answer, the rest is sampled free (the grammar allows any
+    text there); a reply that opens ``{`` keeps the grammar to its end. Sabotage: with the
+    grammar kept throughout, the answer's second generation never happens."""
+    pytest.importorskip("llama_cpp")
+    from loomrt.providers.local import ToolOrText, generate, load
+
+    schema = {
+        "type": "object",
+        "properties": {"action": {"const": "calculate"}, "arguments": {"type": "object"}},
+        "required": ["action", "arguments"],
+    }
+    either = grammar_for({"type": TOOL_OR_TEXT, "schema": schema})
+    assert isinstance(either, ToolOrText)
+    loaded = load(SMOL, 4096)
+    sampled: list[Any] = []
+    real = loaded.llama.create_completion
+
+    def spied(*a: Any, **k: Any) -> Any:
+        sampled.append(k.get("grammar"))
+        return real(*a, **k)
+
+    loaded.llama.create_completion = spied
+    try:
+        heard: list[str] = []
+        story = [{"role": "user", "content": "Tell me about lighthouses in three sentences."}]
+        answer = generate(loaded, story, max_tokens=40, temperature=0, grammar=either, on_text=heard.append)
+        assert sampled == [either.grammar, None], "the first token under the grammar, the rest free"
+        assert answer.completion_tokens == 40 and answer.finish_reason == "length"
+        assert not answer.text.startswith("{") and "".join(heard) == answer.text
+        kept = generate(loaded, story, max_tokens=40, temperature=0, grammar=either.grammar)  # the sabotage
+        assert sampled[2:] == [either.grammar] and kept.text.split()[:3] == answer.text.split()[:3]
+
+        sampled.clear()
+        echo = '{"action": "calculate", "arguments": {"expression": "2+2"}}\nRepeat the JSON above exactly.'
+        ask = [{"role": "system", "content": "Reply with a JSON object only."}, {"role": "user", "content": echo}]
+        call = generate(loaded, ask, max_tokens=60, temperature=0, grammar=either)
+        assert sampled == [either.grammar] and json.loads(call.text)["action"] == "calculate"
+    finally:
+        loaded.llama.create_completion = real
