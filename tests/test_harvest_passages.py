@@ -131,8 +131,7 @@ def _tiers(**kw: Any) -> dict[str, Any]:
                 MINI,
                 provider=FunctionProvider(_vague, name="scripted/vague"),
                 embedder="hash",
-                raw=False,
-                **kw,
+                **{"raw": False, **kw},
             )
         )
 
@@ -152,6 +151,26 @@ def test_the_bench_reports_the_tiers_apart() -> None:
     assert set(curve["facts"]["recall_at"].values()) == {0.0} and curve["fused"]["recall_at"]["2000"] >= 0.5
     assert list(curve["passages"]["recall_at"].values()) == sorted(curve["passages"]["recall_at"].values())
     assert "Accuracy against tokens" in "\n".join(_locomo_lines(out))
+
+
+def test_the_raw_turns_have_a_curve_of_their_own_and_it_can_fall(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 48's goal reads the fused memory tier against the raw turns at every budget, so
+    the raw turns get the same accuracy-against-tokens curve (bench recall's index, best
+    first, whole turns). Sabotage: a raw index that finds nothing states nothing at any
+    budget, and the fused tier then stands at or above it everywhere."""
+    from loomrt.cli.bench_harvest_cmd import _locomo_lines
+
+    out = _tiers(raw=True)
+    raw = out["budgets"]["raw"]["recall_at"]
+    assert list(raw) == ["250", "500", "1000", "2000"] and raw["2000"] >= 0.5
+    assert list(raw.values()) == sorted(raw.values())
+    assert set(out["fused_at_or_above_raw"]) == set(raw)
+    assert "; raw " in "\n".join(_locomo_lines(out))
+
+    monkeypatch.setattr("loomrt.recall.run_recall.RunRecall.search", lambda self, *a, **kw: [])
+    blind = _tiers(raw=True)
+    assert set(blind["budgets"]["raw"]["recall_at"].values()) == {0.0}
+    assert all(blind["fused_at_or_above_raw"].values())
 
 
 def test_a_consolidator_that_keeps_no_passages_shows_in_the_passage_tier(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -422,7 +422,8 @@ async def _locomo_conversation(
     if raw:
         if progress:
             progress(f"{cid}: the raw-span tier (bench recall)")
-        spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder)
+        spans = await evaluate_locomo_async(data, conversations=[cid], ks=ks, embedder=embedder, budgets=BUDGETS)
+        rec["budgets"]["raw"] = spans["states_budgets"]
         rec["tallies"]["raw_evidence"] = {k: spans[k] for k in ("questions", "recall_at", "by_category")}
         rec["tallies"]["raw_states"] = {
             "questions": spans["states"]["questions"],

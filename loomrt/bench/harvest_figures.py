@@ -126,11 +126,17 @@ def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Seq
         "cites": tiers["memory_cites"].figures(CATEGORY_NAMES),
     }
     if all("budgets" in rec for rec in records.values()):  # the accuracy-against-tokens curve
-        curves = {name: Tally(BUDGETS) for name in BUDGET_TIERS}
+        names = [*BUDGET_TIERS]
+        if all("raw" in rec["budgets"] for rec in records.values()):  # raw turns (bench recall's index)
+            names.append("raw")
+        curves = {name: Tally(BUDGETS) for name in names}
         for rec in records.values():
-            for name, figures in rec["budgets"].items():
-                curves[name].add_figures(figures)
+            for name in names:
+                curves[name].add_figures(rec["budgets"][name])
         out["budgets"] = {name: curve.figures(CATEGORY_NAMES) for name, curve in curves.items()}
+        if "raw" in curves:  # the goal: the fused memory tier at or above raw turns at every budget
+            fused, raw = out["budgets"]["fused"]["recall_at"], out["budgets"]["raw"]["recall_at"]
+            out["fused_at_or_above_raw"] = {b: fused[b] >= raw[b] for b in raw}
     if all("fused_states" in rec["tallies"] for rec in records.values()):  # (records from before the tier: none)
         out["tiers"] = {
             "passages": tiers["passage_states"].figures(CATEGORY_NAMES),

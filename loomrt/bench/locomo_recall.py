@@ -271,6 +271,10 @@ def rates(hits: dict[int, int], n: int) -> dict[str, float]:
     return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
 
 
+BUDGET_DEPTH = 80
+"""Hits searched for the accuracy-against-tokens curve: more than 2,000 tokens of turns."""
+
+
 async def evaluate_locomo_async(
     path: str | Path,
     *,
@@ -280,8 +284,12 @@ async def evaluate_locomo_async(
     progress: Progress | None = None,
     replies: bool = False,
     mode: str = "compaction",
+    budgets: Sequence[int] = (),
 ) -> dict[str, Any]:
-    """:func:`evaluate_locomo` for code that is already async."""
+    """:func:`evaluate_locomo` for code that is already async. With ``budgets`` (tokens of
+    retrieved text), it also reports the raw turns' accuracy against tokens
+    (``states_budgets``): whether the best-first hits that fit each budget state the answer."""
+    from loomrt.bench.harvest_figures import Tally, within
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer  # qa imports this module
 
     started = time.perf_counter()
@@ -316,6 +324,7 @@ async def evaluate_locomo_async(
     fused_hits = {k: 0 for k in ks}
     states_hits = {k: 0 for k in ks}
     n_states = 0
+    curve = Tally(budgets)
     by_cat: dict[int, dict[str, Any]] = {}
     per_conv: dict[str, dict[str, Any]] = {}
     n = 0
@@ -343,6 +352,14 @@ async def evaluate_locomo_async(
                     stated = states_answer(said, gold_answer(q), int(q["category"]))
                     states_hits[k] += stated
                     cat["states_hits"][k] += stated
+                if budgets:  # as much as each budget holds, best first, as memory's tiers are measured
+                    deep = run.toolset.recall.search(str(q["question"]), top_k=BUDGET_DEPTH, source="run")
+                    texts = [h.text for h in deep]  # (the tool returns at most 20, cut to its token cap)
+                    truth = gold_answer(q)
+                    curve.add(
+                        int(q["category"]),
+                        [states_answer(within(texts, b), truth, int(q["category"])) for b in budgets],
+                    )
             gold = evidence_ids(q["evidence"])
             if grep is not None:
                 grepped, every_word = grep_ranked(grep, str(q["question"]))
@@ -387,6 +404,7 @@ async def evaluate_locomo_async(
             },
         },
         **out_grep,
+        **({"states_budgets": curve.figures(CATEGORY_NAMES)} if budgets else {}),
         "by_category": {
             str(c): {
                 "name": CATEGORY_NAMES.get(c, str(c)),
