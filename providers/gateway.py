@@ -166,6 +166,24 @@ class LiteLLMProvider:
         raw = await self._acompletion(self._kwargs(request, shape), request.on_text if streams else None)
         return self._response(raw, request, shape)
 
+    async def prefill(self, request: ModelRequest) -> int:
+        """Read ``request``'s prompt, as :meth:`complete` would send it, into the embedded
+        model's prefix cache, ahead of the call that will send it with more at its end (a
+        chat's next turn after a distillation made between turns, while the user types).
+        Tokens read; 0 for any other model (a server keeps its own cache), or while the
+        model is busy."""
+        if not self.embedded:
+            return 0
+        from loomrt.providers import local
+
+        shape = self._shape(request)
+        if shape == "decision" and request.tool_choice != "required":
+            one_call = self.capabilities.one_call_turns
+            kwargs = self._kwargs(request, "one_call") if one_call else self._kwargs(request, shape, answer_text=False)
+        else:
+            kwargs = self._kwargs(request, shape)
+        return await asyncio.to_thread(local.prefill, self.model, kwargs["messages"], kwargs.get("n_ctx"))
+
     async def _acompletion(self, kwargs: dict[str, Any], on_text: Callable[[str], None] | None = None) -> Any:
         """One litellm call; with ``on_text``, its text streams there as it is written."""
         litellm = import_litellm()

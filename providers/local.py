@@ -31,7 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -50,6 +50,7 @@ __all__ = [
     "LOCAL_PROVIDER",
     "LocalError",
     "grammar_for",
+    "prefill",
     "STREAM_TO",
     "TOOL_OR_TEXT",
 ]
@@ -74,6 +75,8 @@ class _Loaded:
     n_ctx: int
     lock: threading.Lock
     formatter: Any
+    wanted: threading.Event = field(default_factory=threading.Event)
+    """Set while a call waits for the model: a read-ahead (:func:`prefill`) stops for it."""
 
 
 @dataclass(frozen=True)
@@ -261,8 +264,12 @@ def generate(
     """
     llama_cpp = _llama_cpp()
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-    if not loaded.lock.acquire(timeout=-1 if remaining is None else remaining):
-        raise LocalError(408, "timed out waiting for the embedded model (another call holds it)")
+    loaded.wanted.set()
+    try:
+        if not loaded.lock.acquire(timeout=-1 if remaining is None else remaining):
+            raise LocalError(408, "timed out waiting for the embedded model (another call holds it)")
+    finally:
+        loaded.wanted.clear()
     try:
         llama = loaded.llama
         if llama is None:
@@ -338,6 +345,40 @@ def generate(
         completion_tokens=completion,
         cached_tokens=cached,
     )
+
+
+PREFILL_CHUNK = 32
+"""Tokens a read-ahead evaluates between looks at whether a call wants the model (about
+half a second on 2 cores for Qwen2.5-1.5B)."""
+
+
+def prefill(model: str, messages: list[dict[str, Any]], n_ctx: int | None = None) -> int:
+    """Read the prompt of ``messages`` into the model's prefix cache ahead of the call that
+    will send them with more at the end (a chat's next turn after a distillation made
+    between turns, while the user types), so that call prefills only what is new. Blocking;
+    call it from a worker thread. Tokens read: 0 when they were cached already, or when a
+    call holds the model. Stops at once when a call wants the model; what it read is kept."""
+    loaded = load(model, n_ctx)
+    if not loaded.lock.acquire(blocking=False):
+        return 0  # a call has the model: it reads its own prompt
+    try:
+        llama = loaded.llama
+        if llama is None:
+            return 0
+        formatted = loaded.formatter(messages=messages)
+        tokens = llama.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
+        tokens = tokens[:-1]  # (a call reads its prompt's last token itself)
+        if len(tokens) >= loaded.n_ctx:
+            return 0
+        cached = _llama_cpp().Llama.longest_token_prefix(llama._input_ids.tolist(), tokens)
+        llama.n_tokens = cached  # what follows is overwritten from here (llama.eval drops it)
+        for start in range(cached, len(tokens), PREFILL_CHUNK):
+            if loaded.wanted.is_set():
+                break
+            llama.eval(tokens[start : start + PREFILL_CHUNK])
+        return int(llama.n_tokens) - cached
+    finally:
+        loaded.lock.release()
 
 
 def _answer_begins(said: bytes) -> bool:

@@ -177,3 +177,41 @@ def test_a_workers_queued_recap_slower_than_its_claim_keeps_the_run(tmp_path):
     rows = asyncio.run(work_once(rt))
     assert taken == ["kept"]
     assert [(r["work"], r["done"]) for r in rows] == [("distil", True)]
+
+
+def test_a_chat_reads_the_reduced_context_ahead_for_its_next_turn(tmp_path):
+    """After a distillation between turns, the chat reads the new context into the model's
+    prefix cache while the user types (``read_ahead``), as the next turn's call will send it;
+    without a reduction, and for a caller that does not ask, nothing is read. A read-ahead
+    that fails is a notice, never a failed run."""
+    read: list[list[dict]] = []
+
+    class Caching(FunctionProvider):
+        async def prefill(self, request: ModelRequest) -> int:
+            read.append(list(request.messages))
+            if len(read) == 2:
+                raise RuntimeError("the cache is gone")
+            return 1
+
+    rt = runtime(tmp_path, Caching(answer))
+
+    async def go(ahead: bool):
+        run = await rt.astart(spec("recap"), interactive=True, name="planner")
+        reduced = []
+        for text in NOTES[:8]:
+            await rt.send(run, text)
+            before = len(read)
+            reduced.append(await between_turns(run, rt.coordination, read_ahead=ahead))
+            assert len(read) - before == (1 if ahead and reduced[-1] else 0)
+            if ahead and reduced[-1]:
+                assert read[-1] == list(run.view.wire)  # the context the next turn's call starts with
+        return run, reduced
+
+    run, reduced = asyncio.run(go(True))
+    assert any(reduced) and not all(reduced)
+    assert run.view.status == "parked"
+    notices = [e.data["message"] for e in rt.store.events(run.run_id, kinds=["notice"])]
+    assert any("reading ahead failed: RuntimeError: the cache is gone" in m for m in notices)
+    read.clear()
+    asyncio.run(go(False))
+    assert read == []

@@ -325,3 +325,34 @@ def test_the_embedded_model_streams_the_same_reply_and_usage() -> None:
         plain.usage.input_tokens,
         plain.usage.output_tokens,
     )
+
+
+@pytest.mark.slow
+def test_reading_ahead_leaves_only_the_new_input_to_prefill() -> None:
+    """A distillation's own call leaves its prompt in the model's cache; the chat then reads
+    the new context ahead (``prefill``), so the next turn prefills only its new input.
+    Sabotage: the same turn without the read-ahead re-reads the whole context."""
+    provider = LiteLLMProvider(SMOL)
+    facts = " ".join(f"Item {i}: the crate for aisle {i} holds {i * 7} jars of honey." for i in range(30))
+    context = [
+        {"role": "system", "content": "You keep the warehouse's inventory."},
+        {"role": "user", "content": facts},
+        {"role": "assistant", "content": "Noted the crates."},
+    ]
+    recap = [{"role": "user", "content": f"Write a recap of: {facts[::-1]}"}]  # a distillation's prompt
+
+    def call(messages: list[dict], **kw: object) -> object:
+        request = ModelRequest(messages=messages, max_tokens=4, temperature=0, tools=(WEATHER,), **kw)  # type: ignore[arg-type]
+        return asyncio.run(provider.complete(request))
+
+    turn = [*context, {"role": "user", "content": "How many jars in aisle 3?"}]
+    call(recap, purpose="summary")
+    cold = call(turn).usage  # type: ignore[attr-defined]
+    call(recap, purpose="summary")
+    ahead = ModelRequest(messages=context, max_tokens=4, temperature=0, tools=(WEATHER,))
+    read = asyncio.run(provider.prefill(ahead))
+    assert asyncio.run(provider.prefill(ahead)) == 0  # read already
+    warm = call(turn).usage  # type: ignore[attr-defined]
+    assert read > 300, "the context was read ahead"
+    assert warm.cached_tokens >= read and warm.input_tokens - warm.cached_tokens < 40
+    assert cold.cached_tokens < 60 and warm.input_tokens == cold.input_tokens

@@ -86,6 +86,8 @@ async def play_chat(
     and the final question; all by default); the run and each turn's result. ``turn_seconds``
     gets each turn's seconds, from the input to the answer (the recaps written between turns,
     while a user would type, are not in them)."""
+    from loomrt.run.between_turns import between_turns
+
     run = await runtime.astart(spec, interactive=True, name="local-chat")
     results = []
     for text in [OPENING, FACT, *QUESTIONS[:questions], FINAL_QUESTION]:
@@ -93,6 +95,7 @@ async def play_chat(
         results.append(await runtime.send(run, text))
         if turn_seconds is not None:
             turn_seconds.append(time.perf_counter() - started)
+        await between_turns(run, runtime.coordination, read_ahead=True)  # as `loomrt chat` does while you type
         if progress is not None:
             progress.advance()
     return run, results
@@ -100,6 +103,16 @@ async def play_chat(
 
 INJECT_TOKENS = 300
 """The chat's reserve for injected passages (context.recall_inject_tokens)."""
+
+
+def rejection_reasons(events: list[Any]) -> list[dict[str, Any]]:
+    """Each recap or summary the prose check rejected: its try, the reason, and the start of
+    what the model wrote (so a rejection can be read, not only counted)."""
+    return [
+        {"attempt": e.data.get("attempt"), "reason": e.data.get("reason"), "text": str(e.data.get("text", ""))[:160]}
+        for e in events
+        if e.kind == "summary_rejected"
+    ]
 
 
 def chat_figures(
@@ -118,6 +131,7 @@ def chat_figures(
         "turns_failed": sum(r.status == "failed" for r in results),
         "recaps": kinds.count("distillation"),
         "recaps_rejected": kinds.count("summary_rejected"),
+        "rejections": rejection_reasons(events),
         "declined": kinds.count("distillation_declined"),
         "recall_calls": len(calls),
         "blocks_injected": kinds.count("recall_injected"),

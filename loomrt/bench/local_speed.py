@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from loomrt.bench.core import BenchConfig, Progress, standalone_measure
-from loomrt.bench.local_chat import QUESTIONS
+from loomrt.bench.local_chat import QUESTIONS, rejection_reasons
 from loomrt.run.between_turns import between_turns
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ async def play_timed(
         result = await runtime.send(run, text)
         took = time.perf_counter() - started
         between = time.perf_counter()
-        await between_turns(run, runtime.coordination)
+        await between_turns(run, runtime.coordination, read_ahead=True)  # as the chat does while you type
         turns.append(
             {
                 "from_seq": first_seq,
@@ -173,6 +173,7 @@ def turn_figures(
         "model_calls_per_turn": round(sum(r["model_calls"] for r in rows) / len(rows), 2),
         "recaps": sum(e.kind == "distillation" for e in events),
         "recaps_rejected": sum(e.kind == "summary_rejected" for e in events),
+        "rejections": rejection_reasons(events),
         "turns_failed": sum(r["status"] == "failed" for r in rows),
     }
 

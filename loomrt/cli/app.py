@@ -223,7 +223,7 @@ def chat_cmd(
 
     def distil_between() -> None:
         try:
-            asyncio.run(between_turns(run, rt.coordination))
+            asyncio.run(between_turns(run, rt.coordination, read_ahead=True))
         except BaseException as exc:  # noqa: BLE001 - raised after the join, in the chat's own thread
             failed_between.append(exc)
 
