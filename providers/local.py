@@ -370,7 +370,7 @@ def prefill(model: str, messages: list[dict[str, Any]], n_ctx: int | None = None
         tokens = tokens[:-1]  # (a call reads its prompt's last token itself)
         if len(tokens) >= loaded.n_ctx:
             return 0
-        cached = _llama_cpp().Llama.longest_token_prefix(llama._input_ids.tolist(), tokens)
+        cached: int = _llama_cpp().Llama.longest_token_prefix(llama._input_ids.tolist(), tokens)
         llama.n_tokens = cached  # what follows is overwritten from here (llama.eval drops it)
         for start in range(cached, len(tokens), PREFILL_CHUNK):
             if loaded.wanted.is_set():
