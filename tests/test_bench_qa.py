@@ -264,7 +264,7 @@ def test_the_distillation_a_replay_ends_with_is_written_once_not_in_every_questi
     from loomrt.record.sqlite import SQLiteStore
 
     # on this budget the conversation's last turn meets the watermark (checked below)
-    config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=1040, configs=["recap"], out=tmp_path)
+    config = QAConfig(data=MINI, model="scripted", embedder="hash", budget_tokens=1072, configs=["recap"], out=tmp_path)
     import loomrt.bench.qa.replay as replay
 
     real = replay.between_turns

@@ -78,7 +78,11 @@ def test_the_recap_prompt_carries_the_task_and_the_evicted_span_with_pointers(tm
     for seq in span:
         assert f"[#{seq}]" in prompt
     assert '"3+3"' not in prompt  # the kept tail is not recapped
-    assert "At most 2000 characters" in recap_call.messages[0]["content"]
+    from loomrt.run.reducers.summarize import block_chars
+
+    limit = block_chars(run, 2000)  # recap_max_chars, or a fifth of a small budget
+    assert limit == min(2000, max(400, int(run.budget * 0.2 * 3)))
+    assert f"At most {limit} characters" in recap_call.messages[0]["content"]
 
 
 def test_the_previous_recap_folds_into_the_next(tmp_path):

@@ -52,3 +52,46 @@ def test_every_distillation_call_sends_the_same_instructions_and_worked_example(
         assert kept in systems[0]
     shown = json.loads(CliRunner().invoke(app, ["runs", "show", run.run_id, "--json"]).output)
     assert shown["summaries_rejected"] == 1
+
+
+@pytest.mark.parametrize("mode", ["recap", "compaction"])
+def test_a_recap_or_summary_is_asked_for_at_most_a_fifth_of_the_budget(tmp_path, mode):
+    """On a small budget a 2,000-character recap (666 tokens) is near half of it: the next
+    turns reach the budget again and distil inside the turn, and a small model that fills
+    the limit writes a block no smaller than its span. So the block is asked for at most a
+    fifth of the budget (the recap's instructions say the same); on a large budget the
+    configured limit stands."""
+    from loomrt.run.reducers.summarize import block_chars
+
+    asked: list[int] = []
+    said: list[str] = []
+
+    def answer(request: ModelRequest) -> ModelResponse:
+        if request.purpose == "turn":
+            return ModelResponse(text="Noted.")
+        asked.append(request.max_tokens)
+        said.append(str(request.messages[-1]["content"]))
+        return ModelResponse(text=extractive_summary(request, max_chars=300, words_per_line=10))
+
+    rt = runtime(tmp_path, FunctionProvider(answer))
+
+    def spec(budget: int) -> AgentSpec:
+        ctx = {"mode": mode, "budget_tokens": budget, "keep_last_n": 2, "recall": False, "autorecap_at_pct": 50}
+        ctx["autocompact_at_pct"] = 50
+        return AgentSpec(model="function/inline", system_prompt="You keep the user's plans.", context=ctx)
+
+    async def play():
+        run = await rt.astart(spec(1000), interactive=True)
+        for text in NOTES:
+            await rt.send(run, " ".join([text] * 3))
+            await between_turns(run, rt.coordination)
+        return run, await rt.astart(spec(20000), interactive=True)
+
+    small, large = asyncio.run(play())
+    assert block_chars(small, None if mode == "compaction" else 2000) == 600  # a fifth of 1,000 tokens
+    assert block_chars(large, 2000) == 2000 and block_chars(large, None) == 4000
+    assert asked and set(asked) == {200}, "the summariser is asked for a fifth of the budget, not 666 tokens"
+    if mode == "recap":
+        assert all("At most 600 characters" in s for s in said)
+
+

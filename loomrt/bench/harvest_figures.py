@@ -9,54 +9,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from loomrt.bench.locomo_recall import CATEGORY_NAMES, rates
+from loomrt.bench.locomo_recall import CATEGORY_NAMES
+from loomrt.bench.tally import Tally, within
 
 __all__ = ["Tally", "TIERS", "BUDGETS", "BUDGET_TIERS", "within", "locomo_totals"]
-
-
-class Tally:
-    """Hits at each k over questions, overall and by category."""
-
-    def __init__(self, ks: Sequence[int]) -> None:
-        self.ks = list(ks)
-        self.n = 0
-        self.hits = {k: 0 for k in ks}
-        self.by_cat: dict[int, dict[str, Any]] = {}
-
-    def add(self, category: int, found: Sequence[bool]) -> None:
-        """One question: ``found[i]`` says whether it was found at the i-th k."""
-        cat = self.by_cat.setdefault(category, {"questions": 0, "hits": {k: 0 for k in self.ks}})
-        cat["questions"] += 1
-        self.n += 1
-        for k, hit in zip(self.ks, found, strict=True):
-            if hit:
-                self.hits[k] += 1
-                cat["hits"][k] += 1
-
-    def add_figures(self, figures: dict[str, Any]) -> None:
-        """Add another tally's :meth:`figures` (rates are exact to 4 places, so counts come back whole)."""
-        self.n += figures["questions"]
-        for k in self.ks:
-            self.hits[k] += round(figures["recall_at"][str(k)] * figures["questions"])
-        for c, v in figures.get("by_category", {}).items():
-            cat = self.by_cat.setdefault(int(c), {"questions": 0, "hits": {k: 0 for k in self.ks}})
-            cat["questions"] += v["questions"]
-            for k in self.ks:
-                cat["hits"][k] += round(v["recall_at"][str(k)] * v["questions"])
-
-    def figures(self, names: dict[int, str]) -> dict[str, Any]:
-        return {
-            "questions": self.n,
-            "recall_at": rates(self.hits, self.n),
-            "by_category": {
-                str(c): {
-                    "name": names.get(c, str(c)),
-                    "questions": v["questions"],
-                    "recall_at": rates(v["hits"], v["questions"]),
-                }
-                for c, v in sorted(self.by_cat.items())
-            },
-        }
 
 
 TIERS = ("memory_states", "memory_cites", "raw_states", "raw_evidence", "passage_states", "fused_states")
@@ -72,19 +28,6 @@ BUDGET_TIERS: dict[str, tuple[str, ...]] = {
     "fused": ("facts", "passages"),
 }
 """The memory tiers the curve is measured for (search ``tiers``)."""
-
-
-def within(texts: Sequence[str], budget: int) -> str:
-    """The best-first ``texts`` that fit ``budget`` tokens together (whole texts only)."""
-    from loomrt.tokens import count_text
-
-    kept, used = [], 0
-    for text in texts:
-        used += count_text(text) + 1
-        if used > budget:
-            break
-        kept.append(text)
-    return " ".join(kept)
 
 
 def locomo_totals(records: dict[str, dict[str, Any]], of: Sequence[str], ks: Sequence[int]) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from loomrt.bench.tally import Tally, rates, within
 from loomrt.errors import SpecError
 from loomrt.recall.embedders import EmbedderChoice
 
@@ -266,11 +267,6 @@ def fused(*ranked: list[int], k: int = 60) -> list[int]:
     return sorted(score, key=lambda s: -score[s])
 
 
-def rates(hits: dict[int, int], n: int) -> dict[str, float]:
-    """Hits at each k as shares of ``n`` questions, keyed by ``str(k)`` (0.0 when ``n`` is 0)."""
-    return {str(k): round(v / n, 4) if n else 0.0 for k, v in hits.items()}
-
-
 BUDGET_DEPTH = 80
 """Hits searched for the accuracy-against-tokens curve: more than 2,000 tokens of turns."""
 
@@ -289,7 +285,6 @@ async def evaluate_locomo_async(
     """:func:`evaluate_locomo` for code that is already async. With ``budgets`` (tokens of
     retrieved text), it also reports the raw turns' accuracy against tokens
     (``states_budgets``): whether the best-first hits that fit each budget state the answer."""
-    from loomrt.bench.harvest_figures import Tally, within
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer  # qa imports this module
 
     started = time.perf_counter()

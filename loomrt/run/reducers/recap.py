@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loomrt.run.reducers.base import Declined, Reduction, RetentionMode
-from loomrt.run.reducers.summarize import distil_with_prose, worked_example
+from loomrt.run.reducers.summarize import block_chars, distil_with_prose, worked_example
 
 if TYPE_CHECKING:
     from loomrt.run.state import RunState
@@ -45,7 +45,7 @@ class RecapMode(RetentionMode):
         return run.spec.context.autorecap_at_pct
 
     async def reduce(self, run: RunState) -> Reduction | Declined | None:
-        limit = run.spec.context.recap_max_chars
+        limit = block_chars(run, run.spec.context.recap_max_chars)  # what the instructions say, too
         return await distil_with_prose(
             run,
             purpose="recap",

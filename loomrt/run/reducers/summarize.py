@@ -30,6 +30,8 @@ if TYPE_CHECKING:
     from loomrt.run.state import RunState
 
 __all__ = [
+    "block_chars",
+    "BLOCK_SHARE",
     "transcript_parts",
     "distil_with_prose",
     "keep_pointers",
@@ -109,6 +111,20 @@ def keep_pointers(text: str, allowed: set[int]) -> tuple[str, int]:
     return _POINTER.sub(sub, text), dropped
 
 
+BLOCK_SHARE = 0.2
+"""A recap or summary is at most this share of the working-context budget. A block near
+half the budget (a 2,000-character recap on a 1,500-token budget) leaves the next turns so
+little room that each one reaches the budget again and distils inside the turn, and a small
+model that fills its limit writes a block no smaller than the span ("result not smaller")."""
+
+
+def block_chars(run: RunState, max_chars: int | None) -> int:
+    """The longest block the summariser may write: ``max_chars`` (recap_max_chars; 4,000 for
+    a summary), and never more than :data:`BLOCK_SHARE` of the budget (at about three
+    characters a token; that share is never taken under 400 characters)."""
+    return min(max_chars or 4000, max(400, int(run.budget * BLOCK_SHARE * 3)))
+
+
 async def distil_with_prose(
     run: RunState,
     *,
@@ -130,7 +146,8 @@ async def distil_with_prose(
     previous = "\n\n".join(m.content for m in cut.middle if m.synthetic == synthetic)
     private = run.view.private  # the summariser never sees private material: its placeholder stands in
     task = next((redact(m, private).content for m in cut.head if m.role == "user"), "")
-    max_tokens = max(128, (max_chars or 4000) // 3)  # a token is about four characters: a third leaves room
+    max_chars = block_chars(run, max_chars)
+    max_tokens = max(128, max_chars // 3)  # a token is about four characters: a third leaves room
     window = run.summarizer.capabilities.context_window
     room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
     parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
@@ -150,7 +167,7 @@ async def distil_with_prose(
             break
         accounts.append(text)
     if fallback:  # about a quarter of the budget (a character is about a quarter of a token)
-        room = min(max_chars or 2000, run.budget)
+        room = min(max_chars, run.budget)
         text = extract([line for lines in parts for line in lines], room)
         if previous:
             text = f"{extract(previous.splitlines(), room // 3)}\n{text}"
@@ -161,7 +178,7 @@ async def distil_with_prose(
         text = merged if merged is not None else "\n\n".join(accounts)
     allowed = {m.seq for m in span if m.seq is not None} | {int(s) for s in _POINTER.findall(previous)}
     text, dropped = keep_pointers(text, allowed)
-    if max_chars and len(text) > max_chars:
+    if len(text) > max_chars:
         text = text[: max_chars - 1].rstrip() + "…"
     if fallback:
         label = f"{label} (an extract: the first sentence of each message; Recall has the rest)"
