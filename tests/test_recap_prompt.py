@@ -93,5 +93,3 @@ def test_a_recap_or_summary_is_asked_for_at_most_a_fifth_of_the_budget(tmp_path,
     assert asked and set(asked) == {200}, "the summariser is asked for a fifth of the budget, not 666 tokens"
     if mode == "recap":
         assert all("At most 600 characters" in s for s in said)
-
-
