@@ -53,6 +53,8 @@ __all__ = [
     "prefill",
     "STREAM_TO",
     "TOOL_OR_TEXT",
+    "ToolOrText",
+    "PREFILL_CHUNK",
 ]
 
 LOCAL_PROVIDER = "local"

@@ -39,15 +39,18 @@ MODES = ["append", "recap", "compaction", "stateful", "fold"]
 
 class Echo:
     """A model that calls the vault when asked, quotes the secrets it read when asked to
-    repeat, copies them into Σ (stateful), and a summariser that copies its whole input."""
+    repeat, copies them into Σ (stateful), and a summariser that copies its whole input, the
+    lines that hold a secret first."""
 
     def __init__(self, secrets: list[str]):
         self.secrets = secrets
 
     def __call__(self, request: ModelRequest) -> ModelResponse:
         text = [str(m.get("content") or "") for m in request.messages]
-        if request.purpose != "turn":
-            return ModelResponse(text="The span: " + "\n".join(text)[:1500])
+        if request.purpose != "turn":  # the lines holding a secret first, so a short limit keeps them
+            lines = "\n".join(text).splitlines()
+            first = [line for line in lines if any(s in line for s in self.secrets)]
+            return ModelResponse(text="The span: " + "\n".join([*first, *lines])[:1500])
         last_user = max((i for i, m in enumerate(request.messages) if m.get("role") == "user"), default=0)
         asked = "vault" in text[last_user] and not any(m.get("role") == "tool" for m in request.messages[last_user:])
         if not any(t.name == "emit_state" for t in request.tools):

@@ -25,6 +25,7 @@ __all__ = [
     "OPENING",
     "FACT",
     "QUESTIONS",
+    "rejection_reasons",
     "FINAL_QUESTION",
     "CODE",
     "chat_spec",
