@@ -38,7 +38,7 @@ async def between_turns(run: RunState, coordination: Coordination, *, read_ahead
     reduced; a failure is an event, never raised. A record that cannot be written (a full
     disk) is left to the next turn, which says so in one error; losing the run's claim is
     raised. ``read_ahead`` (a chat, whose user is typing): after a reduction, the new context
-    is read into the model's prefix cache (:func:`read_ahead`)."""
+    is read into the model's prefix cache (:func:`_read_ahead`)."""
     if not run.mode.queued(run.view):
         return False
     lease, holder = f"distil:{run.run_id}", f"{worker_name()}:{id(run)}"
