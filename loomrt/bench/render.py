@@ -422,6 +422,24 @@ def _local_speed_variant(variant: str, r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _local_recaps(r: dict[str, Any]) -> list[str]:
+    """A long chat's recaps on the embedded model: how many the prose check rejected (issue 43)."""
+    lines = [
+        f"### A long chat's recaps ({r['model']})",
+        "",
+        f"{r['turns']} turns ({r['turns_failed']} failed), {r['recaps']} recaps, {r['recaps_rejected']} rejected "
+        f"tries (share {fmt(r['rejected_share'])}), {r['declined']} declined; a recap {fmt(r['recap_chars_median'])} "
+        f"characters and {fmt(r['recap_seconds_median'])} s (median), a turn {fmt(r['turn_seconds_median'])} s; "
+        f"facts still in the context at the end: {len(r['facts_kept'])} of {r['facts_stated']}"
+        + (f" (lost: {', '.join(r['facts_lost'])})" if r["facts_lost"] else "")
+        + ".",
+        "",
+    ]
+    lines += [f"- try {x['attempt']} rejected: {x['reason']} ({x['text'][:80]!r})" for x in r["rejections"]]
+    ok = "yes" if r["goal_met"] else "**no**"
+    return [*lines, "", f"Goal: at most 1 rejected try in 10, over at least 20 recaps: {ok}.", ""]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "overhead": _render_overhead,
     "recall_latency": _render_recall_latency,
@@ -439,6 +457,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "store": render_store,
     "ui": _ui,
     "local_speed": _local_speed,
+    "local_recaps": _local_recaps,
 }
 """How each standalone measure renders its figures (one function a measure; a new measure adds one here)."""
 

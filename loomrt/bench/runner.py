@@ -56,6 +56,7 @@ def _load() -> None:
     import loomrt.bench.integrity_measure  # noqa: F401
     import loomrt.bench.load  # noqa: F401
     import loomrt.bench.local_chat  # noqa: F401
+    import loomrt.bench.local_recaps  # noqa: F401
     import loomrt.bench.local_speed  # noqa: F401
     import loomrt.bench.locomo  # noqa: F401
     import loomrt.bench.mcp_measure  # noqa: F401
