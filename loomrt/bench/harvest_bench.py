@@ -35,7 +35,17 @@ from loomrt.bench.harvest_figures import BUDGET_TIERS, BUDGETS, TIERS, Tally, lo
 from loomrt.bench.locomo_recall import CATEGORY_NAMES
 from loomrt.recall.embedders import EmbedderChoice
 
-__all__ = ["coreference", "paraphrase", "load", "locomo_tiers", "locomo_totals", "TIERS", "harvest_bench", "drained"]
+__all__ = [
+    "coreference",
+    "paraphrase",
+    "load",
+    "locomo_tiers",
+    "locomo_totals",
+    "TIERS",
+    "harvest_bench",
+    "drained",
+    "bank_sessions",
+]
 
 Progress = Callable[[str], None]
 
@@ -315,6 +325,35 @@ async def locomo_tiers(
     return locomo_totals(records, [c for c, _ in chosen], ks)
 
 
+def bank_sessions(
+    db: Any, cid: str, sample: dict[str, Any], scope: str, sessions: int | None = None
+) -> tuple[dict[int, list[Any]], dict[int, str]]:
+    """Bank each session of LoCoMo conversation ``cid`` (the first ``sessions``; all by
+    default) as one evicted span of ``scope``; the messages by session, and each message's
+    seq to its LoCoMo turn id."""
+    from loomrt.bench.locomo_recall import turns_of
+    from loomrt.messages import EvictedSpan, Message
+
+    bank = _bench_bank(db, f"locomo-{cid}", scope, max_tokens=100_000)
+    by_session: dict[int, list[Message]] = {}
+    seq_to_dia: dict[int, str] = {}
+    for i, t in enumerate(turns_of(sample)):
+        if sessions is not None and t.session not in by_session and len(by_session) >= sessions:
+            break
+        text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
+        by_session.setdefault(t.session, []).append(
+            Message(role="user", name=t.speaker, content=text, seq=i + 1, ts=_session_ts(t.date))
+        )
+        seq_to_dia[i + 1] = t.dia_id
+    for n, messages in sorted(by_session.items()):
+        bank.bank(
+            EvictedSpan(
+                run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n, messages=tuple(messages)
+            )
+        )
+    return by_session, seq_to_dia
+
+
 async def _locomo_conversation(
     tmp: Path,
     data: Path,
@@ -330,35 +369,20 @@ async def _locomo_conversation(
 ) -> dict[str, Any]:
     """One conversation's record: bank its sessions in a store of its own, drain them, ask its
     questions of memory (and of the raw turns, unless ``raw`` is off)."""
-    from loomrt.bench.locomo_recall import ANSWERABLE, evaluate_locomo_async, evidence_ids, turns_of
+    from loomrt.bench.locomo_recall import ANSWERABLE, evaluate_locomo_async, evidence_ids
     from loomrt.bench.qa.grade import answer_words, gold_answer, states_answer
     from loomrt.harvest.consolidator import PART_TOKENS, Consolidator
     from loomrt.harvest.db import harvest_db
     from loomrt.harvest.memory import MemoryStore
     from loomrt.harvest.passages import FACT_TIERS
     from loomrt.harvest.passages import TIERS as BOTH
-    from loomrt.messages import EvictedSpan, Message
 
     parts = part_tokens or PART_TOKENS
     store = _fresh(tmp, f"locomo-{cid}-{parts}")
     db = harvest_db(store.path)
     memory = MemoryStore(db, embedder=embedder)
     scope = f"user:{cid}"
-    bank = _bench_bank(db, f"locomo-{cid}", scope, max_tokens=100_000)
-    by_session: dict[int, list[Message]] = {}
-    seq_to_dia: dict[int, str] = {}
-    for i, t in enumerate(turns_of(sample)):
-        text = t.text + (f" [shares a photo: {t.caption}]" if t.caption else "")
-        by_session.setdefault(t.session, []).append(
-            Message(role="user", name=t.speaker, content=text, seq=i + 1, ts=_session_ts(t.date))
-        )
-        seq_to_dia[i + 1] = t.dia_id
-    for n, messages in sorted(by_session.items()):
-        bank.bank(
-            EvictedSpan(
-                run_id=f"locomo-{cid}", agent="bench", mode="recap", distillation_seq=n, messages=tuple(messages)
-            )
-        )
+    by_session, seq_to_dia = bank_sessions(db, cid, sample, scope)
 
     def tick(_batches: int, spans: int) -> None:
         if progress is not None:

@@ -440,6 +440,22 @@ def _local_recaps(r: dict[str, Any]) -> list[str]:
     return [*lines, "", f"Goal: at most 1 rejected try in 10, over at least 20 recaps: {ok}.", ""]
 
 
+def _harvest_speed(r: dict[str, Any]) -> list[str]:
+    """Consolidation on the embedded model: spans a minute against issue 48's goal."""
+    ok = "yes" if r["goal_met"] else "**no**"
+    return [
+        f"### Consolidation speed ({r['model']}, {r['conversation']}, {r['sessions']} sessions)",
+        "",
+        f"{r['spans']} spans ({r['turns']} turns) in {r['seconds']} s: {fmt(r['spans_per_min'])} spans a minute, "
+        f"{fmt(r['seconds_per_fact'])} s a fact ({r['facts']} facts, {r['batches']} batches, {r['retries']} retries, "
+        f"{r['dead_letters']} dead letters). The model: {r['model_calls']} calls, {r['tokens_read']:,} tokens read, "
+        f"{r['tokens_written']:,} written, {r['model_seconds']} s in its calls.",
+        "",
+        f"Goal (issue 48): at least {r['goal_spans_per_min']} spans a minute: {ok}.",
+        "",
+    ]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "overhead": _render_overhead,
     "recall_latency": _render_recall_latency,
@@ -458,6 +474,7 @@ RENDERERS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "ui": _ui,
     "local_speed": _local_speed,
     "local_recaps": _local_recaps,
+    "harvest_speed": _harvest_speed,
 }
 """How each standalone measure renders its figures (one function a measure; a new measure adds one here)."""
 

@@ -52,6 +52,7 @@ def _load() -> None:
     import loomrt.bench.curves  # noqa: F401
     import loomrt.bench.fanout  # noqa: F401
     import loomrt.bench.fork_measure  # noqa: F401
+    import loomrt.bench.harvest_speed  # noqa: F401
     import loomrt.bench.inject_measure  # noqa: F401
     import loomrt.bench.integrity_measure  # noqa: F401
     import loomrt.bench.load  # noqa: F401
