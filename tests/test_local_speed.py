@@ -45,3 +45,13 @@ def test_the_turns_of_a_local_chat_reuse_their_prefix_and_the_figure_says_no_whe
     monkeypatch.setattr(gateway, "decision_instructions", lambda *a, **k: f"(call {next(calls)})\n{real(*a, **k)}")
     broken = cached_share(tmp_path, "broken")["cached_share"]
     assert broken < shared / 2, (shared, broken)
+
+
+def test_a_chats_floor_is_at_the_rates_measured_around_it() -> None:
+    from loomrt.bench.local_speed import bracketed
+
+    # a machine that slowed during the chat: the floor is neither the faster nor the slower
+    assert bracketed({"prefill_tps": 60.0, "decode_tps": 13.0}, {"prefill_tps": 36.0, "decode_tps": 9.0}) == {
+        "prefill_tps": 48.0,
+        "decode_tps": 11.0,
+    }

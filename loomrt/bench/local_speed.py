@@ -4,7 +4,8 @@ the machine's floor.
 A turn's **floor** is what the machine cannot avoid: prefilling the tokens of the
 messages no earlier call has sent (the new input and the turn's tool results) and
 decoding as many tokens as the turn's calls wrote. Both rates are measured on this
-machine first, with the same model and threads, on a cold cache. Per turn it reports
+machine just before and just after each chat (their mean is the chat's rate: a shared
+machine's speed drifts), with the same model and threads, on a cold cache. Per turn it reports
 the seconds, the floor, their ratio, the seconds to the first answer token, the share of
 input tokens llama.cpp served from its prefix cache, and the model calls.
 
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from loomrt.runtime import Runtime
     from loomrt.spec import AgentSpec
 
-__all__ = ["TURNS", "speed_spec", "machine_rates", "play_timed", "turn_figures", "local_speed"]
+__all__ = ["TURNS", "speed_spec", "machine_rates", "bracketed", "play_timed", "turn_figures", "local_speed"]
 
 TURNS = [
     "Hi! I am setting up a new database project, and I will ask you some questions along the way.",
@@ -91,6 +92,14 @@ def machine_rates(model: str, *, prompt_tokens: int = 512, decode_tokens: int = 
     rates = {"prefill_tps": round(len(tokens) / prefill_s, 1), "decode_tps": round(made / decode_s, 1)}
     del llama
     return rates
+
+
+def bracketed(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The machine's rates over a chat: the mean of those measured just before and just after
+    it. A shared machine's speed drifts (on this 2-core machine, decode measured 13.0 tokens/s
+    at one time and 9.1 an hour later with nothing else running), so rates measured once for
+    two chats of twenty minutes would hold the second to a floor the machine no longer had."""
+    return {name: round((before[name] + after[name]) / 2, 1) for name in before}
 
 
 async def play_timed(
@@ -192,21 +201,24 @@ def local_speed(config: BenchConfig, progress: Progress) -> dict[str, Any]:
     from loomrt.runtime import Runtime
 
     model = config.model if config.model and config.model.startswith("local/") else "local/qwen2.5-coder-1.5b"
-    progress.start(f"local speed · {model} · the machine's rates", 1)
-    rates = machine_rates(model)
-    progress.advance()
     vocab = llama_cpp.Llama(model_path=str(model_path(model, progress=False)), vocab_only=True, verbose=False)
 
     def count(text: str) -> int:
         return len(vocab.tokenize(text.encode(), add_bos=False))
 
-    out: dict[str, Any] = {"model": model, **rates}
+    out: dict[str, Any] = {"model": model}
     for variant, one_call in (("two_calls", False), ("one_call", True)):
-        progress.start(f"local speed · {model} · {variant} · {len(TURNS)} turns", len(TURNS))
+        progress.start(f"local speed · {model} · {variant} · the machine's rates, then {len(TURNS)} turns", 2)
+        before = machine_rates(model)
         with tempfile.TemporaryDirectory() as tmp:
             runtime = Runtime(SQLiteStore(Path(tmp) / "record.sqlite"), embedder=config.make_embedder())
             started = time.perf_counter()
-            run, turns = asyncio.run(play_timed(runtime, speed_spec(model, one_call=one_call), progress))
+            run, turns = asyncio.run(play_timed(runtime, speed_spec(model, one_call=one_call)))
+            seconds = time.perf_counter() - started
+            progress.advance()
+            after = machine_rates(model)
+            rates = bracketed(before, after)
             figures = turn_figures(runtime.store.events(run.run_id), turns, rates, count)
-        out[variant] = {"seconds": round(time.perf_counter() - started, 1), **figures}
+        progress.advance()
+        out[variant] = {"seconds": round(seconds, 1), **rates, "rates_before": before, "rates_after": after, **figures}
     return out

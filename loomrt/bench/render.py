@@ -379,11 +379,15 @@ def _local_speed(r: dict[str, Any]) -> list[str]:
     lines = [
         f"### A local chat's speed ({r['model']})",
         "",
-        f"This machine: prefill {r['prefill_tps']:.0f} tokens/s, decode {r['decode_tps']:.1f} tokens/s. A turn's "
-        "floor is prefilling its new messages and decoding what its calls wrote; a recap due at the watermark "
-        "is written between turns (`between`), not in the turn.",
+        "A turn's floor is prefilling its new messages and decoding what its calls wrote, at the machine's "
+        "rates measured just before and after the chat (their mean); a recap due at the watermark is written "
+        "between turns (`between`), not in the turn.",
         "",
     ]
+    if "prefill_tps" in r:  # one measurement for both chats (before 2026-12-07)
+        lines[2] = (
+            f"This machine: prefill {r['prefill_tps']:.0f} tokens/s, decode {r['decode_tps']:.1f} tokens/s. " + lines[2]
+        )
     for variant in ("two_calls", "one_call"):
         if variant in r:
             lines += _local_speed_variant(variant, r[variant])
@@ -394,6 +398,16 @@ def _local_speed_variant(variant: str, r: dict[str, Any]) -> list[str]:
     lines = [
         f"**{'Decide, then answer (two calls)' if variant == 'two_calls' else 'One call a turn'}**",
         "",
+        *(
+            [
+                f"Rates: prefill {r['rates_before']['prefill_tps']:.0f} and {r['rates_after']['prefill_tps']:.0f} "
+                f"tokens/s, decode {r['rates_before']['decode_tps']:.1f} and {r['rates_after']['decode_tps']:.1f} "
+                "(before and after the chat).",
+                "",
+            ]
+            if "rates_before" in r
+            else []
+        ),
         "| turn | seconds | floor | × floor | first token (s) | input | cached | calls | between (s) |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
