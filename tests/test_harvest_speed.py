@@ -40,7 +40,7 @@ def test_spans_a_minute_with_no_fact_written_do_not_meet_the_goal(monkeypatch) -
 
     async def nothing(tmp, sample, cid, sessions, model):
         return {"spans": sessions, "turns": 9, "batches": 1, "retries": 0, "dead_letters": 0, "facts": 0,
-                "seconds": 1.0, "spans_per_min": 60.0 * sessions, "seconds_per_fact": None, "model_calls": 1,
+                "dropped": {"meta": 2}, "seconds": 1.0, "spans_per_min": 60.0 * sessions, "seconds_per_fact": None, "model_calls": 1,
                 "tokens_read": 500, "tokens_written": 7, "model_seconds": 0.9, "statements": []}  # fmt: skip
 
     monkeypatch.setattr(measure, "consolidated", nothing)

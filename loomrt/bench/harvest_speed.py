@@ -3,8 +3,9 @@
 The first sessions of a LoCoMo conversation (``--data``; the first conversation unless
 ``--conversation``) are banked, one span a session, and drained by the consolidator with the
 embedded model. Reported: spans a minute, seconds a fact, the model's calls, the tokens it
-read and wrote, and the seconds in its calls, so where the time goes can be read (the model,
-or the consolidator's own work). The goal counts only where facts were written. Issue 48's goal: at least
+read and wrote, the seconds in its calls, and the statements the checks dropped (by reason),
+so where the time goes can be read: the model's prefill and decode, the consolidator's own
+work, or replies written and then thrown away. The goal counts only where facts were written. Issue 48's goal: at least
 4× the 0.66 spans a minute measured on the whole development split before. Run only when
 named (`loomrt bench run harvest_speed --data FILE`).
 """
@@ -82,6 +83,7 @@ async def consolidated(tmp: Path, sample: dict[str, Any], cid: str, sessions: in
         "retries": report.retries,
         "dead_letters": report.dead,
         "facts": len(facts),
+        "dropped": dict(report.dropped),
         "seconds": round(seconds, 1),
         "spans_per_min": round(report.spans / seconds * 60, 2) if seconds else None,
         "seconds_per_fact": round(seconds / len(facts), 1) if facts else None,
