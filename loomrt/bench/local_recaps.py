@@ -9,7 +9,7 @@ recaps declined, each recap's seconds and size, and for each fact whether its va
 still in the context at the end (kept by a recap, or still verbatim). A recap the model
 failed to write twice becomes an extract (a fallback), counted apart. Goal (issue 43): at
 most 1 rejected try in 10, over at least 20 recaps. Run only when named (`loomrt bench run
-local_recaps`): on 2 cores the default model takes about fifteen minutes.
+local_recaps`): on 2 cores the default model takes about half an hour.
 """
 
 from __future__ import annotations
