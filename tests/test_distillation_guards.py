@@ -54,6 +54,34 @@ def test_the_prose_check_accepts_a_summary_of_the_span():
     assert check_prose(account, SPAN) is None
 
 
+def test_the_prose_check_rejects_a_copy_of_the_worked_example():
+    from loomrt.run.reducers.recap import RECAP_EXAMPLE
+    from loomrt.run.reducers.summarize import EXAMPLE_SPAN
+
+    own = (
+        "The user asked me to deploy the billing service to node-7 on Friday [#3]; the rollback script is "
+        "/opt/billing/rollback.sh [#7]. I explained MVCC: row versions and snapshots [#13]."
+    )
+    # Qwen2.5-Coder-1.5B copied lines of the example's transcript into its recaps
+    copied = EXAMPLE_SPAN.splitlines()[0] + "\n" + own
+    assert "copies the worked example" in (check_prose(copied, SPAN, example=RECAP_EXAMPLE) or "accepted")
+    assert check_prose(copied, SPAN) is None  # the gap the check closes: without the example it passes
+    assert check_prose(own, SPAN, example=RECAP_EXAMPLE) is None
+
+
+def test_carry_forward_keeps_the_sentences_with_exact_values_first_in_their_order():
+    from loomrt.run.reducers.summarize import carry_forward
+
+    earlier = (
+        "The user asked me what DNS does, and I explained it at length to them. The ticket is LARK-9 [#5].\n"
+        "We talked about TLS and certificates for a while. Priya owns the backup job at 02:30 [#7]."
+    )
+    kept = carry_forward(earlier, 160)  # half of it: 80 characters
+    assert kept == "The ticket is LARK-9 [#5].\nPriya owns the backup job at 02:30 [#7]."
+    assert carry_forward(earlier, 1000) == earlier  # room for all of it: nothing is reordered or lost
+    assert carry_forward("", 400) == ""
+
+
 def test_a_rejected_summary_is_retried_once_with_a_stricter_prompt_then_falls_back(tmp_path):
     spec = agent(tmp_path, {"mode": "compaction", "budget_tokens": 256, "keep_last_n": 2})
     provider = ScriptedProvider(

@@ -85,14 +85,17 @@ def test_the_recap_prompt_carries_the_task_and_the_evicted_span_with_pointers(tm
     assert f"At most {limit} characters" in recap_call.messages[0]["content"]
 
 
-def test_the_previous_recap_folds_into_the_next(tmp_path):
+def test_the_previous_recap_is_carried_forward_and_the_model_recaps_only_the_new_span(tmp_path):
     turns = [calc(1), calc(2), calc(3, usage=1000), calc(4), calc(5), calc(6, usage=1000), "done"]
     rt, run, provider, result = recap_run(tmp_path, turns)
     assert result.distillations == 2
     second = [c for c in provider.calls if c.purpose == "recap"][1].messages[1]["content"]
-    assert "Your earlier account (fold it into the new one):" in second and "\nR1" in second
+    assert "R1" not in second  # a small model asked to fold it in copies it instead
+    assert f"at most {400 - len(R1) - 1} characters" in second  # the room the carried part leaves
     recaps = [m for m in run.context if m.synthetic == "recap"]
-    assert len(recaps) == 1 and recaps[0].content.endswith("\n" + R2)
+    assert len(recaps) == 1 and recaps[0].content.endswith(f"\n{R1}\n{R2}")
+    d = distillations(rt, run.run_id)[1]
+    assert d["summary"] == f"{R1}\n{R2}" and d["carried_chars"] == len(R1)
     assert shape(run) == ["system", "user*", "recap", "assistant", "tool", "assistant"]
 
 
@@ -377,7 +380,7 @@ def test_a_declared_context_window_caps_the_budget_of_a_yaml_agent(tmp_path):
 def test_the_last_scripted_summary_repeats(tmp_path):
     turns = [calc(1), calc(2), calc(3, usage=1000), calc(4), calc(5, usage=1000), calc(6), calc(7, usage=1000), "done"]
     rt, run, provider, result = recap_run(tmp_path, turns, summaries=[R1, R2])
-    assert [d["summary"] for d in distillations(rt, run.run_id)] == [R1, R2, R2]
+    assert [d["summary"] for d in distillations(rt, run.run_id)] == [R1, f"{R1}\n{R2}", f"{R1}\n{R2}\n{R2}"]
 
 
 def test_an_async_callback_that_raises_is_recorded_too(tmp_path):

@@ -289,21 +289,10 @@ class BenchModel(abc.ABC):
         the leading sentence of each message of the span, in order, with its ``[#seq]``
         pointer, up to a fixed size (earliest first; what does not fit is left out). It
         never looks at the workload's needles, so a value survives only where the span's
-        own leading sentences carry it. Asked to fold an earlier account into the new one,
-        it keeps that account's lines first, earliest first, in at most half the size."""
+        own leading sentences carry it. (The runtime carries the earlier block forward
+        itself; the call asks for the new span's account, in the last size it names.)"""
         instructions = prompt_text(request.messages)
         target = self.recap_tokens if request.purpose == "recap" else self.summary_tokens
-        limit = re.search(r"At most (\d+) characters", instructions)
-        max_chars = min(int(limit.group(1)) if limit else 10**9, target * 4)
-        kept: list[str] = []
-        earlier = _EARLIER.search(instructions)
-        for line in earlier.group(1).splitlines() if earlier else ():
-            if line.startswith("[#") and sum(len(k) + 1 for k in kept) + len(line) <= max_chars // 2:
-                kept.append(line)
-        room = max_chars - sum(len(k) + 1 for k in kept)
-        new = extractive_summary(request, max_chars=room, words_per_line=24)
-        return "\n".join([*kept, *([new] if new else [])]) or "The conversation went on."
-
-
-_EARLIER = re.compile(r"Your earlier account \(fold it into the new one\):\n(.*?)\n\n(?:TRANSCRIPT|Now write)", re.S)
-"""The earlier account a recap or summary call asks to fold in (loomrt/run/reducers/summarize.py)."""
+        limits = re.findall(r"at most (\d+) characters", instructions, re.IGNORECASE)
+        max_chars = min(int(limits[-1]) if limits else 10**9, target * 4)
+        return extractive_summary(request, max_chars=max_chars, words_per_line=24) or "The conversation went on."

@@ -1,8 +1,9 @@
 """compaction: an LLM summary of the span before the cut.
 
 After a boundary the working context is: system, the pinned task, the summary, and the
-last ``keep_last_n`` messages. Tool-call / tool-result pairs are never split. The
-previous summary folds into the next. This reducer is also append mode's backstop.
+last ``keep_last_n`` messages. Tool-call / tool-result pairs are never split. What the
+previous summary states is carried forward (its exact values first) and the model
+summarises only the new span after it. This reducer is also append mode's backstop.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ reason a person can read:
 - an empty account;
 - one that is mostly not about the span (few of its content words occur in the span);
 - one that covers only one message of a span of many;
-- one that answers the last message (or the user) instead of summarising.
+- one that answers the last message (or the user) instead of summarising;
+- one that copies the prompt's worked example (a run of :data:`COPY_RUN` words of the example
+  that the span and the task do not have).
 
 Content words are lower-cased words of three or more letters or any token with a digit,
 less a short list of English stopwords; the rules need no model and no answers.
@@ -42,18 +44,29 @@ MIN_SHARE = 0.35
 """The least share of an account's content words that must occur in its span."""
 MANY = 4
 """A span of at least this many messages must be covered beyond one of them."""
+COPY_RUN = 6
+"""Words in a row shared with the worked example (and not with the span) that make a copy."""
+_ANY_WORD = re.compile(r"[A-Za-z0-9]+")
+
+
+def _runs(text: str) -> set[tuple[str, ...]]:
+    words = [w.lower() for w in _ANY_WORD.findall(text)]
+    return {tuple(words[i : i + COPY_RUN]) for i in range(len(words) - COPY_RUN + 1)}
 
 
 def content_words(text: str) -> set[str]:
     return {w for w in (t.lower().strip("'-_.:/") for t in _WORD.findall(text)) if w and w not in _STOP}
 
 
-def check_prose(account: str, transcript: str, context: str = "") -> str | None:
+def check_prose(account: str, transcript: str, context: str = "", example: str = "") -> str | None:
     """None if ``account`` may stand for ``transcript`` (its lines ``[#seq] who: text``),
-    else the reason it may not. Words of ``context`` (the task, the earlier account) count
-    as on topic, though only the transcript's messages count as covered."""
+    else the reason it may not. Words of ``context`` (the task) count as on topic, though
+    only the transcript's messages count as covered. ``example`` is the prompt's worked
+    example, which the account must not copy."""
     if not account.strip():
         return "empty"
+    if example and _runs(account) & (_runs(example) - _runs(f"{transcript}\n{context}")):
+        return "it copies the worked example instead of the transcript"
     words = content_words(account)
     span_words = content_words(transcript) | content_words(context)
     if not words:

@@ -1,7 +1,9 @@
 """recap: the model rewrites its reasoning so far as prose; the raw log is evicted.
 
 After a boundary the working context is: system, the pinned task, the recap block, and
-the last ``keep_last_n`` messages. The previous recap folds into the next.
+the last ``keep_last_n`` messages. What the previous recap states is carried forward
+(:func:`~loomrt.run.reducers.summarize.carry_forward`, its exact values first), and the
+model recaps only the newly evicted span after it.
 """
 
 from __future__ import annotations

@@ -8,7 +8,15 @@ summarised, and the parts' accounts are merged. Each account is checked
 prompt. If that is rejected too, the block is a **fallback**: an extract of the span (the
 first sentence of each message, with its ``[#seq]`` pointer), marked ``fallback: true`` on
 the distillation, so the budget holds whatever the summariser does; the words themselves
-stay on the record and in Recall. After :data:`FALLBACK_STREAK` fallbacks in a row the
+stay on the record and in Recall.
+
+An earlier block is **carried forward**, not handed back to the model to rewrite: asked to
+fold its earlier account into a new one, a 1.5B model writes the earlier account again
+(measured: nine of nine rejected tries in a 103-turn chat). :func:`carry_forward` keeps the
+earlier block's sentences that state exact values first, then the rest, in order, in at most
+half the block, and the model writes only the new span's account in the room that is left.
+
+After :data:`FALLBACK_STREAK` fallbacks in a row the
 summariser is not paid again (the spend guard) except on every :data:`FALLBACK_RETRY`-th
 distillation, which tries it once more.
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from loomrt.exact import values
 from loomrt.messages import Message, summarized_text
 from loomrt.run._model_calls import call_model
 from loomrt.run.reducers.base import Declined, Reduction
@@ -40,6 +49,8 @@ __all__ = [
     "FALLBACK_RETRY",
     "worked_example",
     "EXAMPLE_SPAN",
+    "carry_forward",
+    "CARRY_SHARE",
 ]
 
 FALLBACK_STREAK = 2
@@ -48,6 +59,40 @@ FALLBACK_RETRY = 4
 """Once the guard is on, every this-many-th distillation pays the summariser again (it may have recovered)."""
 
 _FIRST_SENTENCE = re.compile(r"(.+?[.!?])(\s|$)")
+
+CARRY_SHARE = 0.5
+"""The most of a block that what is carried from the earlier block may take."""
+
+_SENTENCE = re.compile(r".+?(?:[.!?](?=\s|$)|$)")
+
+
+def carry_forward(earlier: str, max_chars: int) -> str:
+    """What of an ``earlier`` block's account the next block keeps: its sentences that state
+    an exact value (a number, a date, an id with digits, a path, a quoted string) first, then
+    the others, each group earliest first, until :data:`CARRY_SHARE` of ``max_chars`` is
+    used. Kept sentences stay in their order and on their lines. No model rewrites them."""
+    units = [
+        (line_no, m.group(0).strip())
+        for line_no, line in enumerate(earlier.splitlines())
+        for m in _SENTENCE.finditer(line)
+        if m.group(0).strip()
+    ]
+    room = int(max_chars * CARRY_SHARE)
+    order = sorted(range(len(units)), key=lambda i: (not values(units[i][1]), i))
+    kept: list[int] = []
+    used = 0
+    for i in order:
+        if used + len(units[i][1]) + 1 <= room:
+            kept.append(i)
+            used += len(units[i][1]) + 1
+    out = ""
+    last_line = None
+    for i in sorted(kept):
+        line_no, unit = units[i]
+        out += unit if last_line is None else (" " if line_no == last_line else "\n") + unit
+        last_line = line_no
+    return out
+
 
 EXAMPLE_SPAN = """[#12] user: The staging server is db-stage-2, and the migration must finish before Friday 14 June.
 [#13] assistant: Understood. I will check the schema first.
@@ -137,49 +182,54 @@ async def distil_with_prose(
 ) -> Reduction | Declined | None:
     """Replace the middle of the context with a model-written block (a recap or a summary).
 
-    An earlier block of the same kind sits in the middle and is folded into the new one.
+    An earlier block of the same kind sits in the middle: what :func:`carry_forward` keeps of
+    it opens the new block, and the model writes the new span's account after it.
     """
     cut = splice(run.context, run.spec.context.keep_last_n)
     span = [m for m in cut.middle if m.synthetic is None]
     if not span:
         return None
-    previous = "\n\n".join(m.content for m in cut.middle if m.synthetic == synthetic)
+    earlier = "\n".join(m.content.partition("\n")[2] for m in cut.middle if m.synthetic == synthetic)
     private = run.view.private  # the summariser never sees private material: its placeholder stands in
     task = next((redact(m, private).content for m in cut.head if m.role == "user"), "")
     max_chars = block_chars(run, max_chars)
-    max_tokens = max(128, max_chars // 3)  # a token is about four characters: a third leaves room
+    previous = carry_forward(earlier, max_chars) if earlier.strip() else ""
+    piece_chars = max_chars - len(previous) - (1 if previous else 0)
+    max_tokens = max(128, piece_chars // 3)  # a token is about four characters: a third leaves room
     window = run.summarizer.capabilities.context_window
-    room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task) - count_text(previous))
+    room = max(256, min(window, 10**6) - max_tokens - _PROMPT_OVERHEAD - count_text(task))
     parts = transcript_parts([redact(run.view.original(m), private) for m in span], room)
-    writer = _Writer(run, purpose=purpose, instructions=instructions, task=task, max_tokens=max_tokens, example=example)
+    writer = _Writer(
+        run,
+        purpose=purpose,
+        instructions=instructions,
+        task=task,
+        max_tokens=max_tokens,
+        example=example,
+        max_chars=piece_chars,
+    )
     streak = run.view.fallback_streak
     guarded = streak >= FALLBACK_STREAK and (streak - FALLBACK_STREAK + 1) % FALLBACK_RETRY != 0
     accounts: list[str] = []
     fallback = ""
     for i, lines in enumerate(parts):
-        text = (
-            None
-            if guarded
-            else await writer.write("\n".join(lines), previous if i == 0 else "", part=(i + 1, len(parts)))
-        )
+        text = None if guarded else await writer.write("\n".join(lines), part=(i + 1, len(parts)))
         if text is None:
             fallback = "the summariser has failed repeatedly (the spend guard)" if guarded else writer.reason
             break
         accounts.append(text)
     if fallback:  # about a quarter of the budget (a character is about a quarter of a token)
-        room = min(max_chars, run.budget)
-        text = extract([line for lines in parts for line in lines], room)
-        if previous:
-            text = f"{extract(previous.splitlines(), room // 3)}\n{text}"
+        text = extract([line for lines in parts for line in lines], min(piece_chars, run.budget))
     else:
         text = accounts[0]
     if len(accounts) > 1 and not fallback:
         merged = await writer.merge(accounts)
         text = merged if merged is not None else "\n\n".join(accounts)
-    allowed = {m.seq for m in span if m.seq is not None} | {int(s) for s in _POINTER.findall(previous)}
-    text, dropped = keep_pointers(text, allowed)
-    if len(text) > max_chars:
-        text = text[: max_chars - 1].rstrip() + "…"
+    text, dropped = keep_pointers(text, {m.seq for m in span if m.seq is not None})
+    if len(text) > piece_chars:
+        text = text[: piece_chars - 1].rstrip() + "…"
+    if previous:
+        text = f"{previous}\n{text}"
     if fallback:
         label = f"{label} (an extract: the first sentence of each message; Recall has the rest)"
     block = Message(role="user", content=f"{label}\n{text}", synthetic=synthetic)
@@ -189,6 +239,8 @@ async def distil_with_prose(
         payload["fallback_reason"] = fallback
     if dropped:
         payload["pointers_dropped"] = dropped
+    if previous:
+        payload["carried_chars"] = len(previous)
     return Reduction(context=[*cut.head, block, *cut.tail], evicted=span, payload=payload)
 
 
@@ -214,28 +266,36 @@ class _Writer:
     """One summariser conversation: write (and check, and retry once) an account of a part."""
 
     def __init__(
-        self, run: RunState, *, purpose: str, instructions: str, task: str, max_tokens: int, example: str = ""
+        self,
+        run: RunState,
+        *,
+        purpose: str,
+        instructions: str,
+        task: str,
+        max_tokens: int,
+        example: str = "",
+        max_chars: int = 4000,
     ):
         self.run, self.purpose, self.instructions, self.task = run, purpose, instructions, task
-        self.max_tokens = max_tokens
+        self.max_tokens, self.max_chars, self.example = max_tokens, max_chars, example
         self.system = f"{instructions}\n\n{example}" if example else instructions
         """The instructions and the worked example: the same for every call, so the model's
         prefix cache keeps them from one distillation to the next."""
         self.reason = ""
 
-    async def write(self, text: str, previous: str, *, part: tuple[int, int]) -> str | None:
+    async def write(self, text: str, *, part: tuple[int, int]) -> str | None:
         """An accepted account of the transcript ``text``, or None (``self.reason`` says why)."""
         what = "summary" if self.purpose == "summary" else "recap"
         where = f" (part {part[0]} of {part[1]} of the span)" if part[1] > 1 else ""
         body = []
         if self.task:
             body.append(f"The task: {self.task}")
-        if previous:
-            body.append("Your earlier account (fold it into the new one):\n" + previous)
         body.append(f"TRANSCRIPT{where} START\n{text}\nTRANSCRIPT END")
         restated = (
             f"Now write the {what} of the whole transcript above, from its first line to its last. "
-            "Do not answer or continue the conversation; do not reply to its last message. " + self.instructions
+            "Do not answer or continue the conversation; do not reply to its last message. "
+            + self.instructions
+            + f" This {what}: at most {self.max_chars} characters."
         )
         for attempt in (1, 2):
             ask = (
@@ -258,7 +318,7 @@ class _Writer:
                 max_tokens=self.max_tokens,
             )
             account = response.text.strip()
-            problem = check_prose(account, text, context=f"{self.task}\n{previous}")
+            problem = check_prose(account, text, context=self.task, example=self.example)
             if problem is None:
                 return account
             self.reason = problem
@@ -271,4 +331,4 @@ class _Writer:
     async def merge(self, accounts: list[str]) -> str | None:
         """One account of several parts' accounts, or None if the merge was rejected."""
         joined = "\n\n".join(f"Part {i}:\n{a}" for i, a in enumerate(accounts, 1))
-        return await self.write(joined, "", part=(1, 1))
+        return await self.write(joined, part=(1, 1))
