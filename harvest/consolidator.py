@@ -44,12 +44,13 @@ from loomrt.harvest.extract import (
     extraction_messages,
     parse_reply,
     parts_of,
+    repeats_a_statement,
 )
 from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
 from loomrt.harvest.passages import MIN_CHARS, PASSAGE, passage_key
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
-from loomrt.providers.base import ModelProvider, ModelRequest
+from loomrt.providers.base import STOPPED_BY_CALLER, ModelProvider, ModelRequest
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.record.owners import owner_is_gone, worker_name
 from loomrt.visibility import private_record
@@ -109,6 +110,8 @@ class PassReport:
     """Pending spans left for later: their runs are still active."""
     swept: int = 0
     """Spans banked from the record by the sweep (a crash kept them from the bank)."""
+    stopped_repeating: int = 0
+    """Replies stopped where they began to repeat a statement (:func:`repeats_a_statement`)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +128,7 @@ class PassReport:
             "busy": self.busy,
             "unsettled": self.unsettled,
             "swept": self.swept,
+            "stopped_repeating": self.stopped_repeating,
         }
 
 
@@ -346,8 +350,10 @@ class Consolidator:
             if attempt:
                 report.retries += 1
             try:
-                reply, model = await self._extract(parts, retry_after=error)
-                items = parse_reply(reply)
+                reply, model, cut = await self._extract(parts, retry_after=error)
+                items = parse_reply(reply, cut=cut)
+                if cut:
+                    report.stopped_repeating += 1
                 break
             except Unparseable as exc:
                 error = str(exc)
@@ -433,10 +439,10 @@ class Consolidator:
             for span in spans
         ]
 
-    async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> tuple[str, str | None]:
-        """The extractor's reply and the model that wrote it; a retry says what was wrong
-        with the last one and asks for fewer facts (the same request again would get the
-        same reply)."""
+    async def _extract(self, parts: list[list[Line]], *, retry_after: str = "") -> tuple[str, str | None, bool]:
+        """The extractor's reply, the model that wrote it, and whether it was stopped where it
+        began to repeat itself; a retry says what was wrong with the last one and asks for
+        fewer facts (the same request again would get the same reply)."""
         messages = extraction_messages(parts)
         if retry_after:
             messages[-1] = {
@@ -451,9 +457,11 @@ class Consolidator:
             temperature=0.0,
             purpose="extract",
             response_schema=REPLY_SCHEMA,
+            stop_when=repeats_a_statement,
         )
         response = await self.provider.complete(request)
-        return response.text, response.model or getattr(self.provider, "model", None) or None
+        model = response.model or getattr(self.provider, "model", None) or None
+        return response.text, model, response.finish_reason == STOPPED_BY_CALLER
 
     def _facts(
         self,

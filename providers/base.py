@@ -20,6 +20,7 @@ __all__ = [
     "ToolSchema",
     "ModelRequest",
     "ModelResponse",
+    "STOPPED_BY_CALLER",
     "Capabilities",
     "ModelProvider",
     "ARGUMENTS_MAX_DEPTH",
@@ -79,6 +80,11 @@ class ModelRequest:
     message before it changes it (the litellm gateway does). ``on_text``, where set, hears
     the reply's text piece by piece as the model writes it (a provider that streams calls
     it; one that does not never does); the response still carries the whole text.
+    ``stop_when``, where set, is asked with the reply's text so far as the model writes it
+    (the embedded model asks it at every token): once it is true the model stops, and the
+    response's ``finish_reason`` is :data:`STOPPED_BY_CALLER`, its text what was written,
+    unchecked (a JSON reply may be cut mid-value: the caller reads what it asked to cut). A
+    provider that does not generate locally never asks it.
     """
 
     messages: list[dict[str, Any]]
@@ -89,6 +95,11 @@ class ModelRequest:
     response_schema: dict[str, Any] | None = None
     tool_choice: Literal["auto", "required"] = "auto"
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    stop_when: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+
+
+STOPPED_BY_CALLER = "stop_when"
+"""The finish reason of a reply the request's ``stop_when`` stopped."""
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.errors import ProviderError, SpecError
 from loomrt.messages import ToolCall
-from loomrt.providers.base import Capabilities, ModelRequest, ModelResponse, Usage
+from loomrt.providers.base import STOPPED_BY_CALLER, Capabilities, ModelRequest, ModelResponse, Usage
 from loomrt.providers.decisions import (
     ANSWER,
     ANSWER_NOW,
@@ -163,7 +163,17 @@ class LiteLLMProvider:
         if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
         streams = shape in ("text", "tools") and request.purpose == "turn"
-        raw = await self._acompletion(self._kwargs(request, shape), request.on_text if streams else None)
+        kwargs = self._kwargs(request, shape)
+        if self.embedded and request.stop_when is not None:
+            from loomrt.providers import local
+
+            token = local.STOP_WHEN.set(request.stop_when)
+            try:
+                raw = await self._acompletion(kwargs, request.on_text if streams else None)
+            finally:
+                local.STOP_WHEN.reset(token)
+        else:
+            raw = await self._acompletion(kwargs, request.on_text if streams else None)
         return self._response(raw, request, shape)
 
     async def prefill(self, request: ModelRequest) -> int:
@@ -386,7 +396,7 @@ class LiteLLMProvider:
         calls: tuple[ToolCall, ...] = ()
         if shape == "decision":
             text, calls = parse_decision(text, request, model=self.model, finish_reason=finish)
-        elif shape == "json":
+        elif shape == "json" and finish != STOPPED_BY_CALLER:  # a stopped reply is the caller's to read
             parse_json_reply(text, model=self.model, finish_reason=finish, max_tokens=request.max_tokens)
         else:
             calls = tuple(_tool_call(tc, self.model) for tc in (choice.message.tool_calls or ()))

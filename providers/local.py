@@ -15,6 +15,9 @@ like any other provider.
 - A call made while :data:`STREAM_TO` holds a callable streams its text there as it is
   generated (the gateway sets it for a turn's answer); the reply and its usage are the
   same as without.
+- A call made while :data:`STOP_WHEN` holds a predicate stops as soon as the predicate
+  holds for the text written so far (finish reason ``stop_when``): the harvest extractor
+  stops a reply that has begun to repeat itself instead of paying for the loop.
 - Usage reports prompt, completion and cached prompt tokens (the prefix llama.cpp
   reused from the previous call's KV cache).
 """
@@ -37,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from loomrt.errors import ProviderError
+from loomrt.providers.base import STOPPED_BY_CALLER
 from loomrt.providers.models import INSTALL_HINT, get_model, model_path
 from loomrt.providers.offline import import_litellm
 
@@ -52,6 +56,7 @@ __all__ = [
     "grammar_for",
     "prefill",
     "STREAM_TO",
+    "STOP_WHEN",
     "TOOL_OR_TEXT",
     "ToolOrText",
     "PREFILL_CHUNK",
@@ -68,6 +73,11 @@ STREAM_TO: contextvars.ContextVar[Callable[[str], None] | None] = contextvars.Co
 """Where the embedded model streams the text of the call made in this context (None: nowhere).
 litellm's call stays a plain one, so the reply and its usage (cached tokens included) are
 what they would be without streaming."""
+STOP_WHEN: contextvars.ContextVar[Callable[[str], bool] | None] = contextvars.ContextVar(
+    "loomrt_local_stop_when", default=None
+)
+"""What stops the call made in this context early: asked with the text written so far at
+every token (None: only the usual stops)."""
 
 
 @dataclass
@@ -257,12 +267,14 @@ def generate(
     deadline: float | None = None,
     cancel: threading.Event | None = None,
     on_text: Callable[[str], None] | None = None,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> Generation:
     """One chat completion on ``loaded`` (blocking; call it from a worker thread).
 
     Stops early, raising :class:`LocalError` 408, when ``deadline`` (``time.monotonic``)
     passes or ``cancel`` is set. ``on_text`` hears the text as it is generated; its pieces
-    join into the completion's text.
+    join into the completion's text. ``stop_when``, asked with the text so far at every
+    token, stops the generation where it holds (finish reason ``stop_when``).
     """
     llama_cpp = _llama_cpp()
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -296,6 +308,7 @@ def generate(
         first: list[int] = []  # a one-call turn's first token, once sampled (ToolOrText)
         answer: list[bool] = []  # it began the answer: the grammar's work is done
         rest: list[bool] = []  # sampling the rest of the answer, without the grammar
+        stopped: list[bool] = []  # stop_when held
 
         def should_stop(input_ids: Any, logits: Any) -> bool:
             streamed.hear(input_ids)
@@ -306,7 +319,11 @@ def generate(
             elif lifts and not first and len(input_ids) > len(tokens):
                 first.extend(int(t) for t in input_ids[len(tokens) :])
                 answer.append(_answer_begins(llama.detokenize(first, prev_tokens=tokens)))
-            return bool(aborted) or (any(answer) and not rest)  # (llama.cpp asks again once stopped)
+            elif stop_when is not None and not stopped and len(input_ids) > len(tokens):
+                written = llama.detokenize(list(input_ids[len(tokens) :]), prev_tokens=tokens)
+                if stop_when(written.decode("utf-8", errors="ignore")):
+                    stopped.append(True)
+            return bool(aborted) or bool(stopped) or (any(answer) and not rest)  # (llama.cpp asks again once stopped)
 
         criteria = llama_cpp.StoppingCriteriaList([should_stop, *(formatted.stopping_criteria or [])])
         sampling = {"temperature": _DEFAULT_TEMPERATURE if temperature is None else temperature, **_SAMPLING}
@@ -339,6 +356,8 @@ def generate(
         loaded.lock.release()
     if aborted:
         raise LocalError(408, f"the embedded model {aborted[0]} while generating")
+    if stopped:
+        finish = STOPPED_BY_CALLER
     streamed.end(text)
     return Generation(
         text=text,
@@ -471,6 +490,7 @@ def _handler_class() -> type:
                 "grammar": grammar,
                 "deadline": time.monotonic() + float(seconds) if seconds else None,
                 "on_text": STREAM_TO.get(),
+                "stop_when": STOP_WHEN.get(),
             }
 
         def _run(self, call: dict[str, Any], cancel: threading.Event | None) -> Generation:
@@ -485,6 +505,7 @@ def _handler_class() -> type:
                     deadline=call["deadline"],
                     cancel=cancel,
                     on_text=call["on_text"],
+                    stop_when=call["stop_when"],
                 )
             except LocalError as exc:
                 raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]

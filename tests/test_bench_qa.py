@@ -173,14 +173,12 @@ def test_bad_input_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_the_inject_rows_report_what_was_injected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import re
+    import loomrt.run.reducers.summarize as summarize
 
-    import loomrt.bench.model as bench_model
-
-    # each recap keeps only its own span's leading sentences, forgetting the earlier account:
-    # on this small conversation the scripted summaries would otherwise keep every evidence
-    # line verbatim, and injection rightly sends nothing the working context holds already
-    monkeypatch.setattr(bench_model, "_EARLIER", re.compile(r"(?!x)x"))
+    # each recap keeps only its own span's leading sentences, nothing carried from the earlier
+    # one: on this small conversation the recaps would otherwise keep every evidence line
+    # verbatim, and injection rightly sends nothing the working context holds already
+    monkeypatch.setattr(summarize, "CARRY_SHARE", 0.0)
     configs = ["recap/no-recall", "recap/inject-only", "recap/inject", "full/inject"]
     out = run_qa(
         QAConfig(

@@ -19,11 +19,11 @@ from loomrt.errors import SpecError
 from loomrt.harvest import Consolidator
 from loomrt.harvest.consolidator import MODEL_ENV, harvest_model
 from loomrt.harvest.db import harvest_db
-from loomrt.harvest.extract import EXTRACT_PROMPT, distinct
+from loomrt.harvest.extract import EXTRACT_PROMPT, Unparseable, distinct
 from loomrt.harvest.scripted import conversation_lines, echo_extractor, repeating_extractor
 from loomrt.harvest.wiring import memory_store
 from loomrt.messages import EvictedSpan, Message
-from loomrt.providers.base import ModelRequest
+from loomrt.providers.base import ModelRequest, ModelResponse
 from loomrt.record.sqlite import SQLiteStore
 from loomrt.testing import FunctionProvider
 
@@ -143,3 +143,40 @@ def test_each_fact_records_the_model_that_extracted_it(store: SQLiteStore) -> No
     ).run_once()
     (fact,) = memory_store(store, "hash").facts()
     assert fact.model == "vendor/model-a" and fact.to_dict()["model"] == "vendor/model-a"
+
+
+def test_a_reply_that_begins_to_repeat_itself_is_stopped_and_its_complete_items_kept() -> None:
+    from loomrt.harvest.extract import parse_reply, repeats_a_statement
+
+    one = '{"statement": "Mara adopted a cat named Pip.", "class": "fact", "subject": "Mara", "source_seqs": [2]}'
+    two = '{"statement": "Mara moved to Porto in 2021.", "class": "fact", "subject": "Mara", "source_seqs": [5]}'
+    again = '{"statement": "Mara adopted a  cat named Pip!", "class": "fact"'  # the same words, cut after them
+    assert not repeats_a_statement(f'{{"facts": [{one}, {two}, {{"statement": "Mara adopted a cat')
+    assert not repeats_a_statement(f'{{"facts": [{one}, {two}]}}')
+    assert repeats_a_statement(f'{{"facts": [{one}, {two}, {again}')
+    cut = f'{{"facts": [{one}, {two}, {again}'
+    assert [i["statement"] for i in parse_reply(cut, cut=True)] == [
+        "Mara adopted a cat named Pip.",
+        "Mara moved to Porto in 2021.",
+    ]
+    with pytest.raises(Unparseable):  # a reply not stopped on purpose is not read as cut
+        parse_reply(cut)
+
+
+def test_the_extraction_call_asks_to_be_stopped_where_the_reply_repeats(store: SQLiteStore) -> None:
+    from loomrt.harvest.extract import repeats_a_statement
+    from loomrt.providers.base import STOPPED_BY_CALLER
+
+    asked: list[Any] = []
+    item = {"statement": "Mara adopted a cat named Pip.", "class": "fact", "subject": "Mara", "source_seqs": [1]}
+
+    def extractor(request: ModelRequest) -> ModelResponse:
+        asked.append(request.stop_when)
+        text = json.dumps({"facts": [item]})[:-2] + ", " + json.dumps(item)[:40]  # what a stopped reply holds
+        return ModelResponse(text=text, finish_reason=STOPPED_BY_CALLER)
+
+    _bank(store, ["Mara adopted a cat named Pip last week."])
+    report = Consolidator(store, provider=FunctionProvider(extractor), embedder="hash", settle_s=0).run_once()
+    assert asked == [repeats_a_statement]
+    assert report.stopped_repeating == 1 and report.dead == 0 and report.retries == 0
+    assert report.facts["new"] == 1

@@ -77,6 +77,32 @@ def test_an_extraction_call_is_constrained_to_its_schema_too() -> None:
 
 
 @pytest.mark.slow
+def test_stop_when_stops_the_embedded_model_where_the_caller_says() -> None:
+    """A request's ``stop_when`` is asked at every token; where it holds, generation stops
+    (fewer tokens written), the finish reason says so, and a JSON reply cut there is handed
+    back as written instead of failing as invalid JSON."""
+    from loomrt.providers.base import STOPPED_BY_CALLER
+
+    provider = LiteLLMProvider(SMOL)
+    prompt = "List five cities of Europe as JSON."
+    names = {"type": "string", "enum": ["Paris", "Rome", "Berlin", "Madrid", "Vienna"]}
+    cities = {"type": "array", "items": names, "minItems": 5, "maxItems": 5}
+    schema = {"type": "object", "properties": {"cities": cities}, "required": ["cities"]}
+    whole = ask(provider, prompt, response_schema=schema, max_tokens=96)
+    heard: list[str] = []
+
+    def two_cities(text: str) -> bool:
+        heard.append(text)
+        return text.count('"') >= 6  # the key and the first city closed, the second opened
+
+    cut = ask(provider, prompt, response_schema=schema, max_tokens=96, stop_when=two_cities)
+    assert cut.finish_reason == STOPPED_BY_CALLER and whole.finish_reason != STOPPED_BY_CALLER
+    assert cut.usage.output_tokens < whole.usage.output_tokens
+    assert whole.text.startswith(heard[-1]) and heard[-1].count('"') >= 6  # asked with the text so far
+    assert len(heard) == cut.usage.output_tokens  # once a token, until it held (then no more)
+
+
+@pytest.mark.slow
 def test_a_tool_decision_becomes_an_ordinary_tool_call() -> None:
     response = ask(LiteLLMProvider(SMOL), "What is the weather in Berlin?", tools=(WEATHER,), tool_choice="required")
     assert response.text == "" and len(response.tool_calls) == 1

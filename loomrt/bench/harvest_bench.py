@@ -97,6 +97,7 @@ async def drained(worker: Any, passes: int = 4) -> Any:
         total.dropped.update(more.dropped)
         total.dead += more.dead
         total.retries += more.retries
+        total.stopped_repeating += more.stopped_repeating
         total.held += more.held
     return total
 

@@ -81,6 +81,7 @@ async def consolidated(tmp: Path, sample: dict[str, Any], cid: str, sessions: in
         "turns": sum(len(m) for m in by_session.values()),
         "batches": report.batches,
         "retries": report.retries,
+        "stopped_repeating": report.stopped_repeating,
         "dead_letters": report.dead,
         "facts": len(facts),
         "dropped": dict(report.dropped),

@@ -463,7 +463,8 @@ def _harvest_speed(r: dict[str, Any]) -> list[str]:
         f"{r['spans']} spans ({r['turns']} turns) in {r['seconds']} s: {fmt(r['spans_per_min'])} spans a minute, "
         f"{fmt(r['seconds_per_fact'])} s a fact ({r['facts']} facts, {r['batches']} batches, {r['retries']} retries, "
         f"{r['dead_letters']} dead letters). The model: {r['model_calls']} calls, {r['tokens_read']:,} tokens read, "
-        f"{r['tokens_written']:,} written, {r['model_seconds']} s in its calls. Statements dropped: "
+        f"{r['tokens_written']:,} written, {r['model_seconds']} s in its calls; "
+        f"{r.get('stopped_repeating', 0)} replies stopped where they began to repeat. Statements dropped: "
         + (", ".join(f"{k} {v}" for k, v in sorted(r.get("dropped", {}).items())) or "none")
         + ".",
         "",

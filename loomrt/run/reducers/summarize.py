@@ -111,7 +111,7 @@ def worked_example(name: str, account: str) -> str:
 
 
 _PROMPT_OVERHEAD = 400
-"""Tokens a summariser call spends besides the transcript (instructions, task, earlier account)."""
+"""Tokens a summariser call spends besides the transcript (instructions, task, the size asked for)."""
 
 
 def _line(m: Message) -> str:
