@@ -67,6 +67,8 @@ def test_the_prose_check_rejects_a_copy_of_the_worked_example():
     assert "copies the worked example" in (check_prose(copied, SPAN, example=RECAP_EXAMPLE) or "accepted")
     assert check_prose(copied, SPAN) is None  # the gap the check closes: without the example it passes
     assert check_prose(own, SPAN, example=RECAP_EXAMPLE) is None
+    opens_alike = "Recap: The user asked me to deploy the billing service to node-7 on Friday [#3]; " + own
+    assert check_prose(opens_alike, SPAN, example=RECAP_EXAMPLE) is None  # its opening words are not a copy
 
 
 def test_carry_forward_keeps_the_sentences_with_exact_values_first_in_their_order():
