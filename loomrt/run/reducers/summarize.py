@@ -262,6 +262,9 @@ def extract(lines: list[str], max_chars: int) -> str:
     return text if len(text) <= max_chars else text[: max_chars - 1].rstrip() + "…"
 
 
+_SIZE = re.compile(r"\s*At most \d+ characters\.?", re.IGNORECASE)
+
+
 class _Writer:
     """One summariser conversation: write (and check, and retry once) an account of a part."""
 
@@ -291,11 +294,10 @@ class _Writer:
         if self.task:
             body.append(f"The task: {self.task}")
         body.append(f"TRANSCRIPT{where} START\n{text}\nTRANSCRIPT END")
-        restated = (
-            f"Now write the {what} of the whole transcript above, from its first line to its last. "
-            "Do not answer or continue the conversation; do not reply to its last message. "
-            + self.instructions
-            + f" This {what}: at most {self.max_chars} characters."
+        restated = (  # the size first: the instructions' own (the whole block's) is left out
+            f"Now write the {what} of the whole transcript above, from its first line to its last, in at most "
+            f"{self.max_chars} characters. Do not answer or continue the conversation; do not reply to its last "
+            "message. " + _SIZE.sub("", self.instructions).strip()
         )
         for attempt in (1, 2):
             ask = (
