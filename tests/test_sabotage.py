@@ -326,8 +326,10 @@ def test_agentic_asked_recall_rows_fall_when_nothing_is_indexed(monkeypatch: pyt
     """In agentic_asked the needles sit on ordinary lines among lookalikes, the model is told
     a paraphrased question and recalls by it: what the recall rows answer past their
     no-recall rows is Recall's. With Recall's ``on_evicted`` a no-op (nothing evicted is
-    indexed), every recall row falls to its no-recall level or below, stateful's included,
-    which in ``agentic`` (every needle on an ERROR line it notes) cannot fall."""
+    indexed), every recall row falls to its no-recall level (within one question: a recall
+    row's tool traffic moves its distillations, so a value the recap carries forward may
+    differ) and far below its honest level, stateful's included, which in ``agentic``
+    (every needle on an ERROR line it notes) cannot fall."""
 
     def modes(workload: str, played: list[str]) -> dict[str, Any]:
         result = run_bench([workload], BenchConfig(quick=True, embedder="hash", modes=played))
@@ -343,6 +345,7 @@ def test_agentic_asked_recall_rows_fall_when_nothing_is_indexed(monkeypatch: pyt
     broken = modes("agentic_asked", played)
     for m in RECALLING:
         assert broken[m]["recall_calls"] > 0 and broken[m]["via_recall"] == 0, (m, broken[m])
-        assert broken[m]["answered"] <= honest[f"{m}/no-recall"]["answered"], (m, broken[m]["answered"])
+        assert broken[m]["answered"] <= honest[f"{m}/no-recall"]["answered"] + 0.17, (m, broken[m]["answered"])
+        assert broken[m]["answered"] <= honest[m]["answered"] - 0.5, (m, broken[m]["answered"])
     easy = modes("agentic", ["stateful"])["stateful"]
     assert easy["answered"] == 1.0  # the easy workload's stateful row is blind to the sabotage

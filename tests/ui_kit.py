@@ -73,7 +73,8 @@ def ui_record(folder: Path) -> UiRecord:
         for i in range(12):
             await rt.send(run, filler(i))
         forked = await rt.fork(run.run_id)
-        await rt.send(forked, filler(50))
+        await rt.send(forked, filler(50))  # the fork distils its own turns (Recall's source "run")
+        await rt.send(forked, filler(51))
         grand = await rt.fork(forked.run_id)
         return run.run_id, forked.run_id, grand.run_id
 

@@ -123,6 +123,10 @@ class RunView:
     """Estimated size when a paid distillation last bought nothing: the next one waits until
     the context, or the pressure, has grown by 5% of the budget. Reset by every distillation."""
     declined_pressure: int = -1
+    distilled_len: int = -1
+    """Length of the context right after the last distillation: while it is unchanged,
+    nothing is distilled or queued again (a run resumed right after a distillation does what
+    the uninterrupted run did there: it calls the model)."""
     queued_at: int | None = None
     """The seq of the ``distillation_queued`` event not yet settled by a distillation or a
     decline: a recap or compaction due between turns."""
@@ -201,6 +205,7 @@ class RunView:
                     self.tokenizer_scale = 1.0
                 self.declined_at = self.declined_size = self.declined_pressure = -1
                 self.queued_at = None
+                self.distilled_len = len(self.context)
             case "distillation_queued":
                 self.queued_at = e.seq
             case "distillation_declined":

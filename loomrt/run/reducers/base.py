@@ -128,9 +128,11 @@ class RetentionMode:
 
     def may_try(self, run: RunState) -> bool:
         """False while the last decline still holds: nothing was added since, or (a paid
-        one) the context and the pressure have not grown by 5% of the budget since."""
+        one) the context and the pressure have not grown by 5% of the budget since; and
+        while nothing was added since the last distillation (the loop calls the model right
+        after one, and a run resumed there must too, not distil or queue again)."""
         view = run.view
-        if len(run.context) == view.declined_at:
+        if len(run.context) in (view.declined_at, view.distilled_len):
             return False
         if view.declined_size >= 0:  # the last paid distillation bought nothing: wait until something grew
             size, step = run.estimate(), run.budget // 20
