@@ -43,13 +43,14 @@ def test_recaps_are_counted_with_their_rejected_tries_and_the_figure_can_go_bad(
     shown = "\n".join(render_measure("local_recaps", {"model": SMOL, **good}))
     assert "rejected" in shown and "Goal:" in shown
 
-    # sabotage: a recap prompt the model cannot follow; its tries are rejected, and the
-    # recap falls back to an extract, counted apart from the recaps the model wrote
+    # sabotage: a recap prompt that asks for something else; its tries are rejected (a
+    # retry, told why, may pass, else the block falls back to an extract, counted apart)
     monkeypatch.setattr(
         recap,
         "RECAP_INSTRUCTIONS",
-        "Do not summarise anything. Reply with the single word OK and nothing else. {max_chars}",
+        "Ignore the transcript. Write a short poem about the sea, its waves and its gulls, and nothing else. "
+        "{max_chars}",
     )
     bad = figures(tmp_path, "bad")
     assert bad["recaps_rejected"] >= 1 and bad["rejected_share"] > good["rejected_share"], (good, bad)
-    assert bad["recaps"] < good["recaps"] or bad["fallbacks"] > good["fallbacks"], (good, bad)
+    assert bad["recaps"] + bad["fallbacks"] >= 1, bad  # the chat still distils
