@@ -85,8 +85,9 @@ class ContextSpec(_Strict):
     """Grant the Pin tool: the model may pin a record message or a text (decisions the user
     made, open questions it still owes)."""
     recap_max_chars: int = Field(2000, ge=100)
-    """recap mode: the longest recap the model may write (and never over a fifth of the
-    budget, at about three characters a token)."""
+    """recap mode: the longest recap block (and never over a fifth of the budget, at about
+    three characters a token): what is carried from the earlier recap (its sentences with
+    exact values first, at most half) and the model's recap of the new span after it."""
     autorecap_at_pct: int = Field(80, ge=50, le=95)
     """recap mode: distil when pressure reaches this percentage of the budget."""
     autocompact_at_pct: int = Field(80, ge=50, le=95)
