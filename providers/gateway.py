@@ -163,17 +163,9 @@ class LiteLLMProvider:
         if shape in ("decision", "json") and request.max_tokens < _MIN_DECISION_TOKENS:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
         streams = shape in ("text", "tools") and request.purpose == "turn"
-        kwargs = self._kwargs(request, shape)
-        if self.embedded and request.stop_when is not None:
-            from loomrt.providers import local
-
-            token = local.STOP_WHEN.set(request.stop_when)
-            try:
-                raw = await self._acompletion(kwargs, request.on_text if streams else None)
-            finally:
-                local.STOP_WHEN.reset(token)
-        else:
-            raw = await self._acompletion(kwargs, request.on_text if streams else None)
+        raw = await self._acompletion(
+            self._kwargs(request, shape), request.on_text if streams else None, stop_when=request.stop_when
+        )
         return self._response(raw, request, shape)
 
     async def prefill(self, request: ModelRequest) -> int:
@@ -194,20 +186,29 @@ class LiteLLMProvider:
             kwargs = self._kwargs(request, shape)
         return await asyncio.to_thread(local.prefill, self.model, kwargs["messages"], kwargs.get("n_ctx"))
 
-    async def _acompletion(self, kwargs: dict[str, Any], on_text: Callable[[str], None] | None = None) -> Any:
-        """One litellm call; with ``on_text``, its text streams there as it is written."""
+    async def _acompletion(
+        self,
+        kwargs: dict[str, Any],
+        on_text: Callable[[str], None] | None = None,
+        *,
+        stop_when: Callable[[str], bool] | None = None,
+    ) -> Any:
+        """One litellm call; with ``on_text``, its text streams there as it is written; with
+        ``stop_when`` (the embedded model only), it stops where that holds."""
         litellm = import_litellm()
         try:
-            if on_text is None:
+            if on_text is None and (stop_when is None or not self.embedded):
                 return await litellm.acompletion(**kwargs)
             if self.embedded:
                 from loomrt.providers import local
 
-                token = local.STREAM_TO.set(on_text)
+                tokens = (local.STREAM_TO.set(on_text), local.STOP_WHEN.set(stop_when))
                 try:
                     return await litellm.acompletion(**kwargs)
                 finally:
-                    local.STREAM_TO.reset(token)
+                    local.STOP_WHEN.reset(tokens[1])
+                    local.STREAM_TO.reset(tokens[0])
+            assert on_text is not None
             if not self._streams_usage(litellm):  # the record's usage must be the provider's, not an estimate
                 return await litellm.acompletion(**kwargs)
             return await self._streamed(litellm, kwargs, on_text)
