@@ -84,7 +84,10 @@ class ModelRequest:
     (the embedded model asks it at every token): once it is true the model stops, and the
     response's ``finish_reason`` is :data:`STOPPED_BY_CALLER`, its text what was written,
     unchecked (a JSON reply may be cut mid-value: the caller reads what it asked to cut). A
-    provider that does not generate locally never asks it.
+    provider that does not generate locally never asks it. ``reply_prefix``, where set, is
+    the text the reply begins with: the embedded model writes on from it (a recap written
+    after ``Recap:`` cannot begin by copying its transcript), and the response's text starts
+    with it. A provider that cannot begin a reply for the model ignores it.
     """
 
     messages: list[dict[str, Any]]
@@ -96,6 +99,7 @@ class ModelRequest:
     tool_choice: Literal["auto", "required"] = "auto"
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     stop_when: Callable[[str], bool] | None = field(default=None, compare=False, repr=False)
+    reply_prefix: str = ""
 
 
 STOPPED_BY_CALLER = "stop_when"

@@ -164,7 +164,10 @@ class LiteLLMProvider:
             request = dataclasses.replace(request, max_tokens=_MIN_DECISION_TOKENS)
         streams = shape in ("text", "tools") and request.purpose == "turn"
         raw = await self._acompletion(
-            self._kwargs(request, shape), request.on_text if streams else None, stop_when=request.stop_when
+            self._kwargs(request, shape),
+            request.on_text if streams else None,
+            stop_when=request.stop_when,
+            reply_prefix=request.reply_prefix if shape == "text" else "",
         )
         return self._response(raw, request, shape)
 
@@ -192,20 +195,27 @@ class LiteLLMProvider:
         on_text: Callable[[str], None] | None = None,
         *,
         stop_when: Callable[[str], bool] | None = None,
+        reply_prefix: str = "",
     ) -> Any:
         """One litellm call; with ``on_text``, its text streams there as it is written; with
-        ``stop_when`` (the embedded model only), it stops where that holds."""
+        ``stop_when`` (the embedded model only), it stops where that holds; with
+        ``reply_prefix`` (the embedded model only), the reply begins with it."""
         litellm = import_litellm()
         try:
-            if on_text is None and (stop_when is None or not self.embedded):
+            if on_text is None and (not self.embedded or (stop_when is None and not reply_prefix)):
                 return await litellm.acompletion(**kwargs)
             if self.embedded:
                 from loomrt.providers import local
 
-                tokens = (local.STREAM_TO.set(on_text), local.STOP_WHEN.set(stop_when))
+                tokens = (
+                    local.STREAM_TO.set(on_text),
+                    local.STOP_WHEN.set(stop_when),
+                    local.REPLY_PREFIX.set(reply_prefix),
+                )
                 try:
                     return await litellm.acompletion(**kwargs)
                 finally:
+                    local.REPLY_PREFIX.reset(tokens[2])
                     local.STOP_WHEN.reset(tokens[1])
                     local.STREAM_TO.reset(tokens[0])
             assert on_text is not None

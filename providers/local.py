@@ -18,6 +18,8 @@ like any other provider.
 - A call made while :data:`STOP_WHEN` holds a predicate stops as soon as the predicate
   holds for the text written so far (finish reason ``stop_when``): the harvest extractor
   stops a reply that has begun to repeat itself instead of paying for the loop.
+- A call made while :data:`REPLY_PREFIX` holds text begins its reply with that text: the
+  model writes on from it, and the reply's text starts with it.
 - Usage reports prompt, completion and cached prompt tokens (the prefix llama.cpp
   reused from the previous call's KV cache).
 """
@@ -57,6 +59,7 @@ __all__ = [
     "prefill",
     "STREAM_TO",
     "STOP_WHEN",
+    "REPLY_PREFIX",
     "TOOL_OR_TEXT",
     "ToolOrText",
     "PREFILL_CHUNK",
@@ -78,6 +81,9 @@ STOP_WHEN: contextvars.ContextVar[Callable[[str], bool] | None] = contextvars.Co
 )
 """What stops the call made in this context early: asked with the text written so far at
 every token (None: only the usual stops)."""
+REPLY_PREFIX: contextvars.ContextVar[str] = contextvars.ContextVar("loomrt_local_reply_prefix", default="")
+"""The text the reply of the call made in this context begins with (prefilled after the
+chat template's assistant header; the model writes on from it)."""
 
 
 @dataclass
@@ -268,6 +274,7 @@ def generate(
     cancel: threading.Event | None = None,
     on_text: Callable[[str], None] | None = None,
     stop_when: Callable[[str], bool] | None = None,
+    reply_prefix: str = "",
 ) -> Generation:
     """One chat completion on ``loaded`` (blocking; call it from a worker thread).
 
@@ -275,6 +282,8 @@ def generate(
     passes or ``cancel`` is set. ``on_text`` hears the text as it is generated; its pieces
     join into the completion's text. ``stop_when``, asked with the text so far at every
     token, stops the generation where it holds (finish reason ``stop_when``).
+    ``reply_prefix`` begins the reply: the model writes on from it, and the text (the one
+    ``stop_when`` is asked with too) starts with it.
     """
     llama_cpp = _llama_cpp()
     remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -292,7 +301,9 @@ def generate(
             formatted = loaded.formatter(messages=messages)
         except Exception as exc:  # noqa: BLE001 - jinja raises for messages the template rejects
             raise LocalError(400, f"the chat template rejected the messages: {exc}") from exc
-        tokens = llama.tokenize(formatted.prompt.encode("utf-8"), add_bos=not formatted.added_special, special=True)
+        tokens = llama.tokenize(
+            (formatted.prompt + reply_prefix).encode("utf-8"), add_bos=not formatted.added_special, special=True
+        )
         if len(tokens) >= loaded.n_ctx:
             raise LocalError(
                 400,
@@ -321,7 +332,7 @@ def generate(
                 answer.append(_answer_begins(llama.detokenize(first, prev_tokens=tokens)))
             elif stop_when is not None and not stopped and len(input_ids) > len(tokens):
                 written = llama.detokenize(list(input_ids[len(tokens) :]), prev_tokens=tokens)
-                if stop_when(written.decode("utf-8", errors="ignore")):
+                if stop_when(reply_prefix + written.decode("utf-8", errors="ignore")):
                     stopped.append(True)
             return bool(aborted) or bool(stopped) or (any(answer) and not rest)  # (llama.cpp asks again once stopped)
 
@@ -360,7 +371,7 @@ def generate(
         finish = STOPPED_BY_CALLER
     streamed.end(text)
     return Generation(
-        text=text,
+        text=reply_prefix + text,
         finish_reason=finish,
         prompt_tokens=usage["prompt_tokens"],
         completion_tokens=completion,
@@ -491,6 +502,7 @@ def _handler_class() -> type:
                 "deadline": time.monotonic() + float(seconds) if seconds else None,
                 "on_text": STREAM_TO.get(),
                 "stop_when": STOP_WHEN.get(),
+                "reply_prefix": REPLY_PREFIX.get(),
             }
 
         def _run(self, call: dict[str, Any], cancel: threading.Event | None) -> Generation:
@@ -506,6 +518,7 @@ def _handler_class() -> type:
                     cancel=cancel,
                     on_text=call["on_text"],
                     stop_when=call["stop_when"],
+                    reply_prefix=call["reply_prefix"],
                 )
             except LocalError as exc:
                 raise CustomLLMError(exc.status, str(exc)) from None  # type: ignore[no-untyped-call]

@@ -11,7 +11,7 @@ from modes_kit import S1, SCHEMA, agent, calc, distillations, emit, start
 from spine_kit import events, send, tool_call
 
 from loomrt import tool
-from loomrt.run.reducers.prose_check import check_prose
+from loomrt.run.reducers.prose_check import MIN_SHARE, check_prose, content_words
 from loomrt.testing import ScriptedProvider
 from loomrt.tokens import count_messages, count_text, count_tools
 
@@ -35,6 +35,8 @@ SPAN = "\n".join(
         ("   ", "empty"),
         ("Sure! What would you like me to do next?", "answers the conversation"),
         ("The weather in Lisbon is mild in spring and autumn, with rain in winter.", "mostly not about the span"),
+        ("The task was to provide a recap of the transcript, as the user asked.", "says nothing about the span"),
+        ("The user asked me about the weather in Lisbon; I provided a description.", "mostly not about the span"),
         (
             "MVCC keeps several versions of each row so readers never block writers; each transaction sees a "
             "snapshot of committed versions.",
@@ -52,6 +54,30 @@ def test_the_prose_check_accepts_a_summary_of_the_span():
         "script is /opt/billing/rollback.sh [#7]. The assistant explained MVCC: row versions, snapshots [#13]."
     )
     assert check_prose(account, SPAN) is None
+
+
+def test_the_words_a_recap_reports_with_do_not_count_against_it():
+    """The embedded model's recaps of an arithmetic span (bench local_speed, two calls) were
+    rejected at 18-26% on topic: asked, calculate, performed, using, formula, provided are
+    how a recap reports, not what it is about. Counted as off topic, this one scores 28%."""
+    span = "\n".join(
+        [
+            "[#21] user: Our orders table gets 2500000 rows a year. How many a month?",
+            '[#22] assistant: {"tool": "calculator", "arguments": {"expression": "2500000 / 12"}}',
+            "[#23] tool calculator: 208333.3333333333",
+            "[#24] assistant: About 208,333 a month.",
+        ]
+    )
+    account = (
+        "Recap: The user asked me to calculate the average number of orders per month for the orders table. "
+        "The calculation was performed using the formula 2500000 / 12, which gives 208333.33 [#23]. "
+        "I provided the result to the user and explained the calculation step; the user confirmed the answer."
+    )
+    words, span_words = content_words(account), content_words(span)
+    assert len(words & span_words) / len(words) < MIN_SHARE  # what the check used to reject
+    assert check_prose(account, span) is None
+    off_topic = "Recap: The user asked me to calculate the weather forecast for Lisbon using a formula."
+    assert "mostly not about the span" in (check_prose(off_topic, span) or "accepted")
 
 
 def test_the_prose_check_rejects_a_copy_of_the_worked_example():

@@ -103,6 +103,18 @@ def test_stop_when_stops_the_embedded_model_where_the_caller_says() -> None:
 
 
 @pytest.mark.slow
+def test_a_reply_prefix_is_where_the_embedded_model_writes_on_from() -> None:
+    """A request's ``reply_prefix`` is prefilled after the assistant header: the model
+    continues it (not a reply of its own pasted after it), and the text starts with it."""
+    provider = LiteLLMProvider(SMOL)
+    prompt = "Count from 1 to 10, separated by commas."
+    reply = ask(provider, prompt, max_tokens=12, reply_prefix="1, 2, 3, 4,")
+    assert reply.text.startswith("1, 2, 3, 4, 5"), reply.text
+    plain = ask(provider, prompt, max_tokens=12)
+    assert not plain.text.startswith("1, 2, 3, 4,1")  # the prefix is not pasted before a whole reply
+
+
+@pytest.mark.slow
 def test_a_tool_decision_becomes_an_ordinary_tool_call() -> None:
     response = ask(LiteLLMProvider(SMOL), "What is the weather in Berlin?", tools=(WEATHER,), tool_choice="required")
     assert response.text == "" and len(response.tool_calls) == 1

@@ -31,13 +31,15 @@ async def call_model(
     provider: ModelProvider | None = None,
     max_tokens: int | None = None,
     injected: Injected | None = None,
+    reply_prefix: str = "",
 ) -> ModelResponse:
     """One model call on behalf of ``run``, recorded as a ``model_call`` event.
 
     ``injected`` is a recalled block (:mod:`loomrt.run.inject`) sent with the working context
     (where :meth:`~loomrt.run.projection.RunView.injected_at` puts it), in this call's prompt
     only; the call records its ``recall_injected`` seq. A turn's call tells the run's watchers
-    it thinks, and streams its answer to them where the provider streams."""
+    it thinks, and streams its answer to them where the provider streams. ``reply_prefix``
+    is the text the reply begins with, where the provider can begin one (the embedded model)."""
     provider = provider or run.provider
     from_context = messages is run.context
     if not from_context:
@@ -55,6 +57,7 @@ async def call_model(
         response_schema=response_schema,
         tool_choice=tool_choice,  # type: ignore[arg-type]
         on_text=_streamer(run) if purpose == "turn" and run.watchers else None,
+        reply_prefix=reply_prefix,
     )
 
     def on_retry(attempt: int, error: Exception, delay: float) -> None:

@@ -12,14 +12,17 @@ reason a person can read:
   that the span and the task do not have).
 
 Content words are lower-cased words of three or more letters or any token with a digit,
-less a short list of English stopwords; the rules need no model and no answers.
+less a short list of English stopwords; the rules need no model and no answers. The words
+an account reports with (asked, explained, provided, the user, the recap…) count for it
+where the span has them too and not at all where it does not; an account of nothing else
+says nothing of the span.
 """
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["check_prose", "content_words"]
+__all__ = ["check_prose", "content_words", "MIN_SHARE", "MANY", "COPY_RUN"]
 
 _WORD = re.compile(r"[A-Za-z][A-Za-z'_-]{2,}|[A-Za-z0-9_./:-]*\d[A-Za-z0-9_./:-]*")
 _STOP = frozenset(
@@ -40,6 +43,17 @@ _ASKS_USER = re.compile(
     r"(what would you like|would you like me to|how can i help|let me know if|anything else|is there anything)",
     re.IGNORECASE,
 )
+_REPORTING = frozenset(
+    """user user's assistant recap summary summarise summarize conversation transcript asked ask asks asking
+    explain explained explains explaining explanation explanations provide provided provides providing
+    calculate calculated calculating calculation calculations performed perform using used use result results
+    mentioned mention discussed discuss described describe description requested request requests told said
+    says stated confirmed noted agreed decided decision suggested suggest wanted gave give shared talked
+    helped help question questions answer answered answers concept concepts definition definitions
+    formula task next step steps open""".split()
+)
+_ROLES = frozenset({"user", "assistant", "tool"})
+"""Every transcript line names its speaker: these words are in every span, so they never count."""
 MIN_SHARE = 0.3
 """The least share of an account's content words that must occur in its span. (It was 0.35:
 the embedded model's recap "The user asked me to explain the concepts of VPN, webhook, work
@@ -73,14 +87,14 @@ def check_prose(account: str, transcript: str, context: str = "", example: str =
         return "empty"
     if example and _runs(account) & (_runs(example) - _runs(f"{transcript}\n{context}")):
         return "it copies the worked example instead of the transcript"
-    words = content_words(account)
     span_words = content_words(transcript) | content_words(context)
-    if not words:
-        return "no content words: it says nothing about the span"
-    share = len(words & span_words) / len(words)
+    words = {w for w in content_words(account) if w not in _ROLES and (w not in _REPORTING or w in span_words)}
+    share = len(words & span_words) / len(words) if words else 0.0
     if _ANSWERING.match(account) or _ASKS_USER.search(account):
         if share < 0.6 or len(account) < 200:
             return "it answers the conversation instead of summarising it"
+    if not words - _REPORTING:
+        return "no content words: it says nothing about the span"
     if share < MIN_SHARE:
         return f"mostly not about the span (only {share:.0%} of its content words occur in it)"
     messages = [content_words(line) for line in transcript.splitlines() if line.strip()]

@@ -49,6 +49,7 @@ __all__ = [
     "FALLBACK_RETRY",
     "worked_example",
     "EXAMPLE_SPAN",
+    "reply_prefix",
     "carry_forward",
     "CARRY_SHARE",
 ]
@@ -106,8 +107,19 @@ def worked_example(name: str, account: str) -> str:
     it is asked for: put after the instructions, the same for every call."""
     return (
         "An example (its words are not yours to copy):\n"
-        f"TRANSCRIPT START\n{EXAMPLE_SPAN}\nTRANSCRIPT END\n{name}: {account}"
+        f"TRANSCRIPT START\n{EXAMPLE_SPAN}\nTRANSCRIPT END\n{reply_prefix(name, EXAMPLE_SPAN)} {account}"
     )
+
+
+_SEQ = re.compile(r"^\[#(\d+)\]", re.MULTILINE)
+
+
+def reply_prefix(name: str, transcript: str) -> str:
+    """How an account of ``transcript`` begins: its name and the span's first and last
+    ``[#seq]`` ("Recap of [#12] to [#15]:"). The embedded model writes on from it, so its
+    reply is this span's account from the first token, not a copy of the transcript."""
+    seqs = _SEQ.findall(transcript)
+    return f"{name} of [#{seqs[0]}] to [#{seqs[-1]}]:" if seqs else f"{name}:"
 
 
 _PROMPT_OVERHEAD = 400
@@ -318,6 +330,7 @@ class _Writer:
                 purpose=self.purpose,  # type: ignore[arg-type]
                 provider=self.run.summarizer,
                 max_tokens=self.max_tokens,
+                reply_prefix=reply_prefix(what.capitalize(), text),  # as the worked example's account begins
             )
             account = response.text.strip()
             problem = check_prose(account, text, context=self.task, example=self.example)
