@@ -68,6 +68,7 @@ def _concurrency(c: dict[str, Any]) -> list[str]:
             f"{f['wall_ms_per_turn']:.2f}",
             f"{f['writes_per_turn']:.2f}",
             f"{f['loop_stalls_per_turn']:.2f}",
+            "–" if f.get("server_calls_per_turn") is None else f"{f['server_calls_per_turn']:.2f}",
         ]
         for n in counts
         for b in ("sqlite", "postgres")
@@ -76,11 +77,20 @@ def _concurrency(c: dict[str, Any]) -> list[str]:
     goal = c["goal"]
     return [
         "Chats played at once in one process (a model that answers at once, append mode): a turn's "
-        "median latency, wall time over every turn played, the store writes a turn makes, and the "
-        "store calls that blocked the event loop.",
+        "median latency, wall time over every turn played, the store writes a turn makes, the "
+        "store calls that blocked the event loop, and (PostgreSQL) the calls a turn makes to the server "
+        "(a step's appends after its first go with its commit).",
         "",
         *md_table(
-            ["backend", "runs at once", "turn ms (median)", "wall ms / turn", "writes / turn", "loop stalls / turn"],
+            [
+                "backend",
+                "runs at once",
+                "turn ms (median)",
+                "wall ms / turn",
+                "writes / turn",
+                "loop stalls / turn",
+                "server calls / turn",
+            ],
             rows,
         ),
         "",

@@ -60,7 +60,7 @@ async def concurrent_turns(store: Any, *, runs: int, turns: int, spec: Any = Non
             if result.error:
                 raise RuntimeError(f"chat {i} turn {t} failed: {result.error}")
 
-    stalls_before = getattr(store, "stalls", 0)
+    stalls_before, calls_before = getattr(store, "stalls", 0), getattr(store, "calls", None)
     store.write_many = counted
     try:
         started = time.perf_counter()
@@ -70,6 +70,7 @@ async def concurrent_turns(store: Any, *, runs: int, turns: int, spec: Any = Non
         del store.write_many  # the class's method again
     played = runs * turns
     stalls = getattr(store, "stalls", 0) - stalls_before
+    calls = None if calls_before is None else store.calls - calls_before
     return {
         "runs": runs,
         "turns": played,
@@ -77,6 +78,7 @@ async def concurrent_turns(store: Any, *, runs: int, turns: int, spec: Any = Non
         "wall_ms_per_turn": round(wall * 1000 / played, 3),
         "writes_per_turn": round(writes / played, 2),
         "loop_stalls_per_turn": round(stalls / played, 2),
+        "server_calls_per_turn": None if calls is None else round(calls / played, 2),
     }
 
 

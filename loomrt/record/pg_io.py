@@ -55,6 +55,9 @@ class IOLoop:
         self._thread.start()
         self.stalls = 0
         """Sync calls made from a thread whose own event loop was running (each blocked it)."""
+        self.calls = 0
+        """Calls made to the loop, sync and async: each is a hop between threads and at least
+        one round trip to the server."""
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the I/O loop and wait for its result (a sync caller)."""
@@ -62,6 +65,7 @@ class IOLoop:
         if threading.current_thread() is self._thread:
             coro.close()
             raise RuntimeError("the store's I/O loop cannot wait on itself")
+        self.calls += 1
         if on_running_loop():
             self.stalls += 1
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
@@ -80,6 +84,7 @@ class IOLoop:
         view catches up from the record at its next write). ``undo`` takes back what a
         cancelled caller will not use (a connection taken from the pool)."""
         self._here(coro)
+        self.calls += 1
         done = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
         if not write:
             return await done

@@ -18,20 +18,19 @@ and a psycopg-pool connection pool. What differs:
   reads there while its event loop plays the other runs; the sync face (the CLI, reports)
   waits for the same queries. An append is two round trips (``BEGIN``, the lock, the run's
   head and its fence in one pipeline; the rows, the head anchor and ``COMMIT`` in another).
-  Inside a step the first append begins the step's transaction and leaves it open, a later
-  one is a savepoint, and the step's end sends the ``COMMIT``.
+  Inside a step the first append takes a connection, begins the step's transaction and
+  leaves it open; a later append to the same run is chained in the process and sent with
+  the step's ``COMMIT`` (:mod:`loomrt.record.pg_steps`), one to another run is a savepoint.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from loomrt.errors import FencedError, MovedOnError, NotFoundError, StoreError
@@ -44,6 +43,7 @@ from loomrt.record.pg_append_sql import FENCED_HEAD, FIRST, HEAD, MOVE_HEAD, NES
 from loomrt.record.pg_claims import PgClaims, owner_row
 from loomrt.record.pg_io import DB_NOW as _NOW
 from loomrt.record.pg_io import Conn, IOLoop, rows_of
+from loomrt.record.pg_steps import INSERT_CARD, Pin, commit, send_deferred
 from loomrt.record.rows import (
     RunReads,
     RunSums,
@@ -62,9 +62,6 @@ from loomrt.record.rows import (
 __all__ = ["PostgresStore", "redact_url", "import_run", "run_cards"]
 
 _INSERT_EVENT = "INSERT INTO events (run_id, seq, kind, ts, data, hash) VALUES (%s, %s, %s, %s, %s, %s)"
-_INSERT_CARD = (
-    "INSERT INTO cards (card_id, run_id, seq, depth, data) VALUES (%s, %s, %s, %s, %s) ON CONFLICT (card_id) DO NOTHING"
-)
 T = TypeVar("T")
 
 
@@ -80,37 +77,6 @@ def redact_url(url: str) -> str:
 
 FRESH_S = 2.0
 """A pooled connection that answered within this many seconds is handed out unchecked."""
-
-
-@dataclass
-class _Pin:
-    """The connection a :meth:`PostgresStore.transaction` block holds, and whether its
-    transaction has begun (with the block's first write: a block that writes nothing costs
-    no round trip). Its operations take turns (tasks of the block share it), and none runs
-    once the block has ended."""
-
-    conn: Conn
-    begun: bool = False
-    ended: bool = False
-    turn: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-
-def _open(pin: _Pin) -> None:
-    if pin.ended:
-        raise StoreError("a task used the record's transaction block after the block ended")
-
-
-async def _commit(conn: Conn) -> None:
-    """COMMIT the block's transaction; one that failed (a statement in it failed: PostgreSQL
-    would answer COMMIT with ROLLBACK) is rolled back and said, never silently lost."""
-    from psycopg.pq import TransactionStatus
-
-    if conn.info.transaction_status == TransactionStatus.INERROR:
-        await conn.execute("ROLLBACK")
-        raise StoreError("a statement in this step's transaction failed, so nothing of the step was recorded")
-    cur = await conn.execute("COMMIT")
-    if cur.statusmessage == "ROLLBACK":
-        raise StoreError("the database rolled this step's transaction back: nothing of the step was recorded")
 
 
 def _pool_size() -> int:
@@ -180,9 +146,7 @@ class PostgresStore(PgClaims, RunReads):
 
         self._used: dict[int, float] = {}
         """When each pooled connection (by id) last answered a query (:meth:`_check_idle`)."""
-        self._pinned: contextvars.ContextVar[_Pin | None] = contextvars.ContextVar(
-            f"loomrt-pg-{id(self)}", default=None
-        )
+        self._pinned: contextvars.ContextVar[Pin | None] = contextvars.ContextVar(f"loomrt-pg-{id(self)}", default=None)
         self._io = IOLoop("loomrt-record-io")
         try:
             self._pool = self._io.call(open_pool())
@@ -203,6 +167,11 @@ class PostgresStore(PgClaims, RunReads):
         """Store calls that blocked a running event loop (sync calls made from async code)."""
         return self._io.stalls
 
+    @property
+    def calls(self) -> int:
+        """Store calls made to the server so far (each a hop to the I/O loop and a round trip at least)."""
+        return self._io.calls
+
     async def _check_idle(self, conn: Conn) -> None:
         """The pool's check before it hands a connection out: one that answered a query in the
         last :data:`FRESH_S` seconds is handed out as it is (a round trip saved on every call
@@ -220,27 +189,45 @@ class PostgresStore(PgClaims, RunReads):
     # ------------------------------------------------------------ the two ways in
 
     def _on(self, op: Callable[[Conn], Awaitable[T]], *, writes: bool = False) -> Coroutine[Any, Any, T]:
-        """``op`` on a connection: the task's pinned one inside :meth:`transaction` (read here,
-        in the caller's context; a write there begins its transaction first), else a pooled one."""
+        """``op`` on a connection: inside :meth:`transaction`, the block's (read here, in the
+        caller's context; a write there takes it and begins its transaction first, and what
+        the block held back is sent before ``op``), else a pooled one."""
         pin = self._pinned.get()
 
-        async def run() -> T:
-            if pin is not None:
-                async with pin.turn:
-                    _open(pin)
-                    if not writes:
-                        return await op(pin.conn)
-                    if not pin.begun:
-                        pin.begun = True
-                        await pin.conn.execute("BEGIN")
-                    async with pin.conn.transaction():  # a savepoint: a failed write leaves the block whole
-                        return await op(pin.conn)
+        async def pooled() -> T:
             async with self._pool.connection() as conn:
                 out = await op(conn)
                 self._used[id(conn)] = time.monotonic()
                 return out
 
+        async def run() -> T:
+            assert pin is not None
+            try:
+                async with pin.turn:
+                    pin.opened()
+                    if pin.conn is None and not writes:  # the block has not written: nothing to see
+                        return await pooled()
+                    await self._begin(pin)
+                    await send_deferred(pin)
+                    if not writes:
+                        return await op(pin.conn)
+                    async with pin.conn.transaction():  # a savepoint: a failed write leaves the block whole
+                        return await op(pin.conn)
+            finally:
+                pin.leave()
+
+        if pin is None:
+            return pooled()
+        pin.enter()
         return run()
+
+    async def _begin(self, pin: Pin) -> None:
+        """The block's connection, taken with its first write, and its transaction begun."""
+        if pin.conn is None:
+            pin.conn = await self._pool.getconn()
+        if not pin.begun:
+            pin.begun = True
+            await pin.conn.execute("BEGIN")
 
     def _sync(self, op: Callable[[Conn], Awaitable[T]], fail: str, *, write: bool = False) -> T:
         """The sync face: run ``op`` on the I/O loop and wait for it (``write``: it writes)."""
@@ -295,6 +282,10 @@ class PostgresStore(PgClaims, RunReads):
         after: int | None = None,
         epoch: int | None = None,
     ) -> list[Event]:
+        pin = self._pinned.get()
+        held = pin.defer(run_id, items, after, epoch) if pin is not None else None
+        if held is not None:  # chained here, sent with the block's COMMIT
+            return held
         return await self._await(
             self._appending(run_id, items, after, epoch), f"cannot append to the record of run {run_id}", write=True
         )
@@ -315,27 +306,28 @@ class PostgresStore(PgClaims, RunReads):
             yield
             return
 
-        async def end(pin: _Pin) -> None:
+        async def end(pin: Pin) -> None:
             async with pin.turn:
                 pin.ended = True
+                if pin.conn is None:
+                    return
                 try:
                     if pin.begun:
-                        await _commit(pin.conn)
+                        await commit(pin)
                         self._used[id(pin.conn)] = time.monotonic()
                 finally:
                     await self._pool.putconn(pin.conn)
 
-        # a connection of its own until the end; BEGIN goes with the block's first write
-        conn = await self._await(
-            self._pool.getconn, "cannot begin a transaction on the record", write=True, undo=self._pool.putconn
-        )
-        pin = _Pin(conn)
+        pin = Pin()  # its connection is taken, and BEGIN sent, with the block's first write
         token = self._pinned.set(pin)
         try:
             yield
         finally:
             self._pinned.reset(token)
-            await self._await(lambda: end(pin), "cannot commit to the record", write=True)
+            if pin.conn is None and not pin.busy:  # nothing written, nothing held: no call
+                pin.ended = True
+            else:
+                await self._await(lambda: end(pin), "cannot commit to the record", write=True)
 
     # ------------------------------------------------------------ the sync face
 
@@ -380,24 +372,41 @@ class PostgresStore(PgClaims, RunReads):
         written yet), else on a pooled one in a transaction of its own."""
         pin = self._pinned.get()
 
-        async def run() -> list[Event]:
-            if pin is None:  # a transaction of its own
-                async with self._pool.connection() as conn:
-                    out = await self._append_op(conn, run_id, items, after, epoch, around=OWN)
-                    self._used[id(conn)] = time.monotonic()
-                    return out
-            async with pin.turn:
-                _open(pin)
-                if pin.begun:  # a savepoint: a failed append leaves the block's other writes whole
-                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=NESTED)
-                pin.begun = True  # the block's first write begins its transaction, left open
-                try:
-                    return await self._append_op(pin.conn, run_id, items, after, epoch, around=FIRST)
-                except BaseException:
-                    pin.begun = False  # rolled back: nothing of the block was written yet
-                    raise
+        async def own() -> list[Event]:  # a transaction of its own
+            async with self._pool.connection() as conn:
+                out, _ = await self._append_op(conn, run_id, items, after, epoch, around=OWN)
+                self._used[id(conn)] = time.monotonic()
+                return out
 
-        return run
+        async def in_block() -> list[Event]:
+            assert pin is not None
+            try:
+                async with pin.turn:
+                    pin.opened()
+                    if pin.begun:  # a savepoint: a failed append leaves the block's other writes whole
+                        await send_deferred(pin)
+                        out, key = await self._append_op(pin.conn, run_id, items, after, epoch, around=NESTED)
+                    else:  # the block's first write begins its transaction, left open
+                        if pin.conn is None:
+                            pin.conn = await self._pool.getconn()
+                        pin.begun = True
+                        try:
+                            out, key = await self._append_op(pin.conn, run_id, items, after, epoch, around=FIRST)
+                        except BaseException:
+                            pin.begun = False  # rolled back: nothing of the block was written yet
+                            raise
+                    pin.locked(run_id, out, key, epoch)
+                    return out
+            finally:
+                pin.leave()
+
+        def start() -> Coroutine[Any, Any, list[Event]]:
+            if pin is None:
+                return own()
+            pin.enter()  # on the caller's thread: nothing of the block is deferred meanwhile
+            return in_block()
+
+        return start
 
     async def _append_op(
         self,
@@ -408,11 +417,12 @@ class PostgresStore(PgClaims, RunReads):
         epoch: int | None,
         *,
         around: tuple[str, str | None, str],
-    ) -> list[Event]:
+    ) -> tuple[list[Event], bytes | None]:
         """Two round trips, each one pipeline: ``around``'s opening (BEGIN, or a savepoint inside
         the pinned transaction), the run's lock, its head and its fence; then the rows with the
         head anchor, and ``around``'s closing (the commit, the savepoint's release, or none: the
-        block's transaction stays open). Anything raised is undone by ``around``'s undo."""
+        block's transaction stays open). Anything raised is undone by ``around``'s undo. The
+        events, and the run's chain key."""
         opening, closing, undo = around
         try:
             async with conn.pipeline():
@@ -441,14 +451,14 @@ class PostgresStore(PgClaims, RunReads):
                     await conn.execute(*events_and_head(run_id, rows, epoch))
                 if cards:
                     async with conn.cursor() as cur:
-                        await cur.executemany(_INSERT_CARD, cards)
+                        await cur.executemany(INSERT_CARD, cards)
                 if closing is not None:
                     await conn.execute(closing)
         except BaseException:
             with contextlib.suppress(Exception):
                 await conn.execute(undo)
             raise
-        return out
+        return out, key
 
     async def _run_on(self, conn: Conn, run_id: str) -> RunInfo:
         rows = await rows_of(conn, runs_sql(f"WHERE r.run_id = {self._mark}", self._mark), [run_id, 1])
@@ -527,7 +537,7 @@ def import_run(
             await cur.executemany(
                 _INSERT_EVENT, [(e.run_id, e.seq, e.kind, e.ts, canonical(e.data), e.hash) for e in events]
             )
-            await cur.executemany(_INSERT_CARD, [(c, info.run_id, s, d, data) for c, s, d, data in cards])
+            await cur.executemany(INSERT_CARD, [(c, info.run_id, s, d, data) for c, s, d, data in cards])
             if events:
                 await _move_head(cur, info.run_id, events[-1].seq, events[-1].hash, None)
 

@@ -1,0 +1,126 @@
+"""A step's later appends on PostgreSQL go with its COMMIT (loomrt.record.pg_steps): fewer
+calls to the server a turn, the same record (seqs, hashes, head anchor, cards), a read
+inside the step that sees every write before it, and the claim still checked."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+
+from loomrt.errors import FencedError
+from loomrt.events import RunInfo
+from loomrt.record.ledger import verify_chain
+from loomrt.record.postgres import PostgresStore
+
+
+def _run(store: PostgresStore, run_id: str = "r1") -> None:
+    store.create_run(RunInfo(run_id=run_id, agent="a", def_hash="h", mode="append", model="m"))
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["deferred", "sabotaged-every-append-sent"])
+def test_a_steps_later_appends_go_with_its_commit(postgres_url: str, monkeypatch: Any, deferred: bool) -> None:
+    """Three appends in a step cost two calls (the first append, which takes the run's lock
+    and reads its head, and the commit) and record what three separate appends would: one
+    chain that verifies, the head anchor at the last. Sabotage: with the
+    deferral off, each append is a call of its own."""
+    from loomrt.record.pg_steps import Pin
+
+    if not deferred:
+        monkeypatch.setattr(Pin, "defer", lambda self, *args: None)
+    store = PostgresStore(postgres_url)
+    _run(store)
+    before = store.calls
+
+    async def step() -> list[int]:
+        async with store.transaction():
+            first = await store.write("r1", "notice", {"message": "one"})
+            second = await store.write("r1", "notice", {"message": "two"})
+            third = await store.write_many("r1", [("notice", {"message": "three"}), ("notice", {"message": "four"})])
+            return [first.seq, second.seq, *(e.seq for e in third)]
+
+    try:
+        seqs = asyncio.run(step())
+        assert store.calls - before == (2 if deferred else 4)
+        assert seqs == [1, 2, 3, 4]
+        events = store.events("r1")
+        assert [e.data["message"] for e in events] == ["one", "two", "three", "four"]
+        assert [e.ts for e in events] == sorted(e.ts for e in events)
+        assert store.head("r1")[:2] == (4, events[-1].hash)  # type: ignore[index]
+        assert verify_chain(events) == []  # every hash follows from its content and the one before
+    finally:
+        store.close()
+
+
+def test_a_deferred_distillations_cards_are_indexed_with_the_commit(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+    card = {"id": "card-x", "depth": 0, "text": "a card"}
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write("r1", "notice", {"message": "one"})
+            await store.write("r1", "distillation", {"cards": [card]})
+
+    try:
+        asyncio.run(step())
+        assert store.cards(["card-x"]) == {"card-x": card}
+    finally:
+        store.close()
+
+
+def test_a_read_inside_the_step_sees_its_deferred_appends(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+
+    async def step() -> list[str]:
+        async with store.transaction():
+            await store.write("r1", "notice", {"message": "one"})
+            await store.write("r1", "notice", {"message": "two"})
+            return [e.data["message"] for e in await store.read("r1")]
+
+    try:
+        assert asyncio.run(step()) == ["one", "two"]
+        assert [e.data["message"] for e in store.events("r1")] == ["one", "two"]
+    finally:
+        store.close()
+
+
+def test_a_claim_overtaken_before_the_commit_records_nothing_of_the_step(postgres_url: str) -> None:
+    """The deferred append is fenced at the commit: another claimer's higher epoch, committed
+    meanwhile, refuses the whole step (:class:`FencedError`), and the record stays as it was."""
+    store = PostgresStore(postgres_url)
+    _run(store)
+    epoch = store.claim_run("r1", "me", ttl_s=60)
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write_many("r1", [("notice", {"message": "one"})], epoch=epoch)
+            await store.write_many("r1", [("notice", {"message": "two"})], epoch=epoch)  # deferred
+            with psycopg.connect(postgres_url, autocommit=True) as other:  # a newer claim's token
+                other.execute("UPDATE run_epochs SET epoch = epoch + 1 WHERE run_id = %s", ("r1",))
+
+    try:
+        with pytest.raises(FencedError):
+            asyncio.run(step())
+        assert store.events("r1") == []
+    finally:
+        store.close()
+
+
+def test_a_step_that_writes_nothing_costs_no_call(postgres_url: str) -> None:
+    store = PostgresStore(postgres_url)
+    _run(store)
+    before = store.calls
+
+    async def step() -> None:
+        async with store.transaction():
+            pass
+
+    try:
+        asyncio.run(step())
+        assert store.calls == before
+    finally:
+        store.close()
