@@ -110,6 +110,30 @@ def test_a_claim_overtaken_before_the_commit_records_nothing_of_the_step(postgre
         store.close()
 
 
+def test_a_claim_overtaken_found_by_a_read_inside_the_step_still_records_nothing(postgres_url: str) -> None:
+    """The deferred rows go to the server before a read inside the step; their claim found
+    overtaken there, the read raises, and the step's end commits nothing (not the rows sent)."""
+    store = PostgresStore(postgres_url)
+    _run(store)
+    epoch = store.claim_run("r1", "me", ttl_s=60)
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write_many("r1", [("notice", {"message": "one"})], epoch=epoch)
+            await store.write_many("r1", [("notice", {"message": "two"})], epoch=epoch)  # deferred
+            with psycopg.connect(postgres_url, autocommit=True) as other:
+                other.execute("UPDATE run_epochs SET epoch = epoch + 1 WHERE run_id = %s", ("r1",))
+            with pytest.raises(FencedError):
+                await store.read("r1")
+
+    try:
+        with pytest.raises(FencedError, match="nothing of this step was recorded"):
+            asyncio.run(step())
+        assert store.events("r1") == []
+    finally:
+        store.close()
+
+
 def test_a_step_that_writes_nothing_costs_no_call(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     _run(store)

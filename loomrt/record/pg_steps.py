@@ -78,6 +78,8 @@ class Pin:
     """Runs with a deferred append under a claim: the epoch the commit checks."""
     busy: int = 0
     """The block's operations sent to the I/O loop and not yet done."""
+    failed: BaseException | None = None
+    """Why the deferred appends could not be sent: the block then commits nothing."""
     guard: threading.Lock = field(default_factory=threading.Lock)
 
     def opened(self) -> None:
@@ -134,7 +136,16 @@ async def send_deferred(pin: Pin) -> None:
         return
     statements, cards, fences = pin.deferred, pin.cards, pin.fences
     pin.deferred, pin.cards, pin.fences = [], [], {}
-    conn = pin.conn
+    try:
+        await _send(pin.conn, statements, cards, fences)
+    except BaseException as exc:
+        pin.failed = exc  # its rows may be in the transaction: the block must not commit
+        raise
+
+
+async def _send(
+    conn: Conn, statements: list[tuple[str, list[Any]]], cards: list[tuple[Any, ...]], fences: dict[str, int]
+) -> None:
     async with conn.pipeline():
         renewed = [await conn.execute(_RENEW, (run_id, epoch)) for run_id, epoch in fences.items()]
         for sql, args in statements:
@@ -159,6 +170,11 @@ async def commit(pin: Pin) -> None:
     except BaseException:
         await conn.execute("ROLLBACK")
         raise
+    if pin.failed is not None:
+        await conn.execute("ROLLBACK")
+        if isinstance(pin.failed, FencedError):
+            raise FencedError(f"nothing of this step was recorded: {pin.failed}")
+        raise StoreError(f"nothing of this step was recorded: its appends could not be sent ({pin.failed})")
     if conn.info.transaction_status == TransactionStatus.INERROR:
         await conn.execute("ROLLBACK")
         raise StoreError("a statement in this step's transaction failed, so nothing of the step was recorded")
