@@ -17,7 +17,7 @@ from loomrt.messages import ToolCall
 from loomrt.run._model_calls import call_model
 from loomrt.run.distil import maybe_distil
 from loomrt.run.inject import inject_recall
-from loomrt.run.state import RunState
+from loomrt.run.state import CancelledElsewhere, RunState
 from loomrt.run.steps import AskAgain, FinalOutput, RunTools
 from loomrt.tools import CURRENT_CALL, Private
 
@@ -76,16 +76,17 @@ async def play_turn(run: RunState) -> str:
                 response_schema=run.mode.response_schema(run),
                 tool_choice=run.mode.tool_choice(run),
             )
-            if await run.cancelled_elsewhere():  # cancelled while the model thought: its answer is not played
+            try:
+                async with run.atomic(step=True):  # the answer, what the mode made of it, the turn's end: all or none
+                    step = await run.mode.interpret(run, response)
+                    if isinstance(step, FinalOutput):
+                        if run.interactive:
+                            await run.add("parked", {"output": step.output})
+                        else:
+                            await run.add("final", {"output": step.output, "state": run.state})
+            except CancelledElsewhere:  # cancelled while the model thought: its answer is not played
                 await run.flush()  # what the call cost is recorded all the same
                 return run.output or ""
-            async with run.atomic():  # the answer, what the mode made of it, and the turn's end: all or nothing
-                step = await run.mode.interpret(run, response)
-                if isinstance(step, FinalOutput):
-                    if run.interactive:
-                        await run.add("parked", {"output": step.output})
-                    else:
-                        await run.add("final", {"output": step.output, "state": run.state})
             match step:
                 case FinalOutput(output=output):
                     return output

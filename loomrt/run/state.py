@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from loomrt.activity import Activity, AnswerText, Watcher
 from loomrt.crashpoints import reached
+from loomrt.errors import MovedOnError
 from loomrt.events import Event
 from loomrt.messages import EvictedSpanCallback, Message
 from loomrt.payloads import check_payload
@@ -29,7 +30,12 @@ from loomrt.tools import Toolset
 if TYPE_CHECKING:
     from loomrt.run.reducers.base import RetentionMode
 
-__all__ = ["RunState", "RunResult", "MAX_TOKENIZER_SCALE"]
+__all__ = ["RunState", "RunResult", "MAX_TOKENIZER_SCALE", "CancelledElsewhere"]
+
+
+class CancelledElsewhere(Exception):
+    """A step's first write found the run cancelled by another process (:meth:`RunState.atomic`
+    with ``step``): nothing of the step was written, and the loop stops the run."""
 
 
 @dataclass
@@ -71,6 +77,8 @@ class RunState:
     guarded: bool = False
     """Appends only if the record is as this process last read it (a ``loomrt worker`` folding
     a run whose own process may start a turn meanwhile): else MovedOnError, nothing written."""
+    _first_checks: bool = False
+    """The next write checks that nobody else wrote since the view's last event (:meth:`atomic`)."""
 
     def __post_init__(self) -> None:
         if self.view is None:
@@ -102,13 +110,20 @@ class RunState:
 
     async def _add(self, kind: str, data: dict[str, Any]) -> Event:
         batch, self._queue = [*self._queue, (kind, data)], []
-        return (await self._write(batch))[-1]
+        try:
+            return (await self._write(batch))[-1]
+        except CancelledElsewhere:
+            self._queue = [*batch[:-1], *self._queue]  # the call's cost is still to be recorded
+            raise
 
     async def _write(self, items: list[tuple[str, dict[str, Any]]]) -> list[Event]:
         reached("before_append")
         fence = {"epoch": self.epoch} if self.epoch is not None else {}
         if self.guarded:
             events = await self.store.write_many(self.run_id, items, after=self.view.last_seq, **fence)
+        elif self._first_checks:
+            self._first_checks = False
+            events = await self._write_unless_cancelled(items, fence)
         else:
             events = await self.store.write_many(self.run_id, items, **fence)
         reached("after_append")
@@ -125,31 +140,44 @@ class RunState:
             self._tell(applied)
         return events
 
-    async def cancelled_elsewhere(self) -> bool:
-        """Whether the run was cancelled out of band (``cancel_run`` or ``loomrt runs cancel``
-        from another process or machine, handed to this owner through the record): on a store
-        several workers share, or for a run a worker claimed, the events written since the
-        view's last are taken in first. The loop asks when a model call returns (every write
-        takes in what others wrote before it, so between steps the view knows already)."""
-        claimed = getattr(self.store, "shared", False) or self.epoch is not None  # others may write it
-        if self.view.status != "cancelled" and claimed and not self._atomic:
+    async def _write_unless_cancelled(
+        self, items: list[tuple[str, dict[str, Any]]], fence: dict[str, Any]
+    ) -> list[Event]:
+        """A step's first write, refused if others wrote since the view's last event: then
+        their events are taken in, and a cancel among them stops the step (:meth:`atomic`)."""
+        try:
+            return await self.store.write_many(self.run_id, items, after=self.view.last_seq, **fence)
+        except MovedOnError:
             later = await self.store.read(self.run_id, after=self.view.last_seq)
             for event in later:
                 self.view.apply(event)
-            self._tell(later)
-        return self.view.status == "cancelled"
+            self._tell(later)  # committed by others: heard at once
+            if self.view.status == "cancelled":
+                raise CancelledElsewhere(self.run_id) from None
+            return await self.store.write_many(self.run_id, items, **fence)
 
     @contextlib.asynccontextmanager
-    async def atomic(self) -> AsyncIterator[None]:
+    async def atomic(self, *, step: bool = False) -> AsyncIterator[None]:
         """``async with run.atomic():`` the events added inside are committed together (a
         process killed inside records none of them). The loop wraps each step in one: the
         model's answer, what the mode made of it, and the turn's end when it is the last.
-        The view applies each event at once; listeners hear of them once they are committed."""
+        The view applies each event at once; listeners hear of them once they are committed.
+
+        ``step``: the block follows a model call, and on a record others may write (a shared
+        store, a claimed run) its first write is refused if anything was written since the
+        view's last event; what was is then taken in, and a cancel among it
+        (``cancel_run``, ``loomrt runs cancel`` from another process) raises
+        :class:`CancelledElsewhere` with nothing of the step written: the model's late answer
+        is not played. (The check rides on that write: no query of its own.)"""
         self._atomic += 1
+        previous = self._first_checks
+        if step:
+            self._first_checks = getattr(self.store, "shared", False) or self.epoch is not None
         try:
             async with self.store.transaction():
                 yield
         finally:
+            self._first_checks = previous
             self._atomic -= 1
             if not self._atomic:
                 pending, self._unheard = self._unheard, []
