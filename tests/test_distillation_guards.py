@@ -4,10 +4,11 @@ to its share, and one oversized message never able to stick a run."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
-from modes_kit import S1, SCHEMA, agent, calc, distillations, emit, start
+from modes_kit import R1, S1, SCHEMA, agent, calc, distillations, emit, start
 from spine_kit import events, send, tool_call
 
 from loomrt import tool
@@ -130,6 +131,43 @@ def test_a_rejected_summary_is_retried_once_with_a_stricter_prompt_then_falls_ba
     )
     assert distillations(rt, run.run_id) == [] and not any(m.synthetic for m in run.context)  # the span stayed
     assert run.view.rejections == 2
+
+
+class Prefilling(ScriptedProvider):
+    """A summariser that begins its reply with the request's ``reply_prefix``, as the
+    embedded model does (its scripted words are what the model writes on with)."""
+
+    async def complete(self, request):
+        response = await super().complete(request)
+        if request.purpose == "turn":
+            return response
+        return dataclasses.replace(response, text=request.reply_prefix + response.text)
+
+
+@pytest.mark.parametrize(
+    "written,reason",
+    [(" Sure! What would you like me to do next?", "answers the conversation"), ("", "empty")],
+)
+def test_the_prefilled_start_of_a_recap_is_no_part_of_what_the_check_reads(tmp_path, written, reason):
+    """ "Recap of [#2] to [#7]:" names the span's seqs, which would count as on-topic words and
+    hide an answer's opening: the check reads what the model wrote after it."""
+    spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
+    provider = Prefilling([calc(1), calc(2), calc(3, usage=1000), "done"], [written, written])
+    rt, run = start(tmp_path, spec, provider)
+    send(rt, run, "task")
+    call = next(c for c in provider.calls if c.purpose == "recap")
+    assert call.reply_prefix.startswith("Recap of [#") and call.reply_prefix.endswith("]:")
+    rejected = events(rt, run.run_id, "summary_rejected")
+    assert rejected and reason in rejected[0].data["reason"], [e.data for e in rejected]
+
+
+def test_a_recap_is_kept_without_its_prefilled_start(tmp_path):
+    spec = agent(tmp_path, {"mode": "recap", "budget_tokens": 256, "keep_last_n": 2})
+    provider = Prefilling([calc(1), calc(2), calc(3, usage=1000), "done"], [" " + R1])
+    rt, run = start(tmp_path, spec, provider)
+    send(rt, run, "task")
+    (d,) = distillations(rt, run.run_id)
+    assert d["summary"].endswith(R1) and "Recap of [#" not in d["summary"]
 
 
 def test_the_instruction_is_restated_after_the_transcript(tmp_path):

@@ -134,6 +134,53 @@ def test_a_claim_overtaken_found_by_a_read_inside_the_step_still_records_nothing
         store.close()
 
 
+def test_deferred_times_never_run_behind_an_append_that_went_to_the_server(postgres_url: str) -> None:
+    """An append of the step that goes to the server (here the sync face) moves the time the
+    next deferred one starts from: the run's times stay in order, its chain whole."""
+    store = PostgresStore(postgres_url)
+    _run(store)
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write("r1", "notice", {"message": "one"})
+            await store.write("r1", "notice", {"message": "two"})  # deferred
+            store.append_many("r1", [("notice", {"message": "three"})])  # to the server, sending "two" first
+            await store.write("r1", "notice", {"message": "four"})  # deferred again
+
+    try:
+        asyncio.run(step())
+        events = store.events("r1")
+        assert [e.data["message"] for e in events] == ["one", "two", "three", "four"]
+        assert [e.ts for e in events] == sorted(e.ts for e in events)
+        assert verify_chain(events) == []
+    finally:
+        store.close()
+
+
+def test_a_task_that_writes_after_its_step_ended_is_refused_not_lost(postgres_url: str) -> None:
+    from loomrt.errors import StoreError
+
+    store = PostgresStore(postgres_url)
+    _run(store)
+
+    async def late_write() -> None:
+        await asyncio.sleep(0.3)
+        await store.write("r1", "notice", {"message": "late"})
+
+    async def step() -> None:
+        async with store.transaction():
+            await store.write("r1", "notice", {"message": "in the step"})
+            late = asyncio.create_task(late_write())  # shares the step's context
+        with pytest.raises(StoreError, match="after the block ended"):
+            await late
+
+    try:
+        asyncio.run(step())
+        assert [e.data["message"] for e in store.events("r1")] == ["in the step"]
+    finally:
+        store.close()
+
+
 def test_a_step_that_writes_nothing_costs_no_call(postgres_url: str) -> None:
     store = PostgresStore(postgres_url)
     _run(store)

@@ -14,7 +14,10 @@ events, seqs and hashes are final), and its rows are sent with the block's ``COM
 (:func:`send_deferred`), in the same pipeline. A deferred append under a claim is fenced
 there too: if the claim is no longer the run's newest, nothing of the block is recorded
 (:class:`~loomrt.errors.FencedError` from the block's end). A deferred event's time is the
-first append's database time plus the seconds since, on this process's monotonic clock.
+database time of the block's last append to the run that went to the server, plus the
+seconds since on this process's monotonic clock, and never before the run's last event.
+Once the block has ended nothing more is deferred (a task it started and left running is
+refused at its next write, as before).
 
 An append is deferred only where nothing else of the block is in flight on the I/O loop
 (:attr:`Pin.busy`): any other query of the block sends the deferred rows first, so a read
@@ -49,14 +52,16 @@ _RENEW = f"UPDATE run_owners SET expires_at = {DB_NOW} + ttl_s WHERE run_id = %s
 @dataclass(frozen=True)
 class Head:
     """A run's head as the block wrote it last, under the run's lock: its last seq and hash,
-    its chain key, the database time of the block's first append to it and when that was
-    (``time.monotonic``), and the claim's epoch it was written under."""
+    its chain key, the database time of the block's last append to it that went to the
+    server and when the process heard of it (``time.monotonic``), the time of its last event,
+    and the claim's epoch it was written under."""
 
     seq: int
     hash: str
     key: bytes | None
     ts: float
     mono: float
+    last_ts: float
     epoch: int | None
 
 
@@ -81,6 +86,13 @@ class Pin:
     failed: BaseException | None = None
     """Why the deferred appends could not be sent: the block then commits nothing."""
     guard: threading.Lock = field(default_factory=threading.Lock)
+    closing: bool = False
+    """The block has ended on the caller's side: nothing more is deferred (set under ``guard``)."""
+
+    def close(self) -> None:
+        """The block ends (the caller's thread, before its commit is sent)."""
+        with self.guard:
+            self.closing = True
 
     def opened(self) -> None:
         if self.ended:
@@ -97,14 +109,9 @@ class Pin:
 
     def locked(self, run_id: str, events: list[Event], key: bytes | None, epoch: int | None) -> None:
         """The block appended ``events`` to ``run_id`` under its lock (on the I/O loop)."""
-        if not events:
-            return
-        known = self.heads.get(run_id)
-        last = events[-1]
-        if known is None:
-            self.heads[run_id] = Head(last.seq, last.hash or "", key, last.ts, time.monotonic(), epoch)
-        else:
-            self.heads[run_id] = dataclasses.replace(known, seq=last.seq, hash=last.hash or "", epoch=epoch)
+        if events:
+            last = events[-1]
+            self.heads[run_id] = Head(last.seq, last.hash or "", key, last.ts, time.monotonic(), last.ts, epoch)
 
     def defer(
         self, run_id: str, items: list[tuple[str, dict[str, Any]]], after: int | None, epoch: int | None
@@ -112,18 +119,18 @@ class Pin:
         """The events of an append held back for the commit, or None where it must go to the
         server now (the block has not locked the run, another operation is in flight, or the
         writer expects another head or claim than the block's)."""
-        if not self.begun or self.ended:
-            return None
         with self.guard:
             head = self.heads.get(run_id)
-            if self.busy or head is None or head.epoch != epoch or (after is not None and after != head.seq):
+            if not self.begun or self.closing or self.busy or head is None or head.epoch != epoch:
                 return None
-            ts = head.ts + max(0.0, time.monotonic() - head.mono)
+            if after is not None and after != head.seq:
+                return None
+            ts = max(head.last_ts, head.ts + max(0.0, time.monotonic() - head.mono))
             rows, cards, out = chained(run_id, head.seq, head.hash, ts, items, head.key)
             if rows:
                 self.deferred.append(events_and_head(run_id, rows, epoch))
                 self.cards.extend(cards)
-                self.heads[run_id] = dataclasses.replace(head, seq=rows[-1][1], hash=rows[-1][5])
+                self.heads[run_id] = dataclasses.replace(head, seq=rows[-1][1], hash=rows[-1][5], last_ts=ts)
                 if epoch is not None:
                     self.fences[run_id] = epoch
             return out

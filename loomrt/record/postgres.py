@@ -324,6 +324,7 @@ class PostgresStore(PgClaims, RunReads):
             yield
         finally:
             self._pinned.reset(token)
+            pin.close()  # a task the block started, still running, defers nothing more
             if pin.conn is None and not pin.busy:  # nothing written, nothing held: no call
                 pin.ended = True
             else:

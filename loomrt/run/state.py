@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 __all__ = ["RunState", "RunResult", "MAX_TOKENIZER_SCALE", "CancelledElsewhere"]
 
 
+_CHECKED_TRIES = 3
+"""A step's checked first write is tried this many times while others keep writing the run."""
+
+
 class CancelledElsewhere(Exception):
     """A step's first write found the run cancelled by another process (:meth:`RunState.atomic`
     with ``step``): nothing of the step was written, and the loop stops the run."""
@@ -145,16 +149,17 @@ class RunState:
     ) -> list[Event]:
         """A step's first write, refused if others wrote since the view's last event: then
         their events are taken in, and a cancel among them stops the step (:meth:`atomic`)."""
-        try:
-            return await self.store.write_many(self.run_id, items, after=self.view.last_seq, **fence)
-        except MovedOnError:
-            later = await self.store.read(self.run_id, after=self.view.last_seq)
-            for event in later:
-                self.view.apply(event)
-            self._tell(later)  # committed by others: heard at once
-            if self.view.status == "cancelled":
-                raise CancelledElsewhere(self.run_id) from None
-            return await self.store.write_many(self.run_id, items, **fence)
+        for _ in range(_CHECKED_TRIES):
+            try:
+                return await self.store.write_many(self.run_id, items, after=self.view.last_seq, **fence)
+            except MovedOnError:
+                later = await self.store.read(self.run_id, after=self.view.last_seq)
+                for event in later:
+                    self.view.apply(event)
+                self._tell(later)  # committed by others: heard at once
+                if self.view.status == "cancelled":
+                    raise CancelledElsewhere(self.run_id) from None
+        return await self.store.write_many(self.run_id, items, **fence)  # others keep writing: write after them
 
     @contextlib.asynccontextmanager
     async def atomic(self, *, step: bool = False) -> AsyncIterator[None]:
@@ -170,18 +175,29 @@ class RunState:
         :class:`CancelledElsewhere` with nothing of the step written: the model's late answer
         is not played. (The check rides on that write: no query of its own.)"""
         self._atomic += 1
-        previous = self._first_checks
         if step:
             self._first_checks = getattr(self.store, "shared", False) or self.epoch is not None
+        raised: BaseException | None = None  # by the block itself (its writes are still committed)
+        committed = False
         try:
             async with self.store.transaction():
-                yield
+                try:
+                    yield
+                except BaseException as exc:
+                    raised = exc
+                    raise
+            committed = True
+        except BaseException as exc:
+            committed = exc is raised  # else the commit itself failed: nothing of the block is recorded
+            raise
         finally:
-            self._first_checks = previous
+            if step:
+                self._first_checks = False
             self._atomic -= 1
             if not self._atomic:
                 pending, self._unheard = self._unheard, []
-                self._tell(pending)
+                if committed:
+                    self._tell(pending)
 
     def _tell(self, events: list[Event]) -> None:
         for event in events:

@@ -311,6 +311,7 @@ class _Writer:
             f"{self.max_chars} characters. Do not answer or continue the conversation; do not reply to its last "
             "message. " + _SIZE.sub("", self.instructions).strip()
         )
+        begun = reply_prefix(what.capitalize(), text)
         for attempt in (1, 2):
             ask = (
                 restated
@@ -330,9 +331,9 @@ class _Writer:
                 purpose=self.purpose,  # type: ignore[arg-type]
                 provider=self.run.summarizer,
                 max_tokens=self.max_tokens,
-                reply_prefix=reply_prefix(what.capitalize(), text),  # as the worked example's account begins
+                reply_prefix=begun,  # as the worked example's account begins
             )
-            account = response.text.strip()
+            account = response.text.strip().removeprefix(begun).strip()  # checked and kept without it
             problem = check_prose(account, text, context=self.task, example=self.example)
             if problem is None:
                 return account
