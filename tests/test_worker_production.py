@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 from loomrt.bench.chaos_workers import restart_server, start_server, stop_server
 from loomrt.cli import app
 from loomrt.record import pg_migrations
+from loomrt.record.postgres import redact_url
 from loomrt.record.sqlite import default_store
 
 pytestmark = pytest.mark.slow
@@ -151,7 +152,8 @@ def test_a_worker_outlives_a_database_restart_mid_run_and_strands_nothing(restar
     assert code == 0
     mine = [r for r in rows if r["run_id"] == run_id]
     assert mine[-1] == {"run_id": run_id, "work": "resume", "done": True, "status": "done", "reason": None}, rows
-    assert mine[0]["status"] == "failed" and "the record at" in mine[0]["reason"], rows  # says why, never null
+    said = mine[0]["reason"] or ""  # says why and where, never null (the step's append, or a read, that failed)
+    assert mine[0]["status"] == "failed" and "the record" in said and f" at {redact_url(url)}" in said, rows
     assert any(r["work"] == "reconnect" for r in rows), rows  # it waited the outage out, and said so
     store = default_store(url)
     written = [e.kind for e in store.events(run_id)]
