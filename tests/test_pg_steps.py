@@ -88,9 +88,11 @@ def test_a_read_inside_the_step_sees_its_deferred_appends(postgres_url: str) -> 
         store.close()
 
 
-def test_a_claim_overtaken_before_the_commit_records_nothing_of_the_step(postgres_url: str) -> None:
-    """The deferred append is fenced at the commit: another claimer's higher epoch, committed
-    meanwhile, refuses the whole step (:class:`FencedError`), and the record stays as it was."""
+@pytest.mark.parametrize("found_by", ["the commit", "a read inside the step"])
+def test_a_claim_overtaken_records_nothing_of_the_step(postgres_url: str, found_by: str) -> None:
+    """The deferred append is fenced where its rows go to the server: at the commit, or before
+    a read inside the step (which then raises). Another claimer's higher epoch, committed
+    meanwhile, refuses the whole step (:class:`FencedError`), not only the rows sent."""
     store = PostgresStore(postgres_url)
     _run(store)
     epoch = store.claim_run("r1", "me", ttl_s=60)
@@ -101,33 +103,13 @@ def test_a_claim_overtaken_before_the_commit_records_nothing_of_the_step(postgre
             await store.write_many("r1", [("notice", {"message": "two"})], epoch=epoch)  # deferred
             with psycopg.connect(postgres_url, autocommit=True) as other:  # a newer claim's token
                 other.execute("UPDATE run_epochs SET epoch = epoch + 1 WHERE run_id = %s", ("r1",))
+            if found_by != "the commit":
+                with pytest.raises(FencedError):
+                    await store.read("r1")
 
     try:
-        with pytest.raises(FencedError):
-            asyncio.run(step())
-        assert store.events("r1") == []
-    finally:
-        store.close()
-
-
-def test_a_claim_overtaken_found_by_a_read_inside_the_step_still_records_nothing(postgres_url: str) -> None:
-    """The deferred rows go to the server before a read inside the step; their claim found
-    overtaken there, the read raises, and the step's end commits nothing (not the rows sent)."""
-    store = PostgresStore(postgres_url)
-    _run(store)
-    epoch = store.claim_run("r1", "me", ttl_s=60)
-
-    async def step() -> None:
-        async with store.transaction():
-            await store.write_many("r1", [("notice", {"message": "one"})], epoch=epoch)
-            await store.write_many("r1", [("notice", {"message": "two"})], epoch=epoch)  # deferred
-            with psycopg.connect(postgres_url, autocommit=True) as other:
-                other.execute("UPDATE run_epochs SET epoch = epoch + 1 WHERE run_id = %s", ("r1",))
-            with pytest.raises(FencedError):
-                await store.read("r1")
-
-    try:
-        with pytest.raises(FencedError, match="nothing of this step was recorded"):
+        said = "" if found_by == "the commit" else "nothing of this step was recorded"
+        with pytest.raises(FencedError, match=said):
             asyncio.run(step())
         assert store.events("r1") == []
     finally:
