@@ -38,6 +38,7 @@ __all__ = [
     "Unparseable",
     "check_fact",
     "distinct",
+    "FIRST_PERSON",
     "absolute_dates",
     "EXTRACT_PROMPT",
     "ExtractedFact",
@@ -58,34 +59,39 @@ REPLY_SCHEMA: dict[str, Any] = {
             "maxItems": MAX_FACTS,
             "items": {
                 "type": "object",
-                "properties": {
-                    "statement": {"type": "string", "minLength": 8, "maxLength": 400},
-                    "class": {"type": "string", "enum": CLASSES},
+                "properties": {  # in the order the model writes them (a grammar keeps this order)
                     "subject": {"type": "string", "minLength": 1, "maxLength": 120},
+                    "statement": {"type": "string", "minLength": 8, "maxLength": 400},
+                    "source_seqs": {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 6},
+                    "class": {"type": "string", "enum": CLASSES},
                     "observed_at": {"type": "string"},
-                    "source_seqs": {"type": "array", "items": {"type": "integer"}, "maxItems": 6},
                 },
-                "required": ["statement", "class", "subject", "source_seqs"],
+                "required": ["subject", "statement", "source_seqs", "class"],
             },
         },
     },
     "required": ["facts"],
 }
-"""What the extractor must answer: ``{"facts": [{statement, class, subject, observed_at?, source_seqs}]}``."""
+"""What the extractor must answer: ``{"facts": [{subject, statement, source_seqs, class, observed_at?}]}``.
+
+The order is the order the embedded model writes an item in (its grammar keeps the schema's
+order): the subject first, so the statement names it; the statement before its lines, so the
+lines it cites are those of what it wrote (in alphabetical order, as once, the model chose its
+lines before it wrote the statement and cited lines 1 to 6 for most facts). ``observed_at``
+is not asked for: a fact's date is its last line's (:func:`check_fact`)."""
 
 _ITEM = jsonschema.Draft202012Validator(REPLY_SCHEMA["properties"]["facts"]["items"])
 
 EXTRACT_PROMPT = """You keep the long-term memory of an assistant. Read the conversation below and write down what will still matter in a later conversation: facts about the people in it (what they did, have, plan, like), their preferences, decisions, constraints, identities, and corrections of something said earlier.
 
-Answer with JSON only: {"facts": [...]}, each item {"statement", "class", "subject", "observed_at", "source_seqs"}:
-- statement: one self-contained sentence that states one thing and names its subject (no "he", "she", "they", "it", "the user": write the name the conversation gives); two things are two facts. Write every relative time as an absolute date, computed from the date line above it: "yesterday" in a line of 8 May 2023 is "on 7 May 2023", "last Tuesday" is "on 2 May 2023", "next month" is "in June 2023". Copy numbers, names, places and times exactly as the conversation writes them.
-- class: preference, fact, decision, identity, constraint or correction.
+Answer with JSON only: {"facts": [...]}, each item {"subject", "statement", "source_seqs", "class"}:
 - subject: who or what the statement is about, by name.
-- observed_at: the date it happened or was said (YYYY-MM-DD), if the conversation shows it.
-- source_seqs: the [n] numbers of the lines it comes from.
+- statement: one self-contained sentence in the third person that states one thing and names its subject (no "I", "my", "he", "she", "they", "it", "the user": write the name the conversation gives); two things are two facts. Write every relative time as an absolute date, computed from the date line above it: "yesterday" in a line of 8 May 2023 is "on 7 May 2023", "last Tuesday" is "on 2 May 2023", "next month" is "in June 2023". Copy numbers, names, places and times exactly as the conversation writes them.
+- source_seqs: the [n] numbers of the one or two lines that say it.
+- class: preference, fact, decision, identity, constraint or correction.
 Prefer concrete facts (what happened, names, places, dates, plans, possessions, changes) to opinions and pleasantries. Example: from the line
 [4] user (Dana): I started pottery classes last week, it really helps me relax
-write {"statement": "Dana started pottery classes in the week of 3 March 2024; they help her relax.", "class": "fact", "subject": "Dana", "observed_at": "2024-03-03", "source_seqs": [4]}.
+write {"subject": "Dana", "statement": "Dana started pottery classes in the week of 3 March 2024; they help her relax.", "source_seqs": [4], "class": "fact"}.
 Write at most 10 facts, the most important first, each once: every statement must say something no other statement in your answer says. Do not write down that someone asked a question, that a conversation or session took place, or anything about the assistant. If nothing is worth keeping, answer {"facts": []}."""
 
 
@@ -265,6 +271,12 @@ _META = [
 _PRONOUN = re.compile(
     r"^(he|she|they|it|i|you|we|him|her|them|his|hers|their|the user|user|someone)\b(?!['’]s? \w)", re.I
 )
+FIRST_PERSON = re.compile(r"\b(?:I|I['’](?:m|ve|d|ll)|me|my|myself|we|us|our|ours|ourselves)\b|^(?:My|Our|We|Me)\b")
+"""A statement in the first person anywhere outside a quote (a line copied as said). Where
+the lines it cites are a named speaker's (people talking to each other), "I" is nobody to a
+later reader; in ``Ana said: "I moved"`` it is Ana. (In a user's own chat, whose lines name
+no speaker, "my colleague Rosa" is the user's, the memory scope's owner.)"""
+_QUOTED = re.compile(r'"[^"]*"|“[^”]*”')
 _IDS = [
     re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
     re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I),
@@ -340,6 +352,8 @@ def check_fact(item: Any, lines: dict[int, Line]) -> tuple[ExtractedFact | None,
     cited = tuple(lines[n] for n in dict.fromkeys(item["source_seqs"]) if n in lines)
     if not cited:
         return None, "unsourced"
+    if any(line.role == "user" and line.speaker for line in cited) and FIRST_PERSON.search(_QUOTED.sub(" ", statement)):
+        return None, "unresolved"  # "the group made me feel accepted", of named speakers: which one?
     if unsupported(statement, [stored_line(line) for line in cited]):
         return None, "unverified"  # "port 5433" from a line that said 5432: worse than no fact
     statement = absolute_dates(statement, cited[-1].ts)  # its own "yesterday": resolved here, not invented

@@ -21,6 +21,7 @@ import json
 import re
 from typing import Any
 
+from loomrt.harvest.extract import FIRST_PERSON
 from loomrt.providers.base import ModelRequest
 from loomrt.providers.scripted import FunctionProvider
 
@@ -30,10 +31,11 @@ __all__ = [
     "inventing_extractor",
     "repeating_extractor",
     "conversation_lines",
+    "speakers",
     "subject_of",
 ]
 
-_LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \([^)]*\))?: (.*)$")
+_LINE = re.compile(r"^\[(\d+)\] (user|assistant)(?: \(([^)]*)\))?: (.*)$")
 _NAME = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]{2,})\b")
 _PRONOUN = re.compile(r"^(She|He|They)\b\s+(.*)$")
 _NOT_NAMES = {
@@ -76,7 +78,13 @@ _NOT_NAMES = {
 def conversation_lines(request: ModelRequest) -> list[tuple[int, str, str]]:
     """(n, role, text) of each numbered conversation line in an extraction request."""
     text = request.messages[-1]["content"]
-    return [(int(m.group(1)), m.group(2), m.group(3)) for line in text.splitlines() if (m := _LINE.match(line))]
+    return [(int(m.group(1)), m.group(2), m.group(4)) for line in text.splitlines() if (m := _LINE.match(line))]
+
+
+def speakers(request: ModelRequest) -> dict[int, str]:
+    """Who said each numbered line of an extraction request, where the line names them."""
+    text = request.messages[-1]["content"]
+    return {int(m.group(1)): m.group(3) for line in text.splitlines() if (m := _LINE.match(line)) and m.group(3)}
 
 
 _WORD_NAME = re.compile(r"\b([A-Z][a-z]{2,})\b")
@@ -90,8 +98,13 @@ def subject_of(text: str) -> str:
 
 
 def _echo(request: ModelRequest) -> str:
+    said_by = speakers(request)
+
+    def statement(n: int, text: str) -> str:  # a line in the first person is quoted, and who said it named
+        return f'{said_by[n]} said: "{text}"' if n in said_by and FIRST_PERSON.search(text) else text
+
     facts = [
-        {"statement": text, "class": "fact", "subject": subject_of(text), "source_seqs": [n]}
+        {"statement": statement(n, text), "class": "fact", "subject": subject_of(text), "source_seqs": [n]}
         for n, role, text in conversation_lines(request)
         if role == "user" and len(text) >= 8
     ]

@@ -242,13 +242,15 @@ def _tool_or_text(schema_json: str) -> Any:
 
 
 def grammar_for(response_format: dict[str, Any] | None) -> Any:
-    """The llama.cpp grammar for an OpenAI-style ``response_format`` (None: free text)."""
+    """The llama.cpp grammar for an OpenAI-style ``response_format`` (None: free text). An
+    object's properties are written in the order the schema declares them (the converter
+    keeps the order it is given: sorted keys once made every reply alphabetical)."""
     if not response_format or response_format.get("type") == "text":
         return None
     kind = response_format.get("type")
     if kind == TOOL_OR_TEXT:
         try:
-            return ToolOrText(_tool_or_text(json.dumps(response_format.get("schema"), sort_keys=True)))
+            return ToolOrText(_tool_or_text(json.dumps(response_format.get("schema"))))
         except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
             raise LocalError(400, f"cannot turn the tool-call schema into a grammar: {exc}") from exc
     if kind == "json_schema":
@@ -258,7 +260,7 @@ def grammar_for(response_format: dict[str, Any] | None) -> Any:
     else:
         raise LocalError(400, f"unsupported response_format type {kind!r}; use json_object or json_schema")
     try:
-        return _grammar(json.dumps(schema, sort_keys=True) if schema is not None else None)
+        return _grammar(json.dumps(schema) if schema is not None else None)
     except Exception as exc:  # noqa: BLE001 - the converter raises plain exceptions
         raise LocalError(400, f"cannot turn the JSON Schema into a grammar: {exc}") from exc
 

@@ -19,7 +19,7 @@ from loomrt.errors import SpecError
 from loomrt.harvest import Consolidator
 from loomrt.harvest.consolidator import MODEL_ENV, harvest_model
 from loomrt.harvest.db import harvest_db
-from loomrt.harvest.extract import EXTRACT_PROMPT, Unparseable, distinct
+from loomrt.harvest.extract import EXTRACT_PROMPT, REPLY_SCHEMA, Line, Unparseable, check_fact, distinct
 from loomrt.harvest.scripted import conversation_lines, echo_extractor, repeating_extractor
 from loomrt.harvest.wiring import memory_store
 from loomrt.messages import EvictedSpan, Message
@@ -63,6 +63,29 @@ def test_a_repeat_that_cites_other_lines_adds_them_to_the_fact(store: SQLiteStor
     assert report.dropped["repeated"] == 1
     (fact,) = memory_store(store, "hash").facts()
     assert [line["seq"] for line in fact.lines] == [1, 2]
+
+
+def test_a_statement_in_the_first_person_is_dropped_as_unresolved() -> None:
+    """As the embedded model wrote them on LoCoMo (a real run): a line copied as said names
+    nobody. Sabotage: without the check, "me" would be kept as a fact about no one."""
+    said = "The support group has made me feel accepted and given me courage to embrace myself."
+    lines = {7: Line(7, f"[7] user (Caroline): {said}", "r-1", 7, 1683504000.0, 20, said=said, speaker="Caroline")}
+    for statement, why in (
+        (said, "unresolved"),
+        ("I'm keen on counseling or working in mental health.", "unresolved"),
+        ("Caroline feels accepted by the support group, which gave her courage.", ""),
+        (f'Caroline said: "{said}"', ""),  # a quote, and who said it: "me" is Caroline
+    ):
+        item = {"subject": "Caroline", "statement": statement, "source_seqs": [7], "class": "fact"}
+        assert check_fact(item, lines)[1] == why, statement
+
+
+def test_an_item_is_asked_for_its_subject_and_statement_before_the_lines_it_cites() -> None:
+    """The embedded model writes an item in the schema's order: with the keys sorted it chose
+    its lines before its statement (and cited lines 1 to 6 for most facts)."""
+    order = list(REPLY_SCHEMA["properties"]["facts"]["items"]["properties"])
+    assert order.index("subject") < order.index("statement") < order.index("source_seqs")
+    assert '{"subject", "statement", "source_seqs", "class"}' in EXTRACT_PROMPT
 
 
 def test_distinct_keeps_the_first_of_each_statement_and_leaves_the_rest_to_the_checks() -> None:

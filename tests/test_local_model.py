@@ -77,6 +77,17 @@ def test_an_extraction_call_is_constrained_to_its_schema_too() -> None:
 
 
 @pytest.mark.slow
+def test_the_model_writes_an_objects_properties_in_the_schemas_order() -> None:
+    """The grammar keeps the order the schema declares (an extraction item's statement before
+    the lines it cites). Sabotage: the schema's keys sorted, as they once were, put ``sure``
+    last and ``city`` first, which this schema's order does not."""
+    schema = {"type": "object", "properties": {"sure": CITY["properties"]["sure"], "city": CITY["properties"]["city"]}}
+    schema["required"] = ["sure", "city"]
+    response = ask(LiteLLMProvider(SMOL), "Which city is the capital of Italy?", response_schema=schema, max_tokens=64)
+    assert list(json.loads(response.text)) == ["sure", "city"]
+
+
+@pytest.mark.slow
 def test_stop_when_stops_the_embedded_model_where_the_caller_says() -> None:
     """A request's ``stop_when`` is asked at every token; where it holds, generation stops
     (fewer tokens written), the finish reason says so, and a JSON reply cut there is handed
