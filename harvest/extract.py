@@ -271,12 +271,14 @@ _META = [
 _PRONOUN = re.compile(
     r"^(he|she|they|it|i|you|we|him|her|them|his|hers|their|the user|user|someone)\b(?!['’]s? \w)", re.I
 )
-FIRST_PERSON = re.compile(r"\b(?:I|I['’](?:m|ve|d|ll)|me|my|myself|we|us|our|ours|ourselves)\b|^(?:My|Our|We|Me)\b")
+FIRST_PERSON = re.compile(
+    r"\b(?:I(?!-)|I['’](?:m|ve|d|ll)|me|my|myself|we|us|our|ours|ourselves)\b|^(?:My|Our|We|Me)\b"
+)
 """A statement in the first person anywhere outside a quote (a line copied as said). Where
 the lines it cites are a named speaker's (people talking to each other), "I" is nobody to a
 later reader; in ``Ana said: "I moved"`` it is Ana. (In a user's own chat, whose lines name
 no speaker, "my colleague Rosa" is the user's, the memory scope's owner.)"""
-_QUOTED = re.compile(r'"[^"]*"|“[^”]*”')
+_QUOTED = re.compile(r'"[^"]*"|“[^”]*”|‘[^’]*’(?!\w)')
 _IDS = [
     re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{12}\b"),
     re.compile(r"\b(run[ _-]?id|seq(uence)?\s*#?\d+|record seq)\b", re.I),

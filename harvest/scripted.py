@@ -101,7 +101,7 @@ def _echo(request: ModelRequest) -> str:
     said_by = speakers(request)
 
     def statement(n: int, text: str) -> str:  # a line in the first person is quoted, and who said it named
-        return f'{said_by[n]} said: "{text}"' if n in said_by and FIRST_PERSON.search(text) else text
+        return f"{said_by[n]} said: “{text}”" if n in said_by and FIRST_PERSON.search(text) else text
 
     facts = [
         {"statement": statement(n, text), "class": "fact", "subject": subject_of(text), "source_seqs": [n]}

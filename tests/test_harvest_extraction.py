@@ -75,6 +75,7 @@ def test_a_statement_in_the_first_person_is_dropped_as_unresolved() -> None:
         ("I'm keen on counseling or working in mental health.", "unresolved"),
         ("Caroline feels accepted by the support group, which gave her courage.", ""),
         (f'Caroline said: "{said}"', ""),  # a quote, and who said it: "me" is Caroline
+        ("Caroline calls the evenings she paints ‘me time’.", ""),
     ):
         item = {"subject": "Caroline", "statement": statement, "source_seqs": [7], "class": "fact"}
         assert check_fact(item, lines)[1] == why, statement

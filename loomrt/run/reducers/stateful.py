@@ -99,25 +99,19 @@ def emit_state_schema(state_schema: dict[str, Any], tool_names: list[str], *, pr
     patch: dict[str, Any] = {"type": "object", "description": "JSON merge-patch on the state"}
     if state_schema.get("properties"):
         patch["properties"] = copy.deepcopy(state_schema["properties"])
-    params: dict[str, Any] = {
-        "type": "object",
-        "properties": {
-            "reasoning": {"type": "string"},
-            "patch": patch,
-            "done": {"type": "boolean"},
-            "final": {"type": "string"},
-        },
-        "required": ["reasoning", "patch"],
-    }
-    if propose:
-        params["properties"]["propose_schema"] = {"type": "object"}
+    properties: dict[str, Any] = {"reasoning": {"type": "string"}, "patch": patch}
     if tool_names:
-        params["properties"]["action"] = {
+        properties["action"] = {
             "type": "object",
             "properties": {"tool": {"type": "string", "enum": tool_names}, "arguments": {"type": "object"}},
             "required": ["tool"],
         }
-    return params
+    properties |= {"done": {"type": "boolean"}, "final": {"type": "string"}}
+    if propose:
+        properties["propose_schema"] = {"type": "object"}
+    # in the order a grammar has the model write them: its reasoning, the patch, the action,
+    # and only then whether it is done
+    return {"type": "object", "properties": properties, "required": ["reasoning", "patch"]}
 
 
 @dataclass
