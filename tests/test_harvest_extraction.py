@@ -79,6 +79,11 @@ def test_a_statement_in_the_first_person_is_dropped_as_unresolved() -> None:
     ):
         item = {"subject": "Caroline", "statement": statement, "source_seqs": [7], "class": "fact"}
         assert check_fact(item, lines)[1] == why, statement
+    # a user's own chat names no speaker: "my" is the memory scope's owner, and the fact is kept
+    mine = "My colleague Rosa works on the billing service."
+    own = {1: Line(1, f"[1] user: {mine}", "r-2", 1, 1683504000.0, 12, said=mine)}
+    item = {"subject": "Rosa", "statement": mine, "source_seqs": [1], "class": "fact"}
+    assert check_fact(item, own)[1] == ""
 
 
 def test_an_item_is_asked_for_its_subject_and_statement_before_the_lines_it_cites() -> None:
