@@ -47,7 +47,7 @@ from loomrt.harvest.extract import (
     repeats_a_statement,
 )
 from loomrt.harvest.memory import MemoryStore, NewFact, fact_key
-from loomrt.harvest.passages import MIN_CHARS, PASSAGE, passage_key
+from loomrt.harvest.passages import MIN_CHARS, PASSAGE, passage_id, passage_key
 from loomrt.harvest.queue import Queue
 from loomrt.harvest.sweep import sweep
 from loomrt.providers.base import STOPPED_BY_CALLER, ModelProvider, ModelRequest
@@ -515,9 +515,13 @@ def passages_of(spans: Sequence[dict[str, Any]], scope: str, batch_id: str) -> l
     """The passages of a batch's spans: each user input and assistant reply, verbatim."""
     out = []
     for span in spans:
+        before = None  # the passage of the line said before (its id: the words stay in their own row)
         for turn in span["turns"]:
             text = str(turn.get("text") or "").strip()
-            if turn.get("role") not in ("user", "assistant") or len(text) < MIN_CHARS:
+            if turn.get("role") not in ("user", "assistant"):
+                continue
+            if len(text) < MIN_CHARS:
+                before = None
                 continue
             ts = turn.get("ts")
             line = {
@@ -527,7 +531,9 @@ def passages_of(spans: Sequence[dict[str, Any]], scope: str, batch_id: str) -> l
                 "speaker": turn.get("speaker"),
                 "ts": ts,
                 "text": text,
+                **({"before": before} if before else {}),
             }
+            before = passage_id(passage_key(scope, text))
             source = {
                 "run_id": span["run_id"],
                 "seqs": [turn.get("seq")],

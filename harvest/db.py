@@ -144,6 +144,12 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE memory_facts ADD COLUMN author TEXT NOT NULL DEFAULT 'run';
         """,
     ),
+    (
+        "harvest_0005_passage_windows",
+        # PostgreSQL: a passage's postings hold the words said before it, marked with that
+        # row (``via``) so they leave with it; SQLite builds windows in the process
+        "SELECT 1;",
+    ),
 ]
 """Harvest's migrations: named, ordered, forward-only (append new ones, never edit old ones)."""
 

@@ -27,10 +27,12 @@ from loomrt.harvest.facts import _COLUMNS, Fact, NewFact, _fact, fact_key, hit_o
 from loomrt.harvest.passages import (
     FACT_TIERS,
     PASSAGE,
+    PASSAGE_FUSION,
     TIERS,
     classes_of,
     distinct_hits,
     new_lines,
+    passage_label,
     said_words,
     store_passages,
 )
@@ -100,8 +102,12 @@ class _ScopeIndex:
     """The live facts of one scope, searchable; kept in step by rowid and revision."""
 
     def __init__(self, embedder: Embedder | None):
-        # one vector a fact, as stored (a fact is one statement: no passages)
+        # one vector a row, as stored (a fact is one statement: no chunks); facts and passages
+        # apart, each scored its own way and each signal scaled over its own rows
         self.index = RecallIndex(embedder, max_entries=10_000_000, fusion=_FUSION, passages=False)
+        self.passages = RecallIndex(embedder, max_entries=10_000_000, fusion=PASSAGE_FUSION, passages=False)
+        self.said: dict[str, str] = {}
+        """Each indexed passage's words by its id (a later passage's line before it)."""
         self.ids: dict[int, str] = {}
         self.rowid = 0
         self.rev = -1
@@ -157,7 +163,7 @@ class MemoryStore:
         consolidator marks its batch done there). Counts by outcome."""
         counts = {"new": 0, "merged": 0, "superseded": 0, "already": 0}
         vectors = self._embed([f.statement for f in facts])
-        passage_vectors = self._embed([p.statement for p in passages])
+        passage_vectors = self._embed([passage_label(p.subject, p.statement) for p in passages])
         merge_cos, supersede_cos = self.bands()
         now = time.time()
         written: list[tuple[NewFact, str, np.ndarray | None]] = []
@@ -206,12 +212,12 @@ class MemoryStore:
         idx = self._index(f.scope)
         near: list[tuple[str, float]] = []
         k = _NEAR
-        while True:  # the nearest facts: passages are left out before the nearest are taken
+        while True:  # the nearest facts (passages are in an index of their own)
             if vec is not None and idx.index.dense:
                 found = idx.index.nearest(vec, k)
             else:
                 found = [(h.entry, dice(h.entry.text, f.statement)) for h in idx.index.search(f.statement, k)]
-            near = [(idx.ids[e.id], cos) for e, cos in found if e.role != PASSAGE][:_NEAR]
+            near = [(idx.ids[e.id], cos) for e, cos in found][:_NEAR]
             if len(near) >= _NEAR or len(found) < k:
                 break
             k *= 4
@@ -329,11 +335,15 @@ class MemoryStore:
         lines: Sequence[dict[str, Any]] = (),
         model: str | None = None,
         author: str = "run",
+        label: str | None = None,
+        before: str | None = None,
     ) -> None:
         """Insert a live fact: ``row`` is fact id, scope, class, subject, statement, observed
         at, created at and sources (JSON); then its source lines, the model that extracted it
-        and its author, its vector and what search keeps beside it."""
-        extra = self._search_columns(row[4], vec)
+        and its author, its vector and what search keeps beside it: ``label`` is the text
+        matched (default the statement), ``before`` the passage said before it (its words are
+        matched with a passage's)."""
+        extra = self._search_columns(label or row[4], vec)
         conn.execute(
             f"INSERT INTO memory_facts ({_COLUMNS}, vector, embedder{''.join(', ' + c for c in extra)}) VALUES "
             f"(?, ?, ?, ?, ?, ?, ?, ?, 'live', NULL, NULL, ?, ?, ?, ?, ?"
@@ -348,16 +358,17 @@ class MemoryStore:
                 *(v for _, v in extra.values()),
             ),
         )
-        self._indexed(conn, row[0], row[1], row[4])
+        self._indexed(conn, row[0], row[1], label or row[4], before=before)
 
     def _search_columns(self, statement: str, vec: np.ndarray | None) -> dict[str, tuple[str, Any]]:
         """Columns a backend keeps beside a fact for searching it, as ``{column: (SQL
         placeholder, value)}`` (SQLite: none; its search indexes live in the process)."""
         return {}
 
-    def _indexed(self, conn: Any, fact_id: str, scope: str, statement: str) -> None:
+    def _indexed(self, conn: Any, fact_id: str, scope: str, label: str, *, before: str | None = None) -> None:
         """Inside the write that inserted live fact ``fact_id``: what a backend indexes beside
-        it (SQLite: nothing)."""
+        it, ``label`` and the words of passage ``before`` (SQLite: nothing; its index reads
+        the rows)."""
 
     def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
         """Inside the write that took fact ``fact_id`` out of search (superseded, forgotten or
@@ -507,25 +518,37 @@ class MemoryStore:
             idx.rev = rev
         n = self.db.row_key
         rows = self.db.rows(
-            f"SELECT {n}, fact_id, statement, vector, class FROM memory_facts WHERE scope = ? AND "
+            f"SELECT {n}, fact_id, statement, vector, class, subject, lines FROM memory_facts WHERE scope = ? AND "
             f"status = 'live' AND {n} > ? ORDER BY {n}",
             (scope, idx.rowid),
         )
-        if rows:
-            drafts = [
-                Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role=cls, text=text)
-                for _, fid, text, _, cls in rows
-            ]
+        if not rows:
+            return idx
+        facts, passages = [], []
+        for _, fid, text, vector, cls, subject, lines in rows:
+            if cls != PASSAGE:
+                facts.append((Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role=cls, text=text), vector))
+                continue
+            first = (json.loads(lines or "[]") or [{}])[0]
+            before = idx.said.get(first.get("before") or "", "")  # live passages only: an erased one rebuilds the index
+            entry = Entry(-1, fid, None, 0, cls, text, speaker=subject or None, before=before)
+            passages.append((entry, vector))
+            idx.said[fid] = text
+        for index, added in ((idx.index, facts), (idx.passages, passages)):
+            if not added:
+                continue
+            drafts = [e for e, _ in added]
             vectors = None
-            if idx.index.dense and self.embedder is not None:
+            if index.dense and self.embedder is not None:
                 dim = self.embedder.dim
-                if all(b is not None and len(b) == dim * 4 for *_, b, _ in rows):
-                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for *_, b, _ in rows])
+                if all(b is not None and len(b) == dim * 4 for _, b in added):
+                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for _, b in added])
                 else:
-                    vectors = self._embed([text for _, _, text, _, _ in rows])
-            for e in idx.index.add(drafts, vectors=vectors):
-                idx.ids[e.id] = e.run_id
-            idx.rowid = rows[-1][0]
+                    vectors = index.embed(drafts)
+            for e in index.add(drafts, vectors=vectors):
+                if index is idx.index:
+                    idx.ids[e.id] = e.run_id
+        idx.rowid = rows[-1][0]
         return idx
 
     def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
@@ -537,11 +560,9 @@ class MemoryStore:
         with self._lock:
             for scope in scopes:
                 idx = self._index(scope)
-                found += [
-                    (h.score, h.entry.run_id, h)
-                    for h in idx.index.search(query, pool)
-                    if classes is None or (h.entry.role == PASSAGE) == (classes == PASSAGE)
-                ]
+                for index, cls in ((idx.index, "fact"), (idx.passages, PASSAGE)):
+                    if classes is None or classes == cls:
+                        found += [(h.score, h.entry.run_id, h) for h in index.search(query, pool)]
         found.sort(key=lambda x: -x[0])
         facts = self._by_id([fid for _, fid, _ in found[:pool]])
         return distinct_hits(

@@ -6,9 +6,13 @@ every banked span is also kept as it was said: each user input and assistant rep
 consolidated batch is a **passage**, a row of durable memory of class ``passage`` (its scope,
 its words, who said them and when, and its provenance to record seqs), deduplicated by its
 words within a scope (the same words said again add a source, not a row). Passages are
-searched with the facts by the same hybrid scorer (:data:`TIERS`; memory search fuses both
-unless asked for one), so what extraction missed is still found, in the original words;
-facts are the compact layer on top. Passages never take part in placement (a fact never
+searched with the facts (:data:`TIERS`; memory search fuses both unless asked for one), so
+what extraction missed is still found, in the original words; facts are the compact layer on
+top. A passage is matched as a run's recall matches its evicted turns: as ``speaker: words``
+(:func:`passage_label`), its words read with the line said before it (:data:`PASSAGE_FUSION`;
+a reply is found by the question it answers). It keeps a reference to that line's passage
+(``before`` in its first line: an id, never the words), so the words leave every passage's
+search when theirs are erased. Passages never take part in placement (a fact never
 merges into, or supersedes, a passage), and ``memory list`` and the fact counts leave them
 out. Private material is never banked, and a message marked private later is left out at
 consolidation (and erased by ``loomrt runs private``), so it is never a passage.
@@ -25,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from loomrt.recall.index import Fusion
+
 if TYPE_CHECKING:
     from loomrt.harvest.memory import MemoryStore, NewFact
     from loomrt.recall.memory import MemoryHit
@@ -39,6 +45,10 @@ __all__ = [
     "classes_of",
     "MIN_CHARS",
     "said_words",
+    "passage_id",
+    "is_passage_id",
+    "passage_label",
+    "PASSAGE_FUSION",
 ]
 
 PASSAGE = "passage"
@@ -48,6 +58,28 @@ TIERS = ("facts", "passages")
 FACT_TIERS = ("facts",)
 MIN_CHARS = 8
 """A line shorter than this ("ok", "thanks!") is no passage."""
+
+
+PASSAGE_FUSION = Fusion(dense=0.5, lexical=0.0, lexical_window=1.0, lexical_context=0.0)
+"""How a passage is scored: cosine with ``speaker: words``, and BM25 on its window (the line
+said before it, then ``speaker: words``), as a run's recall weighs an evicted turn's window
+(:class:`~loomrt.recall.index.Fusion`'s defaults) without the signals a row of its own cannot
+carry (the turns around it). Measured in docs/benchmarks.md ("Passages matched as turns")."""
+
+
+def passage_label(speaker: str, text: str) -> str:
+    """A passage as it is matched (and embedded): ``speaker: words``."""
+    return f"{speaker}: {text}" if speaker else text
+
+
+def passage_id(key: str) -> str:
+    """The row id of the passage with :func:`passage_key` ``key`` (fact ids begin with ``m``)."""
+    return "p" + hashlib.sha256(key.encode()).hexdigest()[:11]
+
+
+def is_passage_id(fact_id: str) -> bool:
+    """Whether a row id is a passage's (:func:`passage_id`)."""
+    return fact_id.startswith("p")
 
 
 def said_words(text: str) -> str:
@@ -96,12 +128,15 @@ def store_passages(
                 ),
             )
     for p, lines, sources, vec in fresh.values():
-        fact_id = "p" + hashlib.sha256(p.key.encode()).hexdigest()[:11]
+        fact_id = passage_id(p.key)
+        before = lines[0].get("before") if lines else None
         memory._insert(
             conn,
             (fact_id, p.scope, PASSAGE, p.subject, p.statement, p.observed_at, now, json.dumps(sources)),
             vec,
             lines=lines,
+            label=passage_label(p.subject, p.statement),
+            before=before if isinstance(before, str) and before != fact_id else None,
         )
         conn.execute("INSERT INTO memory_keys VALUES (?, ?, 'passage')", (p.key, fact_id))
         counts["new"] += 1

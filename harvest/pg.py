@@ -241,6 +241,10 @@ POSTGRES_SQL: dict[str, str] = {
         ALTER TABLE memory_facts ADD COLUMN model TEXT;
         ALTER TABLE memory_facts ADD COLUMN author TEXT NOT NULL DEFAULT 'run';
     """,
+    "harvest_0005_passage_windows": """
+        ALTER TABLE memory_terms ADD COLUMN via TEXT;
+        CREATE INDEX memory_terms_via ON memory_terms(via) WHERE via IS NOT NULL;
+    """,
 }
 """PostgreSQL's SQL for each of harvest's migrations, by name (in the one list's order)."""
 

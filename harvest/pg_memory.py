@@ -7,12 +7,17 @@ Writing, placement, history and forgetting are :class:`~loomrt.harvest.memory.Me
 - **Lexical**: BM25 in SQL (k1 1.5, b 0.75, as :mod:`loomrt.recall.bm25`) over
   ``memory_terms``, each live fact's recall tokens (:func:`loomrt.recall.index.tokenize`:
   stems, compounds whole and in parts) with their frequencies; a fact's postings are written
-  with it and deleted when it is superseded, forgotten or erased.
+  with it and deleted when it is superseded, forgotten or erased. A passage's hold the words
+  of the passage said before it too, marked ``via`` that row, and are written again without
+  them when it leaves search.
 - **Dense**: cosine through pgvector's HNSW index (iterative scans, so a scope filter still
   yields ``k`` rows) where the server has pgvector and the embedder's dimension is indexed;
   else exactly, over the stored ``bytea`` vectors.
 - **Fusion** as recall's (:class:`~loomrt.recall.index.Fusion`): BM25 scaled by its best,
-  cosine by ``(cos - mean) / (best - mean)`` with the scope's mean vector, weighted 0.5/0.5.
+  cosine by ``(cos - mean) / (best - mean)`` with the scope's mean vector, facts and
+  passages each scaled over their own kind and weighted as the SQLite store weighs them
+  (facts 0.5/0.5; a passage's postings are its window's, the words said before it then its
+  own, weighted 1.0 to the cosine's 0.5: :data:`~loomrt.harvest.passages.PASSAGE_FUSION`).
 
 Every search runs with ``loomrt.scopes`` set to the scopes asked for, so row-level
 security keeps a run's reads inside its grant in the database as well.
@@ -28,8 +33,16 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.harvest.memory import MemoryStore, hit_of
-from loomrt.harvest.passages import PASSAGE, TIERS, classes_of, distinct_hits
+from loomrt.harvest.memory import _FUSION, MemoryStore, hit_of
+from loomrt.harvest.passages import (
+    PASSAGE,
+    PASSAGE_FUSION,
+    TIERS,
+    classes_of,
+    distinct_hits,
+    is_passage_id,
+    passage_label,
+)
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
 from loomrt.harvest.pg import vector_text as _vector
 from loomrt.recall.embedders import EmbedderChoice
@@ -46,6 +59,24 @@ _ANALYZE_AFTER = 500
 """An import this large refreshes the tables' statistics (autovacuum would, a minute later)."""
 _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
+
+
+def _fused(lexical: dict[str, float], dense: dict[str, float], mean: float) -> dict[str, float]:
+    """Each row's score in [0, 1], as the SQLite store's indexes fuse them: facts by
+    ``_FUSION``, passages by :data:`PASSAGE_FUSION` (their postings are their windows'), each
+    signal scaled by its best among the rows of the same kind, cosine from the scope's mean."""
+    out: dict[str, float] = {}
+    for passages, fusion in ((False, _FUSION), (True, PASSAGE_FUSION)):
+        lex = {f: s for f, s in lexical.items() if is_passage_id(f) == passages}
+        cos = {f: c for f, c in dense.items() if is_passage_id(f) == passages}
+        signals = [(fusion.lexical_window if passages else fusion.lexical, lex, 0.0), (fusion.dense, cos, mean)]
+        weight = sum(w for w, got, _ in signals if got)
+        for w, got, floor in signals:
+            best = max(got.values(), default=0.0)
+            for fid, v in got.items():
+                scaled = (v - floor) / (best - floor) if best > floor else 0.0
+                out[fid] = out.get(fid, 0.0) + w * scaled / weight
+    return {fid: float(np.clip(v, 0.0, 1.0)) for fid, v in out.items()}
 
 
 class PgMemoryStore(MemoryStore):
@@ -83,18 +114,38 @@ class PgMemoryStore(MemoryStore):
             out["embedding"] = ("?::vector", _vector(vec))
         return out
 
-    def _indexed(self, conn: Any, fact_id: str, scope: str, statement: str) -> None:
-        tokens = tokenize(statement)
+    def _indexed(self, conn: Any, fact_id: str, scope: str, label: str, *, before: str | None = None) -> None:
+        tokens = tokenize(label)
+        said = None
+        if before is not None:  # a passage's window: the words of the live passage said before it
+            row = conn.execute(
+                "SELECT statement FROM memory_facts WHERE fact_id = ? AND scope = ? AND status = 'live'",
+                (before, scope),
+            ).fetchone()
+            said = row[0] if row else None
+        if said:
+            tokens = tokenize(said) + tokens
+            conn.execute("UPDATE memory_facts SET n_tokens = ? WHERE fact_id = ?", (len(tokens), fact_id))
         tf = Counter(tokens)
-        if tf:
+        if tf:  # postings that hold another row's words name it (``via``): they leave when it does
             conn.execute(
-                "INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens) "
-                "SELECT ?, t, ?, f, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
-                (scope, fact_id, len(tokens), list(tf), list(tf.values())),
+                "INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens, via) "
+                "SELECT ?, t, ?, f, ?, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
+                (scope, fact_id, len(tokens), before if said else None, list(tf), list(tf.values())),
             )
 
     def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
         conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fact_id,))
+        after = conn.execute(  # passages said after it: their windows held its words
+            "SELECT f.fact_id, f.scope, f.subject, f.statement FROM memory_facts f WHERE f.fact_id IN "
+            "(SELECT DISTINCT fact_id FROM memory_terms WHERE via = ?)",
+            (fact_id,),
+        ).fetchall()
+        for fid, scope, subject, statement in after:
+            conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fid,))
+            label = passage_label(subject, statement)
+            conn.execute("UPDATE memory_facts SET n_tokens = ? WHERE fact_id = ?", (len(tokenize(label)), fid))
+            self._indexed(conn, fid, scope, label)
         if erased and self.pgvector:
             conn.execute("UPDATE memory_facts SET embedding = NULL WHERE fact_id = ?", (fact_id,))
 
@@ -120,31 +171,17 @@ class PgMemoryStore(MemoryStore):
         with self.db.scoped(scopes), self.db.write() as conn:  # one snapshot; RLS sees only ``scopes``
             n, avgdl, centroid = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
             lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl, where)
-            score: dict[str, float] = {}
             dense: dict[str, float] = {}
-            weight = 0.0
-            if lexical:
-                best = max(lexical.values())
-                for fid, s in lexical.items():
-                    score[fid] = 0.5 * s / best
-                weight += 0.5
+            mean = 0.0
             if q is not None:
                 dense = self._dense(conn, q[0], scopes, pool, where)
-                dense.update(self._cosines(conn, q[0], [fid for fid in score if fid not in dense]))
-                best, mean = max(dense.values(), default=0.0), float(centroid @ q[0]) if centroid is not None else 0.0
-                for fid, cos in dense.items():
-                    scaled = (cos - mean) / (best - mean) if best > mean else 0.0
-                    score[fid] = score.get(fid, 0.0) + 0.5 * scaled
-                weight += 0.5
+                dense.update(self._cosines(conn, q[0], [fid for fid in lexical if fid not in dense]))
+                mean = float(centroid @ q[0]) if centroid is not None else 0.0
+            score = _fused(lexical, dense, mean)
             ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[: 2 * top_k]
             facts = self._by_id([fid for fid, _ in ranked])
         hits = [
-            hit_of(
-                facts[fid],
-                round(float(np.clip(s / weight, 0.0, 1.0)), 6),
-                cosine=dense.get(fid),
-                bm25=lexical.get(fid, 0.0),
-            )
+            hit_of(facts[fid], round(s, 6), cosine=dense.get(fid), bm25=lexical.get(fid, 0.0))
             for fid, s in ranked
             if fid in facts
         ]

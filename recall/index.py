@@ -144,7 +144,8 @@ class Hit:
     cosine: float | None = None
     """The raw cosine of the query with the entry (its best passage); None without dense search."""
     bm25: float = 0.0
-    """The raw BM25 score of the entry alone (speaker and text) for the query."""
+    """The raw BM25 score of the entry alone (speaker and text) for the query (of its window
+    in an index that weighs only the window: durable memory's passages)."""
 
 
 @dataclass(frozen=True)
@@ -385,8 +386,9 @@ class RecallIndex:
 
     def _lexical_scores(self, tokens: list[str], upto: int) -> tuple[np.ndarray, float, np.ndarray | None]:
         """The weighted sum of the scaled BM25 signals of the first ``upto`` entries (oldest
-        first), the sum of their weights, and the raw BM25 of each entry alone (None when
-        that signal is off). An entry any signal matched has a positive sum."""
+        first), the sum of their weights, and the raw BM25 of each entry alone (of its window
+        when only that is weighed, as durable memory's passages are; None without either). An
+        entry any signal matched has a positive sum."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(upto, dtype=np.float32)
@@ -399,7 +401,7 @@ class RecallIndex:
         ):
             if w > 0:
                 scores = lex.scores(tokens, None, n, first=first)[:upto]
-                if lex is self._lexical:
+                if lex is self._lexical or (lex is self._lexical_window and raw is None):
                     raw = scores.copy()
                 best = float(scores.max()) if upto else 0.0
                 if best > 0:  # scaled so the best is 1, and weighted, in place

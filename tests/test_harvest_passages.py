@@ -302,3 +302,86 @@ def test_memory_erase_private_sweeps_a_runs_private_messages_out(
     assert swept.exit_code == 0, swept.output
     assert json.loads(swept.output)["memory_erased"] == {"passages": 1, "facts": 0, "lines": 1}
     assert "4417" not in _everything(store)
+
+
+_ASKED = [
+    ("user", "Which breed did you finally pick for the new puppy?"),
+    ("assistant", "A whippet, and we named her Bea."),
+    ("user", "I also started learning Welsh on weekday mornings."),
+    ("assistant", "Good luck with the lessons, they sound fun."),
+]
+
+
+def _through_window(store: SQLiteStore, query: str) -> list[Any]:
+    """The passages found for ``query`` whose lexical score is not 0, so matched on words."""
+    return [h for h in memory_store(store, "hash").search(query, 10, ["user:ana"], tiers=("passages",)) if h.bm25 > 0]
+
+
+def test_a_reply_is_found_by_the_question_it_answers(store: SQLiteStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A passage is matched with the line said before it (as a run's recall matches an evicted
+    turn): the reply shares no word with the query and is still found on words. Sabotage: a
+    consolidator that records no line before a passage finds the question alone."""
+    _bank(store, _ASKED)
+    _drain(store)
+    found = [h.text for h in _through_window(store, "which breed of puppy")]
+    assert (
+        "A whippet, and we named her Bea." in found and "Which breed did you finally pick for the new puppy?" in found
+    )
+    (reply,) = [
+        p for p in memory_store(store, "hash").facts(["user:ana"], tiers=("passages",)) if "whippet" in p.statement
+    ]
+    assert reply.lines[0]["before"].startswith("p") and "breed" not in json.dumps(reply.lines)  # an id, not the words
+
+    import loomrt.harvest.consolidator as consolidator
+
+    kept = consolidator.passages_of
+
+    def no_before(spans: Any, scope: str, batch_id: str) -> Any:
+        out = kept(spans, scope, batch_id)
+        for p in out:
+            p.lines[0].pop("before", None)
+        return out
+
+    monkeypatch.setattr(consolidator, "passages_of", no_before)
+    _bank(store, [(role, f"{text} (again)") for role, text in _ASKED], run="r-q", span=2)
+    _drain(store)
+    again = [h.text for h in _through_window(store, "which breed of puppy") if "(again)" in h.text]
+    assert again == ["Which breed did you finally pick for the new puppy? (again)"]
+
+
+def test_erasing_a_line_takes_its_words_out_of_the_next_passages_window(store: SQLiteStore) -> None:
+    """The reply's window held the question's words; erased, they match nothing any more (on
+    PostgreSQL the reply's postings are written again without them)."""
+    _bank(store, _ASKED)
+    _drain(store)
+    memory = memory_store(store, "hash")
+    (question,) = [p for p in memory.facts(["user:ana"], tiers=("passages",)) if "breed" in p.statement]
+    memory.forget(question.fact_id, erase=True)
+    assert _through_window(store, "which breed of puppy") == []
+    assert "A whippet, and we named her Bea." in [
+        h.text for h in _through_window(store, "whippet")
+    ]  # its own words stay
+    if memory.db.dialect == "postgres":
+        with memory.db.write() as conn:
+            assert conn.execute("SELECT count(*) FROM memory_terms WHERE via = ?", (question.fact_id,)).fetchone() == (
+                0,
+            )
+
+
+def test_the_tiers_read_a_memory_hit_as_the_reader_gets_it() -> None:
+    """A raw turn is measured as ``[date] Speaker: words``, so a memory hit is too (the date
+    and speaker its shortest line was said with): a question whose answer is the date a line
+    was said is stated by the passage, and by its words alone it is not."""
+    from loomrt.bench.harvest_bench import as_read
+    from loomrt.bench.qa.grade import states_answer
+    from loomrt.recall.memory import MemoryHit
+
+    hit = MemoryHit(
+        text="I went to a support group yesterday.",
+        score=1.0,
+        ts=1_683_554_400.0,
+        provenance={"said": {"speaker": "Caroline", "text": "I went to a support group yesterday."}},
+    )
+    assert as_read(hit) == "[8 May 2023, 14:00] Caroline: I went to a support group yesterday."
+    assert states_answer(as_read(hit), "8 May 2023", 2) and not states_answer(hit.text, "8 May 2023", 2)
+    assert as_read(MemoryHit(text="Ana likes tea.", score=1.0)) == "Ana likes tea."

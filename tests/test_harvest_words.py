@@ -125,7 +125,7 @@ def test_a_hit_shows_the_shortest_line_that_supports_its_fact(store: SQLiteStore
     )
     _drain(store, _extractor(lambda lines: [("Ana moved to Lisbon in 2019.", [1, 2, 3])]))
     memory = memory_store(store, "hash")
-    (hit,) = memory.search("where does Ana live", 1, ["user:ana"])
+    (hit,) = memory.search("where does Ana live", 1, ["user:ana"], tiers=("facts",))  # (not its passages)
     assert len(memory.get(hit.id or "").lines) == 3
     assert hit.provenance["said"]["text"] == "Yes, moved to Lisbon in 2019."  # not the shorter one without 2019
     assert hit.provenance["said"]["speaker"] == "Ana"

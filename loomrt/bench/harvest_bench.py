@@ -45,6 +45,7 @@ __all__ = [
     "harvest_bench",
     "drained",
     "bank_sessions",
+    "as_read",
 ]
 
 Progress = Callable[[str], None]
@@ -355,6 +356,19 @@ def bank_sessions(
     return by_session, seq_to_dia
 
 
+def as_read(hit: Any) -> str:
+    """A memory hit as the reader gets it and as the raw tier's turns are measured
+    (``[date] Speaker: words``): the date its words were said and who said them (the line
+    ``provenance.said`` shows), so a date or a name the answer needs counts as it does for a
+    raw turn, and costs the tokens it costs there."""
+    from loomrt.injection import said_on
+
+    said = hit.provenance.get("said")
+    who = said.get("speaker") if isinstance(said, dict) else None
+    when = said_on(hit.ts)
+    return f"{f'[{when}] ' if when else ''}{f'{who}: ' if who else ''}{hit.text}"
+
+
 async def _locomo_conversation(
     tmp: Path,
     data: Path,
@@ -413,13 +427,13 @@ async def _locomo_conversation(
         own = [{seq_to_dia.get(s) for s in (h.provenance.get("sources") or [{}])[0].get("seqs", [])} for h in found]
         cites.add(cat, [bool(gold & set().union(*own[:k])) for k in ks])
         if answer_words(truth, cat):
-            said = [h.text for h in found]
+            said = [as_read(h) for h in found]
             states.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
             for tally, tiers in ((passages, ("passages",)), (fused, BOTH)):
-                said = [h.text for h in memory.search(str(q["question"]), max(ks), [scope], tiers=tiers)]
+                said = [as_read(h) for h in memory.search(str(q["question"]), max(ks), [scope], tiers=tiers)]
                 tally.add(cat, [states_answer(" ".join(said[:k]), truth, cat) for k in ks])
             for name, which in BUDGET_TIERS.items():  # as much as each budget holds, best first
-                said = [h.text for h in memory.search(str(q["question"]), 80, [scope], tiers=which)]
+                said = [as_read(h) for h in memory.search(str(q["question"]), 80, [scope], tiers=which)]
                 curves[name].add(cat, [states_answer(within(said, b), truth, cat) for b in BUDGETS])
     rec: dict[str, Any] = {
         "turns": len(seq_to_dia),
