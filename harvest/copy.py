@@ -17,6 +17,7 @@ import numpy as np
 
 from loomrt.errors import StoreError
 from loomrt.harvest.db import Tables
+from loomrt.harvest.passages import matched_as
 
 __all__ = ["copy_memory", "TABLES"]
 
@@ -97,17 +98,20 @@ def copy_memory(source: Tables, target: Tables, target_memory: Any = None) -> di
             for row in rows:
                 values = list(row)
                 extra: dict[str, tuple[str, Any]] = {}
+                label, before = (
+                    matched_as(values[2], values[3], values[4], values[13]) if table == "memory_facts" else ("", None)
+                )
                 if table == "memory_facts" and target_memory is not None and values[10] == "live":
                     vec = np.frombuffer(values[8], dtype=np.float32) if values[8] is not None else None
-                    extra = target_memory._search_columns(values[4], vec)
+                    extra = target_memory._search_columns(label, vec)
                 cols = names + "".join(f", {c}" for c in extra)
                 marks = ", ".join("?" * len(columns)) + "".join(f", {e}" for e, _ in extra.values())
                 cur = conn.execute(
                     f"INSERT INTO {table} ({cols}){override} VALUES ({marks}) ON CONFLICT DO NOTHING",
                     [*values, *(v for _, v in extra.values())],
                 )
-                if table == "memory_facts" and extra and cur.rowcount:
-                    target_memory._indexed(conn, values[0], values[1], values[4])
+                if table == "memory_facts" and extra and cur.rowcount:  # (in row order: its before is there)
+                    target_memory._indexed(conn, values[0], values[1], label, before=before)
             if override:
                 column = _IDENTITY[table]
                 conn.execute(

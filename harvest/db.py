@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 Where: TypeAlias = "Store | str | Path"
 """Where a record is: its store, its SQLite file, or its PostgreSQL URL."""
 
-__all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of", "has_place"]
+__all__ = ["MIGRATIONS", "HarvestDB", "Tables", "harvest_db", "release", "where_of", "has_place", "row_lock"]
 
 MIGRATIONS: list[tuple[str, str]] = [
     (
@@ -282,3 +282,9 @@ def release(where: Any) -> None:
         db = _open.pop(where_of(where), None)
     if db is not None:
         db.close()
+
+
+def row_lock(db: Tables) -> str:
+    """What a read appends to lock the rows it reads until the write ends (PostgreSQL; SQLite's
+    writes are serial already), so a row erased meanwhile is not written back."""
+    return " FOR UPDATE" if db.dialect == "postgres" else ""

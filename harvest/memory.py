@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from loomrt.errors import NotFoundError
-from loomrt.harvest.db import Tables
+from loomrt.harvest.db import Tables, row_lock
 from loomrt.harvest.facts import _COLUMNS, Fact, NewFact, _fact, fact_key, hit_of
 from loomrt.harvest.passages import (
     FACT_TIERS,
@@ -42,7 +42,16 @@ from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
 from loomrt.recall.index import Entry, Fusion, RecallIndex
 from loomrt.recall.memory import MemoryHit
 
-__all__ = ["Fact", "NewFact", "DurableMemory", "MemoryStore", "ScopedMemory", "CLASSES", "fact_key", "hit_of"]
+__all__ = [
+    "Fact",
+    "NewFact",
+    "DurableMemory",
+    "MemoryStore",
+    "ScopedMemory",
+    "CLASSES",
+    "fact_key",
+    "hit_of",
+]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
 
@@ -118,6 +127,10 @@ class MemoryStore:
 
     ``embedder`` is as for recall (``None``: MiniLM, ``"hash"`` in tests, ``False``:
     lexical-only)."""
+
+    searches_here = True
+    """Whether search reads the in-process indexes (SQLite); where the database searches
+    (PostgreSQL), they hold the facts alone, for placement."""
 
     def __init__(self, db: Tables, *, embedder: EmbedderChoice = None):
         self.db = db
@@ -260,11 +273,14 @@ class MemoryStore:
         }
         if placed.action == "merge":
             assert placed.fact_id is not None
-            sources, lines = conn.execute(
-                "SELECT sources, lines FROM memory_facts WHERE fact_id = ?", (placed.fact_id,)
+            sources, lines, status = conn.execute(
+                f"SELECT sources, lines, status FROM memory_facts WHERE fact_id = ?{row_lock(self.db)}",
+                (placed.fact_id,),
             ).fetchone()
+            if status != "live":  # forgotten or erased since placement read it: the operator's decision stands
+                return placed.fact_id
             conn.execute(
-                "UPDATE memory_facts SET sources = ?, lines = ? WHERE fact_id = ?",
+                "UPDATE memory_facts SET sources = ?, lines = ? WHERE fact_id = ? AND status = 'live'",
                 (json.dumps([*json.loads(sources), *f.sources]), _joined(lines, f.lines), placed.fact_id),
             )
             conn.execute(
@@ -519,7 +535,7 @@ class MemoryStore:
         n = self.db.row_key
         rows = self.db.rows(
             f"SELECT {n}, fact_id, statement, vector, class, subject, lines FROM memory_facts WHERE scope = ? AND "
-            f"status = 'live' AND {n} > ? ORDER BY {n}",
+            f"status = 'live' AND {n} > ?{'' if self.searches_here else f' AND class <> {PASSAGE!r}'} ORDER BY {n}",
             (scope, idx.rowid),
         )
         if not rows:
@@ -553,7 +569,8 @@ class MemoryStore:
 
     def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
         """The best ``top_k`` live facts and passages (``tiers``) of ``scopes`` for ``query``,
-        fused by one scorer, best first (a passage a better hit states already left out)."""
+        fused (each kind scored by its own index), best first (a passage a better hit states
+        already left out)."""
         classes = classes_of(tiers)
         pool = 4 * top_k
         found: list[tuple[float, str, Any]] = []

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from loomrt.harvest.db import row_lock
 from loomrt.recall.index import Fusion
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "said_words",
     "passage_id",
     "is_passage_id",
+    "matched_as",
     "passage_label",
     "PASSAGE_FUSION",
 ]
@@ -75,6 +77,16 @@ def passage_label(speaker: str, text: str) -> str:
 def passage_id(key: str) -> str:
     """The row id of the passage with :func:`passage_key` ``key`` (fact ids begin with ``m``)."""
     return "p" + hashlib.sha256(key.encode()).hexdigest()[:11]
+
+
+def matched_as(cls: str, subject: str, statement: str, lines: str | None) -> tuple[str, str | None]:
+    """What a stored row (its class, subject, statement and lines as JSON) is matched as: its
+    label, and the id of the passage said before it (a fact: its statement, and None)."""
+    if cls != PASSAGE:
+        return statement, None
+    first = (json.loads(lines or "[]") or [{}])[0]
+    before = first.get("before") if isinstance(first, dict) else None
+    return passage_label(subject, statement), before if isinstance(before, str) else None
 
 
 def is_passage_id(fact_id: str) -> bool:
@@ -113,14 +125,17 @@ def store_passages(
             fresh[p.key] = (p, list(p.lines), list(p.sources), vectors[i] if vectors is not None else None)
             continue
         counts["kept_once"] += 1
-        stored = conn.execute("SELECT sources, lines, status FROM memory_facts WHERE fact_id = ?", row).fetchone()
+        stored = conn.execute(
+            f"SELECT sources, lines, status FROM memory_facts WHERE fact_id = ?{row_lock(memory.db)}",
+            row,
+        ).fetchone()
         if stored is None or stored[2] != "live":
             continue  # forgotten or erased: the operator's decision stands
         kept = json.loads(stored[1] or "[]")
         added = new_lines(kept, p.lines)
         if added:  # (a retried batch adds nothing: its lines are there)
             conn.execute(
-                "UPDATE memory_facts SET sources = ?, lines = ? WHERE fact_id = ?",
+                "UPDATE memory_facts SET sources = ?, lines = ? WHERE fact_id = ? AND status = 'live'",
                 (
                     json.dumps([*json.loads(stored[0]), *p.sources]),
                     json.dumps([*kept, *added], ensure_ascii=False),

@@ -43,7 +43,7 @@ from loomrt.harvest.passages import (
     is_passage_id,
     passage_label,
 )
-from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB
+from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB, write_terms
 from loomrt.harvest.pg import vector_text as _vector
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.recall.index import tokenize
@@ -61,16 +61,21 @@ _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
 
 
-def _fused(lexical: dict[str, float], dense: dict[str, float], mean: float) -> dict[str, float]:
-    """Each row's score in [0, 1], as the SQLite store's indexes fuse them: facts by
+def _fused(
+    lexical: dict[str, float], dense: dict[str, float], means: dict[bool, float], *, dense_on: bool
+) -> dict[str, float]:
+    """Each row's score in [0, 1], as the SQLite store's two indexes fuse them: facts by
     ``_FUSION``, passages by :data:`PASSAGE_FUSION` (their postings are their windows'), each
-    signal scaled by its best among the rows of the same kind, cosine from the scope's mean."""
+    signal scaled by its best among the rows of the same kind (cosine from that kind's mean
+    vector, ``means``), over the weights of the signals in use (BM25, and the cosine when
+    ``dense_on``), whether or not a row of the kind matched them."""
     out: dict[str, float] = {}
     for passages, fusion in ((False, _FUSION), (True, PASSAGE_FUSION)):
         lex = {f: s for f, s in lexical.items() if is_passage_id(f) == passages}
         cos = {f: c for f, c in dense.items() if is_passage_id(f) == passages}
+        mean = means.get(passages, 0.0)
         signals = [(fusion.lexical_window if passages else fusion.lexical, lex, 0.0), (fusion.dense, cos, mean)]
-        weight = sum(w for w, got, _ in signals if got)
+        weight = signals[0][0] + (fusion.dense if dense_on else 0.0)
         for w, got, floor in signals:
             best = max(got.values(), default=0.0)
             for fid, v in got.items():
@@ -85,12 +90,13 @@ class PgMemoryStore(MemoryStore):
     db: PgHarvestDB
     shared = True
     """A read waits on the server: async callers make it off their event loop (:class:`ScopedMemory`)."""
+    searches_here = False
 
     def __init__(self, db: PgHarvestDB, *, embedder: EmbedderChoice = None):
         super().__init__(db, embedder=embedder)
         self.pgvector = "vector" in db.extensions
         self._cache: dict[
-            tuple[tuple[str, ...], int], tuple[tuple[Any, Any], tuple[int, float, np.ndarray | None]]
+            tuple[tuple[str, ...], int], tuple[tuple[Any, Any], tuple[int, float, dict[bool, np.ndarray]]]
         ] = {}
         if self.embedder is not None and not self.pgvector:
             self._notice(
@@ -115,37 +121,24 @@ class PgMemoryStore(MemoryStore):
         return out
 
     def _indexed(self, conn: Any, fact_id: str, scope: str, label: str, *, before: str | None = None) -> None:
-        tokens = tokenize(label)
         said = None
         if before is not None:  # a passage's window: the words of the live passage said before it
-            row = conn.execute(
-                "SELECT statement FROM memory_facts WHERE fact_id = ? AND scope = ? AND status = 'live'",
+            row = conn.execute(  # (locked: it is not erased before this write commits its postings)
+                "SELECT statement FROM memory_facts WHERE fact_id = ? AND scope = ? AND status = 'live' FOR SHARE",
                 (before, scope),
             ).fetchone()
             said = row[0] if row else None
-        if said:
-            tokens = tokenize(said) + tokens
-            conn.execute("UPDATE memory_facts SET n_tokens = ? WHERE fact_id = ?", (len(tokens), fact_id))
-        tf = Counter(tokens)
-        if tf:  # postings that hold another row's words name it (``via``): they leave when it does
-            conn.execute(
-                "INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens, via) "
-                "SELECT ?, t, ?, f, ?, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
-                (scope, fact_id, len(tokens), before if said else None, list(tf), list(tf.values())),
-            )
+        write_terms(conn, fact_id, scope, label, said, before)
 
     def _hidden(self, conn: Any, fact_id: str, *, erased: bool) -> None:
         conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fact_id,))
         after = conn.execute(  # passages said after it: their windows held its words
-            "SELECT f.fact_id, f.scope, f.subject, f.statement FROM memory_facts f WHERE f.fact_id IN "
+            "SELECT fact_id, scope, subject, statement FROM memory_facts WHERE fact_id IN "
             "(SELECT DISTINCT fact_id FROM memory_terms WHERE via = ?)",
             (fact_id,),
         ).fetchall()
         for fid, scope, subject, statement in after:
-            conn.execute("DELETE FROM memory_terms WHERE fact_id = ?", (fid,))
-            label = passage_label(subject, statement)
-            conn.execute("UPDATE memory_facts SET n_tokens = ? WHERE fact_id = ?", (len(tokenize(label)), fid))
-            self._indexed(conn, fid, scope, label)
+            write_terms(conn, fid, scope, passage_label(subject, statement))
         if erased and self.pgvector:
             conn.execute("UPDATE memory_facts SET embedding = NULL WHERE fact_id = ?", (fact_id,))
 
@@ -169,15 +162,14 @@ class PgMemoryStore(MemoryStore):
         pool = max(_POOL, 4 * top_k)
         q = self._embed([query])
         with self.db.scoped(scopes), self.db.write() as conn:  # one snapshot; RLS sees only ``scopes``
-            n, avgdl, centroid = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
+            n, avgdl, centroids = self._stats(conn, scopes, q.shape[1] if q is not None else 0)
             lexical = self._bm25(conn, Counter(tokenize(query)), scopes, pool, n, avgdl, where)
             dense: dict[str, float] = {}
-            mean = 0.0
             if q is not None:
                 dense = self._dense(conn, q[0], scopes, pool, where)
                 dense.update(self._cosines(conn, q[0], [fid for fid in lexical if fid not in dense]))
-                mean = float(centroid @ q[0]) if centroid is not None else 0.0
-            score = _fused(lexical, dense, mean)
+            means = {kind: float(c @ q[0]) for kind, c in centroids.items()} if q is not None else {}
+            score = _fused(lexical, dense, means, dense_on=q is not None)
             ranked = sorted(score.items(), key=lambda kv: (-kv[1], kv[0]))[: 2 * top_k]
             facts = self._by_id([fid for fid, _ in ranked])
         hits = [
@@ -187,9 +179,10 @@ class PgMemoryStore(MemoryStore):
         ]
         return distinct_hits(hits, top_k)
 
-    def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, np.ndarray | None]:
-        """The live facts of ``scopes``: how many, their mean length in tokens, their mean
-        vector; computed again only when facts were added or hidden since (one cheap query)."""
+    def _stats(self, conn: Any, scopes: Sequence[str], d: int) -> tuple[int, float, dict[bool, np.ndarray]]:
+        """The live rows of ``scopes``: how many, their mean length in tokens, the mean vector
+        of the facts (``False``) and of the passages (``True``); computed again only when rows
+        were added or hidden since (one cheap query)."""
         ((rev, top),) = conn.execute(
             "SELECT (SELECT rev FROM memory_revision), (SELECT max(row_no) FROM memory_facts)"
         ).fetchall()
@@ -201,20 +194,22 @@ class PgMemoryStore(MemoryStore):
             "SELECT count(*), coalesce(avg(n_tokens), 1) FROM memory_facts WHERE scope = ANY(?) AND status = 'live'",
             [list(scopes)],
         ).fetchone()
-        centroid = None
-        if d:
-            ids, vecs = (None, None)
-            if self.pgvector:
-                (text,) = conn.execute(
-                    f"SELECT avg(embedding::vector({d}))::text FROM memory_facts WHERE scope = ANY(?) "
-                    f"AND status = 'live' AND vector_dims(embedding) = {d}",
-                    [list(scopes)],
-                ).fetchone()
-                centroid = np.array(text.strip("[]").split(","), dtype=np.float32) if text else None
-            else:
-                ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
-                centroid = vecs.mean(axis=0) if ids else None
-        value = (int(n), float(avgdl) or 1.0, centroid)
+        centroids: dict[bool, np.ndarray] = {}
+        if d and self.pgvector:
+            for passages, text in conn.execute(
+                f"SELECT class = '{PASSAGE}', avg(embedding::vector({d}))::text FROM memory_facts WHERE scope = ANY(?) "
+                f"AND status = 'live' AND vector_dims(embedding) = {d} GROUP BY 1",
+                [list(scopes)],
+            ).fetchall():
+                if text:
+                    centroids[bool(passages)] = np.array(text.strip("[]").split(","), dtype=np.float32)
+        elif d:
+            ids, vecs = self._vectors(conn, "scope = ANY(?) AND status = 'live'", [list(scopes)], d)
+            kinds = np.array([is_passage_id(i) for i in ids], dtype=bool)
+            for passages in (False, True):
+                if (kinds == passages).any():
+                    centroids[passages] = vecs[kinds == passages].mean(axis=0)
+        value = (int(n), float(avgdl) or 1.0, centroids)
         self._cache[key] = ((rev, top), value)
         return value
 

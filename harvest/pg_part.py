@@ -7,11 +7,21 @@ Registered from harvest's own side, as the entry point ``loomrt.pg_migrations: h
 
 from __future__ import annotations
 
+from typing import Any
+
 from loomrt.harvest.db import MIGRATIONS
-from loomrt.harvest.pg import POSTGRES_SQL, add_vectors
+from loomrt.harvest.pg import POSTGRES_SQL, add_vectors, passage_windows
 
-__all__ = ["PART"]
+__all__ = ["PART", "catch_up"]
 
-PART = (MIGRATIONS, POSTGRES_SQL, add_vectors)
+
+def catch_up(conn: Any) -> list[str]:
+    """What every ``loomrt db migrate`` checks after the migrations: pgvector's column once the
+    extension exists, and the postings of passages stored before they were matched with
+    their windows."""
+    return [*add_vectors(conn), *passage_windows(conn)]
+
+
+PART = (MIGRATIONS, POSTGRES_SQL, catch_up)
 """(the ordered list of (name, SQLite SQL), PostgreSQL SQL by name, the catch-up step every
-``loomrt db migrate`` runs: pgvector's column once the extension exists)."""
+``loomrt db migrate`` runs: :func:`catch_up`)."""

@@ -356,7 +356,8 @@ def test_erasing_a_line_takes_its_words_out_of_the_next_passages_window(store: S
     _drain(store)
     memory = memory_store(store, "hash")
     (question,) = [p for p in memory.facts(["user:ana"], tiers=("passages",)) if "breed" in p.statement]
-    memory.forget(question.fact_id, erase=True)
+    assert "A whippet, and we named her Bea." in [h.text for h in _through_window(store, "which breed of puppy")]
+    memory.forget(question.fact_id, erase=True)  # (after a search: the index built then must not keep it)
     assert _through_window(store, "which breed of puppy") == []
     assert "A whippet, and we named her Bea." in [
         h.text for h in _through_window(store, "whippet")
@@ -385,3 +386,47 @@ def test_the_tiers_read_a_memory_hit_as_the_reader_gets_it() -> None:
     assert as_read(hit) == "[8 May 2023, 14:00] Caroline: I went to a support group yesterday."
     assert states_answer(as_read(hit), "8 May 2023", 2) and not states_answer(hit.text, "8 May 2023", 2)
     assert as_read(MemoryHit(text="Ana likes tea.", score=1.0)) == "Ana likes tea."
+
+
+def test_a_copy_to_postgresql_and_an_upgraded_database_match_passages_with_their_windows(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """`db copy` writes a passage's postings as the store does (speaker and window), and `db
+    migrate` writes again those of passages stored before windows (once)."""
+    import psycopg
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+    from loomrt.harvest.backends import memory_of
+    from loomrt.harvest.pg import passage_windows
+    from loomrt.harvest.wiring import release
+
+    lite = SQLiteStore(tmp_path / "record.sqlite")
+    _bank(lite, _ASKED)
+    _drain(lite)
+    release(lite)
+    lite.close()
+    copied = CliRunner().invoke(
+        app, ["db", "copy", "--from", f"sqlite:{tmp_path / 'record.sqlite'}", "--to", postgres_url]
+    )
+    assert copied.exit_code == 0, copied.output
+    pg = memory_of(harvest_db(postgres_url), "hash")
+
+    def found() -> list[str]:
+        return [h.text for h in pg.search("which breed of puppy", 10, ["user:ana"], tiers=("passages",)) if h.bm25 > 0]
+
+    assert "A whippet, and we named her Bea." in found()
+    (reply,) = [p for p in pg.facts(["user:ana"], tiers=("passages",)) if "whippet" in p.statement]
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as a database written before windows holds it
+        conn.execute("DELETE FROM memory_terms WHERE fact_id = %s", (reply.fact_id,))
+        conn.execute(
+            "INSERT INTO memory_terms (scope, term, fact_id, tf, n_tokens) VALUES ('user:ana', 'whippet', %s, 1, 1)",
+            (reply.fact_id,),
+        )
+        conn.execute("DELETE FROM memory_settings WHERE key = 'passage_windows'")
+        pg._cache.clear()
+        assert "A whippet, and we named her Bea." not in found()
+        assert "4 passages" in passage_windows(conn)[0] and passage_windows(conn) == []  # once
+    pg._cache.clear()
+    assert "A whippet, and we named her Bea." in found()
+    release(postgres_url)

@@ -63,7 +63,8 @@ passage stays out beside a strong one (near misses that ride along mislead a sma
 docs/recall.md), and goes in when nothing scores higher (a question asked in other words
 often finds its evidence at 0.35 to 0.5)."""
 BM25_FLOOR = 2.0
-"""The raw BM25 score (of the entry alone) a passage may reach instead: a rare word shared."""
+"""The raw BM25 score (of the entry alone; of a durable-memory passage's window, the line said
+before it and its own, as memory matches passages) a passage may reach instead: a rare word shared."""
 QUERY_RARE_TOKENS = 8
 """On a later call of a turn, how many of the newest tool result's rarest tokens join the query."""
 SHORT_WORDS = 12
