@@ -27,6 +27,7 @@ from loomrt.providers.scripted import FunctionProvider
 
 __all__ = [
     "echo_extractor",
+    "silent_extractor",
     "coreference_extractor",
     "inventing_extractor",
     "repeating_extractor",
@@ -114,6 +115,11 @@ def _echo(request: ModelRequest) -> str:
 def echo_extractor() -> FunctionProvider:
     """Every user line becomes one fact, verbatim."""
     return FunctionProvider(_echo, name="scripted/echo-extractor")
+
+
+def silent_extractor() -> FunctionProvider:
+    """States no fact: memory holds the passages alone (the passage tier, measured without a model)."""
+    return FunctionProvider(lambda _request: json.dumps({"facts": []}), name="scripted/silent-extractor")
 
 
 def _inventing(request: ModelRequest) -> str:

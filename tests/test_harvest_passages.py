@@ -430,3 +430,32 @@ def test_a_copy_to_postgresql_and_an_upgraded_database_match_passages_with_their
     pg._cache.clear()
     assert "A whippet, and we named her Bea." in found()
     release(postgres_url)
+
+
+def test_bench_harvest_without_a_model_measures_the_passage_tier_against_raw_turns() -> None:
+    """`bench harvest --data F --no-model`: memory holds passages alone (no fact is stated),
+    and the passage tier is measured against the raw turns. Sabotage: with no passages kept,
+    the tier states nothing while the raw turns still do."""
+    from typer.testing import CliRunner
+
+    from loomrt.cli import app
+
+    def run() -> dict[str, Any]:
+        got = CliRunner().invoke(
+            app, ["bench", "harvest", "--data", str(MINI), "--no-model", "--load-spans", "10", "--json"]
+        )
+        assert got.exit_code == 0, got.output
+        return json.loads(got.stdout.strip().splitlines()[-1])["locomo"]
+
+    out = run()
+    assert out["facts"] == 0 and out["passages"] > 0
+    assert out["budgets"]["passages"]["recall_at"]["2000"] >= 0.5 and out["budgets"]["raw"]["recall_at"]["2000"] >= 0.5
+    assert out["budgets"]["fused"] == out["budgets"]["passages"]
+
+    import loomrt.harvest.consolidator as consolidator
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(consolidator, "passages_of", lambda spans, scope, batch_id: [])
+        blind = run()
+    assert set(blind["budgets"]["passages"]["recall_at"].values()) == {0.0}
+    assert blind["budgets"]["raw"]["recall_at"]["2000"] >= 0.5

@@ -19,6 +19,8 @@ Measures, each able to come out badly:
   memory, and counts as found at k when a top-k fact's sources include an evidence turn.
   The raw-span tier is ``bench recall``'s run over the same conversations. Reported per
   category, temporal apart, with the model's throughput (spans and turns per minute).
+  Without the model (``use_model`` off), an extractor that states nothing: the passage tier
+  alone against the raw turns.
 """
 
 from __future__ import annotations
@@ -488,7 +490,7 @@ def harvest_bench(
     the figures so far (without ``seconds``) after each LoCoMo conversation; ``done`` holds
     LoCoMo records measured before (see :func:`locomo_tiers`)."""
     from loomrt.harvest.consolidator import _default_provider, harvest_model
-    from loomrt.harvest.scripted import coreference_extractor
+    from loomrt.harvest.scripted import coreference_extractor, silent_extractor
 
     say = progress or (lambda _m: None)
     started = time.perf_counter()
@@ -501,6 +503,20 @@ def harvest_bench(
         result["paraphrase"] = paraphrase(tmp)
         say(f"load ({load_spans} spans, 2 workers)")
         result["load"] = load(tmp, load_spans)
+        if not use_model and data is not None:  # the passage and raw tiers need no model: memory holds passages alone
+            say("locomo: passages alone (no model)")
+            result["model"] = "none: passages alone"
+            result["locomo"] = asyncio.run(
+                locomo_tiers(
+                    tmp,
+                    data,
+                    provider=silent_extractor(),
+                    conversations=conversations,
+                    progress=say,
+                    done=done,
+                    checkpoint=None if checkpoint is None else (lambda lo: checkpoint({**result, "locomo": lo})),
+                )
+            )
         if use_model:
             result["model"] = harvest_model(model)
             provider = _default_provider(model)

@@ -192,7 +192,13 @@ def harvest_cmd(
         str | None,
         typer.Option("--model", help="The extraction model (default: $LOOMRT_HARVEST_MODEL, else the embedded one)."),
     ] = None,
-    no_model: Annotated[bool, typer.Option("--no-model", help="Only the model-free measures.")] = False,
+    no_model: Annotated[
+        bool,
+        typer.Option(
+            "--no-model",
+            help="Only the model-free measures (with --data: the passage and raw tiers, memory holding passages alone).",
+        ),
+    ] = False,
     part_sweep: Annotated[
         str | None, typer.Option("--part-sweep", help="Part budgets to compare, e.g. 600,1500,3000.")
     ] = None,
