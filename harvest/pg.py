@@ -30,7 +30,7 @@ from typing import Any
 
 from loomrt.errors import StoreError
 
-__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS", "add_vectors", "has_vectors", "write_terms", "passage_windows"]
+__all__ = ["POSTGRES_SQL", "PgHarvestDB", "HNSW_DIMS", "add_vectors", "has_vectors", "write_terms"]
 
 HNSW_DIMS = (384,)
 """Vector dimensions with an HNSW index (all-MiniLM-L6-v2's 384); others are searched exactly."""
@@ -119,35 +119,6 @@ def write_terms(
             "SELECT ?, t, ?, f, ?, ? FROM unnest(?::text[], ?::int[]) AS x(t, f)",
             (scope, fact_id, len(tokens), via if said else None, list(tf), list(tf.values())),
         )
-
-
-def passage_windows(conn: Any) -> list[str]:
-    """The catch-up step for passages stored before ``harvest_0005_passage_windows`` (a
-    :data:`~loomrt.record.pg_migrations.Repair`): their postings are written again as a
-    passage is matched now (``speaker: words``, and the words of the passage said before it
-    where it names one), once: ``memory_settings`` remembers it was done."""
-    from loomrt.harvest.passages import PASSAGE, matched_as
-
-    if conn.execute("SELECT to_regclass('memory_terms')").fetchone()[0] is None:
-        return []
-    if conn.execute("SELECT 1 FROM memory_settings WHERE key = 'passage_windows'").fetchone():
-        return []
-    with conn.transaction():
-        db = _Conn(conn)
-        rows = db.execute(
-            "SELECT fact_id, scope, subject, statement, lines FROM memory_facts WHERE class = ? AND status = 'live' "
-            "ORDER BY row_no",
-            (PASSAGE,),
-        ).fetchall()
-        words = {fid: statement for fid, _, _, statement, _ in rows}
-        for fid, scope, subject, statement, lines in rows:
-            label, before = matched_as(PASSAGE, subject, statement, lines)
-            said = words.get(before) if before and before != fid else None
-            write_terms(db, fid, scope, label, said, before)
-        db.execute("INSERT INTO memory_settings VALUES ('passage_windows', '1') ON CONFLICT (key) DO NOTHING")
-    return (
-        [f"harvest_passage_windows ({len(rows)} passages' search terms written as speaker and window)"] if rows else []
-    )
 
 
 def _scoped(table: str) -> str:

@@ -398,7 +398,7 @@ def test_a_copy_to_postgresql_and_an_upgraded_database_match_passages_with_their
 
     from loomrt.cli import app
     from loomrt.harvest.backends import memory_of
-    from loomrt.harvest.pg import passage_windows
+    from loomrt.harvest.pg_part import passage_windows
     from loomrt.harvest.wiring import release
 
     lite = SQLiteStore(tmp_path / "record.sqlite")
