@@ -518,11 +518,8 @@ def passages_of(spans: Sequence[dict[str, Any]], scope: str, batch_id: str) -> l
         before = None  # the passage of the line said before (its id: the words stay in their own row)
         for turn in span["turns"]:
             text = str(turn.get("text") or "").strip()
-            if turn.get("role") not in ("user", "assistant"):
-                continue
-            if len(text) < MIN_CHARS:
-                before = None
-                continue
+            if turn.get("role") not in ("user", "assistant") or len(text) < MIN_CHARS:
+                continue  # (an "I see." between a question and its answer carries no words: skipped)
             ts = turn.get("ts")
             line = {
                 "run_id": span["run_id"],

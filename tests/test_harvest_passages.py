@@ -306,6 +306,7 @@ def test_memory_erase_private_sweeps_a_runs_private_messages_out(
 
 _ASKED = [
     ("user", "Which breed did you finally pick for the new puppy?"),
+    ("assistant", "I see."),  # too short to be a passage: the window skips it
     ("assistant", "A whippet, and we named her Bea."),
     ("user", "I also started learning Welsh on weekday mornings."),
     ("assistant", "Good luck with the lessons, they sound fun."),
