@@ -27,7 +27,6 @@ from loomrt.harvest.facts import _COLUMNS, Fact, NewFact, _fact, fact_key, hit_o
 from loomrt.harvest.passages import (
     FACT_TIERS,
     PASSAGE,
-    PASSAGE_FUSION,
     TIERS,
     classes_of,
     distinct_hits,
@@ -37,9 +36,9 @@ from loomrt.harvest.passages import (
     store_passages,
 )
 from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, Placement, dice, place
+from loomrt.harvest.scope_index import ScopeIndex
 from loomrt.harvest.scopes import check
-from loomrt.recall.embedders import Embedder, EmbedderChoice, resolve_embedder
-from loomrt.recall.index import Entry, Fusion, RecallIndex
+from loomrt.recall.embedders import EmbedderChoice, resolve_embedder
 from loomrt.recall.memory import MemoryHit
 
 __all__ = [
@@ -54,9 +53,6 @@ __all__ = [
 ]
 
 CLASSES = ("preference", "fact", "decision", "identity", "constraint", "correction")
-
-_FUSION = Fusion(dense=0.5, lexical=0.5, lexical_window=0.0, lexical_context=0.0)
-"""Facts stand alone: no window, no neighbourhood."""
 
 
 _NEAR = 8
@@ -107,21 +103,6 @@ class DurableMemory(Protocol):
         ...
 
 
-class _ScopeIndex:
-    """The live facts of one scope, searchable; kept in step by rowid and revision."""
-
-    def __init__(self, embedder: Embedder | None):
-        # one vector a row, as stored (a fact is one statement: no chunks); facts and passages
-        # apart, each scored its own way and each signal scaled over its own rows
-        self.index = RecallIndex(embedder, max_entries=10_000_000, fusion=_FUSION, passages=False)
-        self.passages = RecallIndex(embedder, max_entries=10_000_000, fusion=PASSAGE_FUSION, passages=False)
-        self.said: dict[str, str] = {}
-        """Each indexed passage's words by its id (a later passage's line before it)."""
-        self.ids: dict[int, str] = {}
-        self.rowid = 0
-        self.rev = -1
-
-
 class MemoryStore:
     """Durable memory in ``db``: write (with placement), search, list, show, forget.
 
@@ -135,7 +116,7 @@ class MemoryStore:
     def __init__(self, db: Tables, *, embedder: EmbedderChoice = None):
         self.db = db
         self.embedder = resolve_embedder(embedder)
-        self._indexes: dict[str, _ScopeIndex] = {}
+        self._indexes: dict[str, ScopeIndex] = {}
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ settings
@@ -524,13 +505,13 @@ class MemoryStore:
     def scopes(self) -> list[str]:
         return [r[0] for r in self.db.rows("SELECT DISTINCT scope FROM memory_facts ORDER BY scope")]
 
-    def _index(self, scope: str) -> _ScopeIndex:
+    def _index(self, scope: str) -> ScopeIndex:
         """The search index of ``scope``, brought up to date (new facts added; rebuilt when a
         fact was superseded or forgotten)."""
         (rev,) = self.db.rows("SELECT rev FROM memory_revision")[0]
         idx = self._indexes.get(scope)
         if idx is None or idx.rev != rev:
-            idx = self._indexes[scope] = _ScopeIndex(self.embedder)
+            idx = self._indexes[scope] = ScopeIndex(self.embedder)
             idx.rev = rev
         n = self.db.row_key
         rows = self.db.rows(
@@ -538,33 +519,7 @@ class MemoryStore:
             f"status = 'live' AND {n} > ?{'' if self.searches_here else f' AND class <> {PASSAGE!r}'} ORDER BY {n}",
             (scope, idx.rowid),
         )
-        if not rows:
-            return idx
-        facts, passages = [], []
-        for _, fid, text, vector, cls, subject, lines in rows:
-            if cls != PASSAGE:
-                facts.append((Entry(id=-1, run_id=fid, seq=None, distillation_seq=0, role=cls, text=text), vector))
-                continue
-            first = (json.loads(lines or "[]") or [{}])[0]
-            before = idx.said.get(first.get("before") or "", "")  # live passages only: an erased one rebuilds the index
-            entry = Entry(-1, fid, None, 0, cls, text, speaker=subject or None, before=before)
-            passages.append((entry, vector))
-            idx.said[fid] = text
-        for index, added in ((idx.index, facts), (idx.passages, passages)):
-            if not added:
-                continue
-            drafts = [e for e, _ in added]
-            vectors = None
-            if index.dense and self.embedder is not None:
-                dim = self.embedder.dim
-                if all(b is not None and len(b) == dim * 4 for _, b in added):
-                    vectors = np.stack([np.frombuffer(b, dtype=np.float32) for _, b in added])
-                else:
-                    vectors = index.embed(drafts)
-            for e in index.add(drafts, vectors=vectors):
-                if index is idx.index:
-                    idx.ids[e.id] = e.run_id
-        idx.rowid = rows[-1][0]
+        idx.add_rows(rows)
         return idx
 
     def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.harvest.memory import _FUSION, MemoryStore, hit_of
+from loomrt.harvest.memory import MemoryStore, hit_of
 from loomrt.harvest.passages import (
     PASSAGE,
     PASSAGE_FUSION,
@@ -45,6 +45,7 @@ from loomrt.harvest.passages import (
 )
 from loomrt.harvest.pg import HNSW_DIMS, PgHarvestDB, write_terms
 from loomrt.harvest.pg import vector_text as _vector
+from loomrt.harvest.scope_index import FACT_FUSION
 from loomrt.recall.embedders import EmbedderChoice
 from loomrt.recall.index import tokenize
 from loomrt.recall.memory import MemoryHit
@@ -65,12 +66,12 @@ def _fused(
     lexical: dict[str, float], dense: dict[str, float], means: dict[bool, float], *, dense_on: bool
 ) -> dict[str, float]:
     """Each row's score in [0, 1], as the SQLite store's two indexes fuse them: facts by
-    ``_FUSION``, passages by :data:`PASSAGE_FUSION` (their postings are their windows'), each
+    :data:`~loomrt.harvest.scope_index.FACT_FUSION`, passages by :data:`PASSAGE_FUSION` (their postings are their windows'), each
     signal scaled by its best among the rows of the same kind (cosine from that kind's mean
     vector, ``means``), over the weights of the signals in use (BM25, and the cosine when
     ``dense_on``), whether or not a row of the kind matched them."""
     out: dict[str, float] = {}
-    for passages, fusion in ((False, _FUSION), (True, PASSAGE_FUSION)):
+    for passages, fusion in ((False, FACT_FUSION), (True, PASSAGE_FUSION)):
         lex = {f: s for f, s in lexical.items() if is_passage_id(f) == passages}
         cos = {f: c for f, c in dense.items() if is_passage_id(f) == passages}
         mean = means.get(passages, 0.0)
