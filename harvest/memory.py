@@ -39,6 +39,7 @@ from loomrt.harvest.placement import MERGE_COSINE, SUPERSEDE_COSINE, Candidate, 
 from loomrt.harvest.scope_index import ScopeIndex
 from loomrt.harvest.scopes import check
 from loomrt.recall.embedders import EmbedderChoice, resolve_embedder
+from loomrt.recall.index import search_together
 from loomrt.recall.memory import MemoryHit
 
 __all__ = [
@@ -524,17 +525,21 @@ class MemoryStore:
 
     def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
         """The best ``top_k`` live facts and passages (``tiers``) of ``scopes`` for ``query``,
-        fused (each kind scored by its own index), best first (a passage a better hit states
-        already left out)."""
+        fused (each kind scored by its own index, BM25 on one scale for all: a fact that
+        shares a word with the question does not rank as the best passage does), best first
+        (a passage a better hit states already left out)."""
         classes = classes_of(tiers)
         pool = 4 * top_k
         found: list[tuple[float, str, Any]] = []
         with self._lock:
-            for scope in scopes:
-                idx = self._index(scope)
-                for index, cls in ((idx.index, "fact"), (idx.passages, PASSAGE)):
-                    if classes is None or classes == cls:
-                        found += [(h.score, h.entry.run_id, h) for h in index.search(query, pool)]
+            indexes = [
+                index
+                for idx in (self._index(scope) for scope in scopes)
+                for index, cls in ((idx.index, "fact"), (idx.passages, PASSAGE))
+                if classes in (None, cls)
+            ]
+            for hits in search_together(indexes, query, pool):  # every kind's BM25 on one scale
+                found += [(h.score, h.entry.run_id, h) for h in hits]
         found.sort(key=lambda x: -x[0])
         facts = self._by_id([fid for _, fid, _ in found[:pool]])
         return distinct_hits(

@@ -62,13 +62,20 @@ _noticed: set[str] = set()
 _noticed_lock = threading.Lock()
 
 
+def _bm25_scale(every: dict[str, float], kind: dict[str, float]) -> float:
+    """What the BM25 of the rows of one kind (``kind``) is scaled by: the best of every row
+    searched (``every``), of either kind, so the two kinds rank on one scale."""
+    return max(every.values(), default=0.0)
+
+
 def _fused(
     lexical: dict[str, float], dense: dict[str, float], means: dict[bool, float], *, dense_on: bool
 ) -> dict[str, float]:
     """Each row's score in [0, 1], as the SQLite store's two indexes fuse them: facts by
-    :data:`~loomrt.harvest.scope_index.FACT_FUSION`, passages by :data:`PASSAGE_FUSION` (their postings are their windows'), each
-    signal scaled by its best among the rows of the same kind (cosine from that kind's mean
-    vector, ``means``), over the weights of the signals in use (BM25, and the cosine when
+    :data:`~loomrt.harvest.scope_index.FACT_FUSION`, passages by :data:`PASSAGE_FUSION` (their postings are their windows'),
+    BM25 scaled by the best of all rows (:func:`~loomrt.recall.index.search_together`), the
+    cosine by its best among the rows of the same kind (from that kind's mean vector,
+    ``means``), over the weights of the signals in use (BM25, and the cosine when
     ``dense_on``), whether or not a row of the kind matched them."""
     out: dict[str, float] = {}
     for passages, fusion in ((False, FACT_FUSION), (True, PASSAGE_FUSION)):
@@ -78,7 +85,7 @@ def _fused(
         signals = [(fusion.lexical_window if passages else fusion.lexical, lex, 0.0), (fusion.dense, cos, mean)]
         weight = signals[0][0] + (fusion.dense if dense_on else 0.0)
         for w, got, floor in signals:
-            best = max(got.values(), default=0.0)
+            best = _bm25_scale(lexical, lex) if got is lex else max(got.values(), default=0.0)
             for fid, v in got.items():
                 scaled = (v - floor) / (best - floor) if best > floor else 0.0
                 out[fid] = out.get(fid, 0.0) + w * scaled / weight
@@ -155,7 +162,8 @@ class PgMemoryStore(MemoryStore):
 
     def search(self, query: str, top_k: int, scopes: Sequence[str], tiers: Sequence[str] = TIERS) -> list[MemoryHit]:
         """The best ``top_k`` live facts and passages (``tiers``) of ``scopes`` for ``query``,
-        fused, best first (a passage a better hit states already left out)."""
+        fused (:func:`_fused`: BM25 on one scale for both kinds), best first (a passage a
+        better hit states already left out)."""
         only = classes_of(tiers)
         if not scopes or top_k <= 0:
             return []

@@ -44,6 +44,7 @@ __all__ = [
     "Fusion",
     "tokenize",
     "chunk_text",
+    "search_together",
     "EXACT_MAX",
     "CANDIDATES",
     "CHUNK_WORDS",
@@ -384,11 +385,29 @@ class RecallIndex:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
-    def _lexical_scores(self, tokens: list[str], upto: int) -> tuple[np.ndarray, float, np.ndarray | None]:
+    def lexical_best(self, query: str) -> float:
+        """The best raw BM25 score any weighed signal gives an entry for ``query`` (0 when
+        nothing matches): what :func:`search_together` scales several indexes by."""
+        tokens = tokenize(query)
+        if not self.entries or not tokens:
+            return 0.0
+        f, n, first = self.fusion, len(self.entries), next(iter(self.entries))
+        best = 0.0
+        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
+            if w > 0:
+                best = max(best, float(lex.scores(tokens, None, n, first=first).max()))
+        if f.lexical_context > 0:
+            best = max(best, float(self._lexical_context.scores(tokens, None, n, first=first).max()))
+        return best
+
+    def _lexical_scores(
+        self, tokens: list[str], upto: int, best_at_least: float = 0.0
+    ) -> tuple[np.ndarray, float, np.ndarray | None]:
         """The weighted sum of the scaled BM25 signals of the first ``upto`` entries (oldest
         first), the sum of their weights, and the raw BM25 of each entry alone (of its window
         when only that is weighed, as durable memory's passages are; None without either). An
-        entry any signal matched has a positive sum."""
+        entry any signal matched has a positive sum. Each signal is scaled by its best score,
+        or by ``best_at_least`` where that is higher (several indexes on one scale)."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(upto, dtype=np.float32)
@@ -403,7 +422,7 @@ class RecallIndex:
                 scores = lex.scores(tokens, None, n, first=first)[:upto]
                 if lex is self._lexical or (lex is self._lexical_window and raw is None):
                     raw = scores.copy()
-                best = float(scores.max()) if upto else 0.0
+                best = max(float(scores.max()) if upto else 0.0, best_at_least)
                 if best > 0:  # scaled so the best is 1, and weighted, in place
                     scores *= np.float32(w / best)
                     total += scores
@@ -474,11 +493,12 @@ class RecallIndex:
         first = next(iter(self.entries))
         return [(self.entries[first + int(j)], float(cosines[j])) for j in best]
 
-    def search(self, query: str, k: int = 5, *, upto: int | None = None) -> list[Hit]:
+    def search(self, query: str, k: int = 5, *, upto: int | None = None, bm25_at_least: float = 0.0) -> list[Hit]:
         """The best ``k`` entries for ``query``, best first; with ``upto``, among the first
         ``upto`` entries only (the oldest: a fork reads its parent's index up to the fork
-        point, :meth:`count_until`). Every signal is scaled over those entries alone; BM25's
-        term statistics are the whole index's.
+        point, :meth:`count_until`). Every signal is scaled over those entries alone (BM25 by
+        ``bm25_at_least`` where that is above its best: :func:`search_together`); BM25's term
+        statistics are the whole index's.
 
         The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
         sum of the weights, clipped to [0, 1].
@@ -487,7 +507,7 @@ class RecallIndex:
         if not self.entries or upto < 1 or not query.strip() or k < 1:
             return []
         with _one_blas_thread():
-            return self._search(query, k, upto)
+            return self._search(query, k, upto, bm25_at_least)
 
     def count_until(self, distillation_seq: int) -> int:
         """How many of the oldest entries a distillation at or before ``distillation_seq``
@@ -500,11 +520,11 @@ class RecallIndex:
             later += 1
         return len(self.entries) - later
 
-    def _search(self, query: str, k: int, upto: int) -> list[Hit]:
+    def _search(self, query: str, k: int, upto: int, bm25_at_least: float = 0.0) -> list[Hit]:
         f = self.fusion
         embedder = self.embedder if self._dense is not None and f.dense > 0 else None
         q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
-        total, weight, raw_bm25 = self._lexical_scores(tokenize(query), upto)
+        total, weight, raw_bm25 = self._lexical_scores(tokenize(query), upto, bm25_at_least)
         first = next(iter(self.entries))
         if q is None:
             candidates = np.flatnonzero(total > 0)
@@ -533,3 +553,14 @@ class RecallIndex:
             )
             for i, (j, p) in enumerate(zip(order, positions, strict=True))
         ]
+
+
+def search_together(indexes: Sequence[RecallIndex], query: str, k: int) -> list[list[Hit]]:
+    """The best ``k`` of each of ``indexes`` for ``query``, their BM25 on one scale: every
+    index's scaled by the best raw score in any of them, where each alone would scale by its
+    own best. Hits of different indexes can then be ranked together: the best of weak
+    matches in one (a fact that shares one word with the question) is not raised to the
+    score of a strong match in another. Each index's cosine stays scaled over its own
+    entries, from its own mean (the kinds' vectors differ: a statement, a speaker's line)."""
+    best = max((index.lexical_best(query) for index in indexes), default=0.0)
+    return [index.search(query, k, bm25_at_least=best) for index in indexes]

@@ -463,3 +463,52 @@ def test_bench_harvest_without_a_model_measures_the_passage_tier_against_raw_tur
         blind = run()
     assert set(blind["budgets"]["passages"]["recall_at"].values()) == {0.0}
     assert blind["budgets"]["raw"]["recall_at"]["2000"] >= 0.5
+
+
+def _reads_a_lot(request: ModelRequest) -> str:
+    """An extractor whose facts share one word ("Ana") with the question asked below and
+    state nothing it asks."""
+    ns = [n for n, _, _ in conversation_lines(request)]
+    facts = [
+        {"statement": "Ana loved reading.", "class": "fact", "subject": "Ana", "source_seqs": ns[-1:]},
+        {"statement": "Ana went to the market.", "class": "fact", "subject": "Ana", "source_seqs": ns[-1:]},
+    ]
+    return json.dumps({"facts": facts})
+
+
+_PETS = [
+    ("assistant", "They look adorable! What are their names?"),
+    ("user", "Luna and Oliver, my two cats."),
+    ("user", "This week I mostly stayed home and read a lot."),
+]
+
+
+def _cats_first(store: SQLiteStore) -> list[Any]:
+    _bank(store, _PETS)
+    Consolidator(
+        store, provider=FunctionProvider(_reads_a_lot, name="scripted/reads"), embedder="hash", settle_s=0
+    ).run_once()
+    return memory_store(store, "hash").search("What are the names of Ana's cats?", 3, ["user:ana"])
+
+
+def test_a_fact_that_shares_one_word_with_the_question_ranks_below_the_passage_that_answers_it(
+    store: SQLiteStore,
+) -> None:
+    """Facts and passages are scored by indexes of their own, but on one BM25 scale: the best
+    of weak matches among the facts is not raised to the score of the best passage."""
+    hits = _cats_first(store)
+    assert [h.provenance["class"] for h in hits] == ["passage", "passage", "fact"]
+    cats = next(h for h in hits if h.text == "Luna and Oliver, my two cats.")
+    assert hits[2].score < cats.score - 0.05
+
+
+def test_sabotage_each_kind_on_its_own_bm25_scale_puts_the_weak_fact_first(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import loomrt.harvest.memory as sqlite_memory
+    import loomrt.harvest.pg_memory as pg_memory
+
+    monkeypatch.setattr(sqlite_memory, "search_together", lambda indexes, q, k: [i.search(q, k) for i in indexes])
+    monkeypatch.setattr(pg_memory, "_bm25_scale", lambda every, kind: max(kind.values(), default=0.0))
+    hits = _cats_first(store)
+    assert hits[0].provenance["class"] == "fact"

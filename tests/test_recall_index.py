@@ -7,7 +7,7 @@ import pytest
 
 from loomrt.recall import HashEmbedder, resolve_embedder
 from loomrt.recall.embedders import CachedEmbedder
-from loomrt.recall.index import Entry, RecallIndex, chunk_text, tokenize
+from loomrt.recall.index import Entry, Fusion, RecallIndex, chunk_text, search_together, tokenize
 
 
 def entry(text: str, seq: int, *, before: str = "", role: str = "user") -> Entry:
@@ -361,3 +361,23 @@ def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
         assert np.allclose(
             live.scores(query, None, 250, first=150), fresh.scores(query, None, 250, first=150), atol=1e-6
         ), query
+
+
+def test_indexes_searched_together_share_one_bm25_scale() -> None:
+    """Alone, each index scales BM25 by its own best, so a weak best match scores 1; searched
+    together, by the best of both: the weak match scores its share of the strong one."""
+    lexical = Fusion(dense=0.0, lexical=1.0, lexical_window=0.0, lexical_context=0.0)
+
+    def index(*texts: str) -> RecallIndex:
+        out = RecallIndex(None, fusion=lexical, passages=False)
+        out.add([Entry(id=-1, run_id="r", seq=i, distillation_seq=0, role="user", text=t) for i, t in enumerate(texts)])
+        return out
+
+    weak = index("Ana loved reading.", "The market was busy.")
+    strong = index("Ana named her cats Luna and Oliver.", "The weather was grey.")
+    query = "What are the names of Ana's cats?"
+    assert weak.search(query, 1)[0].score == 1.0  # alone: the best of weak matches
+    assert weak.lexical_best(query) < strong.lexical_best(query)
+    (w,), (s,) = search_together([weak, strong], query, 1)
+    assert s.score == 1.0 and w.score == pytest.approx(weak.lexical_best(query) / strong.lexical_best(query), abs=1e-5)
+    assert w.score < 0.5
