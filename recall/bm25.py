@@ -29,7 +29,12 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["IncrementalBM25"]
+__all__ = ["IncrementalBM25", "TermStats"]
+
+TermStats = tuple[int, int, dict[str, int]]
+"""Documents, their total length, and each query term's document frequency: what BM25
+weighs a term and a length by (:meth:`IncrementalBM25.term_stats`; summed over several
+indexes, one scale for them all)."""
 
 
 class _Postings:
@@ -214,21 +219,39 @@ class IncrementalBM25:
             self._at = np.empty(len(self._gain), dtype=np.int64)
         return self._gain[:m], self._at[:m]
 
-    def scores(self, query: Sequence[str], position: dict[int, int] | None, size: int, *, first: int = 0) -> np.ndarray:
+    def term_stats(self, terms: Iterable[str]) -> TermStats:
+        """This index's documents, their total length, and the document frequency of each of
+        ``terms``."""
+        return len(self._lengths), self._total, {t: len(p.slot) for t in set(terms) if (p := self._postings.get(t))}
+
+    def scores(
+        self,
+        query: Sequence[str],
+        position: dict[int, int] | None,
+        size: int,
+        *,
+        first: int = 0,
+        stats: TermStats | None = None,
+    ) -> np.ndarray:
         """BM25 of every document for ``query``, as an array of ``size``: document ``d`` lands
-        at ``position[d]``, or at ``d - first`` when ``position`` is None (contiguous ids)."""
+        at ``position[d]``, or at ``d - first`` when ``position`` is None (contiguous ids).
+        ``stats`` (several indexes' summed :meth:`term_stats`) weigh the terms and lengths
+        in place of this index's own."""
         out = np.zeros(size, dtype=np.float32)
         n = len(self._lengths)
         if not n or not query:
             return out
-        avgdl = self._total / n if self._total else 1.0
+        total = self._total
+        if stats is not None:
+            n, total = stats[0], stats[1]
+        avgdl = total / n if total else 1.0
         k1, b = self.k1, self.b
         per_length, base = np.float32(k1 * b / avgdl), np.float32(k1 * (1 - b))
         for term, count in Counter(query).items():
             p = self._postings.get(term)
             if p is None:
                 continue
-            df = len(p.slot)
+            df = len(p.slot) if stats is None else stats[2].get(term, len(p.slot))
             idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
             docs, tf, lengths = p.arrays()
             if position is not None:  # only live slots: a removed document has no position

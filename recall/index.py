@@ -24,7 +24,7 @@ BM25 index is updated entry by entry (an eviction never makes the next query reb
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from loomrt.recall.bm25 import IncrementalBM25
+from loomrt.recall.bm25 import IncrementalBM25, TermStats
 from loomrt.recall.dense import IVF_MIN, EntryVectors, passages_of
 from loomrt.recall.embedders import Embedder
 
@@ -45,6 +45,7 @@ __all__ = [
     "tokenize",
     "chunk_text",
     "search_together",
+    "SharedScale",
     "EXACT_MAX",
     "CANDIDATES",
     "CHUNK_WORDS",
@@ -136,7 +137,8 @@ class Entry:
 class Hit:
     """One search result: an entry and its fused score in (0, 1].
 
-    The fused score is scaled per query (the best hit is always near 1); ``cosine`` and
+    The fused score is scaled per query (the best hit is always near 1, but for indexes
+    searched together: :func:`search_together`); ``cosine`` and
     ``bm25`` are the hit's raw scores, which say how good the best hit really is (recall
     injection's relevance floor reads them)."""
 
@@ -385,29 +387,24 @@ class RecallIndex:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
-    def lexical_best(self, query: str) -> float:
-        """The best raw BM25 score any weighed signal gives an entry for ``query`` (0 when
-        nothing matches): what :func:`search_together` scales several indexes by."""
-        tokens = tokenize(query)
-        if not self.entries or not tokens:
-            return 0.0
-        f, n, first = self.fusion, len(self.entries), next(iter(self.entries))
-        best = 0.0
-        for w, lex in ((f.lexical, self._lexical), (f.lexical_window, self._lexical_window)):
-            if w > 0:
-                best = max(best, float(lex.scores(tokens, None, n, first=first).max()))
-        if f.lexical_context > 0:
-            best = max(best, float(self._lexical_context.scores(tokens, None, n, first=first).max()))
-        return best
+    def shared_bm25(self) -> IncrementalBM25:
+        """The one BM25 signal this index weighs, which :func:`search_together` puts on one
+        scale with other indexes'; ValueError for an index that weighs several or none."""
+        f = self.fusion
+        signals = (f.lexical, self._lexical), (f.lexical_window, self._lexical_window)
+        weighed = [lex for w, lex in (*signals, (f.lexical_context, self._lexical_context)) if w > 0]
+        if len(weighed) != 1:
+            raise ValueError(f"indexes searched together weigh one BM25 signal each (this one weighs {len(weighed)})")
+        return weighed[0]
 
     def _lexical_scores(
-        self, tokens: list[str], upto: int, best_at_least: float = 0.0
+        self, tokens: list[str], upto: int, shared: SharedScale | None = None
     ) -> tuple[np.ndarray, float, np.ndarray | None]:
         """The weighted sum of the scaled BM25 signals of the first ``upto`` entries (oldest
         first), the sum of their weights, and the raw BM25 of each entry alone (of its window
         when only that is weighed, as durable memory's passages are; None without either). An
-        entry any signal matched has a positive sum. Each signal is scaled by its best score,
-        or by ``best_at_least`` where that is higher (several indexes on one scale)."""
+        entry any signal matched has a positive sum. Each signal is scaled by its best score;
+        with ``shared``, by the term statistics and the best of several indexes."""
         f = self.fusion
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(upto, dtype=np.float32)
@@ -419,10 +416,10 @@ class RecallIndex:
             (f.lexical_context, self._lexical_context),
         ):
             if w > 0:
-                scores = lex.scores(tokens, None, n, first=first)[:upto]
+                scores = lex.scores(tokens, None, n, first=first, stats=shared.stats if shared else None)[:upto]
                 if lex is self._lexical or (lex is self._lexical_window and raw is None):
                     raw = scores.copy()
-                best = max(float(scores.max()) if upto else 0.0, best_at_least)
+                best = max(float(scores.max()) if upto else 0.0, shared.best if shared else 0.0)
                 if best > 0:  # scaled so the best is 1, and weighted, in place
                     scores *= np.float32(w / best)
                     total += scores
@@ -493,12 +490,14 @@ class RecallIndex:
         first = next(iter(self.entries))
         return [(self.entries[first + int(j)], float(cosines[j])) for j in best]
 
-    def search(self, query: str, k: int = 5, *, upto: int | None = None, bm25_at_least: float = 0.0) -> list[Hit]:
+    def search(
+        self, query: str, k: int = 5, *, upto: int | None = None, shared: SharedScale | None = None
+    ) -> list[Hit]:
         """The best ``k`` entries for ``query``, best first; with ``upto``, among the first
         ``upto`` entries only (the oldest: a fork reads its parent's index up to the fork
-        point, :meth:`count_until`). Every signal is scaled over those entries alone (BM25 by
-        ``bm25_at_least`` where that is above its best: :func:`search_together`); BM25's term
-        statistics are the whole index's.
+        point, :meth:`count_until`). Every signal is scaled over those entries alone; BM25's
+        term statistics are the whole index's (with ``shared``, those of several indexes, and
+        their best: :func:`search_together`).
 
         The score is the weighted sum of the scaled signals (see :class:`Fusion`) over the
         sum of the weights, clipped to [0, 1].
@@ -507,7 +506,7 @@ class RecallIndex:
         if not self.entries or upto < 1 or not query.strip() or k < 1:
             return []
         with _one_blas_thread():
-            return self._search(query, k, upto, bm25_at_least)
+            return self._search(query, k, upto, shared)
 
     def count_until(self, distillation_seq: int) -> int:
         """How many of the oldest entries a distillation at or before ``distillation_seq``
@@ -520,11 +519,11 @@ class RecallIndex:
             later += 1
         return len(self.entries) - later
 
-    def _search(self, query: str, k: int, upto: int, bm25_at_least: float = 0.0) -> list[Hit]:
+    def _search(self, query: str, k: int, upto: int, shared: SharedScale | None = None) -> list[Hit]:
         f = self.fusion
         embedder = self.embedder if self._dense is not None and f.dense > 0 else None
         q = np.ascontiguousarray(embedder.embed([query]), dtype=np.float32)[0] if embedder is not None else None
-        total, weight, raw_bm25 = self._lexical_scores(tokenize(query), upto, bm25_at_least)
+        total, weight, raw_bm25 = self._lexical_scores(tokenize(query), upto, shared)
         first = next(iter(self.entries))
         if q is None:
             candidates = np.flatnonzero(total > 0)
@@ -555,12 +554,36 @@ class RecallIndex:
         ]
 
 
+@dataclass(frozen=True)
+class SharedScale:
+    """BM25 on one scale for indexes searched together (:func:`search_together`)."""
+
+    stats: TermStats
+    """Their summed documents, lengths and query terms' document frequencies."""
+    best: float
+    """The best raw score any of their entries gets with those statistics."""
+
+
 def search_together(indexes: Sequence[RecallIndex], query: str, k: int) -> list[list[Hit]]:
-    """The best ``k`` of each of ``indexes`` for ``query``, their BM25 on one scale: every
-    index's scaled by the best raw score in any of them, where each alone would scale by its
-    own best. Hits of different indexes can then be ranked together: the best of weak
-    matches in one (a fact that shares one word with the question) is not raised to the
-    score of a strong match in another. Each index's cosine stays scaled over its own
-    entries, from its own mean (the kinds' vectors differ: a statement, a speaker's line)."""
-    best = max((index.lexical_best(query) for index in indexes), default=0.0)
-    return [index.search(query, k, bm25_at_least=best) for index in indexes]
+    """The best ``k`` of each of ``indexes`` for ``query``, their BM25 on one scale: weighed
+    by the term statistics of all of them together and scaled by the best score in any,
+    where each alone would use its own (so the same words score the same in a small index
+    and a large one). Hits of different indexes can then be ranked together: the best of
+    weak matches in one (a fact that shares one word with the question) is not raised to
+    the score of a strong match in another. Each index's cosine stays scaled over its own
+    entries, from its own mean (the kinds' vectors differ: a statement, a speaker's line).
+    Each index weighs one BM25 signal (:meth:`RecallIndex.shared_bm25`)."""
+    tokens = tokenize(query)
+    signals = [(index, lex) for index, lex in ((i, i.shared_bm25()) for i in indexes) if index.entries]
+    documents, length, df = 0, 0, Counter[str]()
+    for _, lex in signals:
+        n, total, frequencies = lex.term_stats(tokens)
+        documents, length = documents + n, length + total
+        df.update(frequencies)
+    stats: TermStats = (documents, length, dict(df))
+    best = 0.0
+    for index, lex in signals:
+        raw = lex.scores(tokens, None, len(index.entries), first=next(iter(index.entries)), stats=stats)
+        best = max(best, float(raw.max()) if len(raw) else 0.0)
+    scale = SharedScale(stats, best)
+    return [index.search(query, k, shared=scale) for index in indexes]

@@ -497,9 +497,9 @@ def test_a_fact_that_shares_one_word_with_the_question_ranks_below_the_passage_t
     """Facts and passages are scored by indexes of their own, but on one BM25 scale: the best
     of weak matches among the facts is not raised to the score of the best passage."""
     hits = _cats_first(store)
-    assert [h.provenance["class"] for h in hits] == ["passage", "passage", "fact"]
+    assert hits[0].provenance["class"] == "passage"
     cats = next(h for h in hits if h.text == "Luna and Oliver, my two cats.")
-    assert hits[2].score < cats.score - 0.05
+    assert all(h.score < cats.score - 0.05 for h in hits if h.provenance["class"] == "fact")
 
 
 def test_sabotage_each_kind_on_its_own_bm25_scale_puts_the_weak_fact_first(

@@ -364,8 +364,9 @@ def test_bm25_compacts_dead_slots_and_scores_as_a_fresh_index() -> None:
 
 
 def test_indexes_searched_together_share_one_bm25_scale() -> None:
-    """Alone, each index scales BM25 by its own best, so a weak best match scores 1; searched
-    together, by the best of both: the weak match scores its share of the strong one."""
+    """Alone, each index weighs terms by its own statistics and scales BM25 by its own best,
+    so a weak best match scores 1 and the same words score differently in a small index and
+    a large one; searched together, by the statistics and the best of all of them."""
     lexical = Fusion(dense=0.0, lexical=1.0, lexical_window=0.0, lexical_context=0.0)
 
     def index(*texts: str) -> RecallIndex:
@@ -373,11 +374,17 @@ def test_indexes_searched_together_share_one_bm25_scale() -> None:
         out.add([Entry(id=-1, run_id="r", seq=i, distillation_seq=0, role="user", text=t) for i, t in enumerate(texts)])
         return out
 
-    weak = index("Ana loved reading.", "The market was busy.")
-    strong = index("Ana named her cats Luna and Oliver.", "The weather was grey.")
     query = "What are the names of Ana's cats?"
+    answer = "Ana named her cats Luna and Oliver."
+    weak = index("Ana loved reading.", "The market was busy.")
+    strong = index(answer, *(f"The weather was grey on day {i}." for i in range(300)))
+    small = index(answer, "The market was busy.")
     assert weak.search(query, 1)[0].score == 1.0  # alone: the best of weak matches
-    assert weak.lexical_best(query) < strong.lexical_best(query)
-    (w,), (s,) = search_together([weak, strong], query, 1)
-    assert s.score == 1.0 and w.score == pytest.approx(weak.lexical_best(query) / strong.lexical_best(query), abs=1e-5)
-    assert w.score < 0.5
+    (w,), (s, *_) = search_together([weak, strong], query, 2)
+    assert s.score == 1.0 and w.score < 0.5
+    (a,), (b,) = search_together([small, strong], query, 1)
+    assert a.entry.text == b.entry.text == answer and a.score == b.score == 1.0  # the same words, the same score
+    (alone,) = small.search(query, 1)
+    assert alone.bm25 != b.bm25  # (alone, the small index weighs the words otherwise)
+    with pytest.raises(ValueError, match="one BM25 signal"):
+        search_together([RecallIndex(None), strong], query, 1)  # the default fusion weighs three
