@@ -14,9 +14,9 @@ Writing, placement, history and forgetting are :class:`~loomrt.harvest.memory.Me
   yields ``k`` rows) where the server has pgvector and the embedder's dimension is indexed;
   else exactly, over the stored ``bytea`` vectors.
 - **Fusion** as recall's (:class:`~loomrt.recall.index.Fusion`): BM25 (its term statistics
-  over both kinds) scaled by the best of every row found, cosine by ``(cos - mean) / (best
-  - mean)`` with the kind's mean vector over its own kind, weighted as the SQLite store weighs them
-  (facts 0.5/0.5; a passage's postings are its window's, the words said before it then its
+  over both kinds) scaled by the best of every row found, cosine by ``(cos - mean) / (best -
+  mean)`` with the kind's mean vector over its own kind, weighted as the SQLite store weighs
+  them (facts 0.5/0.5; a passage's postings are its window's, the words said before it then its
   own, weighted 1.0 to the cosine's 0.5: :data:`~loomrt.harvest.passages.PASSAGE_FUSION`).
 
 Every search runs with ``loomrt.scopes`` set to the scopes asked for, so row-level

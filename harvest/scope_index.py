@@ -3,9 +3,9 @@ PostgreSQL it holds the facts alone, for placement).
 
 Facts and passages are kept apart, each scored its own way (:data:`FACT_FUSION`,
 :data:`~loomrt.harvest.passages.PASSAGE_FUSION`), the cosine scaled over rows of its own kind
-and BM25 on one scale for both (:func:`~loomrt.recall.index.search_together`). A passage is matched with the words of the live passage said before it (its
-``before`` reference): an erased or forgotten one bumps the revision, and the index is built
-again without it.
+and BM25 on one scale for both (:func:`~loomrt.recall.index.search_together`). A passage is
+matched with the words of the live passage said before it (its ``before`` reference): an
+erased or forgotten one bumps the revision, and the index is built again without it.
 """
 
 from __future__ import annotations
