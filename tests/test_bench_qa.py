@@ -344,3 +344,14 @@ def test_an_answer_asked_the_other_way_is_asked_again(tmp_path: Path) -> None:
     one_call.add({"conversation": "c", "config": "recap/inject", "qid": 1, "answer": "a phrase"})
     assert _Answers(tmp_path, one_call_turns=True).rows[("c", "recap/inject", 1)]["answer"] == "a phrase"
     assert _Answers(tmp_path).rows[("c", "recap/inject", 1)]["answer"] == "a sentence."
+
+
+def test_a_memory_replay_recorded_before_it_counted_declines_still_has_its_row(tiny: tuple[dict, Path]) -> None:
+    """`bench qa --configs memory` once ended in a KeyError after its last answer: the memory
+    setup's record had no ``declined`` or ``rejected_summaries``, and the report read them."""
+    from loomrt.bench.qa.report import markdown
+
+    results, _ = tiny
+    setup = {"run_id": "r-mem", "seconds": 1.0, "distillations": 3, "distil_calls": 4, "distil_input_tokens": 10}
+    text = markdown({**results, "setups": {**results["setups"], "mini-1:memory:400:scripted": setup}})
+    assert "| mini-1:memory | 3 | – | – | 4 | 10 | 1.0 |" in text

@@ -150,6 +150,8 @@ async def remember(
         "seconds": round(time.perf_counter() - started, 1),
         "consolidation_seconds": round(time.perf_counter() - replayed, 1),
         "distillations": sum(e.kind == "distillation" for e in events),
+        "declined": sum(e.kind == "distillation_declined" for e in events),
+        "rejected_summaries": sum(e.kind == "summary_rejected" for e in events),
         "turns_never_banked": sum(s not in banked for s in inputs),
         **totals,
         **{f"distil_{k}": v for k, v in Meter.totals(meter.since(mark)).items()},

@@ -85,7 +85,8 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
     for k, v in results["setups"].items():
         if "run_id" in v:
             cid, _, config = k.partition(":")
-            replays.setdefault(v["run_id"], (f"{cid}:{config.partition('/')[0]}", v))
+            mode = config.partition("/")[0].partition(":")[0]  # (memory's key adds its budget and model)
+            replays.setdefault(v["run_id"], (f"{cid}:{mode}", v))
     if replays:
         lines += ["", "The replays (every distillation written by the model):", ""]
         lines += [
@@ -94,7 +95,8 @@ def markdown(results: dict[str, Any], *, images: str | None = None) -> str:
         ]
         for k, v in replays.values():
             lines.append(
-                f"| {k} | {v['distillations']} | {v['declined']} | {v['rejected_summaries']} | {v['distil_calls']} "
+                f"| {k} | {v['distillations']} | {v.get('declined', '–')} | {v.get('rejected_summaries', '–')} "
+                f"| {v['distil_calls']} "
                 f"| {fmt(v['distil_input_tokens'])} | {fmt(v['seconds'], 1)} |"
             )
     if images:
