@@ -387,15 +387,23 @@ class RecallIndex:
         """Entries in the dense index (each with its own vector, and its passages'); 0 when dense is off."""
         return len(self._dense) if self._dense is not None else 0
 
+    def _bm25_signals(self) -> list[tuple[float, IncrementalBM25]]:
+        """The BM25 signals this index weighs, with their weights."""
+        f = self.fusion
+        signals = (
+            (f.lexical, self._lexical),
+            (f.lexical_window, self._lexical_window),
+            (f.lexical_context, self._lexical_context),
+        )
+        return [(w, lex) for w, lex in signals if w > 0]
+
     def shared_bm25(self) -> IncrementalBM25:
         """The one BM25 signal this index weighs, which :func:`search_together` puts on one
         scale with other indexes'; ValueError for an index that weighs several or none."""
-        f = self.fusion
-        signals = (f.lexical, self._lexical), (f.lexical_window, self._lexical_window)
-        weighed = [lex for w, lex in (*signals, (f.lexical_context, self._lexical_context)) if w > 0]
+        weighed = self._bm25_signals()
         if len(weighed) != 1:
             raise ValueError(f"indexes searched together weigh one BM25 signal each (this one weighs {len(weighed)})")
-        return weighed[0]
+        return weighed[0][1]
 
     def _lexical_scores(
         self, tokens: list[str], upto: int, shared: SharedScale | None = None
@@ -404,26 +412,24 @@ class RecallIndex:
         first), the sum of their weights, and the raw BM25 of each entry alone (of its window
         when only that is weighed, as durable memory's passages are; None without either). An
         entry any signal matched has a positive sum. Each signal is scaled by its best score;
-        with ``shared``, by the term statistics and the best of several indexes."""
-        f = self.fusion
+        with ``shared``, by the term statistics and the best of several indexes (and its raw
+        scores, computed there, are not computed again)."""
         n, first = len(self.entries), next(iter(self.entries))
         total = np.zeros(upto, dtype=np.float32)
         weight = 0.0
         raw: np.ndarray | None = None
-        for w, lex in (
-            (f.lexical, self._lexical),
-            (f.lexical_window, self._lexical_window),
-            (f.lexical_context, self._lexical_context),
-        ):
-            if w > 0:
+        for w, lex in self._bm25_signals():
+            if shared is not None and id(lex) in shared.raw:
+                scores = shared.raw[id(lex)][:upto].copy()
+            else:
                 scores = lex.scores(tokens, None, n, first=first, stats=shared.stats if shared else None)[:upto]
-                if lex is self._lexical or (lex is self._lexical_window and raw is None):
-                    raw = scores.copy()
-                best = max(float(scores.max()) if upto else 0.0, shared.best if shared else 0.0)
-                if best > 0:  # scaled so the best is 1, and weighted, in place
-                    scores *= np.float32(w / best)
-                    total += scores
-                weight += w
+            if lex is self._lexical or (lex is self._lexical_window and raw is None):
+                raw = scores.copy()
+            best = max(float(scores.max()) if upto else 0.0, shared.best if shared else 0.0)
+            if best > 0:  # scaled so the best is 1, and weighted, in place
+                scores *= np.float32(w / best)
+                total += scores
+            weight += w
         return total, weight, raw
 
     def _dense_scores(self, q: np.ndarray, upto: int | None = None) -> np.ndarray:
@@ -560,8 +566,10 @@ class SharedScale:
 
     stats: TermStats
     """Their summed documents, lengths and query terms' document frequencies."""
+    raw: dict[int, np.ndarray]
+    """Each index's raw scores with those statistics, by its BM25 signal's ``id``."""
     best: float
-    """The best raw score any of their entries gets with those statistics."""
+    """The best of those scores."""
 
 
 def search_together(indexes: Sequence[RecallIndex], query: str, k: int) -> list[list[Hit]]:
@@ -581,9 +589,9 @@ def search_together(indexes: Sequence[RecallIndex], query: str, k: int) -> list[
         documents, length = documents + n, length + total
         df.update(frequencies)
     stats: TermStats = (documents, length, dict(df))
-    best = 0.0
-    for index, lex in signals:
-        raw = lex.scores(tokens, None, len(index.entries), first=next(iter(index.entries)), stats=stats)
-        best = max(best, float(raw.max()) if len(raw) else 0.0)
-    scale = SharedScale(stats, best)
+    raw = {
+        id(lex): lex.scores(tokens, None, len(index.entries), first=next(iter(index.entries)), stats=stats)
+        for index, lex in signals
+    }
+    scale = SharedScale(stats, raw, max((float(r.max()) for r in raw.values()), default=0.0))
     return [index.search(query, k, shared=scale) for index in indexes]
